@@ -1,0 +1,259 @@
+"""postroom's configuration: read once from ``POSTROOM_*`` environment variables and passed down.
+
+Nothing else in postroom reads ``os.environ``. Secrets are held as :class:`Secret` and never print.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from postroom.errors import ConfigError
+
+ENV_PREFIX = "POSTROOM_"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# librdkafka settings that carry secrets: masked when a config is shown.
+_SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
+                      "sasl.oauthbearer.client.secret", "ssl.key.pem")
+
+
+class Secret:
+    """A string that does not show itself in repr, str or logs."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+class TlsMode(enum.StrEnum):
+    AUTO = "auto"          # STARTTLS whenever the server offers it
+    STARTTLS = "starttls"  # STARTTLS required
+    TLS = "tls"            # implicit TLS from the first byte
+    NONE = "none"
+
+
+def parse_duration_s(text: str) -> float:
+    """``"5m"`` -> 300.0. Units: ms, s (default), m, h."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 2s, 5m, 1h)")
+    value = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+    if value <= 0:
+        raise ValueError(f"a duration must be positive: {text!r}")
+    return value
+
+
+def parse_durations_s(text: str) -> tuple[float, ...]:
+    """``"5m,10m"`` -> (300.0, 600.0); an empty string means no tiers."""
+    parts = [p for p in text.split(",") if p.strip()]
+    return tuple(parse_duration_s(p) for p in parts)
+
+
+def parse_kafka_config(text: str) -> dict[str, str]:
+    """librdkafka settings written as ``key=value`` pairs, separated by newlines or semicolons.
+
+    Lines starting with ``#`` are comments, as in a Java properties file.
+    """
+    config: dict[str, str] = {}
+    for raw in re.split(r"[\n;]", text):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value, got {line!r}")
+        config[key.strip()] = value.strip()
+    return config
+
+
+def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy safe to print: secret values replaced by stars."""
+    return {k: ("********" if k in _SECRET_KAFKA_KEYS else v) for k, v in config.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every setting postroom reads. Build with :meth:`from_env`; each field's env var is in FIELDS."""
+
+    database_url: str | None = None
+    kafka_bootstrap_servers: str | None = None
+    topic_prefix: str = "postroom."
+    kafka_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    topic_partitions: int = 6
+    topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
+    topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # enqueue
+    mail_from: str = "postroom@localhost"
+    attachment_max_bytes: int = 25 * 1024 * 1024
+    # relay
+    relay_batch_size: int = 1000
+    relay_poll_interval_s: float = 1.0
+    relay_claim_ttl_s: float = 60.0
+    # sender
+    sender_group: str = "postroom-sender"
+    recorder_group: str = "postroom-recorder"
+    retry_delays_s: tuple[float, ...] = (300.0, 600.0, 1200.0, 2400.0)
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = 25
+    smtp_tls: TlsMode = TlsMode.AUTO
+    smtp_username: str | None = None
+    smtp_password: Secret | None = None
+    smtp_connect_timeout_s: float = 30.0
+    smtp_timeout_s: float = 60.0
+    smtp_concurrency: int = 20
+    attachments_root: Path | None = None
+    metrics_port: int | None = None
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Parse every ``POSTROOM_*`` variable; a malformed one raises ConfigError naming it."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, (field, parse) in FIELDS.items():
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            try:
+                values[field] = parse(raw)
+            except (ValueError, OSError) as exc:
+                raise ConfigError(name, str(exc)) from exc
+        password_file = env.get(ENV_PREFIX + "SMTP_PASSWORD_FILE")
+        if password_file:
+            try:
+                values["smtp_password"] = Secret(Path(password_file).read_text().rstrip("\r\n"))
+            except OSError as exc:
+                raise ConfigError(ENV_PREFIX + "SMTP_PASSWORD_FILE", str(exc)) from exc
+        config_file = env.get(ENV_PREFIX + "KAFKA_CONFIG_FILE")
+        if config_file:
+            try:
+                from_file = parse_kafka_config(Path(config_file).read_text())
+            except (ValueError, OSError) as exc:
+                raise ConfigError(ENV_PREFIX + "KAFKA_CONFIG_FILE", str(exc)) from exc
+            values["kafka_config"] = {**from_file, **values.get("kafka_config", {})}
+        return cls(**values)
+
+    def require(self, field: str) -> Any:
+        """The value of ``field``, or ConfigError naming its env var when it is unset."""
+        value = getattr(self, field)
+        if value is None:
+            raise ConfigError(env_name(field), "is not set")
+        return value
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka settings common to every client: bootstrap servers plus the extras."""
+        bootstrap = self.require("kafka_bootstrap_servers")
+        return {"bootstrap.servers": bootstrap, **self.kafka_config}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def _replication_factor(text: str) -> int:
+    value = int(text)
+    if value < 1 and value != -1:
+        raise ValueError(f"must be at least 1, or -1 for the broker default, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError(f"not a TCP port: {value}")
+    return value
+
+
+def _database_url(text: str) -> str:
+    if not text.startswith("postgresql"):
+        raise ValueError("expected a SQLAlchemy URL such as postgresql+psycopg://user@host:5432/db")
+    return text
+
+
+def _tls_mode(text: str) -> TlsMode:
+    try:
+        return TlsMode(text.strip().lower())
+    except ValueError:
+        raise ValueError(f"expected one of {', '.join(m.value for m in TlsMode)}") from None
+
+
+def _prefix(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", text):
+        raise ValueError("a topic prefix may hold only letters, digits, '.', '_' and '-'")
+    return text
+
+
+def _directory(text: str) -> Path:
+    path = Path(text).resolve()
+    if not path.is_dir():
+        raise ValueError(f"not a directory: {path}")
+    return path
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ValueError("expected DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+FIELDS: dict[str, tuple[str, Any]] = {
+    ENV_PREFIX + "DATABASE_URL": ("database_url", _database_url),
+    ENV_PREFIX + "KAFKA_BOOTSTRAP_SERVERS": ("kafka_bootstrap_servers", str.strip),
+    ENV_PREFIX + "TOPIC_PREFIX": ("topic_prefix", _prefix),
+    ENV_PREFIX + "KAFKA_CONFIG": ("kafka_config", parse_kafka_config),
+    ENV_PREFIX + "TOPIC_PARTITIONS": ("topic_partitions", _positive_int),
+    ENV_PREFIX + "TOPIC_REPLICATION_FACTOR": ("topic_replication_factor", _replication_factor),
+    ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),
+    ENV_PREFIX + "MAIL_FROM": ("mail_from", str.strip),
+    ENV_PREFIX + "ATTACHMENT_MAX_BYTES": ("attachment_max_bytes", _positive_int),
+    ENV_PREFIX + "RELAY_BATCH_SIZE": ("relay_batch_size", _positive_int),
+    ENV_PREFIX + "RELAY_POLL_INTERVAL": ("relay_poll_interval_s", parse_duration_s),
+    ENV_PREFIX + "RELAY_CLAIM_TTL": ("relay_claim_ttl_s", parse_duration_s),
+    ENV_PREFIX + "SENDER_GROUP": ("sender_group", str.strip),
+    ENV_PREFIX + "RECORDER_GROUP": ("recorder_group", str.strip),
+    ENV_PREFIX + "RETRY_DELAYS": ("retry_delays_s", parse_durations_s),
+    ENV_PREFIX + "SMTP_HOST": ("smtp_host", str.strip),
+    ENV_PREFIX + "SMTP_PORT": ("smtp_port", _port),
+    ENV_PREFIX + "SMTP_TLS": ("smtp_tls", _tls_mode),
+    ENV_PREFIX + "SMTP_USERNAME": ("smtp_username", str),
+    ENV_PREFIX + "SMTP_PASSWORD": ("smtp_password", Secret),
+    ENV_PREFIX + "SMTP_CONNECT_TIMEOUT": ("smtp_connect_timeout_s", parse_duration_s),
+    ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
+    ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),
+    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _directory),
+    ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
+    ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),
+}
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field``."""
+    for name, (known, _) in FIELDS.items():
+        if known == field:
+            return name
+    raise KeyError(field)

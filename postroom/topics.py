@@ -1,0 +1,66 @@
+"""Names of every Kafka topic postroom uses, derived from the topic prefix. Pure."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Priority(enum.StrEnum):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @classmethod
+    def parse(cls, value: str) -> Priority:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            allowed = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown priority {value!r} (expected one of: {allowed})") from None
+
+
+def priority_topic(prefix: str, priority: Priority | str) -> str:
+    """Topic that carries fresh email events of one priority."""
+    return f"{prefix}email.{Priority(priority).value}"
+
+
+def retry_topic(prefix: str, tier: int) -> str:
+    """Topic of retry tier ``tier`` (1-based: tier 1 holds the first retry)."""
+    if tier < 1:
+        raise ValueError(f"retry tier starts at 1, got {tier}")
+    return f"{prefix}email.retry.{tier}"
+
+
+def dead_letter_topic(prefix: str) -> str:
+    return f"{prefix}email.dead"
+
+
+def results_topic(prefix: str) -> str:
+    return f"{prefix}email.results"
+
+
+def tier_of_retry_topic(prefix: str, topic: str) -> int | None:
+    """Inverse of :func:`retry_topic`; None for a topic that is not a retry tier."""
+    head = f"{prefix}email.retry."
+    if not topic.startswith(head):
+        return None
+    tail = topic[len(head):]
+    return int(tail) if tail.isdigit() and int(tail) >= 1 else None
+
+
+def priority_of_topic(prefix: str, topic: str) -> Priority | None:
+    """Inverse of :func:`priority_topic`; None for any other topic."""
+    for priority in Priority:
+        if topic == priority_topic(prefix, priority):
+            return priority
+    return None
+
+
+def all_topics(prefix: str, retry_tiers: int) -> list[str]:
+    """Every topic postroom needs, in a stable order."""
+    return [
+        *(priority_topic(prefix, p) for p in Priority),
+        *(retry_topic(prefix, n) for n in range(1, retry_tiers + 1)),
+        dead_letter_topic(prefix),
+        results_topic(prefix),
+    ]
