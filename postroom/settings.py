@@ -97,6 +97,7 @@ class Settings:
     """Every setting postroom reads. Build with :meth:`from_env`; each field's env var is in FIELDS."""
 
     database_url: str | None = None
+    database_schema: str | None = None  # None: the role's default search_path
     kafka_bootstrap_servers: str | None = None
     topic_prefix: str = "postroom."
     kafka_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -194,6 +195,12 @@ def _database_url(text: str) -> str:
     return text
 
 
+def _identifier(text: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", text):
+        raise ValueError("expected a lower-case SQL identifier (letters, digits, '_')")
+    return text
+
+
 def _tls_mode(text: str) -> TlsMode:
     try:
         return TlsMode(text.strip().lower())
@@ -223,6 +230,7 @@ def _log_level(text: str) -> str:
 
 FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "DATABASE_URL": ("database_url", _database_url),
+    ENV_PREFIX + "DATABASE_SCHEMA": ("database_schema", _identifier),
     ENV_PREFIX + "KAFKA_BOOTSTRAP_SERVERS": ("kafka_bootstrap_servers", str.strip),
     ENV_PREFIX + "TOPIC_PREFIX": ("topic_prefix", _prefix),
     ENV_PREFIX + "KAFKA_CONFIG": ("kafka_config", parse_kafka_config),

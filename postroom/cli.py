@@ -1,0 +1,222 @@
+"""The `postroom` command: parses arguments and calls the components. Holds no logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import exc as sa_errors
+
+from postroom import __version__
+from postroom.errors import ConfigError, PostroomError
+from postroom.settings import FIELDS, Settings
+from postroom.topics import Priority
+
+log = logging.getLogger("postroom")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # librdkafka's own debug lines are noise at INFO.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def on_shutdown_signals(callback: Callable[[], None]) -> None:
+    """Call ``callback`` on SIGTERM or SIGINT (once; a second signal interrupts hard)."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, stopping cleanly", signal.Signals(signum).name)
+        signal.signal(signum, signal.SIG_DFL)
+        callback()
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _iso_datetime(text: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no timezone; add one, e.g. {text}+00:00")
+    return value
+
+
+def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
+    from relay.db import make_engine, upgrade
+
+    engine = make_engine(settings)
+    revision = upgrade(engine, settings.database_schema)
+    print(f"outbox schema is at revision {revision}")
+    return EXIT_OK
+
+
+def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.kafka import create_topics
+
+    print(f"creating topics with prefix {settings.topic_prefix!r} on "
+          f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
+    for name, state in create_topics(settings).items():
+        print(f"{state:8} {name}")
+    return EXIT_OK
+
+
+def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    from relay.db import check_schema, make_engine
+    from relay.outbox import enqueue
+
+    body = args.body if args.body is not None else _read_body(args.body_file)
+    engine = make_engine(settings)
+    check_schema(engine)
+    with engine.begin() as conn:
+        queued = enqueue(conn, key=args.key, recipients=args.to, subject=args.subject, body=body,
+                         attachments=args.attach, priority=args.priority,
+                         send_after=args.send_after, sender=args.sender,
+                         attachment_max_bytes=settings.attachment_max_bytes)
+    if args.json:
+        print(json.dumps({"queued": queued, "recipients": len(args.to),
+                          "key": args.key if args.key is not None else args.subject}))
+    else:
+        print(f"queued {queued} new of {len(args.to)} recipient(s)")
+    return EXIT_OK
+
+
+def _read_body(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PostroomError(f"cannot read --body-file {path}: {exc}") from exc
+
+
+def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.kafka import check_reachable
+    from relay.db import check_schema, make_engine
+    from relay.publisher import Relay
+
+    engine = make_engine(settings)
+    check_schema(engine)
+    check_reachable(settings)
+    relay = Relay(settings, engine)
+    on_shutdown_signals(relay.stop)
+    relay.run()
+    return EXIT_OK
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    from relay.db import make_engine
+    from relay.sql import status_query
+
+    engine = make_engine(settings)
+    with engine.connect() as conn:
+        rows = conn.execute(status_query(args.key, None if args.key else args.limit)).mappings().all()
+    if args.json:
+        for row in rows:
+            print(json.dumps({k: _jsonable(v) for k, v in row.items()}))
+        return EXIT_OK
+    if not rows:
+        print("no outbox rows" + (f" for key {args.key!r}" if args.key else ""))
+        return EXIT_OK
+    for row in rows:
+        print(" | ".join([
+            row["message_key"], row["recipient"], row["subject"], row["priority"],
+            row["status"], f"attempts={row['attempts']}", row["last_error"] or "-",
+            f"created={_short(row['created_at'])}", f"published={_short(row['published_at'])}",
+            f"sent={_short(row['sent_at'])}",
+        ]))
+    return EXIT_OK
+
+
+def _jsonable(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, dt.datetime) else value
+
+
+def _short(value: dt.datetime | None) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z" if value else "-"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env_help = "\n".join(f"  {name}" for name in FIELDS)
+    parser = argparse.ArgumentParser(
+        prog="postroom",
+        description="Durable email delivery: PostgreSQL outbox -> Kafka -> SMTP.",
+        epilog=f"Settings are read from these environment variables (see README.md):\n{env_help}\n"
+               "  POSTROOM_SMTP_PASSWORD_FILE\n  POSTROOM_KAFKA_CONFIG_FILE",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"postroom {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    db = commands.add_parser("db", help="manage the outbox schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="SUBCOMMAND")
+    db_commands.add_parser("upgrade", help="create or migrate the outbox schema (idempotent)"
+                           ).set_defaults(handler=cmd_db_upgrade)
+
+    topics = commands.add_parser("topics", help="manage Kafka topics")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True,
+                                           metavar="SUBCOMMAND")
+    topic_commands.add_parser(
+        "create", help="create every topic postroom uses (idempotent; partitions, replication "
+                       "and configs from POSTROOM_TOPIC_*)").set_defaults(handler=cmd_topics_create)
+
+    enqueue = commands.add_parser("enqueue", help="queue one email per recipient")
+    enqueue.add_argument("--key", help="message key, e.g. sales-report-2026-09 (default: subject)")
+    enqueue.add_argument("--to", action="append", required=True, metavar="ADDR",
+                         help="recipient; repeat for several")
+    enqueue.add_argument("--subject", required=True)
+    body = enqueue.add_mutually_exclusive_group(required=True)
+    body.add_argument("--body", help="plain text body")
+    body.add_argument("--body-file", type=Path, metavar="FILE", help="read the body from FILE")
+    enqueue.add_argument("--attach", action="append", default=[], metavar="PATH",
+                         help="file to attach (stored as a path); repeat for several")
+    enqueue.add_argument("--priority", default="normal", choices=[p.value for p in Priority])
+    enqueue.add_argument("--send-after", type=_iso_datetime, metavar="ISO8601",
+                         help="not before this time, e.g. 2026-10-02T07:00:00+00:00")
+    enqueue.add_argument("--from", dest="sender", metavar="ADDR",
+                         help="From address (default: POSTROOM_MAIL_FROM at delivery)")
+    enqueue.add_argument("--json", action="store_true", help="print the result as JSON")
+    enqueue.set_defaults(handler=cmd_enqueue)
+
+    commands.add_parser("relay", help="publish committed outbox rows to Kafka until stopped"
+                        ).set_defaults(handler=cmd_relay)
+
+    status = commands.add_parser("status", help="who received what: one line per recipient row")
+    status.add_argument("--key", help="only this message key")
+    status.add_argument("--limit", type=int, default=50,
+                        help="without --key, the newest N rows (default 50)")
+    status.add_argument("--json", action="store_true", help="one JSON object per line")
+    status.set_defaults(handler=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        configure_logging(settings.log_level)
+        return int(args.handler(settings, args))
+    except ConfigError as exc:
+        print(f"postroom {args.command}: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PostroomError as exc:
+        print(f"postroom {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except sa_errors.OperationalError as exc:
+        first = str(exc.orig or exc).strip().splitlines()[0]
+        print(f"postroom {args.command}: error: cannot use the database "
+              f"(POSTROOM_DATABASE_URL): {first}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Thin wrappers around confluent-kafka: client configs, topic creation, errors translated to ours."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from postroom.errors import KafkaClientError
+from postroom.settings import Settings, mask_kafka_config
+from postroom.topics import all_topics
+
+log = logging.getLogger(__name__)
+
+# Kept below the relay's claim TTL so a row is never claimed by two relays while one still waits.
+PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
+
+
+def _log_error(err: KafkaError) -> None:
+    # librdkafka reports broker outages here and keeps retrying by itself; say it, don't stop.
+    log.warning("kafka client error code=%s: %s", err.name(), err.str())
+
+
+def translate(exc: KafkaException | KafkaError, message: str) -> KafkaClientError:
+    """Our error for a librdkafka one, keeping its code."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+    if isinstance(err, KafkaError):
+        return KafkaClientError(f"{message}: {err.str()}", code=err.name(),
+                                retriable=err.retriable())
+    return KafkaClientError(f"{message}: {exc}")
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """An idempotent, acks=all producer config; overrides win."""
+    return {
+        **settings.kafka_client_config(),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "message.timeout.ms": PRODUCER_MESSAGE_TIMEOUT_MS,
+        "error_cb": _log_error,
+        **overrides,
+    }
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """A consumer that commits only what the caller stores as done, rebalancing cooperatively."""
+    return {
+        **settings.kafka_client_config(),
+        "group.id": group_id,
+        "enable.auto.commit": True,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "error_cb": _log_error,
+        **overrides,
+    }
+
+
+def make_producer(settings: Settings, **overrides: Any) -> Producer:
+    config = producer_config(settings, **overrides)
+    log.debug("producer config %s", mask_kafka_config(config))
+    try:
+        return Producer(config)
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka producer") from exc
+
+
+def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
+    config = consumer_config(settings, group_id, **overrides)
+    log.debug("consumer config %s", mask_kafka_config(config))
+    try:
+        return Consumer(config)
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka consumer") from exc
+
+
+def make_admin(settings: Settings) -> AdminClient:
+    try:
+        config: dict[str, Any] = {**settings.kafka_client_config(), "error_cb": _log_error}
+        return AdminClient(config)
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka admin client") from exc
+
+
+def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Raise KafkaClientError unless a broker answers a metadata request in time."""
+    try:
+        make_admin(settings).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise translate(exc, f"no Kafka broker answered at {settings.kafka_bootstrap_servers}") from exc
+
+
+def create_topics(
+    settings: Settings,
+    names: Iterable[str] | None = None,
+    *,
+    timeout_s: float = 30.0,
+) -> dict[str, str]:
+    """Create each topic that does not exist yet; return ``{topic: "created" | "exists"}``."""
+    wanted = list(names) if names is not None else all_topics(
+        settings.topic_prefix, len(settings.retry_delays_s))
+    admin = make_admin(settings)
+    try:
+        existing = set(admin.list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
+        raise translate(exc, "cannot list topics") from exc
+    result = {name: "exists" for name in wanted if name in existing}
+    missing = [
+        NewTopic(name, num_partitions=settings.topic_partitions,
+                 replication_factor=settings.topic_replication_factor,
+                 config=dict(settings.topic_config))
+        for name in wanted if name not in existing
+    ]
+    if missing:
+        futures = admin.create_topics(missing, request_timeout=timeout_s)
+        for name, future in futures.items():
+            try:
+                future.result()
+                result[name] = "created"
+            except KafkaException as exc:
+                err = exc.args[0]
+                # Another process may have created it between our listing and our request.
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    result[name] = "exists"
+                else:
+                    raise translate(exc, f"cannot create topic {name}") from exc
+    return {name: result[name] for name in wanted}
+
+
+def headers_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> Mapping[str, bytes]:
+    """Kafka headers as a dict (last value wins), dropping null values."""
+    return {k: v for k, v in (headers or ()) if v is not None}

@@ -1,0 +1,55 @@
+"""Connections to the outbox database and its schema migrations (Alembic)."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from postroom.settings import Settings
+from relay.errors import SchemaNotReadyError
+
+log = logging.getLogger(__name__)
+
+
+def make_engine(settings: Settings, **kwargs: object) -> sa.Engine:
+    """An engine on POSTROOM_DATABASE_URL whose connections use POSTROOM_DATABASE_SCHEMA."""
+    url = settings.require("database_url")
+    connect_args: dict[str, object] = {"connect_timeout": 10}
+    if settings.database_schema:
+        connect_args["options"] = f"-c search_path={settings.database_schema}"
+    return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+
+
+def _alembic_config(connection: sa.Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("relay") / "migrations"))
+    config.attributes["connection"] = connection
+    return config
+
+
+def upgrade(engine: sa.Engine, schema: str | None = None) -> str:
+    """Create or migrate the outbox schema to the newest revision; safe to run again."""
+    with engine.begin() as conn:
+        if schema:
+            conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+        command.upgrade(_alembic_config(conn), "head")
+        current = MigrationContext.configure(conn).get_current_revision()
+    log.info("outbox schema at revision %s", current)
+    return current or ""
+
+
+def check_schema(engine: sa.Engine) -> None:
+    """Raise SchemaNotReadyError unless the database is at the newest revision."""
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+        head = ScriptDirectory.from_config(_alembic_config(conn)).get_current_head()
+    if current != head:
+        raise SchemaNotReadyError(
+            f"outbox schema is at revision {current or 'none'}, expected {head}: "
+            "run `postroom db upgrade`")

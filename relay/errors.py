@@ -1,0 +1,21 @@
+"""Errors raised by the outbox and relay; each class's docstring is its default message."""
+
+from __future__ import annotations
+
+from postroom.errors import PostroomError
+
+
+class EnqueueError(PostroomError):
+    """The email could not be queued; nothing was written."""
+
+
+class InvalidEmailError(EnqueueError):
+    """An address, subject or body is not acceptable."""
+
+
+class InvalidAttachmentError(EnqueueError):
+    """An attachment path does not name a readable regular file within the size limit."""
+
+
+class SchemaNotReadyError(PostroomError):
+    """The outbox schema is missing or out of date: run `postroom db upgrade`."""

@@ -1,0 +1,228 @@
+"""The relay: publishes committed outbox rows to the priority topics, each exactly once normally.
+
+A round claims a batch of due, unpublished rows (short transaction), produces them with an
+idempotent acks=all producer, and marks published only the rows the broker acknowledged (second
+short transaction). Nothing is held open while Kafka answers: the claim's expiry is what keeps
+another relay off those rows, and what hands them back if this process dies mid-round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from confluent_kafka import KafkaError, Message, Producer
+
+from postroom import kafka
+from postroom.errors import KafkaClientError
+from postroom.settings import Settings
+from postroom.topics import priority_topic
+from relay import sql
+from schemas.codec import EmailRequested, encode, headers_for
+
+log = logging.getLogger(__name__)
+
+ROW_ID_HEADER = "postroom.row_id"
+RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+FLUSH_SLICE_S = 1.0
+STATS_EVERY_S = 30.0
+
+
+@dataclasses.dataclass
+class RelayStats:
+    published: int = 0
+    failed: int = 0
+    rounds: int = 0
+    errors: int = 0
+
+
+def event_from_row(row: Mapping[Any, Any]) -> EmailRequested:
+    """The Avro event for one claimed outbox row (first attempt)."""
+    return EmailRequested(
+        idempotency_key=row["idempotency_key"],
+        message_key=row["message_key"],
+        outbox_id=row["id"],
+        recipient=row["recipient"],
+        sender=row["sender"] or "",
+        subject=row["subject"],
+        body=row["body"],
+        attachments=tuple(row["attachments"] or ()),
+        priority=row["priority"],
+        created_at=row["created_at"],
+        attempt=1,
+    )
+
+
+class Relay:
+    """Tails committed outbox rows into Kafka. ``run()`` until ``stop()``; safe to run many at once."""
+
+    def __init__(self, settings: Settings, engine: sa.Engine,
+                 producer_factory: Callable[[], Producer] | None = None) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._producer_factory = producer_factory or (lambda: kafka.make_producer(settings))
+        self._producer: Producer | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._stop = threading.Event()
+        self.stats = RelayStats()
+        if settings.relay_claim_ttl_s * 1000 <= kafka.PRODUCER_MESSAGE_TIMEOUT_MS:
+            raise ValueError("POSTROOM_RELAY_CLAIM_TTL must exceed the producer's message timeout "
+                             f"({kafka.PRODUCER_MESSAGE_TIMEOUT_MS} ms)")
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = self._producer_factory()
+        return self._producer
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def publish_once(self) -> int:
+        """One round: claim, produce, wait for acks, mark. Returns the rows marked published."""
+        settings = self._settings
+        with self._engine.begin() as conn:
+            rows = conn.execute(sql.CLAIM_DUE, {"limit": settings.relay_batch_size,
+                                                "ttl_s": settings.relay_claim_ttl_s}).mappings().all()
+        if not rows:
+            return 0
+        acked: list[int] = []
+        failed: list[int] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message, row_id: int) -> None:
+            if err is None:
+                acked.append(row_id)
+            else:
+                failed.append(row_id)
+                log.warning("publish failed row_id=%d code=%s: %s", row_id, err.name(), err.str())
+
+        producer = self.producer
+        unsent: list[int] = []
+        for index, row in enumerate(rows):
+            event = event_from_row(row)
+            headers: list[tuple[str, str | bytes | None]] = [
+                *headers_for(event), (ROW_ID_HEADER, str(row["id"]).encode())]
+            try:
+                self._produce(producer, priority_topic(settings.topic_prefix, row["priority"]),
+                              event, headers,
+                              lambda err, msg, rid=row["id"]: on_delivery(err, msg, rid))
+            except BufferError:
+                unsent = [r["id"] for r in rows[index:]]
+                break
+        while producer.flush(FLUSH_SLICE_S) > 0:
+            log.info("waiting for Kafka to acknowledge %d records", len(producer))
+        self._mark(acked, [*failed, *unsent])
+        self.stats.rounds += 1
+        self.stats.published += len(acked)
+        self.stats.failed += len(failed) + len(unsent)
+        if failed or unsent:
+            raise KafkaClientError(
+                f"{len(failed) + len(unsent)} of {len(rows)} rows were not acknowledged; "
+                "their claims are released for the next round", retriable=True)
+        return len(acked)
+
+    def _produce(self, producer: Producer, topic: str, event: EmailRequested,
+                 headers: list[tuple[str, str | bytes | None]], callback: Callable[..., None]) -> None:
+        deadline = time.monotonic() + kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000
+        while True:
+            try:
+                producer.produce(topic, key=event.idempotency_key.encode(), value=encode(event),
+                                 headers=headers, on_delivery=callback)
+            except BufferError:
+                # The local queue is full: serve callbacks until there is room.
+                if time.monotonic() > deadline:
+                    raise
+                producer.poll(0.05)
+            else:
+                return
+
+    def _mark(self, acked: list[int], released: list[int]) -> None:
+        if not acked and not released:
+            return
+        with self._engine.begin() as conn:
+            if acked:
+                conn.execute(sql.MARK_PUBLISHED, {"ids": acked})
+            if released:
+                conn.execute(sql.RELEASE_CLAIMS, {"ids": released})
+
+    def run(self) -> None:
+        """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors."""
+        settings = self._settings
+        log.info("relay started: batch=%d poll=%.1fs prefix=%r", settings.relay_batch_size,
+                 settings.relay_poll_interval_s, settings.topic_prefix)
+        failures = 0
+        last_stats = time.monotonic()
+        self._stop.clear()
+        while not self._stop.is_set():
+            try:
+                self._ensure_listener()
+                published = self.publish_once()
+                failures = 0
+            except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
+                    KafkaClientError) as exc:
+                delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
+                failures += 1
+                self.stats.errors += 1
+                log.warning("relay round failed (%s); retrying in %.1fs", _one_line(exc), delay)
+                self._close_listener()
+                self._stop.wait(delay)
+                continue
+            if time.monotonic() - last_stats > STATS_EVERY_S:
+                last_stats = time.monotonic()
+                log.info("relay: published=%d failed=%d rounds=%d", self.stats.published,
+                         self.stats.failed, self.stats.rounds)
+            if published < settings.relay_batch_size:
+                self._wait_for_rows(settings.relay_poll_interval_s)
+        if self._producer is not None:
+            remaining = self._producer.flush(kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
+            if remaining:
+                log.warning("relay stopped with %d records unacknowledged; their rows stay "
+                            "unpublished and are claimed again after the claim expires", remaining)
+        self._close_listener()
+        log.info("relay stopped: published=%d", self.stats.published)
+
+    def _ensure_listener(self) -> None:
+        if self._listener is not None and not self._listener.closed:
+            return
+        url = self._engine.url.set(drivername="postgresql")
+        conninfo = url.render_as_string(hide_password=False)
+        self._listener = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+        self._listener.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except psycopg.Error:
+                log.debug("closing the LISTEN connection failed", exc_info=True)
+            self._listener = None
+
+    def _wait_for_rows(self, timeout_s: float) -> None:
+        """Return on the first insert notification, after ``timeout_s``, or on stop()."""
+        listener = self._listener
+        if listener is None:
+            self._stop.wait(timeout_s)
+            return
+        deadline = time.monotonic() + timeout_s
+        try:
+            # Short slices so stop() is honoured promptly.
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                slice_s = min(0.25, max(0.0, deadline - time.monotonic()))
+                if any(True for _ in listener.notifies(timeout=slice_s, stop_after=1)):
+                    for _ in listener.notifies(timeout=0):  # drain what piled up meanwhile
+                        pass
+                    return
+        except psycopg.Error as exc:
+            log.warning("LISTEN connection lost (%s); polling until it is back", _one_line(exc))
+            self._close_listener()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,132 @@
+"""Every SQL statement postroom runs against the outbox, in one place.
+
+The relay never scans the table: it reads through the partial index ``outbox_unpublished``, which
+holds only rows not yet acknowledged by Kafka, so its cost follows the backlog, not the history.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+NOTIFY_CHANNEL = "postroom_outbox"
+
+metadata = sa.MetaData()
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("idempotency_key", sa.Text, nullable=False, unique=True),
+    sa.Column("message_key", sa.Text, nullable=False),
+    sa.Column("recipient", sa.Text, nullable=False),
+    sa.Column("sender", sa.Text),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("attachments", pg.ARRAY(sa.Text), nullable=False, server_default="{}"),
+    sa.Column("priority", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False, server_default="pending"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text),
+    sa.Column("smtp_code", sa.Integer),
+    sa.Column("enhanced_code", sa.Text),
+    sa.Column("message_id", sa.Text),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("available_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("claimed_until", sa.DateTime(timezone=True)),
+    sa.Column("published_at", sa.DateTime(timezone=True)),
+    sa.Column("sent_at", sa.DateTime(timezone=True)),
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True)),
+    sa.Column("updated_at", sa.DateTime(timezone=True)),
+)
+
+# Claims due, unpublished rows no other relay holds. SKIP LOCKED lets several relays share the
+# backlog; the claim (not a held transaction) keeps a row theirs while Kafka acknowledges it.
+CLAIM_DUE = sa.text("""
+    WITH due AS (
+        SELECT id FROM outbox
+        WHERE published_at IS NULL
+          AND available_at <= now()
+          AND (claimed_until IS NULL OR claimed_until < now())
+        ORDER BY available_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox AS o
+    SET claimed_until = now() + make_interval(secs => :ttl_s)
+    FROM due
+    WHERE o.id = due.id
+    RETURNING o.id, o.idempotency_key, o.message_key, o.recipient, o.sender, o.subject, o.body,
+              o.attachments, o.priority, o.created_at
+""")
+
+# A result may have been recorded already (the sender can be faster than this update): keep it.
+MARK_PUBLISHED = sa.text("""
+    UPDATE outbox
+    SET published_at = now(), claimed_until = NULL, updated_at = now(),
+        status = CASE WHEN status = 'pending' THEN 'published' ELSE status END
+    WHERE id = ANY(:ids)
+""")
+
+RELEASE_CLAIMS = sa.text("UPDATE outbox SET claimed_until = NULL WHERE id = ANY(:ids)")
+
+BACKLOG = sa.text("""
+    SELECT count(*) AS rows, min(available_at) AS oldest
+    FROM outbox WHERE published_at IS NULL AND available_at <= now()
+""")
+
+# Applies one delivery result. Results for a key arrive in order on one partition, but a replay
+# or a late duplicate may bring an older one: it applies only when it is not behind the row,
+# ordering by attempt and then by how final the status is; 'sent' is never undone.
+RECORD_RESULT = sa.text("""
+    UPDATE outbox
+    SET status = :status,
+        attempts = :attempt,
+        last_error = COALESCE(:error, last_error),
+        smtp_code = COALESCE(:smtp_code, smtp_code),
+        enhanced_code = COALESCE(:enhanced_code, enhanced_code),
+        message_id = COALESCE(:message_id, message_id),
+        sent_at = CASE WHEN :status = 'sent' THEN :occurred_at ELSE sent_at END,
+        next_attempt_at = :next_attempt_at,
+        updated_at = now()
+    WHERE idempotency_key = :idempotency_key
+      AND status <> 'sent'
+      AND (attempts < :attempt
+           OR (attempts = :attempt AND
+               (CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
+                            ELSE 0 END)
+               <= (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END)))
+""")
+
+STATUS_COLUMNS = ("message_key", "recipient", "subject", "priority", "status", "attempts",
+                  "last_error", "created_at", "published_at", "sent_at", "next_attempt_at",
+                  "idempotency_key")
+
+
+def status_query(message_key: str | None, limit: int | None) -> sa.Select[Any]:
+    """Rows of one message (or the newest of all), one per recipient."""
+    query = sa.select(*(outbox.c[name] for name in STATUS_COLUMNS))
+    if message_key is not None:
+        query = query.where(outbox.c.message_key == message_key).order_by(outbox.c.id)
+    else:
+        query = query.order_by(outbox.c.id.desc())
+    if limit is not None:
+        query = query.limit(limit)
+    return query
+
+
+def insert_rows(rows: Sequence[dict[str, Any]]) -> sa.Insert:
+    """INSERT that ignores rows whose idempotency key exists, returning the ids it did write."""
+    return (pg.insert(outbox).values(list(rows))
+            .on_conflict_do_nothing(index_elements=["idempotency_key"])
+            .returning(outbox.c.id))
+
+
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else value.astimezone(dt.UTC)

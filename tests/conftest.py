@@ -1,0 +1,125 @@
+"""Fixtures for tests that need the local stack: a schema and a topic prefix of their own per test.
+
+The stack is the one `scripts/services.sh up` starts (`make test` does it and sources `.dev/env`).
+A test that needs it and cannot reach it fails; nothing here skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from postroom.settings import Settings
+
+
+def _unique(tag: str) -> str:
+    return f"{tag}{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def stack_settings() -> Settings:
+    """Settings of the local stack; fails (never skips) when the stack is not configured."""
+    settings = Settings.from_env()
+    if not settings.database_url or not settings.kafka_bootstrap_servers:
+        pytest.fail("POSTROOM_DATABASE_URL and POSTROOM_KAFKA_BOOTSTRAP_SERVERS are not set: "
+                    "run the tests with `make test` (it starts the stack and sources .dev/env)")
+    return settings
+
+
+@pytest.fixture
+def db_settings(stack_settings: Settings) -> Iterator[Settings]:
+    """Settings whose connections use a fresh schema, migrated to head and dropped afterwards."""
+    from relay.db import make_engine, upgrade
+
+    settings = dataclasses.replace(stack_settings, database_schema=_unique("t_"))
+    engine = make_engine(settings)
+    upgrade(engine, settings.database_schema)
+    engine.dispose()
+    yield settings
+    admin = make_engine(stack_settings)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'DROP SCHEMA "{settings.database_schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture
+def engine(db_settings: Settings) -> Iterator[sa.Engine]:
+    from relay.db import make_engine
+
+    eng = make_engine(db_settings)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def kafka_settings(stack_settings: Settings) -> Iterator[Settings]:
+    """Settings with a topic prefix of this test's own, every topic created; deleted afterwards."""
+    from postroom.kafka import create_topics, make_admin
+    from postroom.topics import all_topics
+
+    settings = dataclasses.replace(stack_settings, topic_prefix=_unique("t") + ".",
+                                   retry_delays_s=(1.0, 2.0))
+    create_topics(settings)
+    yield settings
+    names = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    for future in make_admin(settings).delete_topics(names, operation_timeout=10).values():
+        future.result()
+
+
+@pytest.fixture
+def settings(db_settings: Settings, kafka_settings: Settings) -> Settings:
+    """Both: an own schema and an own topic prefix."""
+    return dataclasses.replace(db_settings, topic_prefix=kafka_settings.topic_prefix,
+                               retry_delays_s=kafka_settings.retry_delays_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Consumed:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+def consume_records(settings: Settings, topics: list[str], expected: int,
+                    timeout_s: float = 30.0) -> list[Consumed]:
+    """Read ``topics`` from the beginning until ``expected`` records (or the timeout) and a
+    short quiet period after, so a test also sees records beyond the ones it expected."""
+    import time
+
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": _unique("test-"),
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(topics)
+    records: list[Consumed] = []
+    deadline = time.monotonic() + timeout_s
+    quiet_until: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                if quiet_until is not None and time.monotonic() > quiet_until:
+                    break
+                continue
+            if msg.error():
+                raise AssertionError(f"consumer error: {msg.error()}")
+            records.append(Consumed(msg.topic(), msg.partition(), msg.offset(), msg.key(),
+                                    msg.value(), list(msg.headers() or [])))
+            if len(records) >= expected and quiet_until is None:
+                quiet_until = time.monotonic() + 1.0
+    finally:
+        consumer.close()
+    return records
+
+
+@pytest.fixture
+def consume() -> Callable[..., list[Consumed]]:
+    """``consume(settings, topics, expected, timeout_s=30)`` -> list of records."""
+    return consume_records

@@ -1,0 +1,209 @@
+"""The relay against the real database and broker: routing, keys, headers, ordering hazards."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+import sqlalchemy as sa
+
+from postroom.kafka import make_producer
+from postroom.settings import Settings
+from postroom.topics import Priority, priority_topic
+from relay import enqueue, sql
+from relay.publisher import ROW_ID_HEADER, Relay
+from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+ALL_PRIORITIES = [p.value for p in Priority]
+
+
+def topics(settings: Settings) -> list[str]:
+    return [priority_topic(settings.topic_prefix, p) for p in Priority]
+
+
+def unpublished(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL")).scalar_one())
+
+
+def test_rows_go_to_their_priority_topic_keyed_with_avro_and_headers(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    with engine.begin() as conn:
+        for priority in ALL_PRIORITIES:
+            enqueue(conn, key=f"m-{priority}", recipients=["a@example.com", "b@example.com"],
+                    subject=f"{priority} mail", body="hello", priority=priority)
+    assert Relay(settings, engine).publish_once() == 6
+
+    records = consume(settings, topics(settings), expected=6)
+    assert len(records) == 6
+    with engine.connect() as conn:
+        rows = {r.idempotency_key: r for r in conn.execute(sa.text(
+            "SELECT id, idempotency_key, priority, status, published_at FROM outbox"))}
+    # Decode with the .avsc file itself, not through our codec, to check the contract.
+    with (ROOT / "schemas" / "email_requested.avsc").open() as f:
+        contract = fastavro.parse_schema(json.load(f))
+    for record in records:
+        key = record.key.decode()
+        row = rows[key]
+        assert record.topic == priority_topic(settings.topic_prefix, row.priority)
+        headers = dict(record.headers)
+        assert headers[ROW_ID_HEADER] == str(row.id).encode()
+        assert headers[SCHEMA_HEADER] == load_schema("email_requested").fingerprint.encode()
+        plain = fastavro.schemaless_reader(io.BytesIO(record.value), contract)
+        assert plain["idempotency_key"] == key
+        assert plain["outbox_id"] == row.id
+        assert plain["priority"] == row.priority
+        assert plain["attempt"] == 1
+        event = decode(EmailRequested, record.value, record.headers)
+        assert event.subject == f"{row.priority} mail"
+        assert row.status == "published"
+        assert row.published_at is not None
+
+
+def test_a_row_committed_after_a_higher_id_is_still_published(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    relay = Relay(settings, engine)
+    slow = engine.connect()
+    slow_tx = slow.begin()
+    enqueue(slow, key="slow", recipients=["slow@example.com"], subject="S", body="b")
+    slow_id = slow.execute(sa.text("SELECT max(id) FROM outbox")).scalar_one()
+    with engine.begin() as conn:
+        enqueue(conn, key="fast", recipients=["fast@example.com"], subject="S", body="b")
+        fast_id = conn.execute(sa.text("SELECT max(id) FROM outbox")).scalar_one()
+    assert slow_id < fast_id
+    assert relay.publish_once() == 1  # only the committed, higher id
+    slow_tx.commit()
+    slow.close()
+    assert relay.publish_once() == 1  # the lower id, committed late, is not skipped
+    keys = sorted(r.key for r in consume(settings, topics(settings), expected=2))
+    assert keys == [b"fast|fast@example.com", b"slow|slow@example.com"]
+    assert unpublished(engine) == 0
+
+
+def test_a_rolled_back_insert_publishes_nothing(
+        settings: Settings, engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        tx = conn.begin()
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
+        tx.rollback()
+    assert Relay(settings, engine).publish_once() == 0
+
+
+def test_rows_due_later_wait_for_their_time(settings: Settings, engine: sa.Engine) -> None:
+    import datetime as dt
+
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b",
+                send_after=soon)
+    relay = Relay(settings, engine)
+    assert relay.publish_once() == 0
+    time.sleep(2.2)
+    assert relay.publish_once() == 1
+
+
+def test_the_relay_query_reads_the_partial_index_not_the_table(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("""
+            INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
+                                status, published_at)
+            SELECT 'old|' || g, 'old', 'a@example.com', 'S', 'b', 'normal', 'sent', now()
+            FROM generate_series(1, 20000) AS g"""))
+        enqueue(conn, key="new", recipients=["a@example.com"], subject="S", body="b")
+        conn.execute(sa.text("ANALYZE outbox"))
+        plan = "\n".join(conn.execute(sa.text(
+            "EXPLAIN " + sql.CLAIM_DUE.text),
+            {"limit": 1000, "ttl_s": 60}).scalars())
+    assert "outbox_unpublished" in plan, plan
+    assert "Seq Scan on outbox" not in plan, plan
+
+
+def test_broker_outage_loses_nothing_and_releases_the_claims(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    from postroom.errors import KafkaClientError
+
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
+                body="b")
+    unreachable = dataclasses.replace(settings, kafka_bootstrap_servers="127.0.0.1:1")
+    down = Relay(unreachable, engine, producer_factory=lambda: make_producer(
+        unreachable, **{"message.timeout.ms": 1500}))
+    with pytest.raises(KafkaClientError, match="2 of 2 rows were not acknowledged"):
+        down.publish_once()
+    with engine.connect() as conn:
+        claimed = conn.execute(sa.text(
+            "SELECT count(*) FROM outbox WHERE claimed_until IS NOT NULL")).scalar_one()
+    assert (unpublished(engine), claimed) == (2, 0)
+    assert Relay(settings, engine).publish_once() == 2
+    assert len(consume(settings, topics(settings), expected=2)) == 2
+
+
+def test_run_wakes_on_notify_and_stops_on_request(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    slow_poll = dataclasses.replace(settings, relay_poll_interval_s=30.0)
+    relay = Relay(slow_poll, engine)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        time.sleep(0.5)  # let it reach its wait
+        started = time.monotonic()
+        with engine.begin() as conn:
+            enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
+        records = consume(settings, topics(settings), expected=1, timeout_s=10)
+        woke_after = time.monotonic() - started
+    finally:
+        relay.stop()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert len(records) == 1
+    assert woke_after < 10, "a 30 s poll interval was waited out: NOTIFY did not wake the relay"
+
+
+def relay_process(settings: Settings) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema or "",
+           "POSTROOM_TOPIC_PREFIX": settings.topic_prefix, "POSTROOM_RELAY_BATCH_SIZE": "500",
+           "POSTROOM_LOG_LEVEL": "WARNING"}
+    return subprocess.Popen([sys.executable, "-m", "postroom.cli", "relay"], env=env,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+def test_two_relay_processes_publish_every_row_exactly_once(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    total = 10_000
+    relays = [relay_process(settings), relay_process(settings)]
+    try:
+        for batch in range(20):  # 20 transactions of 500, enqueued while both relays run
+            with engine.begin() as conn:
+                enqueue(conn, key=f"bulk-{batch}", subject="S", body="b",
+                        recipients=[f"user{i}@example.com" for i in range(500)],
+                        priority=ALL_PRIORITIES[batch % 3])
+        records = consume(settings, topics(settings), expected=total, timeout_s=90)
+    finally:
+        for proc in relays:
+            proc.terminate()
+        errors = [proc.communicate(timeout=30)[1].decode() for proc in relays]
+    assert [proc.returncode for proc in relays] == [0, 0], errors
+    counts = Counter(r.key for r in records)
+    assert len(counts) == total
+    assert max(counts.values()) == 1, counts.most_common(3)
+    for record in records:
+        batch = int(record.key.decode().split("|")[0].split("-")[1])
+        assert record.topic == priority_topic(settings.topic_prefix, ALL_PRIORITIES[batch % 3])
+    assert unpublished(engine) == 0
