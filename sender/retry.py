@@ -1,0 +1,130 @@
+"""Decides what happens after a delivery attempt: done, retry on which tier and when, fail or dead.
+
+Pure: the clock is an argument; the consumer applies the decision (publish to a retry tier,
+the dead-letter topic or the results topic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import math
+
+from sender.outcome import Outcome, Verdict
+
+# Matches Settings.retry_delays_s: 5 minutes doubling, 5 attempts in all, 75 minutes of retrying.
+DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (300.0, 600.0, 1200.0, 2400.0)
+
+
+class Action(enum.StrEnum):
+    DONE_SENT = "done_sent"  # accepted by the server: record it, never send again
+    RETRY = "retry"          # transient failure: publish to retry tier ``tier``
+    FAIL = "fail"            # permanent failure: record it, never send again
+    DEAD = "dead"            # transient failures used up every tier: dead-letter and alert
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryDecision:
+    """What to do with a message after one attempt."""
+
+    action: Action
+    tier: int | None = None                # retry tier to publish to, with RETRY only
+    not_before: dt.datetime | None = None  # earliest start of the next attempt, with RETRY only
+    attempts_left: int = 0                 # attempts still to come after this one
+
+
+def compute_delays(base_s: float, factor: float, attempts: int) -> tuple[float, ...]:
+    """Delays before retries of a policy allowing ``attempts`` attempts in all.
+
+    Retry n waits ``base_s * factor ** (n - 1)``: ``compute_delays(300, 2, 5)`` is
+    ``(300.0, 600.0, 1200.0, 2400.0)``. One attempt means no retries and no delays.
+    """
+    if not (math.isfinite(base_s) and base_s > 0):
+        raise ValueError(f"base_s must be a positive number of seconds, got {base_s!r}")
+    if not (math.isfinite(factor) and factor >= 1):
+        raise ValueError(f"factor must be at least 1, got {factor!r}")
+    if attempts < 1:
+        raise ValueError(f"attempts counts the first try and must be at least 1, got {attempts}")
+    return tuple(float(base_s * factor**n) for n in range(attempts - 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Retry tier n (1-based) holds attempt n + 1 and waits ``delays_s[n - 1]`` seconds.
+
+    Build it from ``Settings.retry_delays_s``. With no tiers every transient failure is dead.
+    """
+
+    delays_s: tuple[float, ...] = DEFAULT_RETRY_DELAYS_S
+
+    def __post_init__(self) -> None:
+        delays = tuple(float(d) for d in self.delays_s)
+        for tier, delay in enumerate(delays, start=1):
+            if not (math.isfinite(delay) and delay >= 0):
+                raise ValueError(f"retry tier {tier}: delay must be >= 0 seconds, got {delay!r}")
+        object.__setattr__(self, "delays_s", delays)
+
+    @property
+    def tiers(self) -> int:
+        return len(self.delays_s)
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts in all: the first try plus one per tier."""
+        return self.tiers + 1
+
+    @property
+    def total_delay_s(self) -> float:
+        """How long a message that keeps failing transiently is retried before it is dead."""
+        return sum(self.delays_s)
+
+    def delay_s(self, tier: int) -> float:
+        """Seconds retry tier ``tier`` waits."""
+        if not 1 <= tier <= self.tiers:
+            raise ValueError(f"retry tier must be between 1 and {self.tiers}, got {tier}")
+        return self.delays_s[tier - 1]
+
+    def decide(self, outcome: Outcome, attempt: int, now: dt.datetime) -> RetryDecision:
+        """What to do after attempt number ``attempt`` (1-based) ended with ``outcome`` at ``now``.
+
+        A transient failure of attempt n goes to tier n while there is one. An attempt beyond
+        :attr:`max_attempts` (tiers were removed while messages sat in them) is dead, not an
+        error, so shrinking the configuration cannot wedge a consumer.
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, got {attempt}")
+        _require_aware(now, "now")
+        if outcome.verdict is Verdict.SENT:
+            return RetryDecision(Action.DONE_SENT)
+        if outcome.verdict is Verdict.PERMANENT:
+            return RetryDecision(Action.FAIL)
+        if attempt > self.tiers:
+            return RetryDecision(Action.DEAD)
+        return RetryDecision(
+            Action.RETRY,
+            tier=attempt,
+            not_before=now + dt.timedelta(seconds=self.delays_s[attempt - 1]),
+            attempts_left=self.max_attempts - attempt,
+        )
+
+
+def due_in_s(not_before: dt.datetime | None, now: dt.datetime) -> float:
+    """Seconds until ``not_before``; zero or less when due. No ``not_before`` is due now."""
+    _require_aware(now, "now")
+    if not_before is None:
+        return 0.0
+    _require_aware(not_before, "not_before")
+    return (not_before - now).total_seconds()
+
+
+def lateness_s(not_before: dt.datetime, fired_at: dt.datetime) -> float:
+    """How many seconds after ``not_before`` a retry ran; negative means it ran too early."""
+    _require_aware(not_before, "not_before")
+    _require_aware(fired_at, "fired_at")
+    return (fired_at - not_before).total_seconds()
+
+
+def _require_aware(moment: dt.datetime, name: str) -> None:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got {moment.isoformat()}")
