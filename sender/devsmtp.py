@@ -1,0 +1,383 @@
+"""A local SMTP server for development and tests that misbehaves on purpose (aiosmtpd).
+
+It rejects, defers, slows down or drops chosen recipients, and keeps what it accepts in memory
+and, optionally, in a Maildir another process can read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import email.parser
+import email.policy
+import logging
+import mailbox
+import os
+import signal
+import ssl
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8025
+SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DNS lookup
+ENV_PREFIX = "POSTROOM_DEVSMTP_"
+REJECT_REPLY = "550 5.1.1 User unknown"
+DEFER_REPLY = "451 4.3.0 try again later"
+
+
+class ReceivedMessage(NamedTuple):
+    """One accepted message for one recipient."""
+
+    mail_from: str
+    rcpt: str
+    message_id: str | None
+    raw: bytes
+
+
+class _Handler:
+    """aiosmtpd hooks; they run on the server's thread, so shared state sits behind a lock."""
+
+    def __init__(
+        self,
+        *,
+        reject: Iterable[str],
+        defer: Mapping[str, int],
+        drop: Iterable[str],
+        latency_ms: int,
+        maildir: Path | None,
+    ) -> None:
+        self.reject = {_norm(a) for a in reject}
+        self.defer = {_norm(a): n for a, n in defer.items()}
+        self.drop = {_norm(a) for a in drop}
+        self.latency_ms = latency_ms
+        self.maildir = mailbox.Maildir(maildir, create=True) if maildir is not None else None
+        self.lock = threading.Lock()
+        self.messages: list[ReceivedMessage] = []
+        self.deferred: dict[str, int] = {}
+        self.connections = 0
+        self.peak_connections = 0
+        self._live: set[int] = set()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.messages.clear()
+            self.deferred.clear()
+            self.connections = 0
+            self.peak_connections = len(self._live)
+
+    # Connections are counted once a client greets, so aiosmtpd's own start-up probe is not one.
+    def _greeted(self, server: SMTP) -> None:
+        with self.lock:
+            if id(server) in self._live:
+                return  # the second EHLO after STARTTLS
+            self._live.add(id(server))
+            self.connections += 1
+            self.peak_connections = max(self.peak_connections, len(self._live))
+
+    def closed(self, server: SMTP) -> None:
+        with self.lock:
+            self._live.discard(id(server))
+
+    async def handle_EHLO(
+        self, server: SMTP, session: Session, envelope: Envelope, hostname: str,
+        responses: list[str],
+    ) -> list[str]:
+        session.host_name = hostname
+        self._greeted(server)
+        return responses
+
+    async def handle_HELO(
+        self, server: SMTP, session: Session, envelope: Envelope, hostname: str,
+    ) -> str:
+        session.host_name = hostname
+        self._greeted(server)
+        return f"250 {server.hostname}"
+
+    async def handle_RCPT(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str,
+        rcpt_options: list[str],
+    ) -> str:
+        key = _norm(address)
+        if key in self.reject:
+            logger.info("devsmtp reject %s", address, extra={"rcpt": address, "reply": REJECT_REPLY})
+            return REJECT_REPLY
+        with self.lock:
+            seen = self.deferred.get(key, 0)
+            defer = seen < self.defer.get(key, 0)
+            if defer:
+                self.deferred[key] = seen + 1
+        if defer:
+            logger.info("devsmtp defer %s (%d of %d)", address, seen + 1, self.defer[key],
+                        extra={"rcpt": address, "reply": DEFER_REPLY})
+            return DEFER_REPLY
+        envelope.rcpt_tos.append(address)
+        envelope.rcpt_options.extend(rcpt_options)
+        return "250 2.1.5 Ok"
+
+    async def handle_DATA(
+        self, server: SMTP, session: Session, envelope: Envelope,
+    ) -> str:
+        if any(_norm(r) in self.drop for r in envelope.rcpt_tos):
+            logger.info("devsmtp drop %s", ",".join(envelope.rcpt_tos),
+                        extra={"rcpt": envelope.rcpt_tos})
+            if isinstance(server.transport, asyncio.Transport):
+                server.transport.abort()
+            # aiosmtpd notices the lost connection and cancels this session's task.
+            await asyncio.Event().wait()
+        if self.latency_ms:
+            await asyncio.sleep(self.latency_ms / 1000)
+        raw: bytes = envelope.original_content or b""
+        mail_from: str = envelope.mail_from or ""
+        message_id = _message_id(raw)
+        queue_id = uuid.uuid4().hex[:12].upper()
+        for rcpt in envelope.rcpt_tos:
+            if self.maildir is not None:
+                # Delivered-To and Return-Path keep the envelope for readers of the Maildir.
+                stamped = (f"Return-Path: <{mail_from}>\r\nDelivered-To: {rcpt}\r\n"
+                           .encode() + raw)
+                self.maildir.add(stamped)
+            with self.lock:
+                self.messages.append(ReceivedMessage(mail_from, rcpt, message_id, raw))
+            logger.info("devsmtp accept %s %s", rcpt, message_id,
+                        extra={"rcpt": rcpt, "message_id": message_id, "queue_id": queue_id})
+        return f"250 2.0.0 Ok queued as {queue_id}"
+
+
+class _DevSMTP(SMTP):
+    """aiosmtpd's SMTP session, telling the handler when a connection goes away."""
+
+    def connection_lost(self, error: Exception | None) -> None:
+        super().connection_lost(error)
+        self.event_handler.closed(self)
+
+
+class _Controller(Controller):
+    def factory(self) -> SMTP:
+        return _DevSMTP(self.handler, loop=self.loop, **self.SMTP_kwargs)
+
+    def _trigger_server(self) -> None:
+        # With port 0 the OS picks the port; learn it before aiosmtpd probes the server.
+        if self.port == 0 and isinstance(self.server, asyncio.Server):
+            self.port = self.server.sockets[0].getsockname()[1]
+        super()._trigger_server()  # type: ignore[no-untyped-call]
+
+
+class DevSmtpServer:
+    """A misbehaving SMTP server on a thread of its own; ``start()`` returns once it answers.
+
+    ``reject``: RCPT TO gets ``550 5.1.1``. ``defer``: RCPT TO gets ``451 4.3.0`` for the first N
+    tries of each address. ``drop``: the connection is closed after the message content, with no
+    reply. ``latency_ms``: delay before replying to the message content. ``tls_context``: offer
+    STARTTLS with this server context. ``port=0`` picks a free port (read ``.port`` after start).
+    """
+
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        reject: Iterable[str] = (),
+        defer: Mapping[str, int] | None = None,
+        latency_ms: int = 0,
+        maildir: Path | None = None,
+        drop: Iterable[str] = (),
+        *,
+        tls_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.host = host
+        self._port = port
+        self._handler = _Handler(reject=reject, defer=defer or {}, drop=drop,
+                                 latency_ms=latency_ms, maildir=maildir)
+        self._tls_context = tls_context
+        self._controller: _Controller | None = None
+
+    @property
+    def port(self) -> int:
+        return self._controller.port if self._controller is not None else self._port
+
+    @property
+    def messages(self) -> list[ReceivedMessage]:
+        """Accepted messages, oldest first (a copy)."""
+        with self._handler.lock:
+            return list(self._handler.messages)
+
+    @property
+    def connections(self) -> int:
+        """Client connections that greeted the server since start (or reset)."""
+        return self._handler.connections
+
+    @property
+    def peak_connections(self) -> int:
+        """The most client connections open at once since start (or reset)."""
+        return self._handler.peak_connections
+
+    def start(self) -> None:
+        controller = _Controller(
+            self._handler, hostname=self.host, port=self._port,
+            server_hostname=SERVER_HOSTNAME, tls_context=self._tls_context,
+            ready_timeout=10.0,
+        )
+        try:
+            controller.start()
+        except BaseException:
+            controller.stop(no_assert=True)
+            if not controller.loop.is_closed():
+                controller.loop.close()
+            raise
+        self._controller = controller
+
+    def stop(self) -> None:
+        if self._controller is not None:
+            self._controller.stop()
+            self._controller = None
+
+    def __enter__(self) -> DevSmtpServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def message_ids(self) -> list[str | None]:
+        return [m.message_id for m in self.messages]
+
+    def count(self, rcpt: str | None = None) -> int:
+        """Accepted messages, for one recipient or all."""
+        return sum(1 for m in self.messages if rcpt is None or _norm(m.rcpt) == _norm(rcpt))
+
+    def reset(self) -> None:
+        """Forget accepted messages, defer counts and connection counts (the Maildir stays)."""
+        self._handler.reset()
+
+
+def read_maildir(path: Path) -> list[ReceivedMessage]:
+    """What a DevSmtpServer stored in the Maildir at ``path``, in no particular order."""
+    box = mailbox.Maildir(path, create=False)
+    found = []
+    for key in box.iterkeys():
+        raw = box.get_bytes(key)
+        head, _, body = raw.partition(b"\n")  # Return-Path
+        rcpt_line, _, rest = body.partition(b"\n")  # Delivered-To
+        mail_from = head.decode().removeprefix("Return-Path: <").rstrip("\r>")
+        rcpt = rcpt_line.decode().removeprefix("Delivered-To: ").rstrip("\r")
+        found.append(ReceivedMessage(mail_from, rcpt, _message_id(rest), rest))
+    return found
+
+
+def _message_id(raw: bytes) -> str | None:
+    headers = email.parser.BytesHeaderParser(policy=email.policy.default).parsebytes(raw)
+    value = headers.get("Message-ID")
+    return str(value).strip() if value is not None else None
+
+
+def _norm(address: str) -> str:
+    return address.strip().strip("<>").lower()
+
+
+# CLI
+
+
+def parse_defer(text: str) -> tuple[str, int]:
+    """``"ops@example.com:2"`` -> ``("ops@example.com", 2)``."""
+    address, sep, count = text.strip().rpartition(":")
+    if not sep or not address or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected ADDRESS:COUNT with COUNT at least 1, e.g. ops@example.com:2; got {text!r}")
+    return address, int(count)
+
+
+def _split(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The ``postroom devsmtp`` parser; each flag defaults to its ``POSTROOM_DEVSMTP_*`` variable."""
+
+    def var(name: str) -> str:
+        return ENV_PREFIX + name
+
+    parser = argparse.ArgumentParser(
+        prog="postroom devsmtp",
+        description="Run a local SMTP server that rejects, defers, delays or drops chosen "
+                    "recipients. List variables take comma-separated values.",
+    )
+    parser.add_argument("--host", default=env.get(var("HOST"), DEFAULT_HOST),
+                        help=f"address to listen on (env {var('HOST')}; default %(default)s)")
+    parser.add_argument("--port", type=int, default=env.get(var("PORT"), DEFAULT_PORT),
+                        help=f"port to listen on (env {var('PORT')}; default %(default)s)")
+    parser.add_argument("--reject", action="append", metavar="ADDR",
+                        help=f"answer RCPT TO with {REJECT_REPLY!r}; repeatable "
+                             f"(env {var('REJECT')})")
+    parser.add_argument("--defer", action="append", type=parse_defer, metavar="ADDR:N",
+                        help=f"answer RCPT TO with {DEFER_REPLY!r} the first N times; "
+                             f"repeatable (env {var('DEFER')})")
+    parser.add_argument("--latency", type=int, metavar="MS",
+                        default=env.get(var("LATENCY"), 0),
+                        help=f"wait MS milliseconds before accepting a message "
+                             f"(env {var('LATENCY')}; default %(default)s)")
+    parser.add_argument("--drop", action="append", metavar="ADDR",
+                        help=f"close the connection after the message content, without a "
+                             f"reply; repeatable (env {var('DROP')})")
+    parser.add_argument("--maildir", type=Path, metavar="DIR",
+                        default=env.get(var("MAILDIR")),
+                        help=f"also store accepted messages in this Maildir "
+                             f"(env {var('MAILDIR')})")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
+    """Parse flags; a list flag given on the command line replaces its environment variable."""
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
+    if args.reject is None:
+        args.reject = _split(env.get(ENV_PREFIX + "REJECT"))
+    if args.drop is None:
+        args.drop = _split(env.get(ENV_PREFIX + "DROP"))
+    if args.defer is None:
+        try:
+            args.defer = [parse_defer(p) for p in _split(env.get(ENV_PREFIX + "DEFER"))]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"{ENV_PREFIX}DEFER: {exc}")
+    if args.latency < 0:
+        parser.error("--latency must not be negative")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``postroom devsmtp``: serve until SIGINT or SIGTERM."""
+    args = parse_args(argv, os.environ)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd's per-command chatter
+    server = DevSmtpServer(args.host, args.port, reject=args.reject, defer=dict(args.defer),
+                           latency_ms=args.latency, maildir=args.maildir, drop=args.drop)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            server.start()
+        except OSError as exc:
+            print(f"devsmtp: cannot listen on {args.host}:{args.port}: {exc}")
+            return 1
+        print(f"devsmtp listening on {server.host}:{server.port}", flush=True)
+        stopping.wait()
+        server.stop()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
