@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 
 
 class Priority(enum.StrEnum):
@@ -45,7 +46,8 @@ def tier_of_retry_topic(prefix: str, topic: str) -> int | None:
     if not topic.startswith(head):
         return None
     tail = topic[len(head):]
-    return int(tail) if tail.isdigit() and int(tail) >= 1 else None
+    # Only the spelling retry_topic() produces: not "0", "01", or a non-ASCII digit such as "²".
+    return int(tail) if re.fullmatch(r"[1-9][0-9]*", tail) else None
 
 
 def priority_of_topic(prefix: str, topic: str) -> Priority | None:
