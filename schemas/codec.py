@@ -134,12 +134,15 @@ def headers_for(event: EmailRequested | EmailResult) -> list[tuple[str, bytes]]:
     return [(SCHEMA_HEADER, load_schema(event.SCHEMA_NAME).fingerprint.encode())]
 
 
-def header_value(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
+HeaderList = Sequence[tuple[str, str | bytes | None]]
+
+
+def header_value(headers: HeaderList | None, name: str) -> bytes | None:
     """The last value of header ``name``, or None."""
-    found = None
+    found: bytes | None = None
     for key, value in headers or ():
         if key == name:
-            found = value
+            found = value.encode() if isinstance(value, str) else value
     return found
 
 
@@ -152,7 +155,7 @@ def known_writer_schemas(name: str, extra: Sequence[Schema] = ()) -> Mapping[str
 def decode(
     cls: type[Event],
     payload: bytes | None,
-    headers: Sequence[tuple[str, bytes | None]] | None,
+    headers: HeaderList | None,
     *,
     writers: Mapping[str, Schema] | None = None,
     reader: Schema | None = None,

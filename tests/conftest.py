@@ -66,7 +66,8 @@ def kafka_settings(stack_settings: Settings) -> Iterator[Settings]:
     create_topics(settings)
     yield settings
     names = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    for future in make_admin(settings).delete_topics(names, operation_timeout=10).values():
+    admin = make_admin(settings)  # held: a collected client cancels its own futures
+    for future in admin.delete_topics(names, operation_timeout=10).values():
         future.result()
 
 
