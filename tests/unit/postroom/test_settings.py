@@ -1,0 +1,329 @@
+"""Tables for settings: every POSTROOM_* variable parsed, malformed ones named, secrets kept quiet."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from postroom.errors import ConfigError
+from postroom.settings import (
+    FIELDS,
+    Secret,
+    Settings,
+    TlsMode,
+    env_name,
+    mask_kafka_config,
+    parse_duration_s,
+    parse_durations_s,
+    parse_kafka_config,
+)
+
+P = "POSTROOM_"
+
+# env var, raw value -> field, parsed value (every entry of FIELDS but ATTACHMENTS_ROOT, which
+# needs a real directory and has its own test)
+ROUND_TRIPS = [
+    ("DATABASE_URL", "postgresql+psycopg://app@db:5432/mail", "database_url",
+     "postgresql+psycopg://app@db:5432/mail"),
+    ("DATABASE_SCHEMA", "mail_v1", "database_schema", "mail_v1"),
+    ("KAFKA_BOOTSTRAP_SERVERS", " k1:9092,k2:9092 ", "kafka_bootstrap_servers", "k1:9092,k2:9092"),
+    ("TOPIC_PREFIX", "staging-eu_1.", "topic_prefix", "staging-eu_1."),
+    ("KAFKA_CONFIG", "security.protocol=SASL_SSL;sasl.mechanism=PLAIN", "kafka_config",
+     {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}),
+    ("TOPIC_PARTITIONS", "12", "topic_partitions", 12),
+    ("TOPIC_REPLICATION_FACTOR", "3", "topic_replication_factor", 3),
+    ("TOPIC_REPLICATION_FACTOR", "-1", "topic_replication_factor", -1),
+    ("TOPIC_CONFIG", "retention.ms=604800000", "topic_config", {"retention.ms": "604800000"}),
+    ("MAIL_FROM", " reports@example.com ", "mail_from", "reports@example.com"),
+    ("ATTACHMENT_MAX_BYTES", "1048576", "attachment_max_bytes", 1048576),
+    ("RELAY_BATCH_SIZE", "500", "relay_batch_size", 500),
+    ("RELAY_POLL_INTERVAL", "250ms", "relay_poll_interval_s", 0.25),
+    ("RELAY_CLAIM_TTL", "2m", "relay_claim_ttl_s", 120.0),
+    ("SENDER_GROUP", "senders", "sender_group", "senders"),
+    ("RECORDER_GROUP", "recorders", "recorder_group", "recorders"),
+    ("RETRY_DELAYS", "5m,10m,20m,40m", "retry_delays_s", (300.0, 600.0, 1200.0, 2400.0)),
+    ("RETRY_DELAYS", "1s, 2s", "retry_delays_s", (1.0, 2.0)),
+    ("SMTP_HOST", " mail.example.com ", "smtp_host", "mail.example.com"),
+    ("SMTP_PORT", "587", "smtp_port", 587),
+    ("SMTP_TLS", "STARTTLS", "smtp_tls", TlsMode.STARTTLS),
+    ("SMTP_TLS", "none", "smtp_tls", TlsMode.NONE),
+    ("SMTP_USERNAME", "reports", "smtp_username", "reports"),
+    ("SMTP_PASSWORD", "hunter2", "smtp_password", Secret("hunter2")),
+    ("SMTP_CONNECT_TIMEOUT", "10", "smtp_connect_timeout_s", 10.0),
+    ("SMTP_TIMEOUT", "1.5m", "smtp_timeout_s", 90.0),
+    ("SMTP_CONCURRENCY", "4", "smtp_concurrency", 4),
+    ("METRICS_PORT", "9108", "metrics_port", 9108),
+    ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "field", "expected"), ROUND_TRIPS)
+def test_from_env_parses(name: str, raw: str, field: str, expected: Any) -> None:
+    settings = Settings.from_env({P + name: raw})
+    assert getattr(settings, field) == expected
+    assert settings == dataclasses.replace(Settings(), **{field: expected})
+
+
+def test_every_env_var_has_a_round_trip_row() -> None:
+    covered = {P + name for name, *_ in ROUND_TRIPS} | {P + "ATTACHMENTS_ROOT"}
+    assert covered == set(FIELDS), "add a ROUND_TRIPS row for each new setting"
+
+
+def test_attachments_root_is_resolved(tmp_path: Path) -> None:
+    (tmp_path / "reports").mkdir()
+    settings = Settings.from_env({P + "ATTACHMENTS_ROOT": str(tmp_path / "x" / ".." / "reports")})
+    assert settings.attachments_root == (tmp_path / "reports").resolve()
+
+
+def test_empty_environment_gives_defaults() -> None:
+    assert Settings.from_env({}) == Settings()
+
+
+def test_empty_values_are_ignored() -> None:
+    assert Settings.from_env({name: "" for name in FIELDS}) == Settings()
+
+
+def test_unrelated_variables_are_ignored() -> None:
+    assert Settings.from_env({"SMTP_PORT": "x", "POSTROOM": "y", "PATH": "/bin"}) == Settings()
+
+
+@pytest.mark.parametrize(("name", "raw", "problem"), [
+    ("DATABASE_URL", "mysql://app@db/mail", "postgresql"),
+    ("DATABASE_SCHEMA", "Mail", "identifier"),
+    ("DATABASE_SCHEMA", "1mail", "identifier"),
+    ("DATABASE_SCHEMA", "mail;drop", "identifier"),
+    ("TOPIC_PREFIX", "bad prefix/", "topic prefix"),
+    ("KAFKA_CONFIG", "security.protocol", "key=value"),
+    ("KAFKA_CONFIG", "=SASL_SSL", "key=value"),
+    ("TOPIC_PARTITIONS", "0", "at least 1"),
+    ("TOPIC_PARTITIONS", "six", "invalid literal"),
+    ("TOPIC_PARTITIONS", "6.0", "invalid literal"),
+    ("TOPIC_REPLICATION_FACTOR", "0", "-1 for the broker default"),
+    ("TOPIC_REPLICATION_FACTOR", "-2", "-1 for the broker default"),
+    ("TOPIC_CONFIG", "retention.ms", "key=value"),
+    ("ATTACHMENT_MAX_BYTES", "-5", "at least 1"),
+    ("RELAY_POLL_INTERVAL", "0", "positive"),
+    ("RELAY_POLL_INTERVAL", "soon", "not a duration"),
+    ("RELAY_CLAIM_TTL", "-1s", "not a duration"),
+    ("RETRY_DELAYS", "5m,later", "not a duration"),
+    ("RETRY_DELAYS", "5m,0s", "positive"),
+    ("SMTP_PORT", "0", "not a TCP port"),
+    ("SMTP_PORT", "65536", "not a TCP port"),
+    ("SMTP_PORT", "smtp", "invalid literal"),
+    ("SMTP_TLS", "ssl", "auto, starttls, tls, none"),
+    ("SMTP_CONNECT_TIMEOUT", "5min", "not a duration"),
+    ("SMTP_TIMEOUT", "1e3", "not a duration"),
+    ("SMTP_CONCURRENCY", "0", "at least 1"),
+    ("ATTACHMENTS_ROOT", "/nonexistent/postroom/attachments", "not a directory"),
+    ("ATTACHMENTS_ROOT", "/no/such\0dir", "null"),
+    ("METRICS_PORT", "99999", "not a TCP port"),
+    ("LOG_LEVEL", "TRACE", "DEBUG, INFO, WARNING or ERROR"),
+])
+def test_malformed_value_raises_config_error_naming_the_variable(
+        name: str, raw: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem) as caught:
+        Settings.from_env({P + name: raw, P + "SMTP_HOST": "fine.example.com"})
+    assert caught.value.setting == P + name
+    assert str(caught.value).startswith(f"{P}{name}: ")
+
+
+def test_password_file_is_read_without_its_line_break(tmp_path: Path) -> None:
+    secret_file = tmp_path / "smtp-password"
+    secret_file.write_text("s3cret pass\r\n")
+    settings = Settings.from_env({P + "SMTP_PASSWORD_FILE": str(secret_file)})
+    assert settings.smtp_password == Secret("s3cret pass")
+
+
+def test_missing_password_file_names_its_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({P + "SMTP_PASSWORD_FILE": str(tmp_path / "absent")})
+    assert caught.value.setting == P + "SMTP_PASSWORD_FILE"
+
+
+def test_kafka_config_file_is_merged_under_the_env_value(tmp_path: Path) -> None:
+    config_file = tmp_path / "client.properties"
+    config_file.write_text("# shared\nsecurity.protocol=SSL\nclient.id=from-file\n")
+    settings = Settings.from_env({P + "KAFKA_CONFIG_FILE": str(config_file),
+                                  P + "KAFKA_CONFIG": "client.id=from-env"})
+    assert settings.kafka_config == {"security.protocol": "SSL", "client.id": "from-env"}
+
+
+@pytest.mark.parametrize("content", [None, "not a pair\n"])
+def test_bad_kafka_config_file_names_its_variable(tmp_path: Path, content: str | None) -> None:
+    config_file = tmp_path / "client.properties"
+    if content is not None:
+        config_file.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({P + "KAFKA_CONFIG_FILE": str(config_file)})
+    assert caught.value.setting == P + "KAFKA_CONFIG_FILE"
+
+
+PASSWORD = "correct-horse-battery-staple"  # noqa: S105 - a value to look for in output
+
+
+@pytest.mark.parametrize("render", [repr, str, lambda s: f"{s}", lambda s: f"{s!r}"])
+def test_smtp_password_never_shows(render: Any) -> None:
+    settings = Settings.from_env({P + "SMTP_PASSWORD": PASSWORD, P + "SMTP_USERNAME": "reports"})
+    shown = render(settings)
+    assert PASSWORD not in shown
+    assert "smtp_password=Secret('********')" in shown
+    assert "smtp_username='reports'" in shown  # the render did include the fields
+
+
+def test_secret() -> None:
+    secret = Secret(PASSWORD)
+    assert secret.reveal() == PASSWORD
+    assert PASSWORD not in repr(secret) + str(secret) + f"{secret}" + repr([secret])
+    assert secret == Secret(PASSWORD)
+    assert secret != Secret("other")
+    assert secret != PASSWORD
+    assert hash(secret) == hash(Secret(PASSWORD))
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Settings repr shows kafka_config values verbatim")
+def test_kafka_password_never_shows() -> None:
+    settings = Settings.from_env({P + "KAFKA_CONFIG": f"sasl.password={PASSWORD}"})
+    assert PASSWORD not in repr(settings)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Settings repr shows the password in database_url")
+def test_database_password_never_shows() -> None:
+    settings = Settings.from_env({P + "DATABASE_URL": f"postgresql://app:{PASSWORD}@db/mail"})
+    assert PASSWORD not in repr(settings)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: ';' splits a value, and the error echoes the rest")
+def test_kafka_password_with_a_semicolon_is_neither_split_nor_echoed() -> None:
+    try:
+        settings = Settings.from_env({P + "KAFKA_CONFIG": "sasl.password=abc;horse-staple"})
+    except ConfigError as exc:
+        assert "horse-staple" not in str(exc)
+    else:
+        assert settings.kafka_config == {"sasl.password": "abc;horse-staple"}
+
+
+@pytest.mark.parametrize(("field", "name"), [
+    ("database_url", "POSTROOM_DATABASE_URL"),
+    ("retry_delays_s", "POSTROOM_RETRY_DELAYS"),
+    ("smtp_password", "POSTROOM_SMTP_PASSWORD"),
+    ("relay_poll_interval_s", "POSTROOM_RELAY_POLL_INTERVAL"),
+])
+def test_env_name(field: str, name: str) -> None:
+    assert env_name(field) == name
+
+
+def test_env_name_of_every_field() -> None:
+    for name, (field, _) in FIELDS.items():
+        assert env_name(field) == name
+    with pytest.raises(KeyError):
+        env_name("no_such_field")
+
+
+def test_every_env_var_sets_a_real_field() -> None:
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert {field for field, _ in FIELDS.values()} <= fields
+
+
+def test_require() -> None:
+    assert Settings(database_url="postgresql://db/mail").require("database_url") == (
+        "postgresql://db/mail")
+    with pytest.raises(ConfigError, match=r"^POSTROOM_KAFKA_BOOTSTRAP_SERVERS: is not set$"):
+        Settings().require("kafka_bootstrap_servers")
+
+
+def test_kafka_client_config() -> None:
+    settings = Settings(kafka_bootstrap_servers="k:9092", kafka_config={"client.id": "me"})
+    assert settings.kafka_client_config() == {"bootstrap.servers": "k:9092", "client.id": "me"}
+    with pytest.raises(ConfigError, match="POSTROOM_KAFKA_BOOTSTRAP_SERVERS"):
+        Settings().kafka_client_config()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", {}),
+    ("a=1", {"a": "1"}),
+    ("a=1;b=2", {"a": "1", "b": "2"}),
+    ("a=1\nb=2\n", {"a": "1", "b": "2"}),
+    ("a=1\r\nb=2", {"a": "1", "b": "2"}),
+    ("  a  =  1  ", {"a": "1"}),
+    ("# comment\na=1\n   # indented comment\n\n", {"a": "1"}),
+    ("a=", {"a": ""}),
+    ("a=x=y", {"a": "x=y"}),
+    ("a=1;a=2", {"a": "2"}),
+    ("sasl.mechanism=SCRAM-SHA-512;;", {"sasl.mechanism": "SCRAM-SHA-512"}),
+])
+def test_parse_kafka_config(text: str, expected: dict[str, str]) -> None:
+    assert parse_kafka_config(text) == expected
+
+
+@pytest.mark.parametrize("text", ["a", "a=1;b", "=1", " = 1", "a=1\nnot a pair"])
+def test_parse_kafka_config_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_kafka_config(text)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({}, {}),
+    ({"client.id": "me"}, {"client.id": "me"}),
+    ({"sasl.password": "x", "sasl.username": "u"}, {"sasl.password": "********",
+                                                    "sasl.username": "u"}),
+    ({"ssl.key.password": "x", "ssl.keystore.password": "y", "ssl.key.pem": "z",
+      "sasl.oauthbearer.client.secret": "w"},
+     {"ssl.key.password": "********", "ssl.keystore.password": "********",
+      "ssl.key.pem": "********", "sasl.oauthbearer.client.secret": "********"}),
+])
+def test_mask_kafka_config(config: dict[str, str], expected: dict[str, str]) -> None:
+    original = dict(config)
+    assert mask_kafka_config(config) == expected
+    assert config == original  # a copy, the input untouched
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("5m", 300.0),
+    ("300", 300.0),
+    ("300s", 300.0),
+    ("500ms", 0.5),
+    ("1.5h", 5400.0),
+    ("2.5", 2.5),
+    (" 2 s ", 2.0),
+    ("1h", 3600.0),
+    ("0.001s", 0.001),
+])
+def test_parse_duration_s(text: str, expected: float) -> None:
+    assert parse_duration_s(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("", "not a duration"),
+    ("0", "positive"),
+    ("0ms", "positive"),
+    ("-5m", "not a duration"),
+    ("5 min", "not a duration"),
+    ("5M", "not a duration"),
+    ("1e3", "not a duration"),
+    (".5s", "not a duration"),
+    ("5m10s", "not a duration"),
+    ("nan", "not a duration"),
+])
+def test_parse_duration_s_rejects(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_duration_s(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", ()),
+    ("5m", (300.0,)),
+    ("5m,10m,20m,40m", (300.0, 600.0, 1200.0, 2400.0)),
+    (" 1s , 2s ", (1.0, 2.0)),
+    ("5m,,10m,", (300.0, 600.0)),
+])
+def test_parse_durations_s(text: str, expected: tuple[float, ...]) -> None:
+    assert parse_durations_s(text) == expected
+
+
+@pytest.mark.parametrize("text", ["5m,x", "5m;10m", "0,5m"])
+def test_parse_durations_s_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_durations_s(text)
