@@ -113,6 +113,93 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from postroom.kafka import check_reachable
+    from postroom.metrics import Metrics, serve
+    from relay.db import check_schema, libpq_conninfo, make_engine
+    from sender.ledger import Ledger
+    from sender.service import Sender, sender_identity
+
+    engine = make_engine(settings)
+    check_schema(engine)
+    check_reachable(settings)
+    # A lease outlives the longest SMTP dialogue, so a live sender never loses its claim.
+    lease_s = settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s
+    ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s, settings.database_schema)
+    engine.dispose()
+    metrics = Metrics()
+    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
+
+    async def run() -> None:
+        sender = Sender(settings, ledger=ledger, metrics=metrics)
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            loop.call_soon_threadsafe(sender.stop)
+
+        on_shutdown_signals(stop)
+        await sender.run()
+
+    try:
+        asyncio.run(run())
+    finally:
+        if server is not None:
+            server.shutdown()
+    return EXIT_OK
+
+
+def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.kafka import check_reachable
+    from postroom.metrics import Metrics, serve
+    from relay.db import check_schema, make_engine
+    from relay.recorder import Recorder
+
+    engine = make_engine(settings)
+    check_schema(engine)
+    check_reachable(settings)
+    metrics = Metrics()
+    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
+    recorder = Recorder(settings, engine, metrics=metrics)
+    on_shutdown_signals(recorder.stop)
+    try:
+        recorder.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+    return EXIT_OK
+
+
+def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.kafka import group_lag
+    from postroom.topics import Priority, priority_topic, results_topic, retry_topic
+
+    prefix = settings.topic_prefix
+    groups = {
+        settings.sender_group: [*(priority_topic(prefix, p) for p in Priority),
+                                *(retry_topic(prefix, n)
+                                  for n in range(1, len(settings.retry_delays_s) + 1))],
+        settings.recorder_group: [results_topic(prefix)],
+    }
+    rows = [(group, row) for group, topics in groups.items()
+            for row in group_lag(settings, group, topics)]
+    if args.json:
+        for group, row in rows:
+            print(json.dumps({"group": group, "topic": row.topic, "partition": row.partition,
+                              "committed": row.committed, "high_watermark": row.high_watermark,
+                              "lag": row.lag}))
+        return EXIT_OK
+    for group in groups:
+        mine = [row for g, row in rows if g == group]
+        print(f"{group}: total lag {sum(r.lag for r in mine)}")
+        for row in mine:
+            committed = "-" if row.committed is None else str(row.committed)
+            print(f"  {row.topic}[{row.partition}] committed={committed} "
+                  f"end={row.high_watermark} lag={row.lag}")
+    return EXIT_OK
+
+
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import make_engine
     from relay.sql import status_query
@@ -189,6 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("relay", help="publish committed outbox rows to Kafka until stopped"
                         ).set_defaults(handler=cmd_relay)
 
+    commands.add_parser(
+        "sender", help="deliver email events over SMTP as a member of the sender group"
+    ).set_defaults(handler=cmd_sender)
+    commands.add_parser(
+        "recorder", help="write delivery results back into the outbox rows"
+    ).set_defaults(handler=cmd_recorder)
+    lag = commands.add_parser("lag", help="consumer-group lag of the sender and the recorder")
+    lag.add_argument("--json", action="store_true", help="one JSON object per partition")
+    lag.set_defaults(handler=cmd_lag)
+    commands.add_parser(
+        "devsmtp", add_help=False,
+        help="a local SMTP server that rejects, defers, delays or drops chosen recipients "
+             "(see postroom devsmtp --help)")
+
     status = commands.add_parser("status", help="who received what: one line per recipient row")
     status.add_argument("--key", help="only this message key")
     status.add_argument("--limit", type=int, default=50,
@@ -199,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["devsmtp"]:
+        # The dev server has its own parser (and runs without the POSTROOM_* settings).
+        from sender import devsmtp
+
+        return devsmtp.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from postroom.errors import KafkaClientError
@@ -14,6 +15,8 @@ from postroom.settings import Settings, mask_kafka_config
 from postroom.topics import all_topics
 
 log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, str | bytes | None]]
 
 # Kept below the relay's claim TTL so a row is never claimed by two relays while one still waits.
 PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
@@ -135,3 +138,63 @@ def create_topics(
 def headers_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> Mapping[str, bytes]:
     """Kafka headers as a dict (last value wins), dropping null values."""
     return {k: v for k, v in (headers or ()) if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What the sender needs of one consumed Kafka message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    @classmethod
+    def from_message(cls, msg: Message) -> Record:
+        raw = msg.headers() or []
+        headers: Headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
+        key = msg.key()
+        value = msg.value()
+        return cls(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
+                   key.encode() if isinstance(key, str) else key,
+                   value.encode() if isinstance(value, str) else value, headers)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None  # None: the group has committed nothing here yet
+    high_watermark: int
+    lag: int
+
+
+def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
+              timeout_s: float = 10.0) -> list[PartitionLag]:
+    """Committed offset, high watermark and lag of ``group_id`` on every partition of ``topics``."""
+    from confluent_kafka import TopicPartition
+
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": group_id,
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+        partitions = [TopicPartition(topic, p) for topic in topics
+                      if topic in metadata.topics for p in sorted(metadata.topics[topic].partitions)]
+        committed = consumer.committed(partitions, timeout=timeout_s) if partitions else []
+        watermarks = [consumer.get_watermark_offsets(tp, timeout=timeout_s) for tp in committed]
+    except KafkaException as exc:
+        raise translate(exc, f"cannot read the offsets of group {group_id}") from exc
+    finally:
+        consumer.close()
+    rows = []
+    for tp, (low, high) in zip(committed, watermarks, strict=True):
+        done = tp.offset if tp.offset >= 0 else None
+        rows.append(PartitionLag(tp.topic, tp.partition, done, high,
+                                 high - (done if done is not None else low)))
+    return rows

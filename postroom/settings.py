@@ -123,6 +123,7 @@ class Settings:
     smtp_connect_timeout_s: float = 30.0
     smtp_timeout_s: float = 60.0
     smtp_concurrency: int = 20
+    smtp_tls_ca_file: Path | None = None  # extra CA certificates to trust for the SMTP server
     attachments_root: Path | None = None
     metrics_port: int | None = None
     log_level: str = "INFO"
@@ -221,6 +222,13 @@ def _directory(text: str) -> Path:
     return path
 
 
+def _file(text: str) -> Path:
+    path = Path(text).resolve()
+    if not path.is_file():
+        raise ValueError(f"not a file: {path}")
+    return path
+
+
 def _log_level(text: str) -> str:
     level = text.strip().upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -253,6 +261,7 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "SMTP_CONNECT_TIMEOUT": ("smtp_connect_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),
+    ENV_PREFIX + "SMTP_TLS_CA_FILE": ("smtp_tls_ca_file", _file),
     ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _directory),
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
     ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),

@@ -26,6 +26,11 @@ def make_engine(settings: Settings, **kwargs: object) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
+def libpq_conninfo(engine: sa.Engine) -> str:
+    """The engine's URL as psycopg takes it directly (for LISTEN and the async ledger)."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def _alembic_config(connection: sa.Connection) -> Config:
     config = Config()
     config.set_main_option("script_location", str(resources.files("relay") / "migrations"))

@@ -24,6 +24,7 @@ from postroom.errors import KafkaClientError
 from postroom.settings import Settings
 from postroom.topics import priority_topic
 from relay import sql
+from relay.db import libpq_conninfo
 from schemas.codec import EmailRequested, encode, headers_for
 
 log = logging.getLogger(__name__)
@@ -190,9 +191,8 @@ class Relay:
     def _ensure_listener(self) -> None:
         if self._listener is not None and not self._listener.closed:
             return
-        url = self._engine.url.set(drivername="postgresql")
-        conninfo = url.render_as_string(hide_password=False)
-        self._listener = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+        self._listener = psycopg.connect(libpq_conninfo(self._engine), autocommit=True,
+                                         connect_timeout=10)
         self._listener.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
 
     def _close_listener(self) -> None:

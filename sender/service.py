@@ -30,6 +30,7 @@ from confluent_kafka import (
 )
 
 from postroom import kafka
+from postroom.kafka import Headers, Record
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import (
@@ -77,33 +78,6 @@ STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus
              Action.FAIL: DeliveryStatus.FAILED, Action.DEAD: DeliveryStatus.DEAD}
 
 TP = tuple[str, int]
-Headers = list[tuple[str, str | bytes | None]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Record:
-    """What the sender needs of one consumed Kafka message."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-
-    @property
-    def tp(self) -> TP:
-        return (self.topic, self.partition)
-
-    @classmethod
-    def from_message(cls, msg: Message) -> Record:
-        raw = msg.headers() or []
-        headers: Headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
-        key = msg.key()
-        value = msg.value()
-        return cls(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
-                   key.encode() if isinstance(key, str) else key,
-                   value.encode() if isinstance(value, str) else value, headers)
 
 
 def utcnow() -> dt.datetime:

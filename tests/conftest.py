@@ -62,7 +62,7 @@ def kafka_settings(stack_settings: Settings) -> Iterator[Settings]:
     from postroom.topics import all_topics
 
     settings = dataclasses.replace(stack_settings, topic_prefix=_unique("t") + ".",
-                                   retry_delays_s=(1.0, 2.0))
+                                   retry_delays_s=(1.0, 2.0, 4.0, 8.0))
     create_topics(settings)
     yield settings
     names = all_topics(settings.topic_prefix, len(settings.retry_delays_s))

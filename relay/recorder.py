@@ -1,0 +1,138 @@
+"""The recorder: applies delivery results from the results topic to the outbox rows.
+
+Each batch is applied in one transaction and its offsets are committed after it; a crash in
+between replays the batch, which changes nothing because RECORD_RESULT only moves a row forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from postroom import kafka
+from postroom.kafka import Record
+from postroom.metrics import Metrics
+from postroom.settings import Settings
+from postroom.topics import results_topic
+from relay import sql
+from schemas.codec import DeliveryStatus, EmailResult, SchemaError, decode
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX = 1000
+POLL_TIMEOUT_S = 0.5
+RETRY_BACKOFF_S = 2.0
+
+
+def result_params(result: EmailResult) -> dict[str, Any]:
+    return {
+        "idempotency_key": result.idempotency_key,
+        "status": result.status.value,
+        "attempt": result.attempt,
+        "error": result.error,
+        "smtp_code": result.smtp_code,
+        "enhanced_code": result.enhanced_code,
+        "message_id": result.message_id,
+        "occurred_at": result.occurred_at,
+        "next_attempt_at": result.next_attempt_at,
+    }
+
+
+def apply_results(conn: sa.Connection, results: Sequence[EmailResult]) -> int:
+    """Apply results in order; returns how many moved a row forward."""
+    changed = 0
+    for result in results:
+        changed += conn.execute(sql.RECORD_RESULT, result_params(result)).rowcount
+    return changed
+
+
+@dataclasses.dataclass
+class RecorderStats:
+    applied: int = 0
+    ignored: int = 0
+    unreadable: int = 0
+
+
+class Recorder:
+    """Consumes ``<prefix>email.results`` as group POSTROOM_RECORDER_GROUP until stop()."""
+
+    def __init__(self, settings: Settings, engine: sa.Engine, *, metrics: Metrics | None = None,
+                 consumer_factory: Callable[[], Consumer] | None = None) -> None:
+        self._settings = settings
+        self._engine = engine
+        self.metrics = metrics or Metrics()
+        self._consumer_factory = consumer_factory or (lambda: kafka.make_consumer(
+            settings, settings.recorder_group, **{"enable.auto.commit": False}))
+        self._stop = threading.Event()
+        self.stats = RecorderStats()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        consumer = self._consumer_factory()
+        topic = results_topic(self._settings.topic_prefix)
+        consumer.subscribe([topic])
+        log.info("recorder consuming %s as group %s", topic, self._settings.recorder_group)
+        try:
+            while not self._stop.is_set():
+                messages = consumer.consume(num_messages=BATCH_MAX, timeout=POLL_TIMEOUT_S)
+                if messages:
+                    self._apply_until_done(consumer, messages)
+        finally:
+            consumer.close()
+            log.info("recorder stopped: applied=%d ignored=%d unreadable=%d",
+                     self.stats.applied, self.stats.ignored, self.stats.unreadable)
+
+    def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
+        results: list[EmailResult] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", err.str())
+                continue
+            record = Record.from_message(msg)
+            try:
+                results.append(decode(EmailResult, record.value, record.headers))
+            except SchemaError as exc:
+                # A result we cannot read cannot be applied; skip it loudly rather than stall.
+                self.stats.unreadable += 1
+                self.metrics.inc("recorder_unreadable_total")
+                log.error("unreadable result %s[%d]@%d skipped: %s", record.topic,  # noqa: TRY400
+                          record.partition, record.offset, exc)
+        while True:
+            try:
+                with self._engine.begin() as conn:
+                    changed = apply_results(conn, results)
+                break
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+                if self._stop.is_set():
+                    return  # uncommitted: the batch comes again after restart
+                log.warning("recording %d results failed (%s); retrying in %.0fs", len(results),
+                            str(exc).splitlines()[0], RETRY_BACKOFF_S)
+                time.sleep(RETRY_BACKOFF_S)
+        self.stats.applied += changed
+        self.stats.ignored += len(results) - changed
+        for result in results:
+            self.metrics.inc("recorded_total", status=result.status.value)
+            if result.status in (DeliveryStatus.FAILED, DeliveryStatus.DEAD):
+                self.metrics.inc("undeliverable_total", status=result.status.value)
+        positions: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if topic is not None and partition is not None and offset is not None:
+                positions[(topic, partition)] = max(positions.get((topic, partition), 0), offset + 1)
+        try:
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                            asynchronous=False)
+        except KafkaException as exc:
+            # Harmless: the batch is replayed and changes nothing the second time.
+            log.warning("offset commit failed (%s); the batch will be replayed", exc)

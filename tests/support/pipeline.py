@@ -1,0 +1,108 @@
+"""Runs relay, sender and recorder on threads against the local stack, for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from postroom.settings import Settings
+from relay.db import libpq_conninfo
+from relay.publisher import Relay
+from relay.recorder import Recorder
+from sender.ledger import Ledger
+from sender.service import Sender, sender_identity
+
+
+class SenderThread:
+    """One sender group member on a thread with its own event loop."""
+
+    def __init__(self, settings: Settings, engine: sa.Engine, **kwargs: Any) -> None:
+        self.ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s=20,
+                             schema=settings.database_schema)
+        self.sender = Sender(settings, ledger=self.ledger, **kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="sender", daemon=True)
+
+    def _main(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self.sender.run())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test by stop()
+            self.error = exc
+        finally:
+            self._loop.close()
+
+    def start(self) -> SenderThread:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 60) -> None:
+        while self._loop is None and self.thread.is_alive():
+            time.sleep(0.01)
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self.sender.stop)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: the sender has already stopped
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "sender did not stop"
+        if self.error is not None:
+            raise AssertionError("sender crashed") from self.error
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """relay + sender + recorder, started together and stopped together."""
+
+    settings: Settings
+    engine: sa.Engine
+    relay: Relay | None = None
+    recorder: Recorder | None = None
+    sender: SenderThread | None = None
+    threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+
+    def start(self) -> Pipeline:
+        self.relay = Relay(self.settings, self.engine)
+        self.recorder = Recorder(self.settings, self.engine)
+        for target in (self.relay.run, self.recorder.run):
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        self.sender = SenderThread(self.settings, self.engine).start()
+        return self
+
+    def stop(self) -> None:
+        if self.sender is not None:
+            self.sender.stop()
+        for component in (self.relay, self.recorder):
+            if component is not None:
+                component.stop()
+        for thread in self.threads:
+            thread.join(30)
+            assert not thread.is_alive(), "relay or recorder did not stop"
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def outbox_rows(engine: sa.Engine, message_key: str) -> list[sa.Row[Any]]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(
+            "SELECT recipient, status, attempts, last_error, smtp_code, enhanced_code, sent_at, "
+            "message_id, next_attempt_at FROM outbox WHERE message_key = :k ORDER BY id"),
+            {"k": message_key}))
