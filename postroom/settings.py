@@ -76,13 +76,16 @@ def parse_kafka_config(text: str) -> dict[str, str]:
     Lines starting with ``#`` are comments, as in a Java properties file.
     """
     config: dict[str, str] = {}
-    for raw in re.split(r"[\n;]", text):
+    # A ';' separates entries only where a key follows, so a secret may contain ';'.
+    entries = [e for line in text.splitlines() for e in re.split(r";(?=\s*[\w.-]+\s*=)", line)]
+    for number, raw in enumerate(entries, start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"expected key=value, got {line!r}")
+            # Never echo the entry: it may be part of a secret.
+            raise ValueError(f"entry {number} is not of the form key=value")
         config[key.strip()] = value.strip()
     return config
 
@@ -92,7 +95,12 @@ def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("********" if k in _SECRET_KAFKA_KEYS else v) for k, v in config.items()}
 
 
-@dataclasses.dataclass(frozen=True)
+def mask_url(url: str) -> str:
+    """``scheme://user:secret@host/db`` -> ``scheme://user:********@host/db``."""
+    return re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:********@", url)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class Settings:
     """Every setting postroom reads. Build with :meth:`from_env`; each field's env var is in FIELDS."""
 
@@ -155,6 +163,19 @@ class Settings:
                 raise ConfigError(ENV_PREFIX + "KAFKA_CONFIG_FILE", str(exc)) from exc
             values["kafka_config"] = {**from_file, **values.get("kafka_config", {})}
         return cls(**values)
+
+    def __repr__(self) -> str:
+        shown = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "database_url" and value:
+                value = mask_url(value)
+            elif field.name == "kafka_config":
+                value = mask_kafka_config(value)
+            shown.append(f"{field.name}={value!r}")
+        return f"Settings({', '.join(shown)})"
+
+    __str__ = __repr__
 
     def require(self, field: str) -> Any:
         """The value of ``field``, or ConfigError naming its env var when it is unset."""
