@@ -1,0 +1,96 @@
+"""`python -m bench [relay] [delivery] [--quick]`: run the benchmarks and print their figures.
+
+Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from bench.report import BenchError, Section, progress
+from bench.scratch import check_stack
+from postroom.errors import ConfigError
+from postroom.settings import Settings
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+PARTS = ("relay", "delivery")
+
+
+def _runner(name: str) -> Callable[[Settings, bool], Section]:
+    if name == "relay":
+        from bench import relay
+
+        return relay.run
+    from bench import delivery
+
+    return delivery.run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="postroom benchmarks against the local stack (scripts/services.sh up; "
+                    ". .dev/env). Figures on stdout, progress on stderr.")
+    parser.add_argument("parts", nargs="*", metavar="PART",
+                        help="relay and/or delivery (default: both)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller runs (about a minute in all) to check that everything works")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r} (choose from {', '.join(PARTS)})")
+    wanted = list(dict.fromkeys(args.parts)) or list(PARTS)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="[postroom] %(levelname)s %(name)s: %(message)s")
+    try:
+        base = Settings.from_env()
+        check_stack(base)
+    except (ConfigError, BenchError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    started = time.monotonic()
+    print(f"postroom benchmarks, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "
+          f"{'quick' if args.quick else 'full'} run: {', '.join(wanted)}")
+    print(f"host: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+          f"Python {platform.python_version()}; Kafka {base.kafka_bootstrap_servers}, "
+          "PostgreSQL on 127.0.0.1")
+    sections: list[Section] = []
+    for name in wanted:
+        progress(f"--- {name} benchmark ---")
+        load_before = os.getloadavg()[0]
+        try:
+            section = _runner(name)(base, args.quick)
+        except BenchError as exc:
+            print(f"bench {name}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        # The stack shares the CPUs with whatever else runs; say how busy the machine was.
+        section.lines.append(f"load average (1 min) before / after: {load_before:.2f} / "
+                             f"{os.getloadavg()[0]:.2f}")
+        sections.append(section)
+        print()
+        print(section.render(), flush=True)
+    targets = [t for s in sections for t in s.targets]
+    print()
+    print(f"Summary: {sum(t.met for t in targets)} of {len(targets)} targets met "
+          f"({time.monotonic() - started:.0f} s in all)")
+    for target in targets:
+        print(f"  [{'met' if target.met else 'NOT met'}] {target.name}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Relay benchmark: committed outbox rows to broker-acknowledged records, and commit-to-publish latency.
+
+Rows are enqueued from a separate process, as a report job would, with 1, 100 or 10,000 rows per
+transaction. Then a `Relay` drains them with `publish_once()` until nothing is left (throughput);
+the same again with `Relay.run()` on a thread while the rows are being enqueued (end to end); and a
+paced load of 1,000 rows/s, where each row's latency is its `published_at` less its commit time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from bench.report import BenchError, Section, Target, fmt_rate, per_s, percentile, progress, table
+from bench.scratch import scratch
+from bench.workload import enqueue_rows, recipients
+from postroom import kafka
+from postroom.settings import Settings
+from relay.db import make_engine
+from relay.publisher import Relay
+
+TARGET_ROWS_PER_S = 20_000.0
+TARGET_P99_MS = 50.0
+ENQUEUE_TIMEOUT_S = 240.0
+PUBLISH_TIMEOUT_S = 120.0
+POLL_S = 0.05
+RELAY_STOP_TIMEOUT_S = 40.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayPlan:
+    """How much to enqueue: rows per transaction -> rows in all; the paced load and its length."""
+
+    rows_by_txn_size: tuple[tuple[int, int], ...]
+    latency_run_s: float
+    offered_rows_per_s: int = 1_000
+    rows_per_paced_txn: int = 10
+
+
+FULL = RelayPlan(((1, 5_000), (100, 20_000), (10_000, 20_000)), latency_run_s=10.0)
+QUICK = RelayPlan(((1, 1_000), (100, 5_000), (10_000, 10_000)), latency_run_s=3.0)
+
+
+# -- the enqueueing process ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EnqueueJob:
+    """What the enqueueing process does: ``total_rows`` in transactions of ``rows_per_txn``."""
+
+    settings: Settings
+    total_rows: int
+    rows_per_txn: int
+    key_prefix: str
+    interval_s: float | None = None  # paced: one transaction every interval_s; None: flat out
+
+
+@dataclasses.dataclass(frozen=True)
+class EnqueueReport:
+    started_at: float   # epoch seconds, just before the first transaction
+    finished_at: float  # epoch seconds, after the last commit
+    commits: tuple[tuple[str, float], ...]  # paced runs: (message key, epoch right after commit)
+    worst_lateness_s: float  # paced runs: how late the most delayed transaction began
+
+
+def run_enqueue(job: EnqueueJob) -> EnqueueReport:
+    """Enqueue as ``job`` says; paced jobs keep to an absolute schedule and record commit times."""
+    engine = make_engine(job.settings)
+    try:
+        with engine.connect() as conn:  # connect before the clock starts
+            conn.execute(sa.text("SELECT 1"))
+        commits: list[tuple[str, float]] = []
+        worst_lateness = 0.0
+        done = 0
+        started_at, started = time.time(), time.monotonic()
+        for index in range(math.ceil(job.total_rows / job.rows_per_txn)):
+            if job.interval_s is not None:
+                delay = started + index * job.interval_s - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                else:
+                    worst_lateness = max(worst_lateness, -delay)
+            key = f"{job.key_prefix}-{index}"
+            batch = recipients(min(job.rows_per_txn, job.total_rows - done), first=done)
+            with engine.begin() as conn:
+                enqueue_rows(conn, key, batch)
+            if job.interval_s is not None:
+                commits.append((key, time.time()))
+            done += len(batch)
+        return EnqueueReport(started_at, time.time(), tuple(commits), worst_lateness)
+    finally:
+        engine.dispose()
+
+
+def _enqueue_worker(job: EnqueueJob, results: Any) -> None:
+    try:
+        results.put(run_enqueue(job))
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        results.put(f"{type(exc).__name__}: {first}")
+
+
+def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:
+    """Run ``job`` in a fresh process (its own interpreter and GIL) and return its report."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=_enqueue_worker, args=(job, results), name="bench-enqueue",
+                              daemon=True)
+    process.start()
+    try:
+        outcome = results.get(timeout=ENQUEUE_TIMEOUT_S)
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
+    if isinstance(outcome, str):
+        raise BenchError(f"the enqueueing process failed: {outcome}")
+    if not isinstance(outcome, EnqueueReport):
+        raise BenchError(f"the enqueueing process returned {outcome!r}")
+    return outcome
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputRow:
+    rows_per_txn: int
+    rows: int
+    enqueue_rows_per_s: float
+    drain_rows_per_s: float
+    drain_rounds: int
+    concurrent_enqueue_rows_per_s: float
+    end_to_end_rows_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyResult:
+    rows: int
+    offered_rows_per_s: float
+    worst_lateness_s: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    min_ms: float
+    relay_rounds: int
+
+
+def _truncate(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE outbox RESTART IDENTITY"))
+
+
+def _count(engine: sa.Engine, where: str = "true") -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(f"SELECT count(*) FROM outbox WHERE {where}")).scalar_one())
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(POLL_S)
+    raise BenchError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _warm_relay(settings: Settings, engine: sa.Engine) -> Relay:
+    """A relay whose producer is connected, so the clock does not time the broker handshake."""
+    relay = Relay(settings, engine)
+    relay.producer.list_topics(timeout=10)
+    return relay
+
+
+class _RelayThread:
+    """``Relay.run()`` on a thread, stopped and joined on exit; a crash is re-raised."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="bench-relay", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self.relay.run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller in __exit__
+            self.error = exc
+
+    def __enter__(self) -> _RelayThread:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.relay.stop()
+        self._thread.join(RELAY_STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            raise BenchError("the relay did not stop")
+        if self.error is not None:
+            raise BenchError("the relay crashed") from self.error
+
+
+def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
+                       rows: int) -> ThroughputRow:
+    """Pre-enqueue and drain with publish_once(); then enqueue and relay at the same time."""
+    _truncate(engine)
+    progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction (separate process)")
+    filled = enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"drain{rows_per_txn}"))
+    if _count(engine, "published_at IS NULL") != rows:
+        raise BenchError(f"expected {rows} unpublished rows after enqueueing")
+    relay = _warm_relay(settings, engine)
+    progress(f"relay: draining {rows:,} rows with publish_once() "
+             f"(batch {settings.relay_batch_size:,})")
+    published = rounds = 0
+    started = time.perf_counter()
+    while rounds <= rows:  # bounded: every round publishes at least one row or ends the loop
+        done = relay.publish_once()
+        if done == 0:
+            break
+        published += done
+        rounds += 1
+    drain_s = time.perf_counter() - started
+    if published != rows:
+        raise BenchError(f"the relay published {published} of {rows} rows")
+
+    _truncate(engine)
+    progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction, while Relay.run() "
+             "publishes")
+    with _RelayThread(_warm_relay(settings, engine)):
+        concurrent = enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"e2e{rows_per_txn}"))
+        _wait_until(lambda: _count(engine, "published_at IS NULL") == 0, PUBLISH_TIMEOUT_S,
+                    "every row to be published")
+    with engine.connect() as conn:
+        last = conn.execute(sa.text("SELECT max(published_at), count(*) FROM outbox")).one()
+    if last[1] != rows:
+        raise BenchError(f"expected {rows} rows, found {last[1]}")
+    return ThroughputRow(
+        rows_per_txn=rows_per_txn, rows=rows,
+        enqueue_rows_per_s=per_s(rows, filled.finished_at - filled.started_at),
+        drain_rows_per_s=per_s(rows, drain_s), drain_rounds=rounds,
+        concurrent_enqueue_rows_per_s=per_s(rows, concurrent.finished_at - concurrent.started_at),
+        end_to_end_rows_per_s=per_s(rows, last[0].timestamp() - concurrent.started_at))
+
+
+def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> LatencyResult:
+    """A paced load from another process while Relay.run() publishes; latency per row."""
+    _truncate(engine)
+    transactions = round(plan.latency_run_s * plan.offered_rows_per_s / plan.rows_per_paced_txn)
+    rows = transactions * plan.rows_per_paced_txn
+    interval_s = plan.rows_per_paced_txn / plan.offered_rows_per_s
+    progress(f"relay: latency at {plan.offered_rows_per_s:,} rows/s offered "
+             f"({plan.rows_per_paced_txn} rows every {interval_s * 1000:.0f} ms for "
+             f"{plan.latency_run_s:.0f} s) while Relay.run() publishes")
+    relay = _warm_relay(settings, engine)
+    with _RelayThread(relay):
+        time.sleep(0.5)  # the relay's first round and its LISTEN connection
+        paced = enqueue_elsewhere(EnqueueJob(settings, rows, plan.rows_per_paced_txn, "lat",
+                                             interval_s=interval_s))
+        _wait_until(lambda: _count(engine, "published_at IS NULL") == 0, PUBLISH_TIMEOUT_S,
+                    "every row to be published")
+    committed_at = dict(paced.commits)
+    with engine.connect() as conn:
+        published = conn.execute(sa.text("SELECT message_key, published_at FROM outbox")).all()
+    if len(published) != rows:
+        raise BenchError(f"expected {rows} rows, found {len(published)}")
+    latencies_ms = [(at.timestamp() - committed_at[key]) * 1000 for key, at in published]
+    return LatencyResult(
+        rows=rows, offered_rows_per_s=per_s(rows, paced.finished_at - paced.started_at),
+        worst_lateness_s=paced.worst_lateness_s,
+        p50_ms=percentile(latencies_ms, 50), p99_ms=percentile(latencies_ms, 99),
+        max_ms=max(latencies_ms), min_ms=min(latencies_ms), relay_rounds=relay.stats.rounds)
+
+
+def run(base: Settings, quick: bool) -> Section:
+    """The whole relay benchmark in a scratch schema and topic prefix."""
+    plan = QUICK if quick else FULL
+    section = Section("Relay: committed outbox rows -> broker-acknowledged records")
+    with scratch(base, "relay") as settings:
+        engine = make_engine(settings)
+        try:
+            results = [measure_throughput(settings, engine, size, rows)
+                       for size, rows in plan.rows_by_txn_size]
+            latency = measure_latency(settings, engine, plan)
+        finally:
+            engine.dispose()
+    producer = kafka.producer_config(settings)
+    section.lines += [
+        f"relay batch {settings.relay_batch_size:,} rows, {settings.topic_partitions} partitions, "
+        f"producer acks={producer['acks']} linger.ms={producer['linger.ms']} "
+        f"compression={producer['compression.type']}; 500-byte bodies; rows enqueued by a "
+        "separate process",
+        "",
+        *table(["rows/txn", "rows", "enqueue rows/s", "drain rows/s", "rounds",
+                "e2e rows/s", "(enqueue rows/s meanwhile)"],
+               [[f"{r.rows_per_txn:,}", f"{r.rows:,}", fmt_rate(r.enqueue_rows_per_s),
+                 fmt_rate(r.drain_rows_per_s), str(r.drain_rounds), fmt_rate(r.end_to_end_rows_per_s),
+                 fmt_rate(r.concurrent_enqueue_rows_per_s)] for r in results]),
+        "",
+        "drain: pre-enqueued rows, a Relay calling publish_once() until nothing is left.",
+        "e2e: first transaction begun -> last row published, enqueueing while Relay.run() publishes.",
+        "",
+        f"Commit-to-publish latency, {latency.rows:,} rows offered at "
+        f"{fmt_rate(latency.offered_rows_per_s)} rows/s "
+        f"(worst transaction start {latency.worst_lateness_s * 1000:.1f} ms behind schedule):",
+        f"  p50 {latency.p50_ms:.1f} ms   p99 {latency.p99_ms:.1f} ms   max {latency.max_ms:.1f} ms   "
+        f"min {latency.min_ms:.1f} ms   ({latency.relay_rounds:,} relay rounds)",
+        "  latency = outbox.published_at (set after the broker's ack) - client clock right after "
+        "COMMIT",
+    ]
+    section.targets += [
+        *(Target(f"relay drain, {r.rows_per_txn:,} rows/txn", r.drain_rows_per_s, TARGET_ROWS_PER_S,
+                 "rows/s") for r in results),
+        Target(f"p99 commit-to-publish at {plan.offered_rows_per_s:,} rows/s", latency.p99_ms,
+               TARGET_P99_MS, "ms", higher_is_better=False),
+    ]
+    return section
