@@ -1,0 +1,586 @@
+#!/usr/bin/env bash
+# The local stack postroom's tests, demo and benchmarks run against: a single-node Kafka
+# (KRaft, broker+controller in one JVM) and a throwaway PostgreSQL cluster, both on 127.0.0.1.
+#
+#   scripts/services.sh up       start both (idempotent), write $POSTROOM_DEV_DIR/env
+#   scripts/services.sh down     stop both; data is kept
+#   scripts/services.sh status   what runs; exit 0 when both run, 3 otherwise
+#   scripts/services.sh env      print the env file (source it: . .dev/env)
+#   scripts/services.sh clean    down, then delete all data
+#
+# Environment (all optional):
+#   POSTROOM_DEV_DIR                    state dir (default: <repo>/.dev)
+#   POSTROOM_DEV_KAFKA_PORT             Kafka PLAINTEXT listener (default 19092)
+#   POSTROOM_DEV_KAFKA_CONTROLLER_PORT  KRaft controller listener (default 19093)
+#   POSTROOM_DEV_PG_PORT                PostgreSQL (default 15432)
+#   POSTROOM_DEV_PG_BIN                 folder holding pg_ctl/initdb (default: found)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEV_DIR=$(realpath -m "${POSTROOM_DEV_DIR:-$REPO/.dev}")
+KAFKA_PORT=${POSTROOM_DEV_KAFKA_PORT:-19092}
+CONTROLLER_PORT=${POSTROOM_DEV_KAFKA_CONTROLLER_PORT:-19093}
+PG_PORT=${POSTROOM_DEV_PG_PORT:-15432}
+HOST=127.0.0.1
+
+KAFKA_POM="$REPO/dev/kafka/pom.xml"
+# The pom is the one place the Kafka version is pinned.
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")
+KAFKA_CACHE="$REPO/.cache/kafka-$KAFKA_VERSION"
+KAFKA_LIBS="$KAFKA_CACHE/libs"
+KAFKA_DIR="$DEV_DIR/kafka"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
+KAFKA_LOG="$KAFKA_DIR/broker.log"
+KAFKA_OUT="$KAFKA_DIR/kafka.out"
+KAFKA_START_TIMEOUT_S=60
+KAFKA_STOP_TIMEOUT_S=30
+
+# PostgreSQL refuses to run as root, so as root the cluster runs as the `postgres` user. That
+# user may not be able to traverse the repo's parents (/root, a CI clone...), so the cluster
+# lives under /tmp, one per state dir; $DEV_DIR/pg is a symlink to it for people to find.
+PG_ROOT="/tmp/postroom-pg-$(printf '%s' "$DEV_DIR" | sha1sum | cut -c1-12)"
+PG_DATA="$PG_ROOT/data"
+PG_SOCKETS="$PG_ROOT/run"
+PG_LOG="$PG_ROOT/postgres.log"
+PG_START_TIMEOUT_S=60
+
+VENV_PY="$REPO/.venv/bin/python"
+ENV_FILE="$DEV_DIR/env"
+APT_UPDATED=0
+
+say() { printf 'services: %s\n' "$*"; }
+warn() { printf 'services: %s\n' "$*" >&2; }
+
+# die MESSAGE [LOGFILE...]: explain, show the end of each log that may say why, exit 1.
+die() {
+    local message=$1
+    shift
+    warn "ERROR: $message"
+    local log
+    for log in "$@"; do
+        if [[ -s $log ]]; then
+            warn "---- last lines of $log ----"
+            tail -n 40 "$log" >&2 || true
+            warn "---- end of $log ----"
+        fi
+    done
+    exit 1
+}
+
+port_answers() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+pid_alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+
+# ---------------------------------------------------------------------------------------------
+# System packages
+
+as_root() {
+    if [[ $EUID -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo -n "$@"
+    else
+        return 1
+    fi
+}
+
+# apt_install PACKAGE...: install without prompts and without starting any daemon the package
+# ships (policy-rc.d answering 101 tells invoke-rc.d "not now"): we want binaries, not services.
+apt_install() {
+    command -v apt-get >/dev/null || die "apt-get not found; install $* by hand"
+    local policy=/usr/sbin/policy-rc.d placed=0 rc=0
+    if [[ $APT_UPDATED -eq 0 ]]; then
+        say "apt-get update (to install $*)"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=300 update \
+            || die "apt-get update failed (root needed: run as root or with passwordless sudo)"
+        APT_UPDATED=1
+    fi
+    if ! as_root test -e "$policy"; then
+        as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy" && placed=1
+    fi
+    say "apt-get install $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get -qq -y -o DPkg::Lock::Timeout=300 \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+        install --no-install-recommends "$@" >/dev/null || rc=$?
+    if [[ $placed -eq 1 ]]; then as_root rm -f "$policy"; fi
+    [[ $rc -eq 0 ]] || die "apt-get install $* failed (exit $rc)"
+}
+
+# smtp-sink (from postfix) is what the benchmarks deliver to; the postfix MTA must not run.
+ensure_smtp_sink() {
+    if command -v smtp-sink >/dev/null || [[ -x /usr/sbin/smtp-sink ]]; then
+        return
+    fi
+    say "smtp-sink missing: installing postfix for its tools (the mail server stays off)"
+    as_root sh -c 'echo "postfix postfix/main_mailer_type select No configuration" \
+        | debconf-set-selections' || die "could not preseed debconf for postfix"
+    apt_install postfix
+    if as_root postfix status >/dev/null 2>&1; then
+        say "stopping the postfix daemon the package started"
+        as_root postfix stop >/dev/null 2>&1 || true
+    fi
+    [[ -x /usr/sbin/smtp-sink ]] || command -v smtp-sink >/dev/null \
+        || die "postfix installed but smtp-sink is still missing"
+}
+
+ensure_java_and_maven() {
+    local missing=()
+    command -v java >/dev/null || missing+=(default-jre-headless)
+    command -v mvn >/dev/null || missing+=(maven)
+    if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
+    local major
+    major=$(java -XshowSettings:properties -version 2>&1 \
+        | sed -n 's/^ *java\.specification\.version = \([0-9]*\).*/\1/p')
+    [[ ${major:-0} -ge 17 ]] || die "Kafka $KAFKA_VERSION needs Java 17 or newer, found ${major:-?}"
+}
+
+# Sets PG_BIN to the folder holding initdb and pg_ctl, installing PostgreSQL when absent.
+# Debian keeps them off PATH, under /usr/lib/postgresql/<major>/bin.
+find_pg_bin() {
+    if [[ -n ${POSTROOM_DEV_PG_BIN:-} ]]; then
+        PG_BIN=$POSTROOM_DEV_PG_BIN
+    elif command -v pg_ctl >/dev/null && command -v initdb >/dev/null; then
+        PG_BIN=$(dirname "$(realpath "$(command -v pg_ctl)")")
+    else
+        PG_BIN=$(find /usr/lib/postgresql -mindepth 3 -maxdepth 3 -path '*/bin/pg_ctl' \
+            2>/dev/null | sort -V | tail -n 1 | xargs -r dirname)
+    fi
+    [[ -n ${PG_BIN:-} && -x $PG_BIN/pg_ctl && -x $PG_BIN/initdb ]]
+}
+
+ensure_postgres_installed() {
+    if ! find_pg_bin; then
+        say "PostgreSQL server not found: installing it"
+        apt_install postgresql
+        find_pg_bin || die "postgresql installed but pg_ctl/initdb are still missing"
+    fi
+    if [[ $EUID -eq 0 ]] && ! id postgres >/dev/null 2>&1; then
+        local why="as root the cluster runs as 'postgres' (PostgreSQL refuses root)"
+        die "the 'postgres' user is missing; $why. apt-get install postgresql creates it"
+    fi
+}
+
+# The project's venv: its confluent_kafka tells when the broker answers.
+ensure_venv() {
+    if ! "$VENV_PY" -c 'import confluent_kafka' 2>/dev/null; then
+        "$REPO/scripts/bootstrap.sh"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Kafka
+
+# Fetch the broker's jars once per version and pom; the stamp holds the pom's hash so an edit
+# to the pom refetches, and a fetch cut short is never taken for a complete one.
+fetch_kafka() {
+    local stamp="$KAFKA_CACHE/.complete" want
+    want=$(sha256sum "$KAFKA_POM" | cut -d' ' -f1)
+    if [[ -d $KAFKA_LIBS && -f $stamp && $(cat "$stamp") == "$want" ]]; then
+        return
+    fi
+    say "fetching Kafka $KAFKA_VERSION jars with Maven into ${KAFKA_LIBS#"$REPO"/} (first run only)"
+    mkdir -p "$KAFKA_CACHE"
+    local tmp="$KAFKA_CACHE/libs.partial" mvn_log="$KAFKA_CACHE/maven.log"
+    rm -rf "$tmp"
+    if ! mvn -q -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
+        die "Maven could not fetch Kafka $KAFKA_VERSION (is Maven Central reachable?)" "$mvn_log"
+    fi
+    rm -rf "$KAFKA_LIBS"
+    mv "$tmp" "$KAFKA_LIBS"
+    printf '%s\n' "$want" >"$stamp"
+}
+
+kafka_pid() {
+    local pid
+    pid=$(cat "$KAFKA_PIDFILE" 2>/dev/null) || return 1
+    # A recycled pid would belong to some other program: check it is our broker.
+    pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+        | grep -qF "kafka.Kafka $KAFKA_DIR/server.properties" && echo "$pid"
+}
+
+write_kafka_config() {
+    # Written at every start so a port change takes effect; formatting happens only once.
+    cat >"$KAFKA_DIR/server.properties" <<EOF
+# Generated by scripts/services.sh at each start; edit that script, not this file.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+log.dirs=$KAFKA_DATA
+# postroom creates every topic it uses; a typo must fail, not create a topic.
+auto.create.topics.enable=false
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+# fewer internal partitions: the first consumer group of a test run is ready sooner
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=10
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# group.coordinator.rebalance.protocols is left at 4.1's default, classic,consumer,streams:
+# clients may use either group.protocol=classic or KIP-848's group.protocol=consumer.
+EOF
+    cat >"$KAFKA_DIR/log4j2.properties" <<EOF
+# Generated by scripts/services.sh. WARN and up, plus the lines that say the broker started
+# and stopped; rolled at 10 MB so long test runs stay small.
+status = warn
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = $KAFKA_LOG
+appender.file.filePattern = $KAFKA_LOG.%i
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 10MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 2
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+logger.raftserver.name = kafka.server.KafkaRaftServer
+logger.raftserver.level = info
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = info
+logger.controller.name = kafka.server.ControllerServer
+logger.controller.level = info
+EOF
+}
+
+format_kafka_storage() {
+    [[ -f $KAFKA_DATA/meta.properties ]] && return
+    say "formatting Kafka storage in ${KAFKA_DATA} (once)"
+    local cluster_id out="$KAFKA_DIR/format.out"
+    cluster_id=$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>"$out") \
+        || die "kafka StorageTool random-uuid failed" "$out"
+    java -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+        kafka.tools.StorageTool format --cluster-id "$cluster_id" \
+        --config "$KAFKA_DIR/server.properties" >"$out" 2>&1 \
+        || die "formatting Kafka storage failed" "$out"
+}
+
+# Waits until the broker answers a metadata request, or gives up when it died or took too long.
+wait_for_kafka() {
+    local pid=$1
+    "$VENV_PY" - "$HOST:$KAFKA_PORT" "$pid" "$KAFKA_START_TIMEOUT_S" <<'EOF'
+import os, sys, time
+from confluent_kafka.admin import AdminClient
+
+bootstrap, pid, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+deadline = time.monotonic() + timeout_s
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(2)
+    try:
+        if admin.list_topics(timeout=2).brokers:
+            sys.exit(0)
+    except Exception:  # not up yet: ask again
+        time.sleep(0.5)
+sys.exit(1)
+EOF
+}
+
+kafka_up() {
+    mkdir -p "$KAFKA_DATA"
+    local pid
+    if pid=$(kafka_pid); then
+        if port_answers "$KAFKA_PORT"; then
+            say "kafka: already running (pid $pid, $HOST:$KAFKA_PORT)"
+            return
+        fi
+        say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer yet; waiting"
+    else
+        local port
+        for port in "$KAFKA_PORT" "$CONTROLLER_PORT"; do
+            if port_answers "$port"; then
+                die "port $port is taken by another program (set POSTROOM_DEV_KAFKA_PORT" \
+                    "and POSTROOM_DEV_KAFKA_CONTROLLER_PORT to free ones)"
+            fi
+        done
+        ensure_java_and_maven
+        fetch_kafka
+        write_kafka_config
+        format_kafka_storage
+        say "kafka: starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (log: $KAFKA_LOG)"
+        # setsid: the broker outlives this script and a Ctrl-C in the shell that ran it.
+        # The inner shell writes its own pid, then becomes java with exec.
+        # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
+        setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
+            java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+            -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+            -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
+            </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
+        local waited=0
+        until [[ -s $KAFKA_PIDFILE ]] && pid=$(cat "$KAFKA_PIDFILE"); do
+            sleep 0.1
+            waited=$((waited + 1))
+            [[ $waited -lt 100 ]] || die "kafka: no pid file after 10 s" "$KAFKA_OUT"
+        done
+    fi
+    local started=$SECONDS rc=0
+    wait_for_kafka "$pid" || rc=$?
+    case $rc in
+        0) say "kafka: ready in $((SECONDS - started)) s (pid $pid)" ;;
+        2) die "kafka: the broker exited during startup" "$KAFKA_OUT" "$KAFKA_LOG" ;;
+        *)
+            stop_pid "$pid" kafka
+            die "kafka: no answer on $HOST:$KAFKA_PORT within $KAFKA_START_TIMEOUT_S s; stopped it" \
+                "$KAFKA_OUT" "$KAFKA_LOG"
+            ;;
+    esac
+}
+
+# stop_pid PID NAME: SIGTERM (a clean shutdown), then SIGKILL when it takes too long.
+stop_pid() {
+    local pid=$1 name=$2 waited=0
+    kill -TERM "$pid" 2>/dev/null || return 0
+    while pid_alive "$pid"; do
+        sleep 0.2
+        waited=$((waited + 1))
+        if [[ $waited -ge $((KAFKA_STOP_TIMEOUT_S * 5)) ]]; then
+            warn "$name: pid $pid still runs after $KAFKA_STOP_TIMEOUT_S s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 0.5
+            break
+        fi
+    done
+}
+
+kafka_down() {
+    local pid
+    if pid=$(kafka_pid); then
+        say "kafka: stopping pid $pid"
+        stop_pid "$pid" kafka
+        pid_alive "$pid" && die "kafka: pid $pid survived SIGKILL" "$KAFKA_LOG"
+        say "kafka: stopped"
+    else
+        say "kafka: not running"
+    fi
+    rm -f "$KAFKA_PIDFILE"
+}
+
+kafka_status() {
+    local pid
+    if pid=$(kafka_pid) && port_answers "$KAFKA_PORT"; then
+        say "kafka: running (pid $pid, $HOST:$KAFKA_PORT, data $KAFKA_DATA)"
+    elif [[ -n ${pid:-} ]]; then
+        say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer"
+        return 1
+    else
+        say "kafka: stopped"
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL
+
+# as_pg CMD...: run a server tool as the user that owns the cluster, from a folder it can read
+# (initdb and pg_ctl fail when they cannot read their working directory), without the lock's
+# fd, which the server would otherwise inherit and hold for as long as it runs.
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        (cd "$PG_ROOT" && runuser -u postgres -- "$@") 9>&-
+    else
+        (cd "$PG_ROOT" && "$@") 9>&-
+    fi
+}
+
+pg_pid() {
+    local pid
+    pid=$(head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null) || return 1
+    pid_alive "$pid" && echo "$pid"
+}
+
+# As postgres: pg_isready as root would log "role root does not exist" at each check.
+pg_answers() {
+    "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_PORT" -U postgres -d postgres
+}
+
+psql_admin() {
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$HOST" -p "$PG_PORT" -U postgres -d postgres "$@"
+}
+
+prepare_pg_root() {
+    if [[ -e $PG_ROOT && ! -O $PG_ROOT && $EUID -ne 0 ]]; then
+        die "$PG_ROOT belongs to another user"
+    fi
+    if [[ -e $PG_ROOT && $EUID -eq 0 && $(stat -c %U "$PG_ROOT") != postgres ]]; then
+        die "$PG_ROOT exists but is not owned by postgres; remove it (scripts/services.sh clean)"
+    fi
+    mkdir -p "$PG_ROOT" "$PG_SOCKETS"
+    chmod 700 "$PG_ROOT"
+    if [[ $EUID -eq 0 ]]; then chown postgres: "$PG_ROOT" "$PG_SOCKETS"; fi
+    mkdir -p "$DEV_DIR"
+    ln -sfn "$PG_ROOT" "$DEV_DIR/pg"
+}
+
+init_pg_cluster() {
+    [[ -f $PG_DATA/PG_VERSION ]] && return
+    say "postgres: creating a throwaway cluster in $PG_DATA (once)"
+    local out="$PG_ROOT/initdb.out"
+    as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust --encoding=UTF8 --no-locale \
+        --no-sync >"$out" 2>&1 || die "postgres: initdb failed" "$out"
+    # Loopback only, trust auth: a throwaway cluster that trades durability for speed.
+    cat >>"$PG_DATA/postgresql.conf" <<EOF
+
+# ---- scripts/services.sh ----
+listen_addresses = '$HOST'
+unix_socket_directories = '$PG_SOCKETS'
+max_connections = 200
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+shared_buffers = 128MB
+log_min_messages = warning
+log_line_prefix = '%m [%p] %q%u@%d '
+EOF
+}
+
+pg_up() {
+    ensure_postgres_installed
+    prepare_pg_root
+    local pid
+    if pid=$(pg_pid); then
+        if pg_answers; then
+            say "postgres: already running (pid $pid, $HOST:$PG_PORT)"
+            ensure_pg_database
+            return
+        fi
+        say "postgres: pid $pid runs but $HOST:$PG_PORT does not answer yet; waiting"
+    else
+        if port_answers "$PG_PORT"; then
+            die "port $PG_PORT is taken by another program (set POSTROOM_DEV_PG_PORT to a free one)"
+        fi
+        init_pg_cluster
+        say "postgres: starting on $HOST:$PG_PORT (log: $PG_LOG)"
+        as_pg "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -s -w -t "$PG_START_TIMEOUT_S" \
+            -o "-p $PG_PORT" || die "postgres: pg_ctl start failed" "$PG_LOG"
+    fi
+    local deadline=$((SECONDS + PG_START_TIMEOUT_S))
+    until pg_answers; do
+        [[ $SECONDS -lt $deadline ]] \
+            || die "postgres: no answer on $HOST:$PG_PORT within $PG_START_TIMEOUT_S s" "$PG_LOG"
+        sleep 0.5
+    done
+    ensure_pg_database
+    say "postgres: ready (pid $(pg_pid), $HOST:$PG_PORT)"
+}
+
+# The postroom role is a superuser so tests can create schemas and template databases.
+ensure_pg_database() {
+    local out="$PG_ROOT/setup.out"
+    {
+        psql_admin -tAc "SELECT 1 FROM pg_roles WHERE rolname = 'postroom'" | grep -q 1 \
+            || psql_admin -c "CREATE ROLE postroom LOGIN SUPERUSER"
+        psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = 'postroom'" | grep -q 1 \
+            || psql_admin -c "CREATE DATABASE postroom OWNER postroom"
+    } >"$out" 2>&1 || die "postgres: could not create role/database postroom" "$out" "$PG_LOG"
+}
+
+pg_down() {
+    if pg_pid >/dev/null; then
+        find_pg_bin || die "pg_ctl not found; cannot stop the cluster in $PG_DATA"
+        say "postgres: stopping"
+        as_pg "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -s -w -t 60 \
+            || die "postgres: pg_ctl stop failed" "$PG_LOG"
+        say "postgres: stopped"
+    else
+        say "postgres: not running"
+    fi
+}
+
+pg_status() {
+    local pid
+    if pid=$(pg_pid) && port_answers "$PG_PORT"; then
+        say "postgres: running (pid $pid, $HOST:$PG_PORT, data $PG_DATA)"
+    elif [[ -n ${pid:-} ]]; then
+        say "postgres: pid $pid runs but $HOST:$PG_PORT does not answer"
+        return 1
+    else
+        say "postgres: stopped"
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+
+write_env_file() {
+    cat >"$ENV_FILE" <<EOF
+# Written by scripts/services.sh up; source it: . ${ENV_FILE}
+export POSTROOM_DATABASE_URL=postgresql+psycopg://postroom@$HOST:$PG_PORT/postroom
+export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$HOST:$KAFKA_PORT
+export POSTROOM_TOPIC_REPLICATION_FACTOR=1
+export POSTROOM_TOPIC_PARTITIONS=3
+EOF
+}
+
+# One command at a time per state dir: two concurrent `up`s would start two brokers.
+# Servers started below must not inherit fd 9 (see 9>&-), or they would hold the lock.
+take_lock() {
+    mkdir -p "$DEV_DIR"
+    exec 9>"$DEV_DIR/services.lock"
+    flock -w 300 9 || die "another scripts/services.sh holds $DEV_DIR/services.lock"
+}
+
+cmd_up() {
+    take_lock
+    ensure_venv
+    ensure_smtp_sink
+    pg_up
+    kafka_up
+    write_env_file
+    say "up: env in $ENV_FILE (. $ENV_FILE)"
+}
+
+cmd_down() {
+    take_lock
+    kafka_down
+    pg_down
+}
+
+cmd_status() {
+    local rc=0
+    kafka_status || rc=3
+    pg_status || rc=3
+    return $rc
+}
+
+cmd_env() {
+    [[ -f $ENV_FILE ]] || die "$ENV_FILE does not exist yet: run scripts/services.sh up"
+    cat "$ENV_FILE"
+}
+
+cmd_clean() {
+    cmd_down
+    say "clean: removing $DEV_DIR and $PG_ROOT"
+    rm -rf "$PG_ROOT" "$DEV_DIR"
+}
+
+main() {
+    case ${1:-} in
+        up) cmd_up ;;
+        down) cmd_down ;;
+        status) cmd_status ;;
+        env) cmd_env ;;
+        clean) cmd_clean ;;
+        *)
+            sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+            exit 2
+            ;;
+    esac
+}
+
+main "$@"
