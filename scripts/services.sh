@@ -68,6 +68,12 @@ die() {
     exit 1
 }
 
+check_port() {
+    if ! [[ $2 =~ ^[0-9]+$ ]] || ((10#$2 < 1 || 10#$2 > 65535)); then
+        die "$1=$2 is not a TCP port"
+    fi
+}
+
 port_answers() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
 pid_alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
@@ -305,8 +311,8 @@ kafka_up() {
         local port
         for port in "$KAFKA_PORT" "$CONTROLLER_PORT"; do
             if port_answers "$port"; then
-                die "port $port is taken by another program (set POSTROOM_DEV_KAFKA_PORT" \
-                    "and POSTROOM_DEV_KAFKA_CONTROLLER_PORT to free ones)"
+                local hint="set POSTROOM_DEV_KAFKA_PORT / POSTROOM_DEV_KAFKA_CONTROLLER_PORT"
+                die "port $port is taken by another program ($hint to free ones)"
             fi
         done
         ensure_java_and_maven
@@ -565,11 +571,17 @@ cmd_env() {
 
 cmd_clean() {
     cmd_down
-    say "clean: removing $DEV_DIR and $PG_ROOT"
-    rm -rf "$PG_ROOT" "$DEV_DIR"
+    say "clean: removing $KAFKA_DIR, $PG_ROOT and $ENV_FILE"
+    # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
+    rm -rf "$PG_ROOT" "$KAFKA_DIR"
+    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock" "$DEV_DIR/.lock"
+    rmdir "$DEV_DIR" 2>/dev/null || true
 }
 
 main() {
+    check_port POSTROOM_DEV_KAFKA_PORT "$KAFKA_PORT"
+    check_port POSTROOM_DEV_KAFKA_CONTROLLER_PORT "$CONTROLLER_PORT"
+    check_port POSTROOM_DEV_PG_PORT "$PG_PORT"
     case ${1:-} in
         up) cmd_up ;;
         down) cmd_down ;;
