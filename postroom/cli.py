@@ -201,10 +201,11 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    from relay.db import make_engine
+    from relay.db import check_schema, make_engine
     from relay.sql import status_query
 
     engine = make_engine(settings)
+    check_schema(engine)
     with engine.connect() as conn:
         rows = conn.execute(status_query(args.key, None if args.key else args.limit)).mappings().all()
     if args.json:
