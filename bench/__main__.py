@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench.report import BenchError, Section, progress
+from bench.report import BenchError, Options, Section, progress
 from bench.scratch import check_stack
 from postroom.errors import ConfigError
 from postroom.settings import Settings
@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 PARTS = ("relay", "delivery")
 
 
-def _runner(name: str) -> Callable[[Settings, bool], Section]:
+def _runner(name: str) -> Callable[[Settings, Options], Section]:
     if name == "relay":
         from bench import relay
 
@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relay and/or delivery (default: both)")
     parser.add_argument("--quick", action="store_true",
                         help="smaller runs (about a minute in all) to check that everything works")
+    parser.add_argument("--profile", action="store_true",
+                        help="relay: also drain once under cProfile and print where the time goes")
     return parser
 
 
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"--- {name} benchmark ---")
         load_before = os.getloadavg()[0]
         try:
-            section = _runner(name)(base, args.quick)
+            section = _runner(name)(base, Options(quick=args.quick, profile=args.profile))
         except BenchError as exc:
             print(f"bench {name}: {exc}", file=sys.stderr)
             return EXIT_FAILURE

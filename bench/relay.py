@@ -8,17 +8,31 @@ paced load of 1,000 rows/s, where each row's latency is its `published_at` less 
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
 import math
 import multiprocessing
+import pstats
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from bench.report import BenchError, Section, Target, fmt_rate, per_s, percentile, progress, table
+from bench.report import (
+    BenchError,
+    Options,
+    Section,
+    Target,
+    fmt_rate,
+    per_s,
+    percentile,
+    progress,
+    table,
+)
 from bench.scratch import scratch
 from bench.workload import enqueue_rows, recipients
 from postroom import kafka
@@ -278,16 +292,81 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
         max_ms=max(latencies_ms), min_ms=min(latencies_ms), relay_rounds=relay.stats.rounds)
 
 
-def run(base: Settings, quick: bool) -> Section:
+# Where a drain's time goes: publish_once()'s phases, found by the functions that carry them out.
+_PHASES = (
+    ("encode Avro + produce() into librdkafka", "publisher.py", "_produce"),
+    ("flush(): waiting for the broker's acks", "~", "<method 'flush' of 'cimpl.Producer' objects>"),
+    ("MARK_PUBLISHED transaction", "publisher.py", "_mark"),
+    ("event_from_row()", "publisher.py", "event_from_row"),
+)
+PROFILE_TOP = 12
+
+
+def profile_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows: int) -> list[str]:
+    """Drain ``rows`` pre-enqueued rows under cProfile; the phases of publish_once() and top costs."""
+    _truncate(engine)
+    progress(f"relay: profiling a drain of {rows:,} rows ({rows_per_txn:,} per transaction)")
+    enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"prof{rows_per_txn}"))
+    relay = _warm_relay(settings, engine)
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    for _ in range(rows + 1):  # bounded, as in measure_throughput
+        if relay.publish_once() == 0:
+            break
+    profiler.disable()
+    wall_s = time.perf_counter() - started
+    raw = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # (file, line, name) -> timings
+
+    def cumulative(file_suffix: str, name: str) -> float:
+        return sum(v[3] for (file, _, func), v in raw.items()
+                   if func == name and file.endswith(file_suffix))
+
+    total = cumulative("publisher.py", "publish_once")
+    phases = [(label, cumulative(file, name)) for label, file, name in _PHASES]
+    phases.append(("CLAIM_DUE transaction and the rest of publish_once()",
+                   total - sum(seconds for _, seconds in phases)))
+    top = sorted(raw.items(), key=lambda item: item[1][2], reverse=True)[:PROFILE_TOP]
+    return [
+        f"Profile: one drain of {rows:,} rows under cProfile, {wall_s:.2f} s wall "
+        f"({per_s(rows, wall_s):,.0f} rows/s; the profiler slows Python code, not waiting)",
+        *table(["publish_once() phase", "seconds", "share", "us/row"],
+               [[label, f"{seconds:.2f}", f"{seconds / total:.0%}", f"{seconds / rows * 1e6:.0f}"]
+                for label, seconds in phases]),
+        "",
+        *table(["function (own time)", "calls", "seconds", "share"],
+               [[_function_name(file, line, func), f"{timings[1]:,}", f"{timings[2]:.2f}",
+                 f"{timings[2] / total:.0%}"] for (file, line, func), timings in top]),
+    ]
+
+
+_SHORTEN = ("site-packages/", f"{Path(__file__).resolve().parents[1]}/",
+            f"{sysconfig.get_paths()['stdlib']}/")
+
+
+def _function_name(file: str, line: int, func: str) -> str:
+    if file == "~":
+        return func  # a builtin or C method: its name says where it lives
+    for prefix in _SHORTEN:
+        if prefix in file:
+            file = file.split(prefix, 1)[1]
+    return f"{file}:{line} {func}"
+
+
+def run(base: Settings, options: Options) -> Section:
     """The whole relay benchmark in a scratch schema and topic prefix."""
-    plan = QUICK if quick else FULL
+    plan = QUICK if options.quick else FULL
     section = Section("Relay: committed outbox rows -> broker-acknowledged records")
+    profile: list[str] = []
     with scratch(base, "relay") as settings:
         engine = make_engine(settings)
         try:
             results = [measure_throughput(settings, engine, size, rows)
                        for size, rows in plan.rows_by_txn_size]
             latency = measure_latency(settings, engine, plan)
+            if options.profile:
+                size, rows = plan.rows_by_txn_size[-1]
+                profile = profile_drain(settings, engine, size, rows)
         finally:
             engine.dispose()
     producer = kafka.producer_config(settings)
@@ -313,6 +392,7 @@ def run(base: Settings, quick: bool) -> Section:
         f"min {latency.min_ms:.1f} ms   ({latency.relay_rounds:,} relay rounds)",
         "  latency = outbox.published_at (set after the broker's ack) - client clock right after "
         "COMMIT",
+        *(["", *profile] if profile else []),
     ]
     section.targets += [
         *(Target(f"relay drain, {r.rows_per_txn:,} rows/txn", r.drain_rows_per_s, TARGET_ROWS_PER_S,

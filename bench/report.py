@@ -15,6 +15,14 @@ class BenchError(Exception):
     """A benchmark could not run or produced an impossible result."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a benchmark part runs: ``quick`` shrinks every run, ``profile`` adds a profiled one."""
+
+    quick: bool = False
+    profile: bool = False
+
+
 def progress(message: str) -> None:
     """One line on stderr saying what the benchmark is doing now."""
     print(f"[bench {time.monotonic() - _STARTED:6.1f}s] {message}", file=sys.stderr, flush=True)
