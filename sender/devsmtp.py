@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import email.parser
 import email.policy
 import logging
@@ -32,6 +33,7 @@ SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DN
 ENV_PREFIX = "POSTROOM_DEVSMTP_"
 REJECT_REPLY = "550 5.1.1 User unknown"
 DEFER_REPLY = "451 4.3.0 try again later"
+STOP_TIMEOUT_S = 2.0
 
 
 class ReceivedMessage(NamedTuple):
@@ -65,7 +67,9 @@ class _Handler:
         self.deferred: dict[str, int] = {}
         self.connections = 0
         self.peak_connections = 0
-        self._live: set[int] = set()
+        self._open: set[SMTP] = set()   # every client connection, greeted or not
+        self._live: set[SMTP] = set()   # the greeted ones among them
+        self._all_closed: asyncio.Event | None = None
 
     def reset(self) -> None:
         with self.lock:
@@ -77,15 +81,36 @@ class _Handler:
     # Connections are counted once a client greets, so aiosmtpd's own start-up probe is not one.
     def _greeted(self, server: SMTP) -> None:
         with self.lock:
-            if id(server) in self._live:
+            if server in self._live:
                 return  # the second EHLO after STARTTLS
-            self._live.add(id(server))
+            self._live.add(server)
             self.connections += 1
             self.peak_connections = max(self.peak_connections, len(self._live))
 
+    def opened(self, server: SMTP) -> None:
+        with self.lock:
+            self._open.add(server)
+
     def closed(self, server: SMTP) -> None:
         with self.lock:
-            self._live.discard(id(server))
+            self._open.discard(server)
+            self._live.discard(server)
+            if not self._open and self._all_closed is not None:
+                self._all_closed.set()  # on the server's loop, where connection_lost runs
+
+    async def close_connections(self, timeout_s: float) -> None:
+        """Close every client connection and wait, so none outlives the server's event loop."""
+        all_closed = asyncio.Event()
+        with self.lock:
+            servers = list(self._open)
+            self._all_closed = all_closed
+            if not servers:
+                all_closed.set()
+        for server in servers:
+            if server.transport is not None:
+                server.transport.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_closed.wait(), timeout_s)
 
     async def handle_EHLO(
         self, server: SMTP, session: Session, envelope: Envelope, hostname: str,
@@ -153,7 +178,13 @@ class _Handler:
 
 
 class _DevSMTP(SMTP):
-    """aiosmtpd's SMTP session, telling the handler when a connection goes away."""
+    """aiosmtpd's SMTP session, telling the handler when a connection comes and goes."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        first = self.transport is None  # aiosmtpd calls this again after STARTTLS
+        super().connection_made(transport)
+        if first:
+            self.event_handler.opened(self)
 
     def connection_lost(self, error: Exception | None) -> None:
         super().connection_lost(error)
@@ -236,6 +267,10 @@ class DevSmtpServer:
 
     def stop(self) -> None:
         if self._controller is not None:
+            # aiosmtpd's stop() cancels sessions but may close the loop before their sockets.
+            closing = asyncio.run_coroutine_threadsafe(
+                self._handler.close_connections(STOP_TIMEOUT_S), self._controller.loop)
+            closing.result(STOP_TIMEOUT_S + 1)
             self._controller.stop()
             self._controller = None
 

@@ -1,0 +1,395 @@
+"""Talks SMTP: a pool of persistent aiosmtplib connections that delivers one message to one recipient.
+
+Every server reply or network failure comes back as an :class:`~sender.outcome.SmtpReply` naming the
+stage that produced it; deciding what it means is :mod:`sender.outcome`'s job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import email.policy
+import errno
+import logging
+import socket
+import ssl
+from email.message import EmailMessage
+from pathlib import Path
+
+import aiosmtplib
+from aiosmtplib.email import parse_address
+
+from postroom.errors import ConfigError
+from postroom.settings import Secret, Settings, TlsMode
+from sender.outcome import Failure, SmtpReply, Stage
+
+logger = logging.getLogger(__name__)
+
+QUIT_TIMEOUT_S = 5.0
+SERVICE_UNAVAILABLE = 421  # the server is closing the connection
+_UNREACHABLE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETDOWN,
+                       errno.EADDRNOTAVAIL}
+_REFUSED_TEXT = "Connection refused"
+
+
+@dataclasses.dataclass(frozen=True)
+class SmtpConfig:
+    """How to reach and talk to the SMTP server."""
+
+    host: str
+    port: int
+    tls: TlsMode = TlsMode.AUTO
+    username: str | None = None
+    password: Secret | None = None
+    connect_timeout_s: float = 30.0
+    timeout_s: float = 60.0
+    concurrency: int = 20
+    local_hostname: str | None = None  # the EHLO name; None: this host's FQDN, looked up once
+    tls_ca_file: Path | None = None    # extra CA certificates trusted besides the system's
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SmtpConfig:
+        return cls(
+            host=settings.smtp_host,
+            port=settings.smtp_port,
+            tls=settings.smtp_tls,
+            username=settings.smtp_username,
+            password=settings.smtp_password,
+            connect_timeout_s=settings.smtp_connect_timeout_s,
+            timeout_s=settings.smtp_timeout_s,
+            concurrency=settings.smtp_concurrency,
+            tls_ca_file=getattr(settings, "smtp_tls_ca_file", None),
+        )
+
+
+class _Failed(Exception):  # internal control flow; never escapes this module
+    """Ends a dialogue early with the reply to report."""
+
+    def __init__(self, reply: SmtpReply) -> None:
+        super().__init__(reply.text)
+        self.reply = reply
+
+
+class SmtpPool:
+    """Up to ``concurrency`` SMTP connections, opened on demand and reused across sends.
+
+    ``send`` never raises for anything the server or the network does; it returns the reply.
+    """
+
+    def __init__(self, config: SmtpConfig) -> None:
+        if config.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.config = config
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._idle: list[aiosmtplib.SMTP] = []
+        self._tls_context = _tls_context(config) if config.tls is not TlsMode.NONE else None
+        self._local_hostname = config.local_hostname
+        self._closed = False
+
+    async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
+        """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
+        if self._closed:
+            raise RuntimeError("SmtpPool is closed")
+        problem = _envelope_problem(sender) or _envelope_problem(recipient)
+        if problem:
+            return _log(SmtpReply(Stage.LOCAL, None, problem, Failure.BAD_MESSAGE), recipient)
+        async with self._slots:
+            smtp = self._take_idle()
+            reused = smtp is not None
+            try:
+                if smtp is None:
+                    smtp = await self._open()
+                reply, healthy = await self._transaction(smtp, message, sender, recipient)
+                if reused and _stale(reply):
+                    # The server dropped the idle connection before we spoke; nothing was sent.
+                    logger.debug("smtp idle connection went stale; reconnecting",
+                                 extra={"stage": reply.stage.value, "code": reply.code})
+                    _discard(smtp)
+                    smtp = await self._open()
+                    reply, healthy = await self._transaction(smtp, message, sender, recipient)
+            except _Failed as failed:
+                if smtp is not None:
+                    _discard(smtp)
+                return _log(failed.reply, recipient)
+            except BaseException:
+                if smtp is not None:
+                    _discard(smtp)  # mid-dialogue: the connection's state is unknown
+                raise
+            if healthy and smtp.is_connected and not self._closed:
+                self._idle.append(smtp)
+            else:
+                await _quit(smtp)
+            return _log(reply, recipient)
+
+    async def close(self) -> None:
+        """QUIT every idle connection; connections still sending are closed when they finish."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(_quit(smtp) for smtp in idle))
+        await asyncio.sleep(0)  # aborted transports close their sockets on the next loop turn
+
+    async def __aenter__(self) -> SmtpPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _take_idle(self) -> aiosmtplib.SMTP | None:
+        while self._idle:
+            smtp = self._idle.pop()
+            if smtp.is_connected:
+                return smtp
+            _discard(smtp)
+        return None
+
+    async def _open(self) -> aiosmtplib.SMTP:
+        """A connected, greeted, TLS-upgraded and logged-in client, or _Failed."""
+        cfg = self.config
+        if self._local_hostname is None:
+            self._local_hostname = await asyncio.to_thread(socket.getfqdn)
+        smtp = aiosmtplib.SMTP(
+            hostname=cfg.host, port=cfg.port, local_hostname=self._local_hostname,
+            timeout=cfg.timeout_s, use_tls=cfg.tls is TlsMode.TLS, start_tls=False,
+            tls_context=self._tls_context,
+        )
+        stage = Stage.CONNECT
+        try:
+            try:
+                await smtp.connect(timeout=cfg.connect_timeout_s)
+            except aiosmtplib.SMTPConnectResponseError as exc:
+                raise _Failed(_code_reply(Stage.GREETING, exc)) from exc
+            except aiosmtplib.SMTPConnectError as exc:
+                raise _Failed(_connect_failure(exc)) from exc
+            stage = Stage.EHLO
+            await _greet(smtp)
+            if self._wants_starttls(smtp):
+                stage = Stage.STARTTLS
+                await smtp.starttls()
+                stage = Stage.EHLO
+                await _greet(smtp)
+            if cfg.username is not None:
+                stage = Stage.AUTH
+                await self._login(smtp, cfg.username)
+        except _Failed:
+            _discard(smtp)
+            raise
+        except Exception as exc:
+            _discard(smtp)
+            reply = _error_reply(stage, exc)
+            if reply is None:
+                raise
+            raise _Failed(reply) from exc
+        logger.debug("smtp connected", extra={"host": cfg.host, "port": cfg.port,
+                                              "tls": smtp.get_transport_info("sslcontext")
+                                              is not None})
+        return smtp
+
+    def _wants_starttls(self, smtp: aiosmtplib.SMTP) -> bool:
+        offered = smtp.supports_extension("starttls")
+        if self.config.tls is TlsMode.STARTTLS and not offered:
+            raise _Failed(SmtpReply(Stage.STARTTLS, None, "server does not offer STARTTLS",
+                                    Failure.TLS))
+        return offered and self.config.tls in (TlsMode.STARTTLS, TlsMode.AUTO)
+
+    async def _login(self, smtp: aiosmtplib.SMTP, username: str) -> None:
+        cfg = self.config
+        if not smtp.supports_extension("auth"):
+            over = "TLS" if smtp.get_transport_info("sslcontext") is not None else "plain text"
+            raise _Failed(SmtpReply(Stage.AUTH, None, f"server does not offer AUTH over {over}",
+                                    Failure.REFUSED))
+        password = cfg.password.reveal() if cfg.password is not None else ""
+        try:
+            await smtp.login(username, password)
+        except aiosmtplib.SMTPException as exc:
+            if type(exc) is not aiosmtplib.SMTPException:
+                raise  # a reply, a timeout or a disconnect: mapped like any other stage
+            # aiosmtplib's own refusal: no AUTH mechanism both sides know.
+            raise _Failed(SmtpReply(Stage.AUTH, None, exc.message, Failure.REFUSED)) from exc
+
+    async def _transaction(
+        self, smtp: aiosmtplib.SMTP, message: EmailMessage, sender: str, recipient: str,
+    ) -> tuple[SmtpReply, bool]:
+        """MAIL, RCPT, DATA: the final reply, and whether the connection can be reused."""
+        utf8 = not (sender.isascii() and recipient.isascii())
+        if utf8 and not smtp.supports_extension("smtputf8"):
+            return SmtpReply(Stage.MAIL_FROM, None,
+                             "a non-ASCII address needs SMTPUTF8, which the server does not offer",
+                             Failure.BAD_MESSAGE), True
+        eight_bit = smtp.supports_extension("8bitmime")
+        try:
+            content = _flatten(message, utf8=utf8, eight_bit=eight_bit)
+        except (ValueError, TypeError, LookupError, UnicodeError) as exc:
+            return SmtpReply(Stage.LOCAL, None, f"cannot serialise the message: {exc}",
+                             Failure.BAD_MESSAGE), True
+        options = []
+        if smtp.supports_extension("size"):
+            options.append(f"SIZE={len(content)}")
+        if eight_bit:
+            options.append("BODY=8BITMIME")
+        if utf8:
+            options.append("SMTPUTF8")
+        encoding = "utf-8" if utf8 else "ascii"
+        stage = Stage.MAIL_FROM
+        try:
+            await smtp.mail(sender, options=options, encoding=encoding)
+            stage = Stage.RCPT_TO
+            await smtp.rcpt(recipient, encoding=encoding)
+            stage = Stage.DATA
+            response = await smtp.data(content)
+        except aiosmtplib.SMTPResponseException as exc:
+            reply = _code_reply(stage, exc)
+            if reply.code is None or reply.code == SERVICE_UNAVAILABLE or not smtp.is_connected:
+                _discard(smtp)
+                return reply, False
+            return reply, await _reset(smtp)
+        except Exception as exc:
+            _discard(smtp)
+            failure = _error_reply(stage, exc)
+            if failure is None:
+                raise
+            return failure, False
+        return SmtpReply(Stage.DATA, response.code, response.message), True
+
+
+async def _greet(smtp: aiosmtplib.SMTP) -> None:
+    """EHLO, falling back to HELO for a server that refuses EHLO but stays connected."""
+    try:
+        await smtp.ehlo()
+    except aiosmtplib.SMTPHeloError as exc:
+        if exc.code == SERVICE_UNAVAILABLE or not smtp.is_connected:
+            raise
+        await smtp.helo()
+
+
+async def _reset(smtp: aiosmtplib.SMTP) -> bool:
+    """RSET after a refused command; False when the connection is no longer usable."""
+    try:
+        await smtp.rset()
+    except (aiosmtplib.SMTPException, OSError):
+        _discard(smtp)
+        return False
+    return smtp.is_connected
+
+
+async def _quit(smtp: aiosmtplib.SMTP) -> None:
+    if smtp.is_connected:
+        with contextlib.suppress(aiosmtplib.SMTPException, OSError):
+            # Not smtp.quit(): that closes TLS gracefully, waiting on the server's close_notify.
+            await smtp.execute_command(b"QUIT", timeout=QUIT_TIMEOUT_S)
+    _discard(smtp)
+
+
+def _discard(smtp: aiosmtplib.SMTP) -> None:
+    """Close at once, without a TLS shutdown round trip that could outlive the event loop."""
+    transport = smtp.transport
+    if isinstance(transport, asyncio.WriteTransport) and not transport.is_closing():
+        transport.abort()
+    smtp.close()
+
+
+def _stale(reply: SmtpReply) -> bool:
+    return reply.stage is Stage.MAIL_FROM and (
+        reply.failure is Failure.RESET or reply.code == SERVICE_UNAVAILABLE)
+
+
+def _flatten(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
+    policy = email.policy.SMTPUTF8 if utf8 else email.policy.SMTP
+    if not eight_bit:
+        policy = policy.clone(cte_type="7bit")  # re-encodes 8bit parts for a 7-bit server
+    return message.as_bytes(policy=policy)
+
+
+def _tls_context(config: SmtpConfig) -> ssl.SSLContext:
+    """A verifying client context: the system's CAs, plus ``tls_ca_file`` when set."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    if config.tls_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=config.tls_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError("POSTROOM_SMTP_TLS_CA_FILE",
+                              f"cannot load {config.tls_ca_file}: {exc}") from exc
+    return context
+
+
+def _envelope_problem(address: str) -> str | None:
+    """Why ``address`` cannot go on a MAIL or RCPT line, if it cannot."""
+    if not address or any(ord(c) < 32 or ord(c) == 127 for c in address):
+        return f"address {address!r} is empty or holds control characters"
+    try:
+        parse_address(address)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _code_reply(stage: Stage, exc: aiosmtplib.SMTPResponseException) -> SmtpReply:
+    if exc.code < 100:
+        # aiosmtplib's code for a reply it could not parse: no real reply came.
+        return SmtpReply(stage, None, _one_line(exc.message), Failure.RESET)
+    return SmtpReply(stage, exc.code, exc.message)  # multi-line as sent; outcome joins it
+
+
+def _connect_failure(exc: aiosmtplib.SMTPConnectError) -> SmtpReply:
+    """Failures before the greeting was read; aiosmtplib keeps the OS error as the cause."""
+    cause = exc.__cause__
+    text = _one_line(str(cause) if cause is not None else exc.message)
+    if isinstance(cause, aiosmtplib.SMTPTimeoutError):
+        return SmtpReply(Stage.GREETING, None, "timed out waiting for the greeting",
+                         Failure.TIMEOUT)
+    if isinstance(cause, aiosmtplib.SMTPServerDisconnected):
+        return SmtpReply(Stage.GREETING, None, "connection closed before the greeting",
+                         Failure.RESET)
+    if isinstance(exc, aiosmtplib.SMTPConnectTimeoutError):
+        return SmtpReply(Stage.CONNECT, None, _one_line(exc.message), Failure.TIMEOUT)
+    reply = _error_reply(Stage.CONNECT, cause) if isinstance(cause, Exception) else None
+    return reply or SmtpReply(Stage.CONNECT, None, text, Failure.RESET)
+
+
+def _error_reply(stage: Stage, exc: Exception) -> SmtpReply | None:
+    """The reply for an exception with no SMTP code; None for one that is not about SMTP."""
+    text = _one_line(str(exc)) or type(exc).__name__
+    failure: Failure
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        return _code_reply(stage, exc)
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        failure = Failure.TLS
+    elif isinstance(exc, aiosmtplib.SMTPTimeoutError | TimeoutError | ConnectionAbortedError):
+        # asyncio aborts a TLS handshake that takes too long with ConnectionAbortedError.
+        failure = Failure.TIMEOUT
+    elif isinstance(exc, aiosmtplib.SMTPServerDisconnected | ConnectionResetError
+                    | BrokenPipeError):
+        failure = Failure.RESET
+        if isinstance(exc.__cause__, ssl.SSLError):
+            failure, text = Failure.TLS, _one_line(str(exc.__cause__))
+    elif isinstance(exc, ConnectionRefusedError):
+        failure = Failure.REFUSED
+    elif isinstance(exc, socket.gaierror):
+        failure = Failure.UNREACHABLE
+    elif isinstance(exc, OSError):
+        if exc.errno in _UNREACHABLE_ERRNOS:
+            failure = Failure.UNREACHABLE
+        elif exc.errno is None and _REFUSED_TEXT in text:
+            # asyncio's "Multiple exceptions" when every address of the host refused.
+            failure = Failure.REFUSED
+        else:
+            failure = Failure.RESET
+    elif isinstance(exc, aiosmtplib.SMTPException):
+        failure = Failure.RESET
+    else:
+        return None
+    return SmtpReply(stage, None, text, failure)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _log(reply: SmtpReply, recipient: str) -> SmtpReply:
+    domain = recipient.rpartition("@")[2].lower()
+    level = logging.INFO if reply.code is not None and 200 <= reply.code < 300 else logging.WARNING
+    logger.log(level, "smtp %s %s %s: %s", domain, reply.stage.value,
+               reply.code if reply.code is not None else reply.failure, _one_line(reply.text),
+               extra={"recipient_domain": domain, "stage": reply.stage.value,
+                      "code": reply.code, "failure": reply.failure and reply.failure.value})
+    return reply

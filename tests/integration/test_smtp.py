@@ -1,0 +1,382 @@
+"""SmtpPool against real SMTP servers: the dev server, a silent one and a scripted one."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import ssl
+import subprocess
+from collections.abc import Callable, Iterator
+from email.message import EmailMessage
+from pathlib import Path
+
+import pytest
+
+from postroom.settings import Secret, Settings, TlsMode
+from sender.devsmtp import DevSmtpServer
+from sender.outcome import Failure, SmtpReply, Stage
+from sender.smtp import SmtpConfig, SmtpPool
+
+pytestmark = pytest.mark.integration
+
+SENDER = "reports@example.com"
+
+
+def make_message(recipient: str = "finance@example.com") -> EmailMessage:
+    message = EmailMessage()
+    message["From"] = SENDER
+    message["To"] = recipient
+    message["Subject"] = "Sales report — September 2026"
+    message["Message-ID"] = "<m1@example.com>"
+    message.set_content("The September sales report is attached. Grüße\n")
+    return message
+
+
+def config(port: int, **changes: object) -> SmtpConfig:
+    base = SmtpConfig(host="127.0.0.1", port=port, tls=TlsMode.AUTO, connect_timeout_s=5.0,
+                      timeout_s=5.0, concurrency=3, local_hostname="client.postroom.test")
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def send_all(cfg: SmtpConfig, *recipients: str) -> list[SmtpReply]:
+    """Send one message per recipient, one after the other, through one pool."""
+
+    async def run() -> list[SmtpReply]:
+        async with SmtpPool(cfg) as pool:
+            return [await pool.send(make_message(r), SENDER, r) for r in recipients]
+
+    return asyncio.run(run())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def dev() -> Iterator[DevSmtpServer]:
+    server = DevSmtpServer("127.0.0.1", 0, reject={"old.manager@example.com"},
+                           defer={"ops@example.com": 1}, drop={"flaky@example.com"})
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made with the openssl CLI."""
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture
+def tls_dev(certificate: tuple[Path, Path]) -> Iterator[DevSmtpServer]:
+    """A dev server offering STARTTLS with the self-signed certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    server = DevSmtpServer("127.0.0.1", 0, tls_context=context)
+    server.start()
+    yield server
+    server.stop()
+
+
+# --- replies from the dev server
+
+
+def test_accepted_message_is_a_250_at_data(dev: DevSmtpServer) -> None:
+    [reply] = send_all(config(dev.port), "finance@example.com")
+    assert (reply.stage, reply.code, reply.failure) == (Stage.DATA, 250, None)
+    assert reply.text.startswith("2.0.0 Ok queued as ")
+    assert dev.message_ids() == ["<m1@example.com>"]
+    assert "Grüße".encode() in dev.messages[0].raw  # sent as 8BITMIME, which the server offers
+
+
+def test_rejected_recipient_is_a_550_at_rcpt_to(dev: DevSmtpServer) -> None:
+    [reply] = send_all(config(dev.port), "old.manager@example.com")
+    assert reply == SmtpReply(Stage.RCPT_TO, 550, "5.1.1 User unknown")
+
+
+def test_deferred_recipient_is_a_451_then_accepted(dev: DevSmtpServer) -> None:
+    first, second = send_all(config(dev.port), "ops@example.com", "ops@example.com")
+    assert first == SmtpReply(Stage.RCPT_TO, 451, "4.3.0 try again later")
+    assert (second.stage, second.code) == (Stage.DATA, 250)
+    assert dev.connections == 1  # the connection survives a refused recipient (RSET)
+
+
+def test_drop_during_data_is_a_reset_and_the_next_send_reconnects(dev: DevSmtpServer) -> None:
+    dropped, after = send_all(config(dev.port), "flaky@example.com", "finance@example.com")
+    assert (dropped.stage, dropped.code, dropped.failure) == (Stage.DATA, None, Failure.RESET)
+    assert (after.stage, after.code) == (Stage.DATA, 250)
+    assert dev.connections == 2
+    assert dev.count() == 1
+
+
+def test_one_connection_is_reused_for_several_sends(dev: DevSmtpServer) -> None:
+    replies = send_all(config(dev.port), *(f"user{i}@example.com" for i in range(5)))
+    assert [r.code for r in replies] == [250] * 5
+    assert dev.connections == 1
+
+
+def test_concurrency_bounds_the_open_connections() -> None:
+    server = DevSmtpServer("127.0.0.1", 0, latency_ms=200)
+    server.start()
+    try:
+        async def run() -> list[SmtpReply]:
+            async with SmtpPool(config(server.port, concurrency=3)) as pool:
+                return await asyncio.gather(*(
+                    pool.send(make_message(), SENDER, f"user{i}@example.com") for i in range(9)))
+
+        replies = asyncio.run(run())
+        assert [r.code for r in replies] == [250] * 9
+        assert server.peak_connections == 3
+        assert server.connections == 3
+    finally:
+        server.stop()
+
+
+def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
+    server = DevSmtpServer("127.0.0.1", 0, latency_ms=2000)
+    server.start()
+    try:
+        [reply] = send_all(config(server.port, timeout_s=0.3), "finance@example.com")
+    finally:
+        server.stop()
+    assert (reply.stage, reply.code, reply.failure) == (Stage.DATA, None, Failure.TIMEOUT)
+
+
+# --- no server, or one that says nothing
+
+
+def test_nothing_listening_is_refused_at_connect() -> None:
+    [reply] = send_all(config(free_port()), "finance@example.com")
+    assert (reply.stage, reply.code, reply.failure) == (Stage.CONNECT, None, Failure.REFUSED)
+
+
+def test_unknown_host_is_unreachable_at_connect() -> None:
+    [reply] = send_all(config(25, host="no-such-host.invalid"), "finance@example.com")
+    assert (reply.stage, reply.code, reply.failure) == (Stage.CONNECT, None, Failure.UNREACHABLE)
+
+
+def test_silent_server_is_a_timeout_waiting_for_the_greeting() -> None:
+    async def run() -> SmtpReply:
+        writers: list[asyncio.StreamWriter] = []
+
+        async def accept_and_stay_silent(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        ) -> None:
+            writers.append(writer)
+
+        silent = await asyncio.start_server(accept_and_stay_silent, "127.0.0.1", 0)
+        port = silent.sockets[0].getsockname()[1]
+        try:
+            async with SmtpPool(config(port, connect_timeout_s=0.3)) as pool:
+                return await pool.send(make_message(), SENDER, "finance@example.com")
+        finally:
+            for writer in writers:
+                writer.close()
+            silent.close()
+            await silent.wait_closed()
+
+    reply = asyncio.run(run())
+    assert (reply.stage, reply.code, reply.failure) == (Stage.GREETING, None, Failure.TIMEOUT)
+
+
+# --- TLS
+
+
+def test_starttls_required_but_not_offered_is_a_tls_failure(dev: DevSmtpServer) -> None:
+    [reply] = send_all(config(dev.port, tls=TlsMode.STARTTLS), "finance@example.com")
+    assert (reply.stage, reply.code, reply.failure) == (Stage.STARTTLS, None, Failure.TLS)
+    assert dev.count() == 0
+
+
+def test_implicit_tls_to_a_plain_server_is_a_tls_failure(dev: DevSmtpServer) -> None:
+    [reply] = send_all(config(dev.port, tls=TlsMode.TLS), "finance@example.com")
+    assert (reply.stage, reply.code, reply.failure) == (Stage.CONNECT, None, Failure.TLS)
+
+
+def test_auto_tls_verifies_the_certificate(tls_dev: DevSmtpServer) -> None:
+    [reply] = send_all(config(tls_dev.port, tls=TlsMode.AUTO), "finance@example.com")
+    assert (reply.stage, reply.code, reply.failure) == (Stage.STARTTLS, None, Failure.TLS)
+    assert "certificate verify failed" in reply.text
+    assert tls_dev.count() == 0
+
+
+@pytest.mark.parametrize("mode", [TlsMode.AUTO, TlsMode.STARTTLS])
+def test_starttls_with_a_trusted_private_ca_delivers(
+    tls_dev: DevSmtpServer, certificate: tuple[Path, Path], mode: TlsMode,
+) -> None:
+    cfg = config(tls_dev.port, tls=mode, tls_ca_file=certificate[0])
+    first, second = send_all(cfg, "finance@example.com", "ceo@example.com")
+    assert (first.stage, first.code, second.code) == (Stage.DATA, 250, 250)
+    assert tls_dev.connections == 1
+
+
+def test_tls_none_never_upgrades(tls_dev: DevSmtpServer) -> None:
+    [reply] = send_all(config(tls_dev.port, tls=TlsMode.NONE), "finance@example.com")
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+
+
+# --- a scripted server, for replies the dev server does not give
+
+
+Script = Callable[[int, int, str], str | None]
+
+
+def run_scripted(script: Script, recipients: list[str], greeting: str = "220 scripted ESMTP",
+                 **changes: object) -> tuple[list[SmtpReply], int]:
+    """Send through a server answering ``script(connection_no, mail_no, command)``.
+
+    The script answers each command line (DATA content arrives as "<content>"); None or a
+    421 closes the connection. Returns the replies and the number of connections made.
+    """
+    connections = 0
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        number, mails = connections, 0
+        writer.write(f"{greeting}\r\n".encode())
+        try:
+            while greeting.startswith("220") and (line := await reader.readline()):
+                command = line.decode().strip()
+                if command.upper() == "DATA":
+                    writer.write(b"354 go ahead\r\n")
+                    while await reader.readline() != b".\r\n":
+                        pass
+                    command = "<content>"
+                mails += command.upper().startswith("MAIL")
+                answer = "221 bye" if command.upper() == "QUIT" else script(number, mails, command)
+                if answer is None:
+                    break
+                writer.write(f"{answer}\r\n".encode())
+                await writer.drain()
+                if answer[:3] in ("221", "421"):
+                    break
+        finally:
+            writer.close()
+
+    async def run() -> list[SmtpReply]:
+        server = await asyncio.start_server(session, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with SmtpPool(config(port, tls=TlsMode.NONE, **changes)) as pool:
+                replies = []
+                for rcpt in recipients:
+                    replies.append(await pool.send(make_message(rcpt), SENDER, rcpt))
+                    await asyncio.sleep(0.05)  # let a closing server's EOF arrive
+                return replies
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return asyncio.run(run()), connections
+
+
+def ordinary(command: str) -> str:
+    verb = command.split(" ", 1)[0].upper()
+    return {"EHLO": "250-scripted\r\n250 8BITMIME", "<content>": "250 2.0.0 queued"}.get(
+        verb, "250 2.1.0 Ok")
+
+
+def test_421_at_mail_from_is_reported_and_the_connection_dropped() -> None:
+    def script(conn: int, mails: int, command: str) -> str | None:
+        if command.upper().startswith("MAIL"):
+            return "421 4.3.2 Service shutting down"
+        return ordinary(command)
+
+    replies, connections = run_scripted(script, ["a@example.com", "b@example.com"])
+    assert replies == [SmtpReply(Stage.MAIL_FROM, 421, "4.3.2 Service shutting down")] * 2
+    assert connections == 2
+
+
+def test_421_at_data_is_reported_and_the_connection_dropped() -> None:
+    def script(conn: int, mails: int, command: str) -> str | None:
+        return "421 4.4.2 Timeout" if command == "<content>" else ordinary(command)
+
+    replies, connections = run_scripted(script, ["a@example.com", "b@example.com"])
+    assert replies == [SmtpReply(Stage.DATA, 421, "4.4.2 Timeout")] * 2
+    assert connections == 2
+
+
+def test_an_idle_connection_closed_by_the_server_is_replaced_without_a_lost_send() -> None:
+    def script(conn: int, mails: int, command: str) -> str | None:
+        # The first connection times out after one message, as servers do with idle clients.
+        if conn == 1 and mails == 2 and command.upper().startswith("MAIL"):
+            return "421 4.4.2 Idle timeout"
+        return ordinary(command)
+
+    replies, connections = run_scripted(script, ["a@example.com", "b@example.com"])
+    assert [(r.stage, r.code) for r in replies] == [(Stage.DATA, 250), (Stage.DATA, 250)]
+    assert connections == 2
+
+
+def test_greeting_refusal_is_reported_at_greeting() -> None:
+    replies, _ = run_scripted(lambda *_: "250 Ok", ["a@example.com"],
+                              greeting="554 5.3.2 No service here")
+    assert replies == [SmtpReply(Stage.GREETING, 554, "5.3.2 No service here")]
+
+
+def test_ehlo_refused_falls_back_to_helo() -> None:
+    def script(conn: int, mails: int, command: str) -> str | None:
+        if command.upper().startswith("EHLO"):
+            return "502 5.5.1 EHLO not implemented"
+        return ordinary(command)
+
+    replies, _ = run_scripted(script, ["a@example.com"])
+    assert (replies[0].stage, replies[0].code) == (Stage.DATA, 250)
+
+
+def test_sender_refused_is_reported_at_mail_from_and_the_connection_kept() -> None:
+    def script(conn: int, mails: int, command: str) -> str | None:
+        if command.upper().startswith("MAIL") and mails == 1:
+            return "553 5.7.1 Sender not allowed"
+        return ordinary(command)
+
+    replies, connections = run_scripted(script, ["a@example.com", "b@example.com"])
+    assert replies[0] == SmtpReply(Stage.MAIL_FROM, 553, "5.7.1 Sender not allowed")
+    assert (replies[1].stage, replies[1].code) == (Stage.DATA, 250)
+    assert connections == 1
+
+
+def test_auth_rejected_is_reported_at_auth() -> None:
+    def script(conn: int, mails: int, command: str) -> str | None:
+        if command.upper().startswith("EHLO"):
+            return "250-scripted\r\n250 AUTH PLAIN LOGIN"
+        if command.upper().startswith("AUTH"):
+            return "535 5.7.8 Authentication credentials invalid"
+        return ordinary(command)
+
+    replies, _ = run_scripted(script, ["a@example.com"], username="postroom",
+                              password=Secret("not-the-password"))
+    assert replies == [SmtpReply(Stage.AUTH, 535, "5.7.8 Authentication credentials invalid")]
+
+
+def test_control_characters_in_an_address_never_reach_the_server(dev: DevSmtpServer) -> None:
+    async def run() -> SmtpReply:
+        async with SmtpPool(config(dev.port)) as pool:
+            return await pool.send(make_message(), SENDER,
+                                   "finance@example.com\r\nRCPT TO:<x@evil.test>")
+
+    reply = asyncio.run(run())
+    assert (reply.stage, reply.code, reply.failure) == (Stage.LOCAL, None, Failure.BAD_MESSAGE)
+    assert dev.connections == 0
+
+
+def test_config_from_settings() -> None:
+    settings = Settings(smtp_host="mail.example.com", smtp_port=587, smtp_tls=TlsMode.STARTTLS,
+                        smtp_username="u", smtp_password=Secret("p"), smtp_concurrency=4)
+    cfg = SmtpConfig.from_settings(settings)
+    assert (cfg.host, cfg.port, cfg.tls, cfg.username, cfg.concurrency) == (
+        "mail.example.com", 587, TlsMode.STARTTLS, "u", 4)
+    assert "p'" not in repr(cfg)
