@@ -76,7 +76,14 @@ check_port() {
 
 port_answers() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
-pid_alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+# A zombie (state Z) has exited and only waits for its new parent, init, to reap it.
+pid_alive() {
+    [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null || return 1
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
+}
 
 # ---------------------------------------------------------------------------------------------
 # System packages
