@@ -1,0 +1,47 @@
+# postroom's everyday commands. `make` alone lists them.
+# The local stack (Kafka, PostgreSQL) comes from scripts/services.sh; its state lives in .dev
+# (POSTROOM_DEV_DIR overrides it), the venv in .venv (scripts/bootstrap.sh).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON := .venv/bin/python
+DEV_DIR := $(or $(POSTROOM_DEV_DIR),.dev)
+ENV_FILE := $(DEV_DIR)/env
+# Extra pytest arguments, e.g. make test PYTEST_ARGS='-k relay -x'
+PYTEST_ARGS ?=
+
+.PHONY: help venv services services-down services-status services-clean test demo lint bench
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
+		| awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
+
+venv: ## create .venv and install postroom with its test, lint and demo extras
+	@scripts/bootstrap.sh
+
+services: venv ## start the local Kafka and PostgreSQL (idempotent); writes .dev/env
+	@scripts/services.sh up
+
+services-down: ## stop the local stack (data is kept)
+	@scripts/services.sh down
+
+services-status: ## show what of the local stack runs
+	@scripts/services.sh status
+
+services-clean: ## stop the local stack and delete its data
+	@scripts/services.sh clean
+
+test: services ## run the whole test suite against the local stack (PYTEST_ARGS=...)
+	. $(ENV_FILE) && $(PYTHON) -m pytest $(PYTEST_ARGS)
+
+demo: services ## run the demo against the local stack
+	. $(ENV_FILE) && $(PYTHON) -m postroom.demo
+
+lint: venv ## ruff and mypy
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
+
+bench: services ## run the benchmarks against the local stack
+	. $(ENV_FILE) && $(PYTHON) -m bench
