@@ -1,0 +1,159 @@
+"""The local stack script, scripts/services.sh, run as a developer runs it.
+
+One test checks the stack the suite runs on; the other starts and stops a second, separate
+stack (own state dir and ports) so that stopping it cannot pull the services from other tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = REPO / "scripts" / "services.sh"
+HOST = "127.0.0.1"
+
+pytestmark = pytest.mark.integration
+
+
+def run_services(command: str, env: dict[str, str] | None = None) -> str:
+    """Run ``services.sh COMMAND``; fail the test with its output unless it exits 0."""
+    result = subprocess.run(
+        [str(SERVICES), command], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=110, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"services.sh {command} exited {result.returncode}:\n{output}"
+    return output
+
+
+def port_answers(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on now, distinct from each other."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def processes() -> dict[int, tuple[str, str]]:
+    """Every live process: pid -> (start time in clock ticks, command line).
+
+    Zombies are left out: they have exited and wait only for init to reap them.
+    """
+    found: dict[int, tuple[str, str]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        if fields[0] == "Z":
+            continue
+        # the start time tells a process from a later one that reuses its pid
+        found[int(proc.name)] = (fields[19], cmdline)
+    return found
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def stack_processes(markers: list[str], roots: list[int]) -> dict[int, tuple[str, str]]:
+    """Processes whose command line names one of ``markers``, or that descend from ``roots``.
+
+    PostgreSQL's workers show only "postgres: checkpointer" and the like, hence the descent.
+    """
+    everything = processes()
+    ours: dict[int, tuple[str, str]] = {}
+    for pid, (started, cmdline) in everything.items():
+        ancestor: int | None = pid
+        while ancestor and ancestor not in roots:
+            ancestor = parent_of(ancestor)
+        if ancestor or any(marker in cmdline for marker in markers):
+            ours[pid] = (started, cmdline)
+    return ours
+
+
+def test_up_twice_reports_already_running() -> None:
+    kafka_port = int(os.environ.get("POSTROOM_DEV_KAFKA_PORT", "19092"))
+    pg_port = int(os.environ.get("POSTROOM_DEV_PG_PORT", "15432"))
+
+    output = run_services("up")
+
+    assert "kafka: already running" in output, output
+    assert "postgres: already running" in output, output
+    assert port_answers(kafka_port), f"Kafka does not answer on {HOST}:{kafka_port}"
+    assert port_answers(pg_port), f"PostgreSQL does not answer on {HOST}:{pg_port}"
+
+
+@pytest.mark.slow
+def test_down_leaves_no_process(tmp_path: Path) -> None:
+    dev_dir = tmp_path / "dev"
+    kafka_port, controller_port, pg_port = free_ports(3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POSTROOM_DEV_")}
+    env |= {
+        "POSTROOM_DEV_DIR": str(dev_dir),
+        "POSTROOM_DEV_KAFKA_PORT": str(kafka_port),
+        "POSTROOM_DEV_KAFKA_CONTROLLER_PORT": str(controller_port),
+        "POSTROOM_DEV_PG_PORT": str(pg_port),
+    }
+    markers = [str(dev_dir)]
+    roots: list[int] = []
+    try:
+        run_services("up", env)
+        assert port_answers(kafka_port)
+        assert port_answers(pg_port)
+        assert f"{HOST}:{kafka_port}" in (dev_dir / "env").read_text()
+
+        # PostgreSQL runs outside the state dir (see services.sh); dev/pg links to it.
+        pg_root = os.path.realpath(dev_dir / "pg")
+        kafka_pid = int((dev_dir / "kafka" / "kafka.pid").read_text())
+        postmaster_pid = int((Path(pg_root) / "data" / "postmaster.pid").read_text().split()[0])
+        markers.append(pg_root)
+        roots += [kafka_pid, postmaster_pid]
+        before = stack_processes(markers, roots)
+        # the scan must see the stack while it runs, or its empty answer below proves nothing
+        assert kafka_pid in before
+        assert postmaster_pid in before
+        assert len(before) > 2, before
+
+        run_services("down", env)
+
+        after = stack_processes(markers, roots)
+        survivors = {pid: cmd for pid, (started, cmd) in processes().items()
+                     if before.get(pid, ("", ""))[0] == started}
+        assert after == {}, f"processes of the stopped stack remain: {after}"
+        assert survivors == {}, f"processes of the stopped stack remain: {survivors}"
+        for port in (kafka_port, controller_port, pg_port):
+            assert not port_answers(port), f"port {port} still answers after down"
+    finally:
+        subprocess.run([str(SERVICES), "clean"], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=110, check=False)
+        # When down failed, leave no broker or cluster behind for the rest of the run.
+        for pid in stack_processes(markers, roots):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
