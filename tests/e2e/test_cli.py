@@ -1,0 +1,441 @@
+"""The `postroom` command as a user runs it: a subprocess against the local stack, judged only by
+its exit code, its output and what it left in the database and on the broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import Consumer, TopicPartition
+
+from postroom.kafka import make_admin
+from postroom.settings import FIELDS, Settings
+from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
+from relay.db import make_engine
+from relay.publisher import Relay
+
+pytestmark = pytest.mark.e2e
+
+COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "lag", "devsmtp", "status"]
+SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], ["sender"],
+               ["recorder"], ["lag"], ["devsmtp"], ["status"]]
+STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
+                 "last_error", "created_at", "published_at", "sent_at"}
+LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
+RUN_TIMEOUT_S = 60
+STOP_WITHIN_S = 5.0
+
+
+def unique(tag: str) -> str:
+    return f"{tag}{uuid.uuid4().hex[:10]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cli:
+    """Runs ``python -m postroom.cli`` with the stack's environment plus this test's names."""
+
+    env: dict[str, str]
+
+    def __call__(self, *args: str, timeout: float = RUN_TIMEOUT_S,
+                 **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "postroom.cli", *args],
+                              env={**self.env, **env}, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def ok(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        proc = self(*args, **env)
+        assert proc.returncode == 0, f"postroom {' '.join(args)} failed:\n{proc.stderr}"
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    def status(self, key: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.ok("status", "--key", key, "--json")
+                .stdout.splitlines()]
+
+    def start(self, *args: str, stderr: Path) -> subprocess.Popen[bytes]:
+        with stderr.open("wb") as sink:
+            return subprocess.Popen([sys.executable, "-m", "postroom.cli", *args],
+                                    env=self.env, stdout=subprocess.DEVNULL, stderr=sink)
+
+
+def cli_for(schema: str, prefix: str, **extra: str) -> Cli:
+    return Cli({**os.environ, "POSTROOM_DATABASE_SCHEMA": schema,
+                "POSTROOM_TOPIC_PREFIX": prefix, **extra})
+
+
+@pytest.fixture
+def cli(db_settings: Settings) -> Cli:
+    """A migrated schema of this test's own, and a topic prefix no topic has."""
+    assert db_settings.database_schema
+    return cli_for(db_settings.database_schema, unique("e2e-none-") + ".")
+
+
+@pytest.fixture
+def stack_cli(settings: Settings) -> Cli:
+    """A schema and created topics of this test's own, and consumer groups of its own."""
+    assert settings.database_schema
+    return cli_for(settings.database_schema, settings.topic_prefix,
+                   POSTROOM_SENDER_GROUP=unique("e2e-sender-"),
+                   POSTROOM_RECORDER_GROUP=unique("e2e-recorder-"))
+
+
+@pytest.fixture
+def new_schema(stack_settings: Settings) -> Iterator[str]:
+    """A schema name nothing has created; dropped afterwards if a test created it."""
+    name = unique("e2e_")
+    yield name
+    engine = make_engine(stack_settings)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+    engine.dispose()
+
+
+@pytest.fixture
+def new_prefix(stack_settings: Settings) -> Iterator[str]:
+    """A topic prefix no topic has; its topics are deleted afterwards."""
+    prefix = unique("e2e") + "."
+    yield prefix
+    admin = make_admin(stack_settings)
+    existing = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    if existing:
+        for future in admin.delete_topics(existing, operation_timeout=10).values():
+            future.result()
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failing command wrote to stderr; fails on a traceback or more lines."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def outbox(db_settings: Settings, key: str) -> list[sa.RowMapping]:
+    engine = make_engine(db_settings)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(
+                "SELECT * FROM outbox WHERE message_key = :k ORDER BY id"), {"k": key}).mappings())
+    finally:
+        engine.dispose()
+
+
+# -- help --------------------------------------------------------------------------------------
+
+def test_help_lists_every_command_and_every_setting(cli: Cli) -> None:
+    proc = cli.ok("--help")
+    listed = re.findall(r"^    (\w+)\s", proc.stdout, flags=re.MULTILINE)
+    assert listed == COMMANDS
+    for name in [*FIELDS, "POSTROOM_SMTP_PASSWORD_FILE", "POSTROOM_KAFKA_CONFIG_FILE"]:
+        assert re.search(rf"^  {name}$", proc.stdout, flags=re.MULTILINE), name
+    assert cli.ok("--version").stdout.startswith("postroom ")
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS, ids=" ".join)
+def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
+    assert "usage:" in cli.ok(*command, "--help").stdout
+
+
+def test_no_command_is_a_usage_error(cli: Cli) -> None:
+    proc = cli()
+    assert proc.returncode == 2
+    assert "required: COMMAND" in proc.stderr
+
+
+# -- db upgrade and topics create ----------------------------------------------------------------
+
+def test_db_upgrade_creates_the_schema_and_is_idempotent(
+        new_schema: str, stack_settings: Settings) -> None:
+    cli = cli_for(new_schema, unique("e2e-none-") + ".")
+    first = cli.ok("db", "upgrade")
+    second = cli.ok("db", "upgrade")
+    engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
+    with engine.connect() as conn:
+        revision = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
+    engine.dispose()
+    assert first.stdout == second.stdout == f"outbox schema is at revision {revision}\n"
+    assert cli.ok("status").stdout == "no outbox rows\n"
+
+
+def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
+    cli = cli_for(unique("e2e_none_"), new_prefix)
+    expected = all_topics(new_prefix, 4)  # the default POSTROOM_RETRY_DELAYS has four tiers
+    assert expected == [*(priority_topic(new_prefix, p) for p in ("high", "normal", "low")),
+                        *(retry_topic(new_prefix, n) for n in (1, 2, 3, 4)),
+                        f"{new_prefix}email.dead", f"{new_prefix}email.results"]
+    first = cli.ok("topics", "create").stdout.splitlines()
+    assert [line.split() for line in first] == [["created", name] for name in expected]
+    second = cli.ok("topics", "create").stdout.splitlines()
+    assert [line.split() for line in second] == [["exists", name] for name in expected]
+    partitions = int(os.environ.get("POSTROOM_TOPIC_PARTITIONS", "6"))
+    metadata = make_admin(Settings.from_env()).list_topics(timeout=10)
+    for name in expected:
+        assert len(metadata.topics[name].partitions) == partitions, name
+
+
+def test_topics_create_follows_the_retry_tiers_setting(new_prefix: str) -> None:
+    cli = cli_for(unique("e2e_none_"), new_prefix)
+    lines = cli.ok("topics", "create", POSTROOM_RETRY_DELAYS="1m,1h").stdout.splitlines()
+    assert [line.split()[1] for line in lines] == all_topics(new_prefix, 2)
+
+
+# -- enqueue -------------------------------------------------------------------------------------
+
+def test_enqueue_queues_one_row_per_recipient_once(
+        cli: Cli, db_settings: Settings, tmp_path: Path) -> None:
+    report = tmp_path / "Bericht 2026-09.pdf"
+    report.write_bytes(b"%PDF-1.7 fake")
+    args = ["enqueue", "--key", "report-2026-09", "--to", "anna@example.com",
+            "--to", "ben@example.com", "--subject", "Bericht September", "--body", "Hallo",
+            "--attach", str(report), "--priority", "high", "--json"]
+    first = json.loads(cli.ok(*args).stdout)
+    assert first == {"queued": 2, "recipients": 2, "key": "report-2026-09"}
+    again = json.loads(cli.ok(*args).stdout)
+    assert again == {"queued": 0, "recipients": 2, "key": "report-2026-09"}
+
+    rows = outbox(db_settings, "report-2026-09")
+    assert [r["recipient"] for r in rows] == ["anna@example.com", "ben@example.com"]
+    for row in rows:
+        assert row["attachments"] == [str(report)]
+        assert (row["priority"], row["status"], row["subject"], row["body"]) == (
+            "high", "pending", "Bericht September", "Hallo")
+
+
+def test_enqueue_without_json_says_how_many_were_new(cli: Cli) -> None:
+    args = ["enqueue", "--to", "a@example.com", "--subject", "Hello", "--body", "b"]
+    assert cli.ok(*args).stdout == "queued 1 new of 1 recipient(s)\n"
+    assert cli.ok(*args).stdout == "queued 0 new of 1 recipient(s)\n"
+    assert [r["message_key"] for r in cli.status("Hello")] == ["Hello"]  # the subject is the key
+
+
+def test_enqueue_reads_the_body_from_a_file(cli: Cli, db_settings: Settings,
+                                            tmp_path: Path) -> None:
+    body = "Hallo Anna,\n\nanbei die Zahlen — 📈\n"
+    path = tmp_path / "body.txt"
+    path.write_text(body, encoding="utf-8")
+    cli.ok("enqueue", "--key", "k", "--to", "anna@example.com", "--subject", "S",
+           "--body-file", str(path))
+    assert [r["body"] for r in outbox(db_settings, "k")] == [body]
+
+
+def test_a_missing_body_file_is_a_clear_error(cli: Cli, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    proc = cli("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S",
+               "--body-file", str(missing))
+    assert proc.returncode == 1
+    assert error_line(proc).startswith(f"postroom enqueue: error: cannot read --body-file {missing}")
+    assert cli.status("k") == []
+
+
+def test_send_after_needs_a_timezone(cli: Cli, db_settings: Settings) -> None:
+    base = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]
+    proc = cli(*base, "--send-after", "2026-10-02T07:00:00")
+    assert proc.returncode == 2
+    assert "--send-after: '2026-10-02T07:00:00' has no timezone" in proc.stderr
+    assert "2026-10-02T07:00:00+00:00" in proc.stderr  # it says how to write it
+    proc = cli(*base, "--send-after", "tomorrow")
+    assert proc.returncode == 2
+    assert "not an ISO 8601 time: 'tomorrow'" in proc.stderr
+    assert cli.status("k") == []
+
+    cli.ok(*base, "--send-after", "2026-10-02T09:00:00+02:00")
+    [row] = outbox(db_settings, "k")
+    assert row["available_at"] == dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("address", [
+    "not-an-address", "anna@", "anna@exa mple.com", "anna@example.com\r\nBcc: all@example.com"])
+def test_a_bad_address_writes_nothing_and_names_it(cli: Cli, address: str) -> None:
+    proc = cli("enqueue", "--key", "k", "--to", "good@example.com", "--to", address,
+               "--subject", "S", "--body", "b")
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert line.startswith("postroom enqueue: error: recipient ")
+    assert repr(address.strip()) in line
+    assert cli.status("k") == []  # not even the good recipient
+
+
+def test_a_missing_attachment_is_a_clear_error(cli: Cli, tmp_path: Path) -> None:
+    missing = tmp_path / "report.xlsx"
+    proc = cli("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b",
+               "--attach", str(missing))
+    assert proc.returncode == 1
+    assert error_line(proc) == f"postroom enqueue: error: attachment {missing} does not exist"
+    proc = cli("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b",
+               "--attach", str(tmp_path))
+    assert proc.returncode == 1
+    assert error_line(proc) == f"postroom enqueue: error: attachment {tmp_path} is not a regular file"
+    assert cli.status("k") == []
+
+
+# -- status --------------------------------------------------------------------------------------
+
+def test_status_shows_one_line_per_recipient(cli: Cli) -> None:
+    cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--to", "b@example.com",
+           "--subject", "Grüße", "--body", "b", "--priority", "low")
+    cli.ok("enqueue", "--key", "other", "--to", "c@example.com", "--subject", "S", "--body", "b")
+    text = cli.ok("status", "--key", "k").stdout.splitlines()
+    assert len(text) == 2
+    for line, recipient in zip(text, ["a@example.com", "b@example.com"], strict=True):
+        fields = line.split(" | ")
+        assert fields[:7] == ["k", recipient, "Grüße", "low", "pending", "attempts=0", "-"]
+        assert re.fullmatch(r"created=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields[7]), fields[7]
+        assert fields[8:] == ["published=-", "sent=-"]
+
+    rows = cli.status("k")
+    assert [r["recipient"] for r in rows] == ["a@example.com", "b@example.com"]
+    for row in rows:
+        assert STATUS_FIELDS <= row.keys()
+        assert (row["message_key"], row["subject"], row["priority"], row["status"]) == (
+            "k", "Grüße", "low", "pending")
+        assert (row["attempts"], row["last_error"], row["published_at"], row["sent_at"]) == (
+            0, None, None, None)
+        created = dt.datetime.fromisoformat(row["created_at"])
+        assert created.tzinfo is not None
+        assert abs(dt.datetime.now(dt.UTC) - created) < dt.timedelta(minutes=5)
+
+    newest = cli.ok("status", "--limit", "1", "--json").stdout.splitlines()
+    assert [json.loads(line)["recipient"] for line in newest] == ["c@example.com"]
+    assert cli.ok("status", "--key", "nothing").stdout == "no outbox rows for key 'nothing'\n"
+
+
+def test_status_on_a_schema_never_upgraded_says_to_upgrade(new_schema: str) -> None:
+    cli = cli_for(new_schema, unique("e2e-none-") + ".")
+    proc = cli("status")
+    assert proc.returncode == 1
+    assert "run `postroom db upgrade`" in error_line(proc)
+
+
+# -- configuration and database errors ------------------------------------------------------------
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("POSTROOM_SMTP_PORT", "abc"),
+    ("POSTROOM_DATABASE_URL", "mysql://x"),
+    ("POSTROOM_DATABASE_SCHEMA", "Robert'); DROP TABLE outbox;--"),
+    ("POSTROOM_TOPIC_PARTITIONS", "0"),
+    ("POSTROOM_RELAY_POLL_INTERVAL", "soon"),
+    ("POSTROOM_SMTP_TLS", "maybe"),
+])
+def test_a_bad_setting_exits_2_naming_the_variable(cli: Cli, variable: str, value: str) -> None:
+    proc = cli("status", **{variable: value})
+    assert proc.returncode == 2
+    assert error_line(proc).startswith(f"postroom status: configuration error: {variable}: ")
+
+
+@pytest.mark.parametrize("command", [
+    ["db", "upgrade"], ["topics", "create"], ["relay"], ["sender"], ["recorder"], ["lag"],
+    ["enqueue", "--to", "a@example.com", "--subject", "S", "--body", "b"],
+], ids=" ".join)
+def test_every_command_reads_the_settings_before_doing_anything(
+        cli: Cli, command: list[str]) -> None:
+    proc = cli(*command, POSTROOM_SMTP_PORT="abc")
+    assert proc.returncode == 2
+    assert error_line(proc) == (f"postroom {command[0]}: configuration error: POSTROOM_SMTP_PORT: "
+                                "invalid literal for int() with base 10: 'abc'")
+
+
+@pytest.mark.parametrize("command", [
+    ["status"], ["db", "upgrade"], ["relay"], ["recorder"],
+    ["enqueue", "--to", "a@example.com", "--subject", "S", "--body", "b"],
+], ids=" ".join)
+def test_an_unreachable_database_is_one_clean_line(cli: Cli, command: list[str]) -> None:
+    started = time.monotonic()
+    proc = cli(*command, POSTROOM_DATABASE_URL="postgresql+psycopg://postroom@127.0.0.1:1/postroom")
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert line.startswith(f"postroom {command[0]}: error: cannot use the database "
+                           "(POSTROOM_DATABASE_URL): ")
+    assert "port 1" in line
+    assert time.monotonic() - started < 20
+
+
+# -- relay and lag ---------------------------------------------------------------------------------
+
+def test_relay_publishes_and_stops_cleanly_on_sigterm(
+        stack_cli: Cli, settings: Settings, tmp_path: Path,
+        consume: Callable[..., list[Any]]) -> None:
+    high = priority_topic(settings.topic_prefix, Priority.HIGH)
+    enqueue = ["enqueue", "--key", "k", "--subject", "S", "--body", "b", "--priority", "high"]
+    stack_cli.ok(*enqueue, "--to", "before@example.com")  # waiting when the relay starts
+    log = tmp_path / "relay.log"
+    relay = stack_cli.start("relay", stderr=log)
+    try:
+        assert [r.key for r in consume(settings, [high], expected=1, timeout_s=30)] == [
+            b"k|before@example.com"], log.read_text()
+        stack_cli.ok(*enqueue, "--to", "after@example.com")  # enqueued while it runs
+        records = consume(settings, [high], expected=2, timeout_s=30)
+        assert sorted(r.key for r in records) == [b"k|after@example.com", b"k|before@example.com"]
+        rows = stack_cli.status("k")
+        assert [r["status"] for r in rows] == ["published", "published"]
+        assert all(r["published_at"] is not None for r in rows)
+        assert relay.poll() is None, log.read_text()
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        try:
+            code = relay.wait(timeout=15)
+        finally:
+            relay.kill()
+        stopped_after = time.monotonic() - started
+    stderr = log.read_text()
+    assert code == 0, stderr
+    assert stopped_after < STOP_WITHIN_S, f"took {stopped_after:.1f}s to stop"
+    assert "received SIGTERM, stopping cleanly" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_lag_prints_one_row_per_partition_of_both_groups(
+        stack_cli: Cli, settings: Settings, engine: sa.Engine,
+        consume: Callable[..., list[Any]]) -> None:
+    prefix = settings.topic_prefix
+    high = priority_topic(prefix, Priority.HIGH)
+    stack_cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--to", "b@example.com",
+                 "--to", "c@example.com", "--subject", "S", "--body", "b", "--priority", "high")
+    assert Relay(settings, engine).publish_once() == 3
+    [first, *_] = consume(settings, [high], expected=3)
+    sender_group = stack_cli.env["POSTROOM_SENDER_GROUP"]
+    recorder_group = stack_cli.env["POSTROOM_RECORDER_GROUP"]
+    # The sender group has consumed the first record of one partition.
+    committer = Consumer({**settings.kafka_client_config(), "group.id": sender_group})
+    try:
+        committer.commit(offsets=[TopicPartition(high, first.partition, first.offset + 1)],
+                         asynchronous=False)
+    finally:
+        committer.close()
+
+    rows = [json.loads(line) for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
+    partitions = int(os.environ.get("POSTROOM_TOPIC_PARTITIONS", "6"))
+    sender_topics = [*(priority_topic(prefix, p) for p in Priority),
+                     *(retry_topic(prefix, n) for n in range(1, 5))]
+    assert [(r["group"], r["topic"], r["partition"]) for r in rows] == [
+        *((sender_group, t, p) for t in sender_topics for p in range(partitions)),
+        *((recorder_group, results_topic(prefix), p) for p in range(partitions))]
+    for row in rows:
+        assert set(row) == LAG_FIELDS
+        if (row["topic"], row["partition"]) == (high, first.partition):
+            assert row["committed"] == first.offset + 1
+            assert row["lag"] == row["high_watermark"] - first.offset - 1
+        else:
+            assert row["committed"] is None
+            assert row["lag"] == row["high_watermark"]
+    assert sum(r["high_watermark"] for r in rows if r["topic"] == high) == 3
+    assert sum(r["lag"] for r in rows) == 2
+
+    text = stack_cli.ok("lag").stdout.splitlines()
+    assert f"{sender_group}: total lag 2" in text
+    assert f"{recorder_group}: total lag 0" in text
+    assert any(line.startswith(f"  {high}[{first.partition}] committed={first.offset + 1} end=")
+               for line in text), text
