@@ -133,6 +133,7 @@ class Sender:
         self._assigned: set[TP] = set()
         self._waiting: dict[TP, dt.datetime] = {}      # retry partitions paused until due
         self._priority_paused: set[TP] = set()
+        self._start_offsets: dict[TP, int] = {}       # where reading began, until position is known
         self._priority_state = PriorityState()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -229,6 +230,7 @@ class Sender:
             self._assigned.discard(key)
             self._waiting.pop(key, None)
             self._priority_paused.discard(key)
+            self._start_offsets.pop(key, None)
             progress = self._progress.pop(key, None)
             point = progress.commit_point() if progress else None
             if point is not None:
@@ -334,19 +336,35 @@ class Sender:
             self.metrics.set("backlog", backlog[priority], priority=priority.value)
 
     def _backlog(self, tps: list[TP]) -> int:
-        """Records known to wait on these partitions: cached high watermark less our position."""
+        """Records known to wait on these partitions: cached high watermark less our position.
+
+        Before a partition has yielded a record its position is unknown; the group's committed
+        offset (looked up once per assignment) or the low watermark stands in for it.
+        """
         if not tps:
             return 0
         total = 0
         positions = self.consumer.position([TopicPartition(t, p) for t, p in tps])
+        unknown = [tp for tp in positions if tp.offset < 0
+                   and (tp.topic, tp.partition) not in self._start_offsets]
+        if unknown:
+            try:
+                for tp in self.consumer.committed(unknown, timeout=5):
+                    self._start_offsets[(tp.topic, tp.partition)] = tp.offset
+            except KafkaException as exc:
+                log.debug("committed offsets unavailable: %s", exc)
         for tp in positions:
             try:
-                _low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                low, high = self.consumer.get_watermark_offsets(tp, cached=True)
             except KafkaException:
                 continue
-            if tp.offset == OFFSET_INVALID or tp.offset < 0 or high < 0:
-                continue
-            total += max(0, high - tp.offset)
+            if high < 0:
+                continue  # nothing fetched from this partition yet
+            position = tp.offset
+            if position < 0:
+                start = self._start_offsets.get((tp.topic, tp.partition), OFFSET_INVALID)
+                position = start if start >= 0 else max(low, 0)
+            total += max(0, high - position)
         return total
 
     # -- per record ----------------------------------------------------------------------------
