@@ -180,6 +180,9 @@ class SmtpPool:
             if reply is None:
                 raise
             raise _Failed(reply) from exc
+        except BaseException:  # cancelled mid-handshake
+            _discard(smtp)
+            raise
         logger.debug("smtp connected", extra={"host": cfg.host, "port": cfg.port,
                                               "tls": smtp.get_transport_info("sslcontext")
                                               is not None})

@@ -154,6 +154,24 @@ def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
     assert (reply.stage, reply.code, reply.failure) == (Stage.DATA, None, Failure.TIMEOUT)
 
 
+def test_a_cancelled_send_discards_its_connection() -> None:
+    server = DevSmtpServer("127.0.0.1", 0, latency_ms=500)
+    server.start()
+    try:
+        async def run() -> SmtpReply:
+            async with SmtpPool(config(server.port, concurrency=1)) as pool:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(
+                        pool.send(make_message(), SENDER, "finance@example.com"), 0.2)
+                return await pool.send(make_message(), SENDER, "ceo@example.com")
+
+        reply = asyncio.run(run())
+    finally:
+        server.stop()
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    assert server.connections == 2  # the half-finished dialogue was not reused
+
+
 # --- no server, or one that says nothing
 
 
