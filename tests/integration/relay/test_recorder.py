@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer
-from support.pipeline import wait_for
 
 from postroom.settings import Settings
 from postroom.topics import results_topic
@@ -22,6 +21,7 @@ from relay import enqueue
 from relay.publisher import Relay
 from relay.recorder import Recorder, RecorderStats
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
+from support.pipeline import wait_for
 
 pytestmark = pytest.mark.integration
 
