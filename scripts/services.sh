@@ -581,7 +581,7 @@ cmd_clean() {
     say "clean: removing $KAFKA_DIR, $PG_ROOT and $ENV_FILE"
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
     rm -rf "$PG_ROOT" "$KAFKA_DIR"
-    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock" "$DEV_DIR/.lock"
+    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock"
     rmdir "$DEV_DIR" 2>/dev/null || true
 }
 
