@@ -82,8 +82,9 @@ BACKLOG = sa.text("""
 """)
 
 # Applies one delivery result. Results for a key arrive in order on one partition, but a replay
-# or a late duplicate may bring an older one: it applies only when it is not behind the row,
-# ordering by attempt and then by how final the status is; 'sent' is never undone.
+# or a late duplicate may bring an older one, or the row's own latest one again: it applies only
+# when it is ahead of the row, ordering by attempt and then by how final the status is, so a
+# replay changes nothing; 'sent' is never undone.
 RECORD_RESULT = sa.text("""
     UPDATE outbox
     SET status = :status,
@@ -101,7 +102,7 @@ RECORD_RESULT = sa.text("""
            OR (attempts = :attempt AND
                (CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
                             ELSE 0 END)
-               <= (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END)))
+               < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END)))
 """)
 
 STATUS_COLUMNS = ("message_key", "recipient", "subject", "priority", "status", "attempts",

@@ -173,7 +173,7 @@ def decode(
     reader = reader or load_schema(cls.SCHEMA_NAME)
     try:
         record = fastavro.schemaless_reader(io.BytesIO(payload), writer.parsed, reader.parsed)
-    except (EOFError, ValueError, TypeError, IndexError, UnicodeDecodeError,
+    except (EOFError, ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError,
             fastavro.read.SchemaResolutionError) as exc:
         raise SchemaError(f"cannot decode {cls.__name__}: {exc!r}") from exc
     if not isinstance(record, dict):

@@ -53,7 +53,7 @@ from schemas.codec import (
 )
 from sender.errors import AttachmentError
 from sender.ledger import Claim, ClaimResult, Ledger
-from sender.message import build_message, message_id_for
+from sender.message import build_message
 from sender.outcome import Failure, Outcome, SmtpReply, Stage, Verdict, classify_reply
 from sender.priority import PriorityState, plan_round
 from sender.retry import Action, RetryDecision, RetryPolicy, due_in_s, lateness_s
@@ -429,13 +429,14 @@ class Sender:
     async def _deliver(self, event: EmailRequested) -> tuple[Outcome, str]:
         sender = event.sender or self._settings.mail_from
         event = dataclasses.replace(event, sender=sender)
-        message_id = message_id_for(event.idempotency_key, sender.rpartition("@")[2] or "localhost")
+        message_id = ""
         try:
             message = build_message(event, attachments_root=self._settings.attachments_root,
                                     now=self._clock())
         except (AttachmentError, ValueError) as exc:
             reply = SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE)
         else:
+            message_id = str(message["Message-ID"])
             reply = await self._pool.send(message, sender, event.recipient)
         outcome = classify_reply(reply)
         self.metrics.inc("attempts_total", verdict=outcome.verdict.value)

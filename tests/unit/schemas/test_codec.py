@@ -394,3 +394,16 @@ def test_known_writer_schemas_keeps_todays_first_and_adds_extras() -> None:
     writers = known_writer_schemas("email_requested", extra=[V2])
     assert list(writers) == [V1.fingerprint, V2.fingerprint]
     assert known_writer_schemas("email_requested") == {V1.fingerprint: V1}
+@pytest.mark.parametrize("millis", [2**62, -(2**62), 10**15])
+def test_an_out_of_range_timestamp_raises_schema_error(millis: int) -> None:
+    raw = json.loads(resources.files("schemas").joinpath("email_result.avsc").read_text())
+    for field in raw["fields"]:
+        if field["name"] == "occurred_at":
+            field["type"] = "long"  # same canonical form, so the same fingerprint
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(raw), {
+        "idempotency_key": "k|a@example.com", "outbox_id": 1, "recipient": "a@example.com",
+        "status": "sent", "attempt": 1, "occurred_at": millis})
+    headers = [(SCHEMA_HEADER, load_schema("email_result").fingerprint.encode())]
+    with pytest.raises(SchemaError):
+        decode(EmailResult, buf.getvalue(), headers)
