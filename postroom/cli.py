@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
 from postroom import __version__
 from postroom.errors import ConfigError, PostroomError
+from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
 from postroom.topics import Priority
 
@@ -99,40 +102,45 @@ def _read_body(path: Path) -> str:
         raise PostroomError(f"cannot read --body-file {path}: {exc}") from exc
 
 
-def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def service_start(settings: Settings) -> Iterator[tuple[sa.Engine, Metrics]]:
+    """What every long-running command needs first: a migrated database, a reachable broker,
+    and metrics (served when POSTROOM_METRICS_PORT is set)."""
     from postroom.kafka import check_reachable
+    from postroom.metrics import serve
     from relay.db import check_schema, make_engine
-    from relay.publisher import Relay
 
     engine = make_engine(settings)
     check_schema(engine)
     check_reachable(settings)
-    relay = Relay(settings, engine)
-    on_shutdown_signals(relay.stop)
-    relay.run()
+    metrics = Metrics()
+    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
+    try:
+        yield engine, metrics
+    finally:
+        if server is not None:
+            server.shutdown()
+        engine.dispose()
+
+
+def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
+    from relay.publisher import Relay
+
+    with service_start(settings) as (engine, metrics):
+        relay = Relay(settings, engine, metrics=metrics)
+        on_shutdown_signals(relay.stop)
+        relay.run()
     return EXIT_OK
 
 
 def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
-    from postroom.kafka import check_reachable
-    from postroom.metrics import Metrics, serve
-    from relay.db import check_schema, libpq_conninfo, make_engine
+    from relay.db import libpq_conninfo
     from sender.ledger import Ledger
     from sender.service import Sender, sender_identity
 
-    engine = make_engine(settings)
-    check_schema(engine)
-    check_reachable(settings)
-    # A lease outlives the longest SMTP dialogue, so a live sender never loses its claim.
-    lease_s = settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s
-    ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s, settings.database_schema)
-    engine.dispose()
-    metrics = Metrics()
-    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
-
-    async def run() -> None:
+    async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender(settings, ledger=ledger, metrics=metrics)
         loop = asyncio.get_running_loop()
 
@@ -142,32 +150,22 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
         on_shutdown_signals(stop)
         await sender.run()
 
-    try:
-        asyncio.run(run())
-    finally:
-        if server is not None:
-            server.shutdown()
+    with service_start(settings) as (engine, metrics):
+        # A lease outlives the longest SMTP dialogue, so a live sender never loses its claim.
+        lease_s = settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s
+        ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s,
+                        settings.database_schema)
+        asyncio.run(run(ledger, metrics))
     return EXIT_OK
 
 
 def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
-    from postroom.kafka import check_reachable
-    from postroom.metrics import Metrics, serve
-    from relay.db import check_schema, make_engine
     from relay.recorder import Recorder
 
-    engine = make_engine(settings)
-    check_schema(engine)
-    check_reachable(settings)
-    metrics = Metrics()
-    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
-    recorder = Recorder(settings, engine, metrics=metrics)
-    on_shutdown_signals(recorder.stop)
-    try:
+    with service_start(settings) as (engine, metrics):
+        recorder = Recorder(settings, engine, metrics=metrics)
+        on_shutdown_signals(recorder.stop)
         recorder.run()
-    finally:
-        if server is not None:
-            server.shutdown()
     return EXIT_OK
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -198,3 +198,13 @@ def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
         rows.append(PartitionLag(tp.topic, tp.partition, done, high,
                                  high - (done if done is not None else low)))
     return rows
+
+
+def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
+    """The records among consumed messages; consumer errors are logged (partition EOF silently)."""
+    for msg in messages:
+        err = msg.error()
+        if err is None:
+            yield Record.from_message(msg)
+        elif err.code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer error: %s", err.str())

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from postroom import kafka
 from postroom.errors import KafkaClientError
+from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import priority_topic
 from relay import sql
@@ -64,7 +65,8 @@ class Relay:
     """Tails committed outbox rows into Kafka. ``run()`` until ``stop()``; safe to run many at once."""
 
     def __init__(self, settings: Settings, engine: sa.Engine,
-                 producer_factory: Callable[[], Producer] | None = None) -> None:
+                 producer_factory: Callable[[], Producer] | None = None,
+                 metrics: Metrics | None = None) -> None:
         self._settings = settings
         self._engine = engine
         self._producer_factory = producer_factory or (lambda: kafka.make_producer(settings))
@@ -72,6 +74,7 @@ class Relay:
         self._listener: psycopg.Connection[Any] | None = None
         self._stop = threading.Event()
         self.stats = RelayStats()
+        self.metrics = metrics or Metrics()
         if settings.relay_claim_ttl_s * 1000 <= kafka.PRODUCER_MESSAGE_TIMEOUT_MS:
             raise ValueError("POSTROOM_RELAY_CLAIM_TTL must exceed the producer's message timeout "
                              f"({kafka.PRODUCER_MESSAGE_TIMEOUT_MS} ms)")
@@ -122,6 +125,9 @@ class Relay:
         self.stats.rounds += 1
         self.stats.published += len(acked)
         self.stats.failed += len(failed) + len(unsent)
+        self.metrics.inc("relay_published_total", len(acked))
+        if failed or unsent:
+            self.metrics.inc("relay_unacknowledged_total", len(failed) + len(unsent))
         if failed or unsent:
             raise KafkaClientError(
                 f"{len(failed) + len(unsent)} of {len(rows)} rows were not acknowledged; "

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from postroom import kafka
-from postroom.kafka import Record
+from postroom.kafka import readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
@@ -93,13 +93,7 @@ class Recorder:
 
     def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
         results: list[EmailResult] = []
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error: %s", err.str())
-                continue
-            record = Record.from_message(msg)
+        for record in readable_records(messages):
             try:
                 results.append(decode(EmailResult, record.value, record.headers))
             except SchemaError as exc:

@@ -30,7 +30,7 @@ from confluent_kafka import (
 )
 
 from postroom import kafka
-from postroom.kafka import Headers, Record
+from postroom.kafka import Headers, Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import (
@@ -247,13 +247,7 @@ class Sender:
     async def _dispatch(self, messages: Sequence[Message], now: dt.datetime) -> None:
         held_back: set[TP] = set()
         fresh: list[tuple[Record, EmailRequested]] = []
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error: %s", err.str())
-                continue
-            record = Record.from_message(msg)
+        for record in readable_records(messages):
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
             try:
