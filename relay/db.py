@@ -17,9 +17,15 @@ from relay.errors import SchemaNotReadyError
 log = logging.getLogger(__name__)
 
 
-def make_engine(settings: Settings, **kwargs: object) -> sa.Engine:
-    """An engine on POSTROOM_DATABASE_URL whose connections use POSTROOM_DATABASE_SCHEMA."""
-    url = settings.require("database_url")
+def make_engine(settings: Settings, application_name: str = "postroom",
+                **kwargs: object) -> sa.Engine:
+    """An engine on POSTROOM_DATABASE_URL whose connections use POSTROOM_DATABASE_SCHEMA.
+
+    ``application_name`` names its connections in pg_stat_activity (LISTEN included).
+    """
+    url = sa.make_url(settings.require("database_url"))
+    if "application_name" not in url.query:
+        url = url.update_query_dict({"application_name": application_name})
     connect_args: dict[str, object] = {"connect_timeout": 10}
     if settings.database_schema:
         connect_args["options"] = f"-c search_path={settings.database_schema}"

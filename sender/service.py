@@ -268,10 +268,15 @@ class Sender:
         if not fresh:
             return
         claims = await self._claim(fresh)
+        if claims is None:
+            return
         for record, event in fresh:
             self._spawn(self._handle(record, event, claims[event.idempotency_key]), record)
 
-    async def _claim(self, fresh: list[tuple[Record, EmailRequested]]) -> dict[str, ClaimResult]:
+    async def _claim(
+            self, fresh: list[tuple[Record, EmailRequested]]) -> dict[str, ClaimResult] | None:
+        """Claims for every event, or None when stopping while the ledger is unreachable (the
+        records are then neither sent nor committed, and come again)."""
         keys = [event.idempotency_key for _, event in fresh]
         attempts = [event.attempt for _, event in fresh]
         while True:
@@ -279,6 +284,8 @@ class Sender:
                 claims = await self._ledger.claim(keys, attempts)
                 break
             except Exception as exc:  # noqa: BLE001 - the ledger must come back; retry until stopped
+                if self._stopping.is_set():
+                    return None
                 log.warning("ledger claim failed (%s); retrying in %.0fs", exc, PRODUCE_RETRY_S)
                 await asyncio.sleep(PRODUCE_RETRY_S)
         # The same key twice in one batch (a duplicate record): the second waits for the first.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from postroom.kafka import make_producer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
 from relay import enqueue, sql
+from relay.db import make_engine
 from relay.publisher import ROW_ID_HEADER, Relay
 from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema
 
@@ -206,4 +208,33 @@ def test_two_relay_processes_publish_every_row_exactly_once(
     for record in records:
         batch = int(record.key.decode().split("|")[0].split("-")[1])
         assert record.topic == priority_topic(settings.topic_prefix, ALL_PRIORITIES[batch % 3])
+    assert unpublished(engine) == 0
+
+
+def test_the_relay_survives_a_database_restart(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Every connection of the relay is killed, as a restart would; it reconnects and goes on."""
+    name = f"relay-test-{uuid.uuid4().hex[:8]}"
+    relay_engine = make_engine(settings, application_name=name)
+    relay = Relay(settings, relay_engine)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        with engine.begin() as conn:
+            enqueue(conn, key="before", recipients=["a@example.com"], subject="S", body="b")
+        consume(settings, topics(settings), expected=1, timeout_s=15)
+        with engine.begin() as conn:
+            killed = conn.execute(sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = :name"), {"name": name}).scalar_one()
+        assert killed >= 2  # its pooled connection and its LISTEN connection
+        with engine.begin() as conn:
+            enqueue(conn, key="after", recipients=["b@example.com"], subject="S", body="b")
+        records = consume(settings, topics(settings), expected=2, timeout_s=30)
+    finally:
+        relay.stop()
+        thread.join(timeout=15)
+        relay_engine.dispose()
+    assert not thread.is_alive()
+    assert sorted(r.key for r in records) == [b"after|b@example.com", b"before|a@example.com"]
     assert unpublished(engine) == 0
