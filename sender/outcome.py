@@ -35,6 +35,7 @@ class Failure(enum.StrEnum):
     TLS = "tls"                  # TLS handshake or certificate failure
     UNREACHABLE = "unreachable"  # DNS failure, no route
     BAD_MESSAGE = "bad_message"  # the message itself cannot be built or sent (local, permanent)
+    CONFIG = "config"            # our configuration forbids or cannot do it (transient: fix, retry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,7 @@ _FAILURE_WORDS = {
     Failure.TLS: "TLS failure",
     Failure.UNREACHABLE: "server unreachable",
     Failure.BAD_MESSAGE: "message cannot be sent",
+    Failure.CONFIG: "configuration problem",
 }
 _CLOSING = 421        # RFC 5321: service not available, closing the channel
 _AUTH_REQUIRED = 530  # RFC 4954: authentication required, at whatever stage the server says it

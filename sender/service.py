@@ -17,6 +17,7 @@ import socket
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from email.message import EmailMessage
 from typing import Any
 
 from confluent_kafka import (
@@ -427,18 +428,27 @@ class Sender:
             else:
                 return
 
+    def _build(self, event: EmailRequested) -> EmailMessage | SmtpReply:
+        """The message to send, or the local failure that stands in for the server's reply."""
+        root = self._settings.attachments_root
+        if event.attachments and root is None:
+            # Reading whatever path the process can read is not on: a root must be chosen.
+            return SmtpReply(Stage.LOCAL, None, "attachments are off: POSTROOM_ATTACHMENTS_ROOT "
+                             "is not set", Failure.CONFIG)
+        try:
+            return build_message(event, attachments_root=root, now=self._clock())
+        except (AttachmentError, ValueError) as exc:
+            return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE)
+
     async def _deliver(self, event: EmailRequested) -> tuple[Outcome, str]:
         sender = event.sender or self._settings.mail_from
         event = dataclasses.replace(event, sender=sender)
-        message_id = ""
-        try:
-            message = build_message(event, attachments_root=self._settings.attachments_root,
-                                    now=self._clock())
-        except (AttachmentError, ValueError) as exc:
-            reply = SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE)
+        built = self._build(event)
+        if isinstance(built, SmtpReply):
+            reply, message_id = built, ""
         else:
-            message_id = str(message["Message-ID"])
-            reply = await self._pool.send(message, sender, event.recipient)
+            reply = await self._pool.send(built, sender, event.recipient)
+            message_id = str(built["Message-ID"])
         outcome = classify_reply(reply)
         self.metrics.inc("attempts_total", verdict=outcome.verdict.value)
         if outcome.server_fault and outcome.verdict is not Verdict.SENT:

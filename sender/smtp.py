@@ -208,7 +208,7 @@ class SmtpPool:
             if type(exc) is not aiosmtplib.SMTPException:
                 raise  # a reply, a timeout or a disconnect: mapped like any other stage
             # aiosmtplib's own refusal: no AUTH mechanism both sides know.
-            raise _Failed(SmtpReply(Stage.AUTH, None, exc.message, Failure.REFUSED)) from exc
+            raise _Failed(SmtpReply(Stage.AUTH, None, exc.message, Failure.CONFIG)) from exc
 
     async def _transaction(
         self, smtp: aiosmtplib.SMTP, message: EmailMessage, sender: str, recipient: str,

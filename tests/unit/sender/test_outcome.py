@@ -218,6 +218,12 @@ FAILURES = [
                  id="bad-message-missing-attachment"),
     pytest.param(S.DATA, Failure.BAD_MESSAGE, "", PERMANENT, False,
                  "message cannot be sent (data)", id="bad-message-at-data"),
+    pytest.param(S.LOCAL, Failure.CONFIG, "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set",
+                 TRANSIENT, True, "configuration problem (local): attachments are off: "
+                 "POSTROOM_ATTACHMENTS_ROOT is not set", id="config-no-attachments-root"),
+    pytest.param(S.AUTH, Failure.CONFIG, "No suitable authentication method found.",
+                 TRANSIENT, True, "configuration problem (auth): No suitable authentication method "
+                 "found.", id="config-no-common-auth"),
 ]
 
 
