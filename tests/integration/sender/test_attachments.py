@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from support.pipeline import Pipeline, outbox_rows, wait_for
 
 from postroom.settings import Settings, TlsMode
 from relay import enqueue
 from sender.devsmtp import DevSmtpServer
+from support.pipeline import Pipeline, outbox_rows, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
