@@ -150,6 +150,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
         on_shutdown_signals(stop)
         await sender.run()
 
+    settings.check_attachments_root()
     with service_start(settings) as (engine, metrics):
         # A lease outlives the longest SMTP dialogue, so a live sender never loses its claim.
         lease_s = settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s

@@ -184,6 +184,12 @@ class Settings:
             raise ConfigError(env_name(field), "is not set")
         return value
 
+    def check_attachments_root(self) -> None:
+        """ConfigError unless POSTROOM_ATTACHMENTS_ROOT, when set, names a directory."""
+        if self.attachments_root is not None and not self.attachments_root.is_dir():
+            raise ConfigError(env_name("attachments_root"),
+                              f"not a directory: {self.attachments_root}")
+
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka settings common to every client: bootstrap servers plus the extras."""
         bootstrap = self.require("kafka_bootstrap_servers")
@@ -236,11 +242,10 @@ def _prefix(text: str) -> str:
     return text
 
 
-def _directory(text: str) -> Path:
-    path = Path(text).resolve()
-    if not path.is_dir():
-        raise ValueError(f"not a directory: {path}")
-    return path
+def _absolute_path(text: str) -> Path:
+    # Existence is checked by the component that reads it (the sender), not by every process
+    # that shares the environment.
+    return Path(text).resolve()
 
 
 def _file(text: str) -> Path:
@@ -283,7 +288,7 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),
     ENV_PREFIX + "SMTP_TLS_CA_FILE": ("smtp_tls_ca_file", _file),
-    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _directory),
+    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _absolute_path),
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
     ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),
 }

@@ -88,6 +88,14 @@ def test_attachments_root_is_resolved(tmp_path: Path) -> None:
     assert settings.attachments_root == (tmp_path / "reports").resolve()
 
 
+def test_a_missing_attachments_root_is_refused_by_the_sender_check_only(tmp_path: Path) -> None:
+    settings = Settings.from_env({P + "ATTACHMENTS_ROOT": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match="not a directory") as caught:
+        settings.check_attachments_root()
+    assert caught.value.setting == P + "ATTACHMENTS_ROOT"
+    Settings.from_env({P + "ATTACHMENTS_ROOT": str(tmp_path)}).check_attachments_root()
+
+
 def test_empty_environment_gives_defaults() -> None:
     assert Settings.from_env({}) == Settings()
 
@@ -127,7 +135,6 @@ def test_unrelated_variables_are_ignored() -> None:
     ("SMTP_CONNECT_TIMEOUT", "5min", "not a duration"),
     ("SMTP_TIMEOUT", "1e3", "not a duration"),
     ("SMTP_CONCURRENCY", "0", "at least 1"),
-    ("ATTACHMENTS_ROOT", "/nonexistent/postroom/attachments", "not a directory"),
     ("ATTACHMENTS_ROOT", "/no/such\0dir", "null"),
     ("METRICS_PORT", "99999", "not a TCP port"),
     ("LOG_LEVEL", "TRACE", "DEBUG, INFO, WARNING or ERROR"),
