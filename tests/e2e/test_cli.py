@@ -335,6 +335,16 @@ def test_a_bad_setting_exits_2_naming_the_variable(cli: Cli, variable: str, valu
     assert error_line(proc).startswith(f"postroom status: configuration error: {variable}: ")
 
 
+def test_the_sender_refuses_a_missing_attachments_root_while_others_ignore_it(
+        cli: Cli, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-dir")
+    proc = cli("sender", POSTROOM_ATTACHMENTS_ROOT=missing)
+    assert proc.returncode == 2
+    assert error_line(proc) == (f"postroom sender: configuration error: "
+                                f"POSTROOM_ATTACHMENTS_ROOT: not a directory: {missing}")
+    assert cli("status", POSTROOM_ATTACHMENTS_ROOT=missing).returncode == 0
+
+
 @pytest.mark.parametrize("command", [
     ["db", "upgrade"], ["topics", "create"], ["relay"], ["sender"], ["recorder"], ["lag"],
     ["enqueue", "--to", "a@example.com", "--subject", "S", "--body", "b"],
