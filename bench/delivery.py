@@ -31,6 +31,7 @@ import aiosmtplib
 import sqlalchemy as sa
 
 from bench import seed_baseline
+from bench.cpu import CpuUsage, sample, usage
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
@@ -79,12 +80,30 @@ QUICK = (ServerPlan("smtp-sink", 0, {SEED: 1_000, POSTROOM: 1_000, BARE: 1_000})
 
 
 @dataclasses.dataclass(frozen=True)
+class Server:
+    port: int
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """What one design's run measured: its duration and the CPU each process used meanwhile."""
+
+    seconds: float
+    cpu: CpuUsage | None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
     server: ServerPlan
     design: str
     emails: int
-    seconds: float
-    note: str = ""
+    timed: Timed
+
+    @property
+    def seconds(self) -> float:
+        return self.timed.seconds
 
     @property
     def per_s(self) -> float:
@@ -130,8 +149,8 @@ def postroom_command() -> list[str]:
 
 
 @contextlib.contextmanager
-def smtp_server(plan: ServerPlan) -> Iterator[int]:
-    """Start the plan's server on a free loopback port in its own process; yield the port."""
+def smtp_server(plan: ServerPlan) -> Iterator[Server]:
+    """Start the plan's server on a free loopback port in its own process."""
     port = free_port()
     if plan.latency_ms:
         env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX + "DEVSMTP_")}
@@ -150,7 +169,7 @@ def smtp_server(plan: ServerPlan) -> Iterator[int]:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_port(port, process, plan.label)
-        yield port
+        yield Server(port, process.pid)
     finally:
         _stop(process)
 
@@ -158,23 +177,24 @@ def smtp_server(plan: ServerPlan) -> Iterator[int]:
 # -- (a) the seed ----------------------------------------------------------------------------------
 
 
-def run_seed(port: int, emails: int) -> float:
-    """Seconds from the SQLite enqueue commit to the last row marked sent."""
+def run_seed(server: Server, emails: int) -> Timed:
+    """From the SQLite enqueue commit to the last row marked sent."""
+    pids = {"client": os.getpid(), "server": server.pid}
     with tempfile.TemporaryDirectory(prefix="bench-seed-") as tmp:
         db = seed_baseline.open_outbox(Path(tmp) / "outbox.db")
         try:
             now = dt.datetime.now(dt.UTC)
             seed_baseline.enqueue(db, recipients(emails), SUBJECT, BODY, None, now)
-            started = time.perf_counter()
-            outcome = seed_baseline.deliver_due(db, now, HOST, port)
-            seconds = time.perf_counter() - started
+            before, started = sample(pids), time.perf_counter()
+            outcome = seed_baseline.deliver_due(db, now, HOST, server.port)
+            seconds, after = time.perf_counter() - started, sample(pids)
             sent = db.execute("SELECT count(*) FROM outbox WHERE status='sent'").fetchone()[0]
         finally:
             db.close()
     if sent != emails:
         problems = collections.Counter(v for v in outcome.values() if v != "sent")
         raise BenchError(f"seed design sent {sent} of {emails}: {dict(problems)}")
-    return seconds
+    return Timed(seconds, usage(before, after))
 
 
 # -- (b) postroom end to end -----------------------------------------------------------------------
@@ -287,15 +307,17 @@ def _wait_all_sent(engine: sa.Engine, components: Components, key: str, emails: 
     raise BenchError(f"timed out after {timeout_s:.0f}s with {sent} of {emails} rows sent")
 
 
-def run_postroom(base: Settings, port: int, emails: int) -> tuple[float, str]:
-    """Seconds from the enqueue commit to the last row recorded sent, and what the logs complained of."""
+def run_postroom(base: Settings, server: Server, emails: int) -> Timed:
+    """From the enqueue commit to the last row recorded sent; notes what the logs complained of."""
     with scratch(base, "delivery") as settings, \
             tempfile.TemporaryDirectory(prefix="bench-postroom-") as tmp:
         engine = make_engine(settings)
         try:
             progress(f"delivery: starting postroom {', '.join(COMPONENTS)} "
                      f"(SMTP concurrency {Settings().smtp_concurrency})")
-            with Components(component_env(settings, port), Path(tmp)) as components:
+            with Components(component_env(settings, server.port), Path(tmp)) as components:
+                pids = {**{name: p.pid for name, p in components.processes.items()},
+                        "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
                 _wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
@@ -303,16 +325,16 @@ def run_postroom(base: Settings, port: int, emails: int) -> tuple[float, str]:
                          f"enqueueing {emails:,} rows in one transaction")
                 with engine.begin() as conn:
                     enqueue_rows(conn, "bench", recipients(emails))
-                committed_at = time.time()
+                committed_at, before = time.time(), sample(pids)
                 last = _wait_all_sent(engine, components, "bench", emails, 60 + emails / 20)
-                seconds = last.timestamp() - committed_at
+                seconds, after = last.timestamp() - committed_at, sample(pids)
             complaints = components.complaints()
         finally:
             engine.dispose()
     for name, lines in complaints.items():
         progress(f"delivery: postroom {name} logged {len(lines)} warnings/errors, e.g. {lines[0]}")
     note = "; ".join(f"{name}: {len(lines)} warnings/errors" for name, lines in complaints.items())
-    return seconds, note
+    return Timed(seconds, usage(before, after), note)
 
 
 # -- (c) the bare client ---------------------------------------------------------------------------
@@ -339,11 +361,14 @@ async def _bare_send(port: int, addresses: list[str], connections: int) -> None:
     await asyncio.gather(*(worker() for _ in range(connections)))
 
 
-def run_bare(port: int, emails: int, connections: int) -> float:
-    """Seconds for ``connections`` persistent aiosmtplib connections to send one email per recipient."""
-    started = time.perf_counter()
-    asyncio.run(_bare_send(port, recipients(emails), connections))
-    return time.perf_counter() - started
+def run_bare(server: Server, emails: int, connections: int) -> Timed:
+    """``connections`` persistent aiosmtplib connections sending one email per recipient."""
+    pids = {"client": os.getpid(), "server": server.pid}
+    addresses = recipients(emails)
+    before, started = sample(pids), time.perf_counter()
+    asyncio.run(_bare_send(server.port, addresses, connections))
+    seconds, after = time.perf_counter() - started, sample(pids)
+    return Timed(seconds, usage(before, after))
 
 
 # -- the benchmark ---------------------------------------------------------------------------------
@@ -353,17 +378,16 @@ def run(base: Settings, options: Options) -> Section:
     concurrency = Settings().smtp_concurrency
     runs: list[Run] = []
     for plan in QUICK if options.quick else FULL:
-        with smtp_server(plan) as port:
+        with smtp_server(plan) as server:
             emails = plan.emails[SEED]
             progress(f"delivery: seed design, {emails:,} emails to {plan.label}")
-            runs.append(Run(plan, SEED, emails, run_seed(port, emails)))
+            runs.append(Run(plan, SEED, emails, run_seed(server, emails)))
             emails = plan.emails[POSTROOM]
             progress(f"delivery: postroom end to end, {emails:,} emails to {plan.label}")
-            seconds, note = run_postroom(base, port, emails)
-            runs.append(Run(plan, POSTROOM, emails, seconds, note))
+            runs.append(Run(plan, POSTROOM, emails, run_postroom(base, server, emails)))
             emails = plan.emails[BARE]
             progress(f"delivery: bare aiosmtplib x{concurrency}, {emails:,} emails to {plan.label}")
-            runs.append(Run(plan, BARE, emails, run_bare(port, emails, concurrency)))
+            runs.append(Run(plan, BARE, emails, run_bare(server, emails, concurrency)))
     return _section(runs, concurrency)
 
 
@@ -374,8 +398,13 @@ def _section(runs: list[Run], concurrency: int) -> Section:
     rows = []
     for index, r in enumerate(runs):
         first = index == 0 or runs[index - 1].server is not r.server
+        cpu = r.timed.cpu
+        client = sum(s for name, s in cpu.processes.items() if name != "server") if cpu else None
         rows.append([r.server.label if first else "", labels[r.design], f"{r.emails:,}",
-                     f"{r.seconds:.2f}", fmt_rate(r.per_s)])
+                     f"{r.seconds:.2f}", fmt_rate(r.per_s),
+                     "-" if cpu is None else f"{client * 1000 / r.emails:.2f}",
+                     "-" if cpu is None else f"{cpu.processes['server'] * 1000 / r.emails:.2f}",
+                     "-" if cpu is None else f"{cpu.busy_fraction:.0%}"])
     sink, slow = "smtp-sink", "devsmtp"
     ceiling = concurrency * 1000 / DEVSMTP_LATENCY_MS
     section = Section("Delivery: enqueue commit -> last email accepted by the SMTP server")
@@ -383,13 +412,18 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         "500-byte plain-text body, one recipient per email, N distinct recipients; every server "
         "and every postroom component in a process of its own",
         "",
-        *table(["server", "design", "emails", "seconds", "emails/s"], rows),
+        *table(["server", "design", "emails", "seconds", "emails/s", "client CPU ms/email",
+                "server CPU ms/email", "machine busy"], rows),
         "",
         "seed: enqueue commit -> deliver_due() returned with every row 'sent'.",
         "postroom: enqueue commit -> the recorder's update of the last row to 'sent' "
         "(outbox.updated_at), after a warm-up email.",
         "bare: first connect -> last reply, one message per recipient, no outbox.",
-        *(f"postroom logs on {r.server.label}: {r.note}" for r in runs if r.note),
+        "client CPU: the design's own processes (postroom: relay + sender + recorder; Kafka and "
+        "PostgreSQL not counted); machine busy: all CPUs, every process.",
+        *(f"postroom on {r.server.label}: {r.timed.cpu.describe()}" for r in runs
+          if r.design == POSTROOM and r.timed.cpu is not None),
+        *(f"postroom logs on {r.server.label}: {r.timed.note}" for r in runs if r.timed.note),
         "",
         "Ratios:",
         f"  postroom / seed       on {slow}: {rate[slow, POSTROOM] / rate[slow, SEED]:.1f}x   "

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import cProfile
 import dataclasses
+import faulthandler
 import math
 import multiprocessing
+import os
 import pstats
+import queue
+import sys
 import sysconfig
 import threading
 import time
@@ -22,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench.cpu import sample, usage
 from bench.report import (
     BenchError,
     Options,
@@ -46,6 +51,9 @@ ENQUEUE_TIMEOUT_S = 240.0
 PUBLISH_TIMEOUT_S = 120.0
 POLL_S = 0.05
 RELAY_STOP_TIMEOUT_S = 40.0
+# A drain round normally takes tens of milliseconds; one this slow has every thread's stack dumped
+# to stderr, to show what it waits for.
+STALLED_ROUND_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +136,19 @@ def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:
     process = context.Process(target=_enqueue_worker, args=(job, results), name="bench-enqueue",
                               daemon=True)
     process.start()
+    deadline = time.monotonic() + ENQUEUE_TIMEOUT_S
+    outcome: object = None
     try:
-        outcome = results.get(timeout=ENQUEUE_TIMEOUT_S)
+        while outcome is None:
+            alive = process.is_alive()  # read before get(): a finished child has flushed its result
+            try:
+                outcome = results.get(timeout=0.5)
+            except queue.Empty:
+                if not alive:
+                    raise BenchError("the enqueueing process exited with status "
+                                     f"{process.exitcode} and no result") from None
+                if time.monotonic() > deadline:
+                    raise BenchError(f"the enqueueing process took over {ENQUEUE_TIMEOUT_S:.0f}s") from None
     finally:
         process.join(10)
         if process.is_alive():
@@ -152,6 +171,9 @@ class ThroughputRow:
     enqueue_rows_per_s: float
     drain_rows_per_s: float
     drain_rounds: int
+    slowest_round_s: float
+    drain_relay_cpus: float | None     # CPUs the relay's process kept busy while draining
+    drain_machine_busy: float | None   # fraction of all CPUs busy meanwhile
     concurrent_enqueue_rows_per_s: float
     end_to_end_rows_per_s: float
 
@@ -233,14 +255,22 @@ def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
     progress(f"relay: draining {rows:,} rows with publish_once() "
              f"(batch {settings.relay_batch_size:,})")
     published = rounds = 0
-    started = time.perf_counter()
+    slowest_s = 0.0
+    before, started = sample({"relay": os.getpid()}), time.perf_counter()
     while rounds <= rows:  # bounded: every round publishes at least one row or ends the loop
-        done = relay.publish_once()
+        faulthandler.dump_traceback_later(STALLED_ROUND_S, file=sys.stderr)
+        round_started = time.perf_counter()
+        try:
+            done = relay.publish_once()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        slowest_s = max(slowest_s, time.perf_counter() - round_started)
         if done == 0:
             break
         published += done
         rounds += 1
     drain_s = time.perf_counter() - started
+    cpu = usage(before, sample({"relay": os.getpid()}))
     if published != rows:
         raise BenchError(f"the relay published {published} of {rows} rows")
 
@@ -258,7 +288,9 @@ def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
     return ThroughputRow(
         rows_per_txn=rows_per_txn, rows=rows,
         enqueue_rows_per_s=per_s(rows, filled.finished_at - filled.started_at),
-        drain_rows_per_s=per_s(rows, drain_s), drain_rounds=rounds,
+        drain_rows_per_s=per_s(rows, drain_s), drain_rounds=rounds, slowest_round_s=slowest_s,
+        drain_relay_cpus=cpu.processes["relay"] / drain_s if cpu else None,
+        drain_machine_busy=cpu.busy_fraction if cpu else None,
         concurrent_enqueue_rows_per_s=per_s(rows, concurrent.finished_at - concurrent.started_at),
         end_to_end_rows_per_s=per_s(rows, last[0].timestamp() - concurrent.started_at))
 
@@ -340,6 +372,10 @@ def profile_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
     ]
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 _SHORTEN = ("site-packages/", f"{Path(__file__).resolve().parents[1]}/",
             f"{sysconfig.get_paths()['stdlib']}/")
 
@@ -376,13 +412,17 @@ def run(base: Settings, options: Options) -> Section:
         f"compression={producer['compression.type']}; 500-byte bodies; rows enqueued by a "
         "separate process",
         "",
-        *table(["rows/txn", "rows", "enqueue rows/s", "drain rows/s", "rounds",
-                "e2e rows/s", "(enqueue rows/s meanwhile)"],
+        *table(["rows/txn", "rows", "enqueue rows/s", "drain rows/s", "rounds", "slowest ms",
+                "relay CPUs", "machine busy", "e2e rows/s", "(enqueue rows/s meanwhile)"],
                [[f"{r.rows_per_txn:,}", f"{r.rows:,}", fmt_rate(r.enqueue_rows_per_s),
-                 fmt_rate(r.drain_rows_per_s), str(r.drain_rounds), fmt_rate(r.end_to_end_rows_per_s),
+                 fmt_rate(r.drain_rows_per_s), str(r.drain_rounds),
+                 f"{r.slowest_round_s * 1000:,.0f}", _share(r.drain_relay_cpus),
+                 _share(r.drain_machine_busy), fmt_rate(r.end_to_end_rows_per_s),
                  fmt_rate(r.concurrent_enqueue_rows_per_s)] for r in results]),
         "",
-        "drain: pre-enqueued rows, a Relay calling publish_once() until nothing is left.",
+        "drain: pre-enqueued rows, a Relay calling publish_once() until nothing is left; relay CPUs: "
+        "CPU time of the relay's process (its thread and librdkafka's) over the drain's wall time; "
+        "machine busy: all CPUs, PostgreSQL and Kafka included.",
         "e2e: first transaction begun -> last row published, enqueueing while Relay.run() publishes.",
         "",
         f"Commit-to-publish latency, {latency.rows:,} rows offered at "

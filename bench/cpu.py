@@ -1,0 +1,69 @@
+"""CPU time from /proc (Linux): per process and for the whole machine, to tell what bound a run.
+
+A run whose processes used about all the machine's CPU was CPU-bound; one that left it idle was
+waiting (on a server's latency, on a round trip). Elsewhere than Linux every figure is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+_PROC = Path("/proc")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSample:
+    processes: Mapping[str, float]  # name -> CPU seconds (user + system) used so far
+    busy_s: float                   # the machine: non-idle CPU seconds so far, over all CPUs
+    total_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuUsage:
+    """CPU used between two samples."""
+
+    processes: Mapping[str, float]
+    busy_fraction: float  # of all CPUs' time
+    cpus: int
+
+    def describe(self) -> str:
+        used = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.processes.items())
+        return (f"CPU: {used}; machine {self.busy_fraction:.0%} busy "
+                f"({self.cpus} CPUs, every process counted)")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` (all its threads), 0.0 if unknown."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime (fields 14, 15)
+
+
+def sample(pids: Mapping[str, int]) -> CpuSample | None:
+    """CPU seconds of each named process and of the machine; None where /proc is missing."""
+    try:
+        first = (_PROC / "stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
+    idle = ticks[3] + ticks[4]
+    return CpuSample({name: process_cpu_s(pid) for name, pid in pids.items()},
+                     busy_s=(sum(ticks) - idle) / _TICKS_PER_S, total_s=sum(ticks) / _TICKS_PER_S)
+
+
+def usage(before: CpuSample | None, after: CpuSample | None) -> CpuUsage | None:
+    if before is None or after is None or after.total_s <= before.total_s:
+        return None
+    return CpuUsage(
+        processes={name: after.processes[name] - before.processes.get(name, 0.0)
+                   for name in after.processes},
+        busy_fraction=(after.busy_s - before.busy_s) / (after.total_s - before.total_s),
+        cpus=os.cpu_count() or 1)
