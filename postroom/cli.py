@@ -138,7 +138,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
 
     from relay.db import libpq_conninfo
     from sender.ledger import Ledger
-    from sender.service import Sender, sender_identity
+    from sender.service import Sender, lease_s, sender_identity
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender(settings, ledger=ledger, metrics=metrics)
@@ -152,9 +152,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
 
     settings.check_attachments_root()
     with service_start(settings) as (engine, metrics):
-        # A lease outlives the longest SMTP dialogue, so a live sender never loses its claim.
-        lease_s = settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s
-        ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s,
+        ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
         asyncio.run(run(ledger, metrics))
     return EXIT_OK

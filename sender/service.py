@@ -16,9 +16,10 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from email.message import EmailMessage
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -53,7 +54,7 @@ from schemas.codec import (
     headers_for,
 )
 from sender.errors import AttachmentError
-from sender.ledger import Claim, ClaimResult, Ledger
+from sender.ledger import Claim, Ledger
 from sender.message import build_message
 from sender.outcome import Failure, Outcome, SmtpReply, Stage, Verdict, classify_reply
 from sender.priority import PriorityState, plan_round
@@ -75,10 +76,23 @@ PRIORITY_EVERY_S = 0.1
 STARVATION_LIMIT_ROUNDS = 50   # at PRIORITY_EVERY_S: a backlogged low priority waits at most ~5 s
 PRODUCE_RETRY_S = 2.0
 SHUTDOWN_GRACE_S = 30.0
+COMMITTED_TIMEOUT_S = 1.0
+LEASE_MARGIN_S = 15.0  # time after a send's deadline to record its outcome in the ledger
 STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus.RETRYING,
              Action.FAIL: DeliveryStatus.FAILED, Action.DEAD: DeliveryStatus.DEAD}
 
 TP = tuple[str, int]
+T = TypeVar("T")
+
+
+def send_deadline_s(settings: Settings) -> float:
+    """The longest one SMTP send may take before it is abandoned as timed out."""
+    return settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s
+
+
+def lease_s(settings: Settings) -> float:
+    """How long a ledger claim lasts: past the send's deadline, so a live sender keeps it."""
+    return send_deadline_s(settings) + LEASE_MARGIN_S
 
 
 def utcnow() -> dt.datetime:
@@ -124,6 +138,8 @@ class Sender:
         self._policy = RetryPolicy(settings.retry_delays_s)
         self._clock = clock
         self._max_in_flight = max_in_flight or settings.smtp_concurrency * 4
+        self._slots = asyncio.Semaphore(settings.smtp_concurrency)
+        self._send_deadline_s = send_deadline_s(settings)
         self._consumer_factory = consumer_factory or (lambda: kafka.make_consumer(
             settings, settings.sender_group))
         self._producer_factory = producer_factory or (lambda: kafka.make_producer(
@@ -194,8 +210,14 @@ class Sender:
 
     async def _shutdown(self) -> None:
         log.info("sender stopping: finishing %d in-flight deliveries", len(self._tasks))
-        if self._tasks:
-            _done, pending = await asyncio.wait(self._tasks, timeout=SHUTDOWN_GRACE_S)
+        deadline = asyncio.get_running_loop().time() + SHUTDOWN_GRACE_S
+        while self._tasks and asyncio.get_running_loop().time() < deadline:
+            # Delivery reports arrive only through poll(): the tasks wait on them.
+            if self._producer is not None:
+                self._producer.poll(0)
+            await asyncio.wait(self._tasks, timeout=IDLE_WAIT_S)
+        pending = set(self._tasks)
+        if pending:
             for task in pending:
                 task.cancel()
             if pending:
@@ -225,6 +247,12 @@ class Sender:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Commit what is finished on the partitions we lose; their unfinished records go to the
         next owner, whose ledger claim waits for our answer instead of sending twice."""
+        try:
+            # librdkafka keeps a partition's pause across a revoke; were it assigned to us again
+            # it would stay paused with nothing here to resume it.
+            consumer.resume(partitions)
+        except KafkaException as exc:
+            log.debug("resume on revoke: %s", exc)
         commits = []
         for tp in partitions:
             key = (tp.topic, tp.partition)
@@ -266,31 +294,8 @@ class Sender:
                     self.metrics.observe("retry_lateness_seconds", lateness_s(event.not_before, now))
             self._take(record)
             fresh.append((record, event))
-        if not fresh:
-            return
-        claims = await self._claim(fresh)
-        if claims is None:
-            return
         for record, event in fresh:
-            self._spawn(self._handle(record, event, claims[event.idempotency_key]), record)
-
-    async def _claim(
-            self, fresh: list[tuple[Record, EmailRequested]]) -> dict[str, ClaimResult] | None:
-        """Claims for every event, or None when stopping while the ledger is unreachable (the
-        records are then neither sent nor committed, and come again)."""
-        keys = [event.idempotency_key for _, event in fresh]
-        attempts = [event.attempt for _, event in fresh]
-        while True:
-            try:
-                claims = await self._ledger.claim(keys, attempts)
-                break
-            except Exception as exc:  # noqa: BLE001 - the ledger must come back; retry until stopped
-                if self._stopping.is_set():
-                    return None
-                log.warning("ledger claim failed (%s); retrying in %.0fs", exc, PRODUCE_RETRY_S)
-                await asyncio.sleep(PRODUCE_RETRY_S)
-        # The same key twice in one batch (a duplicate record): the second waits for the first.
-        return {key: claims.get(key, ClaimResult(Claim.BUSY)) for key in keys}
+            self._spawn(self._handle(record, event), record)
 
     def _take(self, record: Record) -> None:
         progress = self._progress[record.tp]
@@ -350,8 +355,11 @@ class Sender:
         unknown = [tp for tp in positions if tp.offset < 0
                    and (tp.topic, tp.partition) not in self._start_offsets]
         if unknown:
+            # Asked once per assignment, briefly: this blocks the event loop while it waits.
+            for tp in unknown:
+                self._start_offsets[(tp.topic, tp.partition)] = OFFSET_INVALID
             try:
-                for tp in self.consumer.committed(unknown, timeout=5):
+                for tp in self.consumer.committed(unknown, timeout=COMMITTED_TIMEOUT_S):
                     self._start_offsets[(tp.topic, tp.partition)] = tp.offset
             except KafkaException as exc:
                 log.debug("committed offsets unavailable: %s", exc)
@@ -395,38 +403,44 @@ class Sender:
             except KafkaException as exc:
                 log.debug("store_offsets %s failed: %s", tp, exc)
 
-    async def _handle(self, msg: Record, event: EmailRequested, claim: ClaimResult) -> None:
+    async def _handle(self, msg: Record, event: EmailRequested) -> None:
+        """Claim, send and record one event; then route its outcome."""
         key = event.idempotency_key
-        while claim.claim is Claim.BUSY:
+        while True:
+            # The claim is taken inside a sending slot, so its lease starts when the send does
+            # and outlasts the send's deadline.
+            async with self._slots:
+                claim = await self._retrying("claim", partial(self._ledger.claim, key, event.attempt))
+                if claim.claim is Claim.MINE:
+                    outcome, message_id = await self._deliver(event)
+                    now = self._clock()
+                    decision = self._policy.decide(outcome, event.attempt, now)
+                    if decision.action is Action.DONE_SENT:
+                        await self._retrying("mark sent",
+                                             partial(self._ledger.mark_sent, key, message_id))
+                    else:
+                        await self._retrying("release", partial(self._ledger.release, key))
+                    break
+            if claim.claim is Claim.SENT:
+                self.metrics.inc("duplicates_suppressed_total")
+                log.info("key=%s already accepted by the server; not sending again", key)
+                await self._produce_result(event, Action.DONE_SENT, None, claim.message_id)
+                return
             # Another sender (or an earlier copy here) is on it: wait for its answer or its lease.
             wait_s = 1.0 if claim.lease_until is None else max(
                 0.2, min(due_in_s(claim.lease_until, self._clock()) + 0.2, 30.0))
             log.info("key=%s is being sent elsewhere; waiting %.1fs", key, wait_s)
             await asyncio.sleep(wait_s)
-            claim = (await self._ledger.claim([key], [event.attempt])).get(key, ClaimResult(Claim.BUSY))
-        if claim.claim is Claim.SENT:
-            self.metrics.inc("duplicates_suppressed_total")
-            log.info("key=%s already accepted by the server; not sending again", key)
-            await self._produce_result(event, Action.DONE_SENT, None, claim.message_id)
-            return
-        outcome, message_id = await self._deliver(event)
-        now = self._clock()
-        decision = self._policy.decide(outcome, event.attempt, now)
-        if decision.action is Action.DONE_SENT:
-            await self._ledger_call(self._ledger.mark_sent, [key], [message_id])
-        else:
-            await self._ledger_call(self._ledger.release, [key])
         await self._route(msg, event, outcome, decision, message_id, now)
 
-    async def _ledger_call(self, method: Callable[..., Any], *args: Any) -> None:
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` until the ledger answers (a shutdown cancels the wait)."""
         while True:
             try:
-                await method(*args)
-            except Exception as exc:  # noqa: BLE001 - retried until the database answers
-                log.warning("ledger write failed (%s); retrying in %.0fs", exc, PRODUCE_RETRY_S)
+                return await call()
+            except Exception as exc:  # noqa: BLE001 - the ledger must come back; retried
+                log.warning("ledger %s failed (%s); retrying in %.0fs", what, exc, PRODUCE_RETRY_S)
                 await asyncio.sleep(PRODUCE_RETRY_S)
-            else:
-                return
 
     def _build(self, event: EmailRequested) -> EmailMessage | SmtpReply:
         """The message to send, or the local failure that stands in for the server's reply."""
@@ -447,8 +461,13 @@ class Sender:
         if isinstance(built, SmtpReply):
             reply, message_id = built, ""
         else:
-            reply = await self._pool.send(built, sender, event.recipient)
             message_id = str(built["Message-ID"])
+            try:
+                async with asyncio.timeout(self._send_deadline_s):
+                    reply = await self._pool.send(built, sender, event.recipient)
+            except TimeoutError:
+                reply = SmtpReply(Stage.LOCAL, None, f"the send took longer than its deadline "
+                                  f"of {self._send_deadline_s:.0f}s", Failure.TIMEOUT)
         outcome = classify_reply(reply)
         self.metrics.inc("attempts_total", verdict=outcome.verdict.value)
         if outcome.server_fault and outcome.verdict is not Verdict.SENT:

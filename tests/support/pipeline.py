@@ -16,14 +16,14 @@ from relay.db import libpq_conninfo
 from relay.publisher import Relay
 from relay.recorder import Recorder
 from sender.ledger import Ledger
-from sender.service import Sender, sender_identity
+from sender.service import Sender, lease_s, sender_identity
 
 
 class SenderThread:
     """One sender group member on a thread with its own event loop."""
 
     def __init__(self, settings: Settings, engine: sa.Engine, **kwargs: Any) -> None:
-        self.ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s=20,
+        self.ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                              schema=settings.database_schema)
         self.sender = Sender(settings, ledger=self.ledger, **kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None

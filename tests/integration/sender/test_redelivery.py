@@ -1,0 +1,86 @@
+"""A row the relay publishes twice is mailed once, and a graceful stop finishes what it started."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from postroom.settings import Settings, TlsMode
+from postroom.topics import results_topic
+from relay import enqueue
+from relay.publisher import Relay
+from schemas.codec import DeliveryStatus, EmailResult, decode
+from sender.devsmtp import DevSmtpServer
+from support.pipeline import Pipeline, SenderThread, outbox_rows, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RECIPIENTS = [f"user{i}@example.com" for i in range(5)]
+
+
+def smtp(settings: Settings, server: DevSmtpServer, **changes: Any) -> Settings:
+    return dataclasses.replace(settings, smtp_host="127.0.0.1", smtp_port=server.port,
+                               smtp_tls=TlsMode.NONE, smtp_timeout_s=5.0, **changes)
+
+
+def test_a_row_published_twice_is_mailed_once(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, key="twice", recipients=RECIPIENTS, subject="S", body="b")
+    relay = Relay(settings, engine)
+    assert relay.publish_once() == 5
+    # As if the relay died between the broker's ack and its bookkeeping: published again.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox SET published_at = NULL, status = 'pending' "
+                             "WHERE recipient = :r"), {"r": RECIPIENTS[0]})
+    assert relay.publish_once() == 1
+    server = DevSmtpServer(port=0)
+    server.start()
+    pipeline = Pipeline(smtp(settings, server), engine).start()
+    try:
+        wait_for(lambda: all(r.status == "sent" for r in outbox_rows(engine, "twice")), 30,
+                 "every row to be sent")
+        results = consume(settings, [results_topic(settings.topic_prefix)], expected=6)
+    finally:
+        pipeline.stop()
+        server.stop()
+    assert sorted(m.rcpt for m in server.messages) == sorted(RECIPIENTS)
+    assert len(results) == 6  # both copies were processed: nothing is stuck behind the second
+    statuses = [decode(EmailResult, r.value, r.headers).status for r in results]
+    assert set(statuses) == {DeliveryStatus.SENT}
+    assert pipeline.sender is not None
+    assert pipeline.sender.sender.metrics.counter("duplicates_suppressed_total") == 1
+
+
+def test_a_graceful_stop_finishes_in_flight_sends(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
+        caplog: pytest.LogCaptureFixture) -> None:
+    server = DevSmtpServer(port=0, latency_ms=1500)
+    server.start()
+    with engine.begin() as conn:
+        enqueue(conn, key="slow", recipients=RECIPIENTS[:4], subject="S", body="b")
+    relay = Relay(settings, engine)
+    while relay.publish_once():
+        pass
+    sender = SenderThread(smtp(settings, server, smtp_concurrency=4), engine).start()
+    try:
+        wait_for(lambda: _sending(engine) == 4, 30, "four sends in flight")
+    finally:
+        with caplog.at_level(logging.WARNING, logger="sender.service"):
+            sender.stop()
+        server.stop()
+    assert server.count() == 4
+    assert not [r for r in caplog.records if "abandoned" in r.getMessage()]
+    results = consume(settings, [results_topic(settings.topic_prefix)], expected=4)
+    assert len(results) == 4  # each in-flight send's result was produced before the exit
+
+
+def _sending(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT count(*) FROM sender_ledger WHERE state = 'sending'")).scalar_one())
