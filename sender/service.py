@@ -545,8 +545,13 @@ class Sender:
                                        on_delivery=on_delivery)
                 await future
             except (KafkaException, BufferError) as exc:
-                log.warning("producing to %s failed (%s); retrying in %.0fs", topic, exc,
-                            PRODUCE_RETRY_S)
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                # Not retriable (e.g. a record too large) means this partition is stuck until an
+                # operator acts: say so loudly. Giving up would lose the email.
+                level = logging.ERROR if err is not None and not err.retriable() else logging.WARNING
+                log.log(level, "producing to %s failed (%s); retrying in %.0fs", topic, exc,
+                        PRODUCE_RETRY_S)
+                self.metrics.inc("produce_failures_total", topic=topic)
                 await asyncio.sleep(PRODUCE_RETRY_S)
                 continue
             return
