@@ -168,6 +168,54 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    """Each dependency in turn; the exit code is 0 only when every one is ready."""
+    import asyncio
+
+    from postroom.kafka import check_reachable, make_admin
+    from postroom.topics import all_topics
+    from relay.db import check_schema, make_engine
+    from sender.smtp import SmtpConfig, SmtpPool
+
+    def database() -> str:
+        engine = make_engine(settings)
+        try:
+            check_schema(engine)
+        finally:
+            engine.dispose()
+        return "schema at the newest revision"
+
+    def kafka() -> str:
+        check_reachable(settings)
+        wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+        existing = set(make_admin(settings).list_topics(timeout=10).topics)
+        missing = [t for t in wanted if t not in existing]
+        if missing:
+            raise PostroomError(f"missing topics (run `postroom topics create`): "
+                                f"{', '.join(missing)}")
+        return f"broker answers; all {len(wanted)} topics exist"
+
+    def smtp() -> str:
+        async def probe() -> str:
+            async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
+                reply = await pool.probe()
+            if reply.code != 250:
+                what = reply.failure.value if reply.failure else reply.code
+                raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
+            return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
+        return asyncio.run(probe())
+
+    failed = 0
+    for name, check in (("database", database), ("kafka", kafka), ("smtp", smtp)):
+        try:
+            print(f"ok    {name}: {check()}")
+        except (PostroomError, sa_errors.OperationalError) as exc:
+            failed += 1
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            print(f"FAIL  {name}: {first}")
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
 def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
     from postroom.kafka import group_lag
     from postroom.topics import Priority, priority_topic, results_topic, retry_topic
@@ -280,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
+    commands.add_parser(
+        "check", help="is everything ready? database schema, broker and topics, SMTP server "
+                      "(exit code 0 when all are)").set_defaults(handler=cmd_check)
     lag = commands.add_parser("lag", help="consumer-group lag of the sender and the recorder")
     lag.add_argument("--json", action="store_true", help="one JSON object per partition")
     lag.set_defaults(handler=cmd_lag)

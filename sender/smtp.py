@@ -122,6 +122,19 @@ class SmtpPool:
                 await _quit(smtp)
             return _log(reply, recipient)
 
+    async def probe(self) -> SmtpReply:
+        """Connect, greet, upgrade and log in as a send would, then QUIT: whether sends can work.
+
+        A 250 at EHLO when all went well; otherwise the reply or failure that stopped it.
+        """
+        try:
+            smtp = await self._open()
+        except _Failed as failed:
+            return failed.reply
+        tls = smtp.get_transport_info("sslcontext") is not None
+        await _quit(smtp)
+        return SmtpReply(Stage.EHLO, 250, "connected" + (" with TLS" if tls else " without TLS"))
+
     async def close(self) -> None:
         """QUIT every idle connection; connections still sending are closed when they finish."""
         self._closed = True

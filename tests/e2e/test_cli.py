@@ -29,9 +29,10 @@ from relay.publisher import Relay
 
 pytestmark = pytest.mark.e2e
 
-COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "lag", "devsmtp", "status"]
+COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "check", "lag", "devsmtp",
+            "status"]
 SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], ["sender"],
-               ["recorder"], ["lag"], ["devsmtp"], ["status"]]
+               ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
 LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
@@ -449,3 +450,26 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
     assert f"{recorder_group}: total lag 0" in text
     assert any(line.startswith(f"  {high}[{first.partition}] committed={first.offset + 1} end=")
                for line in text), text
+
+
+def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
+    from sender.devsmtp import DevSmtpServer
+
+    with DevSmtpServer(port=0) as server:
+        proc = stack_cli("check", POSTROOM_SMTP_HOST="127.0.0.1",
+                         POSTROOM_SMTP_PORT=str(server.port), POSTROOM_SMTP_TLS="auto")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka", "ok    smtp"]
+    assert "all 9 topics exist" in lines[1]
+
+
+def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
+    proc = cli_for(new_schema, unique("e2e-none-") + ".")(
+        "check", POSTROOM_SMTP_HOST="127.0.0.1", POSTROOM_SMTP_PORT="1")
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("FAIL  database: ") and "postroom db upgrade" in lines[0]
+    assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
+    assert lines[2].startswith("FAIL  smtp: connect: refused")
+    assert "Traceback" not in proc.stderr
