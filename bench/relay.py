@@ -20,7 +20,6 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,13 +199,53 @@ def _count(engine: sa.Engine, where: str = "true") -> int:
         return int(conn.execute(sa.text(f"SELECT count(*) FROM outbox WHERE {where}")).scalar_one())
 
 
-def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(POLL_S)
-    raise BenchError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+def _wait_all_published(engine: sa.Engine, relay: Relay) -> None:
+    """Wait until no row is unpublished; when the relay stops making progress, say what it waits on."""
+    deadline = time.monotonic() + PUBLISH_TIMEOUT_S
+    last_count, last_progress, diagnosed = -1, time.monotonic(), False
+    try:
+        while time.monotonic() < deadline:
+            count = _count(engine, "published_at IS NULL")
+            if count == 0:
+                return
+            if count != last_count:
+                last_count, last_progress = count, time.monotonic()
+                faulthandler.dump_traceback_later(STALLED_ROUND_S, file=sys.stderr)
+            elif not diagnosed and time.monotonic() - last_progress > STALLED_ROUND_S:
+                diagnosed = True
+                progress(f"relay: no progress for {STALLED_ROUND_S:.0f} s with {count:,} rows "
+                         "unpublished (thread stacks above)")
+                for line in _stall_report(engine, relay):
+                    progress(f"  {line}")
+            time.sleep(POLL_S)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    raise BenchError(f"timed out after {PUBLISH_TIMEOUT_S:.0f}s waiting for every row to be published")
+
+
+def _stall_report(engine: sa.Engine, relay: Relay) -> list[str]:
+    """What a stalled relay may be waiting on: its producer's queue, the outbox claims, PostgreSQL."""
+    with engine.connect() as conn:
+        claims = conn.execute(sa.text("""
+            SELECT count(*) FILTER (WHERE claimed_until > now()) AS claimed,
+                   min(claimed_until - now()) FILTER (WHERE claimed_until > now()) AS expires_in,
+                   count(*) AS unpublished
+            FROM outbox WHERE published_at IS NULL""")).one()
+        sessions = conn.execute(sa.text(r"""
+            SELECT pid, state, wait_event_type, wait_event, now() - xact_start AS xact_age,
+                   left(regexp_replace(query, '\s+', ' ', 'g'), 70) AS query
+            FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'
+            """)).all()
+        waiting_locks = conn.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                                     ).scalar_one()
+    lines = [f"producer: {len(relay.producer)} records not yet acknowledged; relay stats {relay.stats}",
+             f"outbox: {claims.unpublished:,} unpublished, {claims.claimed:,} of them claimed "
+             f"(first claim expires in {claims.expires_in}); ungranted PostgreSQL locks: "
+             f"{waiting_locks}"]
+    lines += [f"pg pid {r.pid} {r.state} wait={r.wait_event_type}:{r.wait_event} "
+              f"xact_age={r.xact_age} {r.query}" for r in sessions]
+    return lines
 
 
 def _warm_relay(settings: Settings, engine: sa.Engine) -> Relay:
@@ -277,10 +316,9 @@ def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
     _truncate(engine)
     progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction, while Relay.run() "
              "publishes")
-    with _RelayThread(_warm_relay(settings, engine)):
+    with _RelayThread(_warm_relay(settings, engine)) as running:
         concurrent = enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"e2e{rows_per_txn}"))
-        _wait_until(lambda: _count(engine, "published_at IS NULL") == 0, PUBLISH_TIMEOUT_S,
-                    "every row to be published")
+        _wait_all_published(engine, running.relay)
     with engine.connect() as conn:
         last = conn.execute(sa.text("SELECT max(published_at), count(*) FROM outbox")).one()
     if last[1] != rows:
@@ -309,8 +347,7 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
         time.sleep(0.5)  # the relay's first round and its LISTEN connection
         paced = enqueue_elsewhere(EnqueueJob(settings, rows, plan.rows_per_paced_txn, "lat",
                                              interval_s=interval_s))
-        _wait_until(lambda: _count(engine, "published_at IS NULL") == 0, PUBLISH_TIMEOUT_S,
-                    "every row to be published")
+        _wait_all_published(engine, relay)
     committed_at = dict(paced.commits)
     with engine.connect() as conn:
         published = conn.execute(sa.text("SELECT message_key, published_at FROM outbox")).all()
