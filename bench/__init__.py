@@ -3,3 +3,5 @@
 Never part of the test suite. They run against the local stack that `scripts/services.sh up` starts,
 each in a schema and topic prefix of its own that is removed afterwards.
 """
+
+from __future__ import annotations

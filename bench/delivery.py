@@ -1,9 +1,7 @@
 """Delivery benchmark: the seed's design, postroom end to end and a bare aiosmtplib client, side by side.
 
-Same machine, same messages (500-byte body, one recipient each), against Postfix's smtp-sink (no
-latency) and postroom's dev server with 100 ms per message, each server in a process of its own.
-postroom runs as a user runs it: `postroom relay`, `postroom sender` and `postroom recorder`
-subprocesses, timed from the enqueue commit until the recorder has marked the last row sent.
+Same messages to smtp-sink (no latency) and postroom's devsmtp at 100 ms per message; postroom runs
+as `postroom relay|sender|recorder` subprocesses, timed from enqueue commit to the last row sent.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Relay benchmark: committed outbox rows to broker-acknowledged records, and commit-to-publish latency.
+"""Relay benchmark: committed outbox rows to broker-acked records (drain, end to end) and latency.
 
-Rows are enqueued from a separate process, as a report job would, with 1, 100 or 10,000 rows per
-transaction. Then a `Relay` drains them with `publish_once()` until nothing is left (throughput);
-the same again with `Relay.run()` on a thread while the rows are being enqueued (end to end); and a
-paced load of 1,000 rows/s, where each row's latency is its `published_at` less its commit time.
+Rows come from a separate enqueueing process; a `Relay` drains them with `publish_once()`, or runs
+`Relay.run()` while they arrive; latency is `published_at` less the commit time at 1,000 rows/s.
 """
 
 from __future__ import annotations

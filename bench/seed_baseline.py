@@ -1,8 +1,7 @@
-"""The seed's design, as the benchmark's baseline: a SQLite outbox delivered over one smtplib connection.
+"""The seed's design as the delivery baseline: a SQLite outbox delivered over one smtplib connection.
 
-Written after /work/shared/seed: one row per recipient, made idempotent by a unique key; a delivery
-step that opens one SMTP connection, sends each due row on its own and updates that row's status
-(sent, failed on 5xx, deferred with a doubling delay on 4xx or a connection failure).
+As /work/shared/seed describes it: one row per recipient, each due row sent on its own and its
+status updated (sent; failed on 5xx; deferred with a doubling delay on 4xx or a lost connection).
 """
 
 from __future__ import annotations
