@@ -29,7 +29,9 @@ def make_engine(settings: Settings, application_name: str = "postroom",
     connect_args: dict[str, object] = {"connect_timeout": 10}
     if settings.database_schema:
         connect_args["options"] = f"-c search_path={settings.database_schema}"
-    return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+    # hide_parameters: an error must not carry message bodies and addresses into logs.
+    return sa.create_engine(url, pool_pre_ping=True, hide_parameters=True,
+                            connect_args=connect_args, **kwargs)
 
 
 def libpq_conninfo(engine: sa.Engine) -> str:

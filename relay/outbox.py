@@ -60,7 +60,7 @@ def enqueue(
         }
         for address in addresses
     ]
-    inserted = conn.execute(sql.insert_rows(rows)).scalars().all()
+    inserted = conn.execute(sql.INSERT_ROWS, rows).scalars().all()
     log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s",
              message_key, len(inserted), len(rows), chosen.value)
     return len(inserted)

@@ -7,7 +7,6 @@ holds only rows not yet acknowledged by Kafka, so its cost follows the backlog, 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -122,11 +121,11 @@ def status_query(message_key: str | None, limit: int | None) -> sa.Select[Any]:
     return query
 
 
-def insert_rows(rows: Sequence[dict[str, Any]]) -> sa.Insert:
-    """INSERT that ignores rows whose idempotency key exists, returning the ids it did write."""
-    return (pg.insert(outbox).values(list(rows))
-            .on_conflict_do_nothing(index_elements=["idempotency_key"])
-            .returning(outbox.c.id))
+# Executed with a list of rows (executemany): SQLAlchemy batches them into multi-row INSERTs of a
+# bounded size under PostgreSQL's parameter limit, and compiles the statement once.
+INSERT_ROWS = (pg.insert(outbox)
+               .on_conflict_do_nothing(index_elements=["idempotency_key"])
+               .returning(outbox.c.id))
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:

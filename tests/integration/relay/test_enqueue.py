@@ -134,3 +134,13 @@ def test_unreadable_attachment_is_refused(engine: sa.Engine, tmp_path: Path) -> 
     with pytest.raises(InvalidAttachmentError), engine.begin() as conn:
         enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", attachments=[path])
     assert count(engine) == 0
+
+
+def test_a_large_recipient_list_is_one_call(engine: sa.Engine) -> None:
+    # Over PostgreSQL's 65,535 bind parameters if it were sent as a single statement.
+    recipients = [f"user{i}@example.com" for i in range(10_000)]
+    with engine.begin() as conn:
+        assert enqueue(conn, key="all-staff", recipients=recipients, subject="S", body="b") == 10_000
+    with engine.begin() as conn:
+        assert enqueue(conn, key="all-staff", recipients=recipients, subject="S", body="b") == 0
+    assert count(engine) == 10_000
