@@ -44,8 +44,11 @@ def parse_schema_text(text: str, name: str) -> Schema:
     """Parse and check one .avsc text; raise SchemaError naming the file when it is invalid."""
     try:
         raw = json.loads(text)
-        parsed = fastavro.parse_schema(raw, _write_hint=False)
-        fp = fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO")
+        # The default write hint marks the schema as parsed, so fastavro does not parse it
+        # again on every record; the fingerprint is taken from a copy without the marker.
+        parsed = fastavro.parse_schema(raw)
+        canonical = to_parsing_canonical_form(fastavro.parse_schema(raw, _write_hint=False))
+        fp = fingerprint(canonical, "CRC-64-AVRO")
     except (ValueError, fastavro.schema.SchemaParseException) as exc:
         raise SchemaError(f"{name}: invalid Avro schema: {exc}") from exc
     return Schema(name=name, parsed=parsed, fingerprint=fp)
