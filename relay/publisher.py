@@ -12,7 +12,8 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -90,12 +91,21 @@ class Relay:
 
     def publish_once(self) -> int:
         """One round: claim, produce, wait for acks, mark. Returns the rows marked published."""
-        settings = self._settings
-        with self._engine.begin() as conn:
-            rows = conn.execute(sql.CLAIM_DUE, {"limit": settings.relay_batch_size,
-                                                "ttl_s": settings.relay_claim_ttl_s}).mappings().all()
+        rows = self._claim()
         if not rows:
             return 0
+        acked, released = self._send(rows)
+        self._mark(acked, released)
+        return self._account(len(rows), acked, released)
+
+    def _claim(self) -> Sequence[Mapping[Any, Any]]:
+        settings = self._settings
+        with self._engine.begin() as conn:
+            return conn.execute(sql.CLAIM_DUE, {"limit": settings.relay_batch_size,
+                                                "ttl_s": settings.relay_claim_ttl_s}).mappings().all()
+
+    def _send(self, rows: Sequence[Mapping[Any, Any]]) -> tuple[list[int], list[int]]:
+        """Produce every row and wait for the broker: (acknowledged ids, ids to release)."""
         acked: list[int] = []
         failed: list[int] = []
 
@@ -107,30 +117,31 @@ class Relay:
                 log.warning("publish failed row_id=%d code=%s: %s", row_id, err.name(), err.str())
 
         producer = self.producer
+        prefix = self._settings.topic_prefix
         unsent: list[int] = []
         for index, row in enumerate(rows):
             event = event_from_row(row)
             headers: list[tuple[str, str | bytes | None]] = [
                 *headers_for(event), (ROW_ID_HEADER, str(row["id"]).encode())]
             try:
-                self._produce(producer, priority_topic(settings.topic_prefix, row["priority"]),
-                              event, headers,
+                self._produce(producer, priority_topic(prefix, row["priority"]), event, headers,
                               lambda err, msg, rid=row["id"]: on_delivery(err, msg, rid))
             except BufferError:
                 unsent = [r["id"] for r in rows[index:]]
                 break
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
-        self._mark(acked, [*failed, *unsent])
+        return acked, [*failed, *unsent]
+
+    def _account(self, claimed: int, acked: list[int], released: list[int]) -> int:
         self.stats.rounds += 1
         self.stats.published += len(acked)
-        self.stats.failed += len(failed) + len(unsent)
+        self.stats.failed += len(released)
         self.metrics.inc("relay_published_total", len(acked))
-        if failed or unsent:
-            self.metrics.inc("relay_unacknowledged_total", len(failed) + len(unsent))
-        if failed or unsent:
+        if released:
+            self.metrics.inc("relay_unacknowledged_total", len(released))
             raise KafkaClientError(
-                f"{len(failed) + len(unsent)} of {len(rows)} rows were not acknowledged; "
+                f"{len(released)} of {claimed} rows were not acknowledged; "
                 "their claims are released for the next round", retriable=True)
         return len(acked)
 
@@ -159,33 +170,58 @@ class Relay:
                 conn.execute(sql.RELEASE_CLAIMS, {"ids": released})
 
     def run(self) -> None:
-        """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors."""
+        """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors.
+
+        Under a backlog the rounds overlap: while this thread encodes and produces one batch,
+        a database thread marks the previous batch and claims the next one.
+        """
         settings = self._settings
         log.info("relay started: batch=%d poll=%.1fs prefix=%r", settings.relay_batch_size,
                  settings.relay_poll_interval_s, settings.topic_prefix)
         failures = 0
         last_stats = time.monotonic()
         self._stop.clear()
-        while not self._stop.is_set():
-            try:
-                self._ensure_listener()
-                published = self.publish_once()
-                failures = 0
-            except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
-                    KafkaClientError) as exc:
-                delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
-                failures += 1
-                self.stats.errors += 1
-                log.warning("relay round failed (%s); retrying in %.1fs", _one_line(exc), delay)
-                self._close_listener()
-                self._stop.wait(delay)
-                continue
-            if time.monotonic() - last_stats > STATS_EVERY_S:
-                last_stats = time.monotonic()
-                log.info("relay: published=%d failed=%d rounds=%d", self.stats.published,
-                         self.stats.failed, self.stats.rounds)
-            if published < settings.relay_batch_size:
-                self._wait_for_rows(settings.relay_poll_interval_s)
+        with ThreadPoolExecutor(1, thread_name_prefix="relay-db") as database:
+            claimed: Future[Sequence[Mapping[Any, Any]]] | None = None
+            marking: Future[None] | None = None
+            while not self._stop.is_set():
+                published = 0
+                try:
+                    self._ensure_listener()
+                    rows = claimed.result() if claimed is not None else self._claim()
+                    claimed = None
+                    if rows:
+                        if len(rows) == settings.relay_batch_size:
+                            claimed = database.submit(self._claim)
+                        acked, released = self._send(rows)
+                        if marking is not None:
+                            # The previous batch's bookkeeping ran while this one was sent.
+                            done, marking = marking, None
+                            done.result()
+                        marking = database.submit(self._mark, acked, released)
+                        published = self._account(len(rows), acked, released)
+                    elif marking is not None:
+                        done, marking = marking, None
+                        done.result()
+                    failures = 0
+                except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
+                        KafkaClientError) as exc:
+                    self._abandon(claimed, marking)
+                    claimed = marking = None
+                    delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
+                    failures += 1
+                    self.stats.errors += 1
+                    log.warning("relay round failed (%s); retrying in %.1fs", _one_line(exc), delay)
+                    self._close_listener()
+                    self._stop.wait(delay)
+                    continue
+                if time.monotonic() - last_stats > STATS_EVERY_S:
+                    last_stats = time.monotonic()
+                    log.info("relay: published=%d failed=%d rounds=%d", self.stats.published,
+                             self.stats.failed, self.stats.rounds)
+                if published < settings.relay_batch_size and claimed is None:
+                    self._wait_for_rows(settings.relay_poll_interval_s)
+            self._abandon(claimed, marking)
         if self._producer is not None:
             remaining = self._producer.flush(kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
             if remaining:
@@ -193,6 +229,20 @@ class Relay:
                             "unpublished and are claimed again after the claim expires", remaining)
         self._close_listener()
         log.info("relay stopped: published=%d", self.stats.published)
+
+    def _abandon(self, claimed: Future[Sequence[Mapping[Any, Any]]] | None,
+                 marking: Future[None] | None) -> None:
+        """Wind down database work in flight when a round fails or the relay stops: finish the
+        bookkeeping, and hand back rows claimed ahead but not sent (else they wait out the TTL)."""
+        for future in (marking, claimed):
+            if future is None:
+                continue
+            try:
+                rows = future.result()
+                if future is claimed and rows:
+                    self._mark([], [row["id"] for row in rows])
+            except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
+                log.debug("database work of an abandoned round: %s", exc)
 
     def _ensure_listener(self) -> None:
         if self._listener is not None and not self._listener.closed:

@@ -61,14 +61,6 @@ def load_schema(name: str) -> Schema:
     return parse_schema_text(text, f"{name}.avsc")
 
 
-def _millis(value: dt.datetime | None) -> dt.datetime | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise SchemaError("timestamps must be timezone-aware")
-    return value
-
-
 @dataclasses.dataclass(frozen=True)
 class EmailRequested:
     idempotency_key: str
@@ -107,18 +99,25 @@ class EmailResult:
 Event = TypeVar("Event", EmailRequested, EmailResult)
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (EmailRequested, EmailResult)}
+
+
 def _to_record(event: EmailRequested | EmailResult) -> dict[str, Any]:
-    record: dict[str, Any] = {}
-    for field in dataclasses.fields(event):
-        value = getattr(event, field.name)
-        if isinstance(value, dt.datetime):
-            value = _millis(value)
-        elif isinstance(value, enum.Enum):
-            value = value.value
-        elif isinstance(value, tuple):
-            value = list(value)
-        record[field.name] = value
+    # fastavro takes aware datetimes for timestamp-millis; tuples and enums need converting.
+    record = {name: getattr(event, name) for name in _FIELD_NAMES[type(event)]}
+    if isinstance(event, EmailRequested):
+        record["attachments"] = list(event.attachments)
+        _require_aware(event.created_at, event.not_before)
+    else:
+        record["status"] = event.status.value
+        _require_aware(event.occurred_at, event.next_attempt_at)
     return record
+
+
+def _require_aware(*moments: dt.datetime | None) -> None:
+    if any(m is not None and m.tzinfo is None for m in moments):
+        raise SchemaError("timestamps must be timezone-aware")
 
 
 def encode(event: EmailRequested | EmailResult, schema: Schema | None = None) -> bytes:
