@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import email.policy
 import email.utils
+import functools
 import hashlib
 import mimetypes
 import os
 import re
 import stat
 from datetime import datetime
+from email.headerregistry import BaseHeader, HeaderRegistry
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -74,6 +76,18 @@ def message_id_for(idempotency_key: str, domain: str) -> str:
     return f"<{digest}@{domain}>"
 
 
+class _CachedHeaderRegistry(HeaderRegistry):
+    """The standard registry, but it builds each header class once: the stock one makes a new
+    class with ``type()`` on every lookup, a third of the time spent building a message."""
+
+    @functools.cache  # noqa: B019 - one registry lives as long as the module
+    def __getitem__(self, name: str) -> type[BaseHeader]:
+        return super().__getitem__(name)
+
+
+MESSAGE_POLICY = email.policy.SMTP.clone(header_factory=_CachedHeaderRegistry())
+
+
 def build_message(
     event: EmailRequested, *, attachments_root: Path | None, now: datetime,
 ) -> EmailMessage:
@@ -88,7 +102,7 @@ def build_message(
         _refuse_unsafe(what, value)
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    message = EmailMessage(policy=email.policy.SMTP)
+    message = EmailMessage(policy=MESSAGE_POLICY)
     message["From"] = event.sender
     message["To"] = event.recipient
     message["Subject"] = event.subject
