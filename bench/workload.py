@@ -1,4 +1,4 @@
-"""The benchmarks' messages: one 500-byte plain-text body, distinct recipients, chunked enqueue calls."""
+"""The benchmarks' messages: one 500-byte plain-text body, distinct recipients."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ BODY = (_LINE * 6)[:499] + "\n"
 assert len(BODY.encode()) == 500
 MAIL_FROM = "reports@example.com"
 
-# enqueue() sends one multi-row INSERT with 8 bind parameters per recipient, and PostgreSQL accepts
-# at most 65,535 parameters in a statement: one call with more than 8,191 recipients fails. Larger
-# transactions are therefore written as several calls of at most this many recipients.
-ENQUEUE_CALL_MAX = 5_000
-
 
 def recipients(count: int, first: int = 0, tag: str = "r") -> list[str]:
     """``count`` distinct addresses, numbered from ``first``."""
@@ -27,8 +22,5 @@ def recipients(count: int, first: int = 0, tag: str = "r") -> list[str]:
 
 def enqueue_rows(conn: sa.Connection, key: str, addresses: Sequence[str]) -> int:
     """Queue BODY to ``addresses`` under message key ``key`` in the caller's transaction."""
-    queued = 0
-    for start in range(0, len(addresses), ENQUEUE_CALL_MAX):
-        queued += enqueue(conn, key=key, recipients=addresses[start:start + ENQUEUE_CALL_MAX],
-                          subject=SUBJECT, body=BODY, sender=MAIL_FROM)
-    return queued
+    return enqueue(conn, key=key, recipients=addresses, subject=SUBJECT, body=BODY,
+                   sender=MAIL_FROM)
