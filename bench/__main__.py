@@ -1,4 +1,4 @@
-"""`python -m bench [relay] [delivery] [--quick]`: run the benchmarks and print their figures.
+"""`python -m bench [relay] [delivery] [retry] [--quick]`: run the benchmarks and print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -22,7 +22,7 @@ from postroom.settings import Settings
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-PARTS = ("relay", "delivery")
+PARTS = ("relay", "delivery", "retry")
 
 
 def _runner(name: str) -> Callable[[Settings, Options], Section]:
@@ -30,6 +30,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import relay
 
         return relay.run
+    if name == "retry":
+        from bench import retry
+
+        return retry.run
     from bench import delivery
 
     return delivery.run
@@ -41,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="postroom benchmarks against the local stack (scripts/services.sh up; "
                     ". .dev/env). Figures on stdout, progress on stderr.")
     parser.add_argument("parts", nargs="*", metavar="PART",
-                        help="relay and/or delivery (default: both)")
+                        help="relay, delivery and/or retry (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="smaller runs (about a minute in all) to check that everything works")
     parser.add_argument("--profile", action="store_true",

@@ -20,6 +20,7 @@ Headers = list[tuple[str, str | bytes | None]]
 
 # Kept below the relay's claim TTL so a row is never claimed by two relays while one still waits.
 PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
+CONSUMER_FETCH_WAIT_MS = 50
 
 
 def _log_error(err: KafkaError) -> None:
@@ -53,6 +54,9 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
     """A consumer that commits only what the caller stores as done, rebalancing cooperatively."""
     return {
+        # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
+        # made retries fire late. POSTROOM_KAFKA_CONFIG may change it.
+        "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
         **settings.kafka_client_config(),
         "group.id": group_id,
         "enable.auto.commit": True,
