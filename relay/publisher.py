@@ -173,7 +173,8 @@ class Relay:
         """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors.
 
         Under a backlog the rounds overlap: while this thread encodes and produces one batch,
-        a database thread marks the previous batch and claims the next one.
+        two database threads mark the previous batch and claim the next one. At most one claim
+        and one mark are in flight, on rows no other statement of ours touches.
         """
         settings = self._settings
         log.info("relay started: batch=%d poll=%.1fs prefix=%r", settings.relay_batch_size,
@@ -181,7 +182,7 @@ class Relay:
         failures = 0
         last_stats = time.monotonic()
         self._stop.clear()
-        with ThreadPoolExecutor(1, thread_name_prefix="relay-db") as database:
+        with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
             claimed: Future[Sequence[Mapping[Any, Any]]] | None = None
             marking: Future[None] | None = None
             while not self._stop.is_set():
