@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
 from postroom import __version__
-from postroom.errors import ConfigError, PostroomError
+from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
 from postroom.topics import Priority
@@ -211,8 +211,7 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
             print(f"ok    {name}: {check()}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
-            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            print(f"FAIL  {name}: {first}")
+            print(f"FAIL  {name}: {first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -368,9 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"postroom {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except sa_errors.OperationalError as exc:
-        first = str(exc.orig or exc).strip().splitlines()[0]
         print(f"postroom {args.command}: error: cannot use the database "
-              f"(POSTROOM_DATABASE_URL): {first}", file=sys.stderr)
+              f"(POSTROOM_DATABASE_URL): {first_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
 
 

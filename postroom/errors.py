@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """One line saying what went wrong: the first line of the error's text, taken from the
+    driver's own error where a library wraps one (SQLAlchemy's ``orig``), else its type name."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class PostroomError(Exception):
     """postroom failed."""
 

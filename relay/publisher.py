@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message, Producer
 
 from postroom import kafka
-from postroom.errors import KafkaClientError
+from postroom.errors import KafkaClientError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import priority_topic
@@ -195,15 +195,13 @@ class Relay:
                         if len(rows) == settings.relay_batch_size:
                             claimed = database.submit(self._claim)
                         acked, released = self._send(rows)
-                        if marking is not None:
-                            # The previous batch's bookkeeping ran while this one was sent.
-                            done, marking = marking, None
-                            done.result()
-                        marking = database.submit(self._mark, acked, released)
-                        published = self._account(len(rows), acked, released)
-                    elif marking is not None:
+                    if marking is not None:
+                        # The previous batch's bookkeeping, which ran while this one was sent.
                         done, marking = marking, None
                         done.result()
+                    if rows:
+                        marking = database.submit(self._mark, acked, released)
+                        published = self._account(len(rows), acked, released)
                     failures = 0
                 except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
                         KafkaClientError) as exc:
@@ -281,5 +279,4 @@ class Relay:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    return f"{type(exc).__name__}: {first_line(exc)}"

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from postroom import kafka
+from postroom.errors import first_line
 from postroom.kafka import readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
@@ -111,7 +112,7 @@ class Recorder:
                 if self._stop.is_set():
                     return  # uncommitted: the batch comes again after restart
                 log.warning("recording %d results failed (%s); retrying in %.0fs", len(results),
-                            str(exc).splitlines()[0], RETRY_BACKOFF_S)
+                            first_line(exc), RETRY_BACKOFF_S)
                 time.sleep(RETRY_BACKOFF_S)
         self.stats.applied += changed
         self.stats.ignored += len(results) - changed

@@ -204,7 +204,7 @@ class Sender:
                 if not messages:
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
-                await self._dispatch(messages, now)
+                self._dispatch(messages, now)
         finally:
             await self._shutdown()
 
@@ -220,10 +220,9 @@ class Sender:
         if pending:
             for task in pending:
                 task.cancel()
-            if pending:
-                log.warning("abandoned %d deliveries after %.0fs; they will be redelivered",
-                            len(pending), SHUTDOWN_GRACE_S)
-                await asyncio.gather(*pending, return_exceptions=True)
+            log.warning("abandoned %d deliveries after %.0fs; they will be redelivered",
+                        len(pending), SHUTDOWN_GRACE_S)
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._producer is not None:
             self._producer.flush(30)
         if self._consumer is not None:
@@ -273,9 +272,8 @@ class Sender:
 
     # -- fetching ------------------------------------------------------------------------------
 
-    async def _dispatch(self, messages: Sequence[Message], now: dt.datetime) -> None:
+    def _dispatch(self, messages: Sequence[Message], now: dt.datetime) -> None:
         held_back: set[TP] = set()
-        fresh: list[tuple[Record, EmailRequested]] = []
         for record in readable_records(messages):
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
@@ -293,8 +291,6 @@ class Sender:
                 if event.not_before is not None:
                     self.metrics.observe("retry_lateness_seconds", lateness_s(event.not_before, now))
             self._take(record)
-            fresh.append((record, event))
-        for record, event in fresh:
             self._spawn(self._handle(record, event), record)
 
     def _take(self, record: Record) -> None:
