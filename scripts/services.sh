@@ -327,6 +327,9 @@ kafka_up() {
         write_kafka_config
         format_kafka_storage
         say "kafka: starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (log: $KAFKA_LOG)"
+        # A pid file left by a broker that died with the machine would be read below before
+        # the new broker writes its own, and the new broker taken for dead.
+        rm -f "$KAFKA_PIDFILE"
         # setsid: the broker outlives this script and a Ctrl-C in the shell that ran it.
         # The inner shell writes its own pid, then becomes java with exec.
         # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell

@@ -150,6 +150,17 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
         assert survivors == {}, f"processes of the stopped stack remain: {survivors}"
         for port in (kafka_port, controller_port, pg_port):
             assert not port_answers(port), f"port {port} still answers after down"
+
+        # A machine that went down with the stack leaves the broker's pid file behind, naming a
+        # dead process: the next up must start a broker, not take the old pid for a failed one.
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (dev_dir / "kafka" / "kafka.pid").write_text(f"{dead.pid}\n")
+        output = run_services("up", env)
+        assert "kafka: ready" in output, output
+        assert port_answers(kafka_port)
+        run_services("down", env)
+        assert not port_answers(kafka_port)
     finally:
         subprocess.run([str(SERVICES), "clean"], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
                        capture_output=True, timeout=110, check=False)
