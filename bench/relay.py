@@ -353,10 +353,10 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
 
 # Where a drain's time goes: publish_once()'s phases, found by the functions that carry them out.
 _PHASES = (
-    ("encode Avro + produce() into librdkafka", "publisher.py", "_produce"),
+    ("encode a claimed row as Avro", "codec.py", "encode_values"),
+    ("produce() into librdkafka", "publisher.py", "_produce"),
     ("flush(): waiting for the broker's acks", "~", "<method 'flush' of 'cimpl.Producer' objects>"),
     ("MARK_PUBLISHED transaction", "publisher.py", "_mark"),
-    ("event_from_row()", "publisher.py", "event_from_row"),
 )
 PROFILE_TOP = 12
 

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,10 +24,10 @@ from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import Settings
-from postroom.topics import priority_topic
+from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import libpq_conninfo
-from schemas.codec import EmailRequested, encode, headers_for
+from schemas.codec import EmailRequested, SchemaError, encode_values, headers_for, load_schema
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +43,6 @@ class RelayStats:
     failed: int = 0
     rounds: int = 0
     errors: int = 0
-
-
-def event_from_row(row: Mapping[Any, Any]) -> EmailRequested:
-    """The Avro event for one claimed outbox row (first attempt)."""
-    return EmailRequested(
-        idempotency_key=row["idempotency_key"],
-        message_key=row["message_key"],
-        outbox_id=row["id"],
-        recipient=row["recipient"],
-        sender=row["sender"] or "",
-        subject=row["subject"],
-        body=row["body"],
-        attachments=tuple(row["attachments"] or ()),
-        priority=row["priority"],
-        created_at=row["created_at"],
-        attempt=1,
-    )
 
 
 class Relay:
@@ -98,13 +81,12 @@ class Relay:
         self._mark(acked, released)
         return self._account(len(rows), acked, released)
 
-    def _claim(self) -> Sequence[Mapping[Any, Any]]:
+    def _claim(self) -> Sequence[sa.Row[Any]]:
         settings = self._settings
         with self._engine.begin() as conn:
-            return conn.execute(sql.CLAIM_DUE, {"limit": settings.relay_batch_size,
-                                                "ttl_s": settings.relay_claim_ttl_s}).mappings().all()
+            return sql.claim_due(conn, settings.relay_batch_size, settings.relay_claim_ttl_s)
 
-    def _send(self, rows: Sequence[Mapping[Any, Any]]) -> tuple[list[int], list[int]]:
+    def _send(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[int], list[int]]:
         """Produce every row and wait for the broker: (acknowledged ids, ids to release)."""
         acked: list[int] = []
         failed: list[int] = []
@@ -117,17 +99,22 @@ class Relay:
                 log.warning("publish failed row_id=%d code=%s: %s", row_id, err.name(), err.str())
 
         producer = self.producer
-        prefix = self._settings.topic_prefix
+        topics = {p.value: priority_topic(self._settings.topic_prefix, p) for p in Priority}
+        schema = load_schema(EmailRequested.SCHEMA_NAME)
+        schema_header = headers_for(EmailRequested)[0]
+        if rows and rows[0]._fields != schema.field_names:
+            raise SchemaError(f"the claim returns {rows[0]._fields}, not the fields of "
+                              f"{schema.name} {schema.field_names}")
         unsent: list[int] = []
         for index, row in enumerate(rows):
-            event = event_from_row(row)
             headers: list[tuple[str, str | bytes | None]] = [
-                *headers_for(event), (ROW_ID_HEADER, str(row["id"]).encode())]
+                schema_header, (ROW_ID_HEADER, str(row.outbox_id).encode())]
             try:
-                self._produce(producer, priority_topic(prefix, row["priority"]), event, headers,
-                              lambda err, msg, rid=row["id"]: on_delivery(err, msg, rid))
+                self._produce(producer, topics[row.priority], row.idempotency_key,
+                              encode_values(schema, row), headers,
+                              lambda err, msg, rid=row.outbox_id: on_delivery(err, msg, rid))
             except BufferError:
-                unsent = [r["id"] for r in rows[index:]]
+                unsent = [r.outbox_id for r in rows[index:]]
                 break
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
@@ -145,13 +132,13 @@ class Relay:
                 "their claims are released for the next round", retriable=True)
         return len(acked)
 
-    def _produce(self, producer: Producer, topic: str, event: EmailRequested,
+    def _produce(self, producer: Producer, topic: str, key: str, value: bytes,
                  headers: list[tuple[str, str | bytes | None]], callback: Callable[..., None]) -> None:
         deadline = time.monotonic() + kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000
         while True:
             try:
-                producer.produce(topic, key=event.idempotency_key.encode(), value=encode(event),
-                                 headers=headers, on_delivery=callback)
+                producer.produce(topic, key=key.encode(), value=value, headers=headers,
+                                 on_delivery=callback)
             except BufferError:
                 # The local queue is full: serve callbacks until there is room.
                 if time.monotonic() > deadline:
@@ -183,7 +170,7 @@ class Relay:
         last_stats = time.monotonic()
         self._stop.clear()
         with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
-            claimed: Future[Sequence[Mapping[Any, Any]]] | None = None
+            claimed: Future[Sequence[sa.Row[Any]]] | None = None
             marking: Future[None] | None = None
             while not self._stop.is_set():
                 published = 0
@@ -229,7 +216,7 @@ class Relay:
         self._close_listener()
         log.info("relay stopped: published=%d", self.stats.published)
 
-    def _abandon(self, claimed: Future[Sequence[Mapping[Any, Any]]] | None,
+    def _abandon(self, claimed: Future[Sequence[sa.Row[Any]]] | None,
                  marking: Future[None] | None) -> None:
         """Wind down database work in flight when a round fails or the relay stops: finish the
         bookkeeping, and hand back rows claimed ahead but not sent (else they wait out the TTL)."""
@@ -239,7 +226,7 @@ class Relay:
             try:
                 rows = future.result()
                 if future is claimed and rows:
-                    self._mark([], [row["id"] for row in rows])
+                    self._mark([], [row.outbox_id for row in rows])
             except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
                 log.debug("database work of an abandoned round: %s", exc)
 

@@ -7,6 +7,7 @@ holds only rows not yet acknowledged by Kafka, so its cost follows the backlog, 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -47,6 +48,8 @@ outbox = sa.Table(
 
 # Claims due, unpublished rows no other relay holds. SKIP LOCKED lets several relays share the
 # backlog; the claim (not a held transaction) keeps a row theirs while Kafka acknowledges it.
+# It returns each row as the email-requested event's fields, in the contract's order and named
+# as there, so the relay encodes a row as it comes (the relay checks the names).
 CLAIM_DUE = sa.text("""
     WITH due AS (
         SELECT id FROM outbox
@@ -61,9 +64,27 @@ CLAIM_DUE = sa.text("""
     SET claimed_until = now() + make_interval(secs => :ttl_s)
     FROM due
     WHERE o.id = due.id
-    RETURNING o.id, o.idempotency_key, o.message_key, o.recipient, o.sender, o.subject, o.body,
-              o.attachments, o.priority, o.created_at
+    RETURNING o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
+              COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
+              o.created_at, 1 AS attempt, CAST(NULL AS timestamptz) AS not_before
 """)
+
+# The claim has one good plan: walk outbox_unpublished in (available_at, id) order and stop after
+# :limit rows. Right after a bulk insert, before autovacuum has analyzed the table, the planner
+# estimates a few dozen due rows and prefers a bitmap scan of the whole backlog plus a sort, which
+# makes every batch cost the whole backlog (a drain quadratic in it). These settings leave it the
+# ordered index scan only; set_config(..., true) keeps them to the claim's transaction.
+PIN_CLAIM_PLAN = sa.text("""
+    SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+           set_config('enable_sort', 'off', true)
+""")
+
+
+def claim_due(conn: sa.Connection, limit: int, ttl_s: float) -> Sequence[sa.Row[Any]]:
+    """Claim up to ``limit`` due rows for ``ttl_s`` seconds in the caller's transaction."""
+    conn.execute(PIN_CLAIM_PLAN)
+    return conn.execute(CLAIM_DUE, {"limit": limit, "ttl_s": ttl_s}).all()
+
 
 # A result may have been recorded already (the sender can be faster than this update): keep it.
 MARK_PUBLISHED = sa.text("""
