@@ -46,12 +46,21 @@ def _alembic_config(connection: sa.Connection) -> Config:
     return config
 
 
-def upgrade(engine: sa.Engine, schema: str | None = None) -> str:
-    """Create or migrate the outbox schema to the newest revision; safe to run again."""
+def upgrade(engine: sa.Engine, schema: str | None = None, revision: str = "head") -> str:
+    """Create or migrate the outbox schema to ``revision`` (the newest); safe to run again."""
     with engine.begin() as conn:
         if schema:
             conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-        command.upgrade(_alembic_config(conn), "head")
+        command.upgrade(_alembic_config(conn), revision)
+        current = MigrationContext.configure(conn).get_current_revision()
+    log.info("outbox schema at revision %s", current)
+    return current or ""
+
+
+def downgrade(engine: sa.Engine, revision: str) -> str:
+    """Migrate the outbox schema back to ``revision``."""
+    with engine.begin() as conn:
+        command.downgrade(_alembic_config(conn), revision)
         current = MigrationContext.configure(conn).get_current_revision()
     log.info("outbox schema at revision %s", current)
     return current or ""

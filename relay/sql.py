@@ -1,7 +1,8 @@
 """Every SQL statement postroom runs against the outbox, in one place.
 
-The relay never scans the table: it reads through the partial index ``outbox_unpublished``, which
-holds only rows not yet acknowledged by Kafka, so its cost follows the backlog, not the history.
+The relay never scans the outbox: unpublished rows are also in ``outbox_queue`` (an insert trigger
+puts them there) until Kafka has acknowledged them, so the relay's cost follows the backlog, not
+the history, and the outbox row itself is written once when published, in place.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ outbox = sa.Table(
               server_default=sa.func.now()),
     sa.Column("available_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
-    sa.Column("claimed_until", sa.DateTime(timezone=True)),
     sa.Column("published_at", sa.DateTime(timezone=True)),
     sa.Column("sent_at", sa.DateTime(timezone=True)),
     sa.Column("next_attempt_at", sa.DateTime(timezone=True)),
@@ -51,55 +51,66 @@ outbox = sa.Table(
 # It returns each row as the email-requested event's fields, in the contract's order and named
 # as there, so the relay encodes a row as it comes (the relay checks the names).
 CLAIM_DUE = sa.text("""
-    WITH due AS (
-        SELECT id FROM outbox
-        WHERE published_at IS NULL
-          AND available_at <= now()
-          AND (claimed_until IS NULL OR claimed_until < now())
-        ORDER BY available_at, id
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
+    WITH claimed AS (
+        UPDATE outbox_queue
+        SET claimed_until = now() + make_interval(secs => :ttl_s)
+        WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM outbox_queue
+            WHERE available_at <= now()
+              AND (claimed_until IS NULL OR claimed_until < now())
+            ORDER BY available_at, id
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED))
+        RETURNING id
     )
-    UPDATE outbox AS o
-    SET claimed_until = now() + make_interval(secs => :ttl_s)
-    FROM due
-    WHERE o.id = due.id
-    RETURNING o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
-              COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
-              o.created_at, 1 AS attempt, CAST(NULL AS timestamptz) AS not_before
+    SELECT o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
+           COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
+           o.created_at, 1 AS attempt, CAST(NULL AS timestamptz) AS not_before
+    FROM outbox AS o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
 """)
 
-# The claim has one good plan: walk outbox_unpublished in (available_at, id) order and stop after
+# The claim has one good plan: walk outbox_queue_due in (available_at, id) order and stop after
 # :limit rows. Right after a bulk insert, before autovacuum has analyzed the table, the planner
 # estimates a few dozen due rows and prefers a bitmap scan of the whole backlog plus a sort, which
 # makes every batch cost the whole backlog (a drain quadratic in it). These settings leave it the
-# ordered index scan only; set_config(..., true) keeps them to the claim's transaction.
+# ordered index scan only; :local keeps them to the transaction, else they last the session.
 PIN_CLAIM_PLAN = sa.text("""
-    SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
-           set_config('enable_sort', 'off', true)
+    SELECT set_config('enable_bitmapscan', 'off', :local),
+           set_config('enable_seqscan', 'off', :local),
+           set_config('enable_sort', 'off', :local)
 """)
 
 
-def claim_due(conn: sa.Connection, limit: int, ttl_s: float) -> Sequence[sa.Row[Any]]:
-    """Claim up to ``limit`` due rows for ``ttl_s`` seconds in the caller's transaction."""
-    conn.execute(PIN_CLAIM_PLAN)
+def pin_claim_plan(conn: sa.Connection, *, session: bool = False) -> None:
+    """Pin the claim's plan for the caller's transaction, or for the whole ``session``."""
+    conn.execute(PIN_CLAIM_PLAN, {"local": not session})
+
+
+def claim_due(conn: sa.Connection, limit: int, ttl_s: float, *,
+              pinned: bool = False) -> Sequence[sa.Row[Any]]:
+    """Claim up to ``limit`` due rows for ``ttl_s`` seconds (in the caller's transaction, if any).
+
+    ``pinned``: the connection's session already has pin_claim_plan(); else it is pinned for the
+    transaction.
+    """
+    if not pinned:
+        pin_claim_plan(conn)
     return conn.execute(CLAIM_DUE, {"limit": limit, "ttl_s": ttl_s}).all()
 
 
-# A result may have been recorded already (the sender can be faster than this update): keep it.
+# Takes acknowledged rows off the queue and records them published; a row another relay already
+# took off (its claim had expired) is left as that relay recorded it. A result may have been
+# recorded already (the sender can be faster than this update): its status is kept.
 MARK_PUBLISHED = sa.text("""
+    WITH done AS (DELETE FROM outbox_queue WHERE id = ANY(:ids) RETURNING id)
     UPDATE outbox
-    SET published_at = now(), claimed_until = NULL, updated_at = now(),
+    SET published_at = now(), updated_at = now(),
         status = CASE WHEN status = 'pending' THEN 'published' ELSE status END
-    WHERE id = ANY(:ids)
+    WHERE id = ANY(ARRAY(SELECT id FROM done))
 """)
 
-RELEASE_CLAIMS = sa.text("UPDATE outbox SET claimed_until = NULL WHERE id = ANY(:ids)")
-
-BACKLOG = sa.text("""
-    SELECT count(*) AS rows, min(available_at) AS oldest
-    FROM outbox WHERE published_at IS NULL AND available_at <= now()
-""")
+RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id = ANY(:ids)")
 
 # Applies one delivery result. Results for a key arrive in order on one partition, but a replay
 # or a late duplicate may bring an older one, or the row's own latest one again: it applies only

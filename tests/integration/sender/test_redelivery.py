@@ -38,6 +38,8 @@ def test_a_row_published_twice_is_mailed_once(
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET published_at = NULL, status = 'pending' "
                              "WHERE recipient = :r"), {"r": RECIPIENTS[0]})
+        conn.execute(sa.text("INSERT INTO outbox_queue (id, available_at) SELECT id, available_at "
+                             "FROM outbox WHERE recipient = :r"), {"r": RECIPIENTS[0]})
     assert relay.publish_once() == 1
     server = DevSmtpServer(port=0)
     server.start()
