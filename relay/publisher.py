@@ -8,6 +8,7 @@ another relay off those rows, and what hands them back if this process dies mid-
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -35,6 +36,44 @@ ROW_ID_HEADER = "postroom.row_id"
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 FLUSH_SLICE_S = 1.0
 STATS_EVERY_S = 30.0
+
+
+class _Connections:
+    """The relay's database connections: one for claims, one for marks, each used by one thread
+    at a time. They are kept across rounds and run in autocommit, so a claim or a mark is one
+    statement and one round trip; per round, pool check-outs with their pings, BEGIN, COMMIT and
+    the claim's plan settings cost more than the statements did under load.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._claims: sa.Connection | None = None
+        self._marks: sa.Connection | None = None
+
+    def claims(self) -> sa.Connection:
+        if self._claims is None:
+            conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            sql.pin_claim_plan(conn, session=True)
+            self._claims = conn
+        return self._claims
+
+    def marks(self) -> sa.Connection:
+        if self._marks is None:
+            self._marks = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self._marks
+
+    def close(self) -> None:
+        """Close both; the next use connects again (after a failure: to a restarted server)."""
+        claims, marks, self._claims, self._marks = self._claims, self._marks, None, None
+        if claims is not None:
+            # Its session settings must not reach the pool's other users.
+            claims.invalidate()
+            claims.close()
+        if marks is not None:
+            try:
+                marks.close()
+            except sa.exc.DBAPIError:
+                log.debug("closing the marks connection failed", exc_info=True)
 
 
 @dataclasses.dataclass
@@ -74,17 +113,18 @@ class Relay:
 
     def publish_once(self) -> int:
         """One round: claim, produce, wait for acks, mark. Returns the rows marked published."""
-        rows = self._claim()
-        if not rows:
-            return 0
-        acked, released = self._send(rows)
-        self._mark(acked, released)
+        with contextlib.closing(_Connections(self._engine)) as db:
+            rows = self._claim(db)
+            if not rows:
+                return 0
+            acked, released = self._send(rows)
+            self._mark(db, acked, released)
         return self._account(len(rows), acked, released)
 
-    def _claim(self) -> Sequence[sa.Row[Any]]:
+    def _claim(self, db: _Connections) -> Sequence[sa.Row[Any]]:
         settings = self._settings
-        with self._engine.begin() as conn:
-            return sql.claim_due(conn, settings.relay_batch_size, settings.relay_claim_ttl_s)
+        return sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
+                             pinned=True)
 
     def _send(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[int], list[int]]:
         """Produce every row and wait for the broker: (acknowledged ids, ids to release)."""
@@ -134,6 +174,13 @@ class Relay:
 
     def _produce(self, producer: Producer, topic: str, key: str, value: bytes,
                  headers: list[tuple[str, str | bytes | None]], callback: Callable[..., None]) -> None:
+        try:
+            producer.produce(topic, key=key.encode(), value=value, headers=headers,
+                             on_delivery=callback)
+        except BufferError:
+            pass
+        else:
+            return
         deadline = time.monotonic() + kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000
         while True:
             try:
@@ -147,14 +194,12 @@ class Relay:
             else:
                 return
 
-    def _mark(self, acked: list[int], released: list[int]) -> None:
-        if not acked and not released:
-            return
-        with self._engine.begin() as conn:
-            if acked:
-                conn.execute(sql.MARK_PUBLISHED, {"ids": acked})
-            if released:
-                conn.execute(sql.RELEASE_CLAIMS, {"ids": released})
+    def _mark(self, db: _Connections, acked: list[int], released: list[int]) -> None:
+        # Two statements, each its own transaction: they touch different rows.
+        if acked:
+            db.marks().execute(sql.MARK_PUBLISHED, {"ids": acked})
+        if released:
+            db.marks().execute(sql.RELEASE_CLAIMS, {"ids": released})
 
     def run(self) -> None:
         """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors.
@@ -169,6 +214,7 @@ class Relay:
         failures = 0
         last_stats = time.monotonic()
         self._stop.clear()
+        db = _Connections(self._engine)
         with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
             claimed: Future[Sequence[sa.Row[Any]]] | None = None
             marking: Future[None] | None = None
@@ -176,24 +222,25 @@ class Relay:
                 published = 0
                 try:
                     self._ensure_listener()
-                    rows = claimed.result() if claimed is not None else self._claim()
+                    rows = claimed.result() if claimed is not None else self._claim(db)
                     claimed = None
                     if rows:
                         if len(rows) == settings.relay_batch_size:
-                            claimed = database.submit(self._claim)
+                            claimed = database.submit(self._claim, db)
                         acked, released = self._send(rows)
                     if marking is not None:
                         # The previous batch's bookkeeping, which ran while this one was sent.
                         done, marking = marking, None
                         done.result()
                     if rows:
-                        marking = database.submit(self._mark, acked, released)
+                        marking = database.submit(self._mark, db, acked, released)
                         published = self._account(len(rows), acked, released)
                     failures = 0
                 except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
                         KafkaClientError) as exc:
-                    self._abandon(claimed, marking)
+                    self._abandon(db, claimed, marking)
                     claimed = marking = None
+                    db.close()
                     delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
                     failures += 1
                     self.stats.errors += 1
@@ -207,7 +254,8 @@ class Relay:
                              self.stats.failed, self.stats.rounds)
                 if published < settings.relay_batch_size and claimed is None:
                     self._wait_for_rows(settings.relay_poll_interval_s)
-            self._abandon(claimed, marking)
+            self._abandon(db, claimed, marking)
+        db.close()
         if self._producer is not None:
             remaining = self._producer.flush(kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
             if remaining:
@@ -216,7 +264,7 @@ class Relay:
         self._close_listener()
         log.info("relay stopped: published=%d", self.stats.published)
 
-    def _abandon(self, claimed: Future[Sequence[sa.Row[Any]]] | None,
+    def _abandon(self, db: _Connections, claimed: Future[Sequence[sa.Row[Any]]] | None,
                  marking: Future[None] | None) -> None:
         """Wind down database work in flight when a round fails or the relay stops: finish the
         bookkeeping, and hand back rows claimed ahead but not sent (else they wait out the TTL)."""
@@ -226,7 +274,7 @@ class Relay:
             try:
                 rows = future.result()
                 if future is claimed and rows:
-                    self._mark([], [row.outbox_id for row in rows])
+                    self._mark(db, [], [row.outbox_id for row in rows])
             except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
                 log.debug("database work of an abandoned round: %s", exc)
 
