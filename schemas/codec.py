@@ -99,6 +99,8 @@ def _integer_writer(bounds: tuple[int, int]) -> FieldWriter:
     def write(value: Any) -> bytes:
         if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
             raise TypeError(f"{value!r} is not an integer")
+        if 0 <= value < 64:
+            return _SMALL_VARINTS[value + value]
         if not low <= value < high:
             raise ValueError(f"{value} is out of range")
         return _zigzag(value)
@@ -109,7 +111,9 @@ def _write_string(value: Any) -> bytes:
     if type(value) is not str and not isinstance(value, str):
         raise TypeError(f"{value!r} is not a string")
     raw = value.encode()
-    return _zigzag(len(raw)) + raw
+    size = len(raw)
+    # zig-zag doubles a non-negative value: below 64 it is the one byte 2n
+    return (_SMALL_VARINTS[size + size] if size < 64 else _zigzag(size)) + raw
 
 
 def _write_timestamp_millis(value: Any) -> bytes:
