@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -30,6 +29,7 @@ import sqlalchemy as sa
 
 from bench import seed_baseline
 from bench.cpu import CpuUsage, sample, usage
+from bench.processes import postroom_command, stop_process
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
@@ -42,7 +42,6 @@ TARGET_POSTROOM_OVER_SEED = 50.0
 TARGET_POSTROOM_OVER_BARE = 0.7
 SERVER_START_TIMEOUT_S = 15.0
 WARMUP_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 40.0
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 SMTP_TIMEOUT_S = 30.0
@@ -130,22 +129,6 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> No
     raise BenchError(f"{what} did not listen on {HOST}:{port} within {SERVER_START_TIMEOUT_S:.0f}s")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
-def postroom_command() -> list[str]:
-    """The `postroom` console script of this interpreter's environment."""
-    script = Path(sys.executable).with_name("postroom")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "postroom.cli"]
-
-
 @contextlib.contextmanager
 def smtp_server(plan: ServerPlan) -> Iterator[Server]:
     """Start the plan's server on a free loopback port in its own process."""
@@ -169,7 +152,7 @@ def smtp_server(plan: ServerPlan) -> Iterator[Server]:
         _wait_for_port(port, process, plan.label)
         yield Server(port, process.pid)
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 # -- (a) the seed ----------------------------------------------------------------------------------
@@ -241,7 +224,7 @@ class Components:
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         for process in self.processes.values():
-            _stop(process)
+            stop_process(process)
         for log in self._logs:
             log.close()
 

@@ -1,22 +1,24 @@
 """Relay benchmark: committed outbox rows to broker-acked records (drain, end to end) and latency.
 
-Rows come from a separate enqueueing process; `Relay.run()` (as `postroom relay` runs it) drains them,
-or publishes while they arrive; latency is `published_at` less the commit time at 1,000 rows/s.
+Rows come from a separate enqueueing process; `postroom relay`, in a process of its own as in
+production, drains them or publishes while they arrive; latency is `published_at` less the commit
+time at 1,000 rows/s.
 """
 
 from __future__ import annotations
 
 import cProfile
 import dataclasses
-import faulthandler
 import math
 import multiprocessing
 import os
 import pstats
 import queue
-import sys
+import shutil
+import signal
+import subprocess
 import sysconfig
-import threading
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.cpu import sample, usage
+from bench.processes import postroom_command, stop_process
 from bench.report import (
     BenchError,
     Options,
@@ -38,7 +41,7 @@ from bench.report import (
 from bench.scratch import scratch
 from bench.workload import enqueue_rows, recipients
 from postroom import kafka
-from postroom.settings import Settings
+from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 from relay.publisher import Relay
 
@@ -47,9 +50,9 @@ TARGET_P99_MS = 50.0
 ENQUEUE_TIMEOUT_S = 240.0
 PUBLISH_TIMEOUT_S = 120.0
 POLL_S = 0.05
-RELAY_STOP_TIMEOUT_S = 40.0
-# A drain round normally takes tens of milliseconds; one this slow has every thread's stack dumped
-# to stderr, to show what it waits for.
+RELAY_START_TIMEOUT_S = 30.0
+# A drain round normally takes tens of milliseconds; when no row is published for this long, the
+# benchmark prints what the relay may wait on (claims, PostgreSQL's sessions, the relay's log).
 STALLED_ROUND_S = 5.0
 
 
@@ -66,7 +69,7 @@ class RelayPlan:
 
 # One-row transactions enqueue at ~700/s, hence their smaller drain.
 FULL = RelayPlan(((1, 10_000), (100, 100_000), (10_000, 100_000)), latency_run_s=10.0)
-QUICK = RelayPlan(((1, 1_000), (100, 5_000), (10_000, 10_000)), latency_run_s=3.0, drains=1)
+QUICK = RelayPlan(((1, 3_000), (100, 5_000), (10_000, 10_000)), latency_run_s=3.0, drains=1)
 
 
 # -- the enqueueing process ------------------------------------------------------------------------
@@ -213,32 +216,28 @@ def _unpublished(engine: sa.Engine) -> int:
         return int(conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one())
 
 
-def _wait_all_published(engine: sa.Engine, relay: Relay) -> None:
+def _wait_all_published(engine: sa.Engine, relays: RelayProcesses) -> None:
     """Wait until no row is unpublished; when the relay stops making progress, say what it waits on."""
     deadline = time.monotonic() + PUBLISH_TIMEOUT_S
     last_count, last_progress, diagnosed = -1, time.monotonic(), False
-    try:
-        while time.monotonic() < deadline:
-            count = _unpublished(engine)
-            if count == 0:
-                return
-            if count != last_count:
-                last_count, last_progress = count, time.monotonic()
-                faulthandler.dump_traceback_later(STALLED_ROUND_S, file=sys.stderr)
-            elif not diagnosed and time.monotonic() - last_progress > STALLED_ROUND_S:
-                diagnosed = True
-                progress(f"relay: no progress for {STALLED_ROUND_S:.0f} s with {count:,} rows "
-                         "unpublished (thread stacks above)")
-                for line in _stall_report(engine, relay):
-                    progress(f"  {line}")
-            time.sleep(POLL_S)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    while time.monotonic() < deadline:
+        relays.check_alive()
+        count = _unpublished(engine)
+        if count == 0:
+            return
+        if count != last_count:
+            last_count, last_progress = count, time.monotonic()
+        elif not diagnosed and time.monotonic() - last_progress > STALLED_ROUND_S:
+            diagnosed = True
+            progress(f"relay: no progress for {STALLED_ROUND_S:.0f} s with {count:,} rows unpublished")
+            for line in [*_stall_report(engine), *relays.log_tail()]:
+                progress(f"  {line}")
+        time.sleep(POLL_S)
     raise BenchError(f"timed out after {PUBLISH_TIMEOUT_S:.0f}s waiting for every row to be published")
 
 
-def _stall_report(engine: sa.Engine, relay: Relay) -> list[str]:
-    """What a stalled relay may be waiting on: its producer's queue, the outbox claims, PostgreSQL."""
+def _stall_report(engine: sa.Engine) -> list[str]:
+    """What a stalled relay may be waiting on: the queue's claims, PostgreSQL's sessions."""
     with engine.connect() as conn:
         claims = conn.execute(sa.text("""
             SELECT count(*) FILTER (WHERE claimed_until > now()) AS claimed,
@@ -253,8 +252,7 @@ def _stall_report(engine: sa.Engine, relay: Relay) -> list[str]:
             """)).all()
         waiting_locks = conn.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted")
                                      ).scalar_one()
-    lines = [f"producer: {len(relay.producer)} records not yet acknowledged; relay stats {relay.stats}",
-             f"outbox: {claims.unpublished:,} unpublished, {claims.claimed:,} of them claimed "
+    lines = [f"outbox_queue: {claims.unpublished:,} unpublished, {claims.claimed:,} of them claimed "
              f"(first claim expires in {claims.expires_in}); ungranted PostgreSQL locks: "
              f"{waiting_locks}"]
     lines += [f"pg pid {r.pid} {r.state} wait={r.wait_event_type}:{r.wait_event} "
@@ -262,65 +260,97 @@ def _stall_report(engine: sa.Engine, relay: Relay) -> list[str]:
     return lines
 
 
-def _warm_relay(settings: Settings, engine: sa.Engine) -> Relay:
-    """A relay whose producer is connected, so the clock does not time the broker handshake."""
-    relay = Relay(settings, engine)
-    relay.producer.list_topics(timeout=10)
-    return relay
+class RelayProcesses:
+    """``count`` `postroom relay` processes on the scratch schema and prefix, as production runs
+    them; stopped with SIGTERM on exit. Their logs go to files, shown when one fails or stalls."""
 
+    def __init__(self, settings: Settings, count: int = 1) -> None:
+        self._env = {**os.environ,
+                     ENV_PREFIX + "DATABASE_SCHEMA": settings.database_schema or "",
+                     ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
+                     ENV_PREFIX + "LOG_LEVEL": "INFO"}
+        self._count = count
+        self._logs = Path(tempfile.mkdtemp(prefix="postroom-bench-relay-"))
+        self.processes: list[subprocess.Popen[bytes]] = []
 
-class _RelayThread:
-    """``Relay.run()`` on a thread, stopped and joined on exit; a crash is re-raised."""
-
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="bench-relay", daemon=True)
-
-    def _main(self) -> None:
-        try:
-            self.relay.run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller in __exit__
-            self.error = exc
-
-    def __enter__(self) -> _RelayThread:
-        self._thread.start()
+    def __enter__(self) -> RelayProcesses:
+        for n in range(self._count):
+            with (self._logs / f"relay{n}.log").open("wb") as log:
+                self.processes.append(subprocess.Popen(
+                    [*postroom_command(), "relay"], env=self._env, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.relay.stop()
-        self._thread.join(RELAY_STOP_TIMEOUT_S)
-        if self._thread.is_alive():
-            raise BenchError("the relay did not stop")
-        if self.error is not None:
-            raise BenchError("the relay crashed") from self.error
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            stop_process(process)
+        shutil.rmtree(self._logs, ignore_errors=True)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {f"relay{n}": process.pid for n, process in enumerate(self.processes)}
+
+    def wait_started(self) -> None:
+        """Until every relay has logged that its loop runs (schema and broker checked)."""
+        deadline = time.monotonic() + RELAY_START_TIMEOUT_S
+        while not all("relay started" in self._log(n) for n in range(self._count)):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"postroom relay did not start within {RELAY_START_TIMEOUT_S:.0f}s:"
+                                 "\n  " + "\n  ".join(self.log_tail()))
+            time.sleep(POLL_S)
+
+    def check_alive(self) -> None:
+        for n, process in enumerate(self.processes):
+            if process.poll() is not None:
+                raise BenchError(f"postroom relay exited with status {process.returncode}:\n  "
+                                 + "\n  ".join(self.log_tail(n)))
+
+    def log_tail(self, *which: int, lines: int = 5) -> list[str]:
+        return [line for n in (which or range(self._count))
+                for line in self._log(n).strip().splitlines()[-lines:]]
+
+    def _log(self, n: int) -> str:
+        try:
+            return (self._logs / f"relay{n}.log").read_text(errors="replace")
+        except OSError:
+            return ""
 
 
 def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows: int,
-                  tag: str) -> Drain:
-    """Pre-enqueue ``rows`` (another process) and drain them with Relay.run()."""
+                  tag: str, relays: int = 1) -> Drain:
+    """Pre-enqueue ``rows`` (another process) and drain them with ``relays`` `postroom relay`s."""
     _truncate(engine)
     progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction (separate process)")
     filled = enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, tag))
     if _unpublished(engine) != rows:
         raise BenchError(f"expected {rows} unpublished rows after enqueueing")
-    relay = _warm_relay(settings, engine)
-    progress(f"relay: draining {rows:,} rows with Relay.run() (batch {settings.relay_batch_size:,})")
-    before, wall_started = sample({"relay": os.getpid()}), time.time()
-    with _RelayThread(relay) as running:
-        _wait_all_published(engine, running.relay)
+    progress(f"relay: draining {rows:,} rows with {relays} `postroom relay` "
+             f"(batch {settings.relay_batch_size:,})")
+    with RelayProcesses(settings, relays) as running:
+        running.wait_started()  # not its start-up's CPU
+        before, window_started = sample(running.pids), time.monotonic()
+        _wait_all_published(engine, running)
+        cpu, window_s = usage(before, sample(running.pids)), time.monotonic() - window_started
     with engine.connect() as conn:
-        drained_at = conn.execute(sa.text("SELECT max(published_at) FROM outbox")).scalar_one()
-    # From the start to the last broker-acknowledged row, as the database recorded it.
-    drain_s = drained_at.timestamp() - wall_started
-    cpu = usage(before, sample({"relay": os.getpid()}))
-    published, rounds = relay.stats.published, relay.stats.rounds
-    if published != rows:
-        raise BenchError(f"the relay published {published} of {rows} rows")
+        # Every mark stamps its rows with its own transaction time: rounds are distinct stamps.
+        first, last, rounds = conn.execute(sa.text(
+            "SELECT min(published_at), max(published_at), count(DISTINCT published_at) "
+            "FROM outbox")).one()
+        first_round = conn.execute(sa.text("SELECT count(*) FROM outbox WHERE published_at = :t"),
+                                   {"t": first}).scalar_one()
+    if rounds < 2:
+        raise BenchError(f"a drain of {rows:,} rows took {rounds} round: it needs more rows than "
+                         f"one batch ({settings.relay_batch_size:,}) to be timed")
+    # From the first round's mark to the last one's: the rows of every round after the first.
+    drain_s = last.timestamp() - first.timestamp()
     drain = Drain(enqueue_rows_per_s=per_s(rows, filled.finished_at - filled.started_at),
-                  rows_per_s=per_s(rows, drain_s), rounds=rounds,
-                  mean_round_s=drain_s / max(rounds, 1),
-                  relay_cpus=cpu.processes["relay"] / drain_s if cpu else None,
+                  rows_per_s=per_s(rows - first_round, drain_s), rounds=rounds,
+                  mean_round_s=drain_s / max(rounds - 1, 1),
+                  relay_cpus=sum(cpu.processes.values()) / window_s if cpu else None,
                   machine_busy=cpu.busy_fraction if cpu else None)
     progress(f"relay: drained at {fmt_rate(drain.rows_per_s)} rows/s")
     return drain
@@ -332,11 +362,12 @@ def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
     done = tuple(measure_drain(settings, engine, rows_per_txn, rows, f"drain{rows_per_txn}-{n}")
                  for n in range(drains))
     _truncate(engine)
-    progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction, while Relay.run() "
-             "publishes")
-    with _RelayThread(_warm_relay(settings, engine)) as running:
+    progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction, while "
+             "`postroom relay` publishes")
+    with RelayProcesses(settings) as running:
+        running.wait_started()
         concurrent = enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"e2e{rows_per_txn}"))
-        _wait_all_published(engine, running.relay)
+        _wait_all_published(engine, running)
     with engine.connect() as conn:
         last = conn.execute(sa.text("SELECT max(published_at), count(*) FROM outbox")).one()
     if last[1] != rows:
@@ -355,16 +386,17 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
     interval_s = plan.rows_per_paced_txn / plan.offered_rows_per_s
     progress(f"relay: latency at {plan.offered_rows_per_s:,} rows/s offered "
              f"({plan.rows_per_paced_txn} rows every {interval_s * 1000:.0f} ms for "
-             f"{plan.latency_run_s:.0f} s) while Relay.run() publishes")
-    relay = _warm_relay(settings, engine)
-    with _RelayThread(relay):
-        time.sleep(0.5)  # the relay's first round and its LISTEN connection
+             f"{plan.latency_run_s:.0f} s) while `postroom relay` publishes")
+    with RelayProcesses(settings) as running:
+        running.wait_started()
         paced = enqueue_elsewhere(EnqueueJob(settings, rows, plan.rows_per_paced_txn, "lat",
                                              interval_s=interval_s))
-        _wait_all_published(engine, relay)
+        _wait_all_published(engine, running)
     committed_at = dict(paced.commits)
     with engine.connect() as conn:
         published = conn.execute(sa.text("SELECT message_key, published_at FROM outbox")).all()
+        rounds = conn.execute(sa.text("SELECT count(DISTINCT published_at) FROM outbox")
+                              ).scalar_one()
     if len(published) != rows:
         raise BenchError(f"expected {rows} rows, found {len(published)}")
     latencies_ms = [(at.timestamp() - committed_at[key]) * 1000 for key, at in published]
@@ -372,7 +404,7 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
         rows=rows, offered_rows_per_s=per_s(rows, paced.finished_at - paced.started_at),
         worst_lateness_s=paced.worst_lateness_s,
         p50_ms=percentile(latencies_ms, 50), p99_ms=percentile(latencies_ms, 99),
-        max_ms=max(latencies_ms), min_ms=min(latencies_ms), relay_rounds=relay.stats.rounds)
+        max_ms=max(latencies_ms), min_ms=min(latencies_ms), relay_rounds=rounds)
 
 
 # Where a drain's time goes: publish_once()'s phases, found by the functions that carry them out.
@@ -390,7 +422,8 @@ def profile_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
     _truncate(engine)
     progress(f"relay: profiling a drain of {rows:,} rows ({rows_per_txn:,} per transaction)")
     enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"prof{rows_per_txn}"))
-    relay = _warm_relay(settings, engine)
+    relay = Relay(settings, engine)
+    relay.producer.list_topics(timeout=10)  # connected before the clock starts
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
@@ -450,6 +483,8 @@ def run(base: Settings, options: Options) -> Section:
         try:
             results = [measure_throughput(settings, engine, size, rows, plan.drains)
                        for size, rows in plan.rows_by_txn_size]
+            size, rows = plan.rows_by_txn_size[-1]
+            two_relays = measure_drain(settings, engine, size, rows, "two-relays", relays=2)
             latency = measure_latency(settings, engine, plan)
             if options.profile:
                 size, rows = plan.rows_by_txn_size[-1]
@@ -474,12 +509,17 @@ def run(base: Settings, options: Options) -> Section:
                  fmt_rate(r.end_to_end_rows_per_s), fmt_rate(r.concurrent_enqueue_rows_per_s)]
                 for r in results]),
         "",
-        f"drain: pre-enqueued rows, Relay.run() until the last is acknowledged; {plan.drains} "
+        f"drain: pre-enqueued rows, then `postroom relay` starts; the rows published after its "
+        f"first round over the time from that round's mark to the last one's. {plan.drains} "
         "drains per size, each of freshly enqueued rows: the figure (and the columns after it) is "
-        "the median drain. relay CPUs: CPU time of the relay's process (its threads and "
-        "librdkafka's) over the drain's wall time; machine busy: all CPUs, PostgreSQL and Kafka "
-        "included.",
-        "e2e: first transaction begun -> last row published, enqueueing while Relay.run() publishes.",
+        "the median drain. relay CPUs: CPU time of the relay's process over the drain's wall "
+        "time; machine busy: all CPUs, PostgreSQL and Kafka included.",
+        "e2e: first transaction begun -> last row published, enqueueing while `postroom relay` "
+        "publishes.",
+        "",
+        f"Two `postroom relay` processes sharing one drain ({rows:,} rows, {size:,} per "
+        f"transaction): {fmt_rate(two_relays.rows_per_s)} rows/s, relay CPUs "
+        f"{_share(two_relays.relay_cpus)}, machine busy {_share(two_relays.machine_busy)}.",
         "",
         f"Commit-to-publish latency, {latency.rows:,} rows offered at "
         f"{fmt_rate(latency.offered_rows_per_s)} rows/s "

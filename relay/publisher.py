@@ -214,6 +214,9 @@ class Relay:
         failures = 0
         last_stats = time.monotonic()
         self._stop.clear()
+        # Created now, the producer connects to the brokers while the relay waits for rows,
+        # instead of when the first rows are already waiting.
+        self.producer.poll(0)
         db = _Connections(self._engine)
         with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
             claimed: Future[Sequence[sa.Row[Any]]] | None = None
