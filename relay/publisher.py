@@ -92,7 +92,8 @@ class Relay:
                  metrics: Metrics | None = None) -> None:
         self._settings = settings
         self._engine = engine
-        self._producer_factory = producer_factory or (lambda: kafka.make_producer(settings))
+        self._producer_factory = producer_factory or (lambda: kafka.make_producer(
+            settings, **{"delivery.report.only.error": True}))
         self._producer: Producer | None = None
         self._listener: psycopg.Connection[Any] | None = None
         self._stop = threading.Event()
@@ -128,15 +129,14 @@ class Relay:
 
     def _send(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[int], list[int]]:
         """Produce every row and wait for the broker: (acknowledged ids, ids to release)."""
-        acked: list[int] = []
-        failed: list[int] = []
+        failures: dict[bytes, KafkaError] = {}
 
-        def on_delivery(err: KafkaError | None, msg: Message, row_id: int) -> None:
-            if err is None:
-                acked.append(row_id)
-            else:
-                failed.append(row_id)
-                log.warning("publish failed row_id=%d code=%s: %s", row_id, err.name(), err.str())
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            # The relay's producer reports failures only (delivery.report.only.error): once
+            # flush() is done, every other record is acknowledged. A producer that reports
+            # successes too has them ignored here.
+            if err is not None:
+                failures[msg.key() or b""] = err
 
         producer = self.producer
         topics = {p.value: priority_topic(self._settings.topic_prefix, p) for p in Priority}
@@ -145,19 +145,30 @@ class Relay:
         if rows and rows[0]._fields != schema.field_names:
             raise SchemaError(f"the claim returns {rows[0]._fields}, not the fields of "
                               f"{schema.name} {schema.field_names}")
-        unsent: list[int] = []
+        produced = len(rows)
         for index, row in enumerate(rows):
             headers: list[tuple[str, str | bytes | None]] = [
                 schema_header, (ROW_ID_HEADER, str(row.outbox_id).encode())]
             try:
                 self._produce(producer, topics[row.priority], row.idempotency_key,
-                              encode_values(schema, row), headers,
-                              lambda err, msg, rid=row.outbox_id: on_delivery(err, msg, rid))
+                              encode_values(schema, row), headers, on_delivery)
             except BufferError:
-                unsent = [r.outbox_id for r in rows[index:]]
+                produced = index
                 break
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
+        unsent = [row.outbox_id for row in rows[produced:]]
+        if not failures:
+            return [row.outbox_id for row in rows[:produced]], unsent
+        acked, failed = [], []
+        for row in rows[:produced]:
+            err = failures.get(row.idempotency_key.encode())
+            if err is None:
+                acked.append(row.outbox_id)
+            else:
+                failed.append(row.outbox_id)
+                log.warning("publish failed row_id=%d code=%s: %s", row.outbox_id, err.name(),
+                            err.str())
         return acked, [*failed, *unsent]
 
     def _account(self, claimed: int, acked: list[int], released: list[int]) -> int:

@@ -205,8 +205,11 @@ def test_marking_published_rewrites_outbox_rows_in_place(engine: sa.Engine) -> N
     assert unpublished(engine) == 0
 
 
+@pytest.mark.parametrize("only_errors", [True, False], ids=["failures-reported", "all-reported"])
 def test_broker_outage_loses_nothing_and_releases_the_claims(
-        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
+        only_errors: bool) -> None:
+    # The relay's own producer reports failures only; one that reports every record must do too.
     from postroom.errors import KafkaClientError
 
     with engine.begin() as conn:
@@ -214,7 +217,7 @@ def test_broker_outage_loses_nothing_and_releases_the_claims(
                 body="b")
     unreachable = dataclasses.replace(settings, kafka_bootstrap_servers="127.0.0.1:1")
     down = Relay(unreachable, engine, producer_factory=lambda: make_producer(
-        unreachable, **{"message.timeout.ms": 1500}))
+        unreachable, **{"message.timeout.ms": 1500, "delivery.report.only.error": only_errors}))
     with pytest.raises(KafkaClientError, match="2 of 2 rows were not acknowledged"):
         down.publish_once()
     with engine.connect() as conn:

@@ -1,0 +1,99 @@
+"""Which claimed rows the relay counts as acknowledged, from the producer's failure reports.
+
+The broker is replaced by a stand-in producer that fails chosen keys: what is under test is the
+accounting, the relay's own logic; tests/integration/relay runs the real producer and broker.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from postroom import kafka
+from postroom.settings import Settings
+from relay.publisher import Relay
+from schemas.codec import load_schema
+
+CREATED = dt.datetime(2026, 9, 30, tzinfo=dt.UTC)
+
+
+class Failure:
+    def name(self) -> str:
+        return "_MSG_TIMED_OUT"
+
+    def str(self) -> str:
+        return "Local: Message timed out"
+
+
+class Record:
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def key(self) -> bytes:
+        return self._key
+
+
+class StandInProducer:
+    """Takes records; on flush() reports the keys in ``fail`` as failed, and nothing else (as
+    delivery.report.only.error does); raises BufferError once ``room`` records are queued."""
+
+    def __init__(self, fail: set[bytes], room: int = 1_000_000) -> None:
+        self.fail, self.room = fail, room
+        self.queued: list[tuple[bytes, Callable[..., None]]] = []
+
+    def produce(self, topic: str, *, key: bytes, value: bytes, headers: Any,
+                on_delivery: Callable[..., None]) -> None:
+        if len(self.queued) >= self.room:
+            raise BufferError("queue full")
+        self.queued.append((key, on_delivery))
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        for key, callback in self.queued:
+            if key in self.fail:
+                callback(Failure(), Record(key))
+        self.queued.clear()
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.queued)
+
+
+def claimed_rows(count: int) -> list[Any]:
+    """Rows shaped as the claim returns them: the email-requested fields, in order, by name."""
+    row = collections.namedtuple("Claimed", load_schema("email_requested").field_names)  # type: ignore[misc]
+    return [row(f"k|r{n}@example.com", "k", n, f"r{n}@example.com", "", "S", "b", [], "normal",
+                CREATED, 1, None) for n in range(1, count + 1)]
+
+
+def relay_with(producer: StandInProducer) -> Relay:
+    settings = Settings(database_url="postgresql+psycopg://unused/unused",
+                        kafka_bootstrap_servers="127.0.0.1:1")
+    return Relay(settings, sa.create_engine("postgresql+psycopg://unused/unused"),
+                 producer_factory=lambda: producer)  # type: ignore[arg-type, return-value]
+
+
+@pytest.mark.parametrize(("fail", "acked", "released"), [
+    (set(), [1, 2, 3, 4], []),
+    ({b"k|r2@example.com"}, [1, 3, 4], [2]),
+    ({b"k|r1@example.com", b"k|r4@example.com"}, [2, 3], [1, 4]),
+])
+def test_rows_not_reported_failed_are_acknowledged(
+        fail: set[bytes], acked: list[int], released: list[int]) -> None:
+    relay = relay_with(StandInProducer(fail))
+    assert relay._send(claimed_rows(4)) == (acked, released)
+
+
+def test_rows_the_producer_could_not_take_are_released_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    relay = relay_with(StandInProducer({b"k|r1@example.com"}, room=2))
+    # A full local queue is retried until the producer's timeout; none here, to keep it short.
+    monkeypatch.setattr(kafka, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
+    assert relay._send(claimed_rows(4)) == ([2], [1, 3, 4])
