@@ -13,7 +13,6 @@ import dataclasses
 import datetime as dt
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -22,14 +21,13 @@ from collections.abc import Iterator, Mapping
 from email.message import EmailMessage
 from email.utils import make_msgid
 from pathlib import Path
-from typing import IO
 
 import aiosmtplib
 import sqlalchemy as sa
 
 from bench import seed_baseline
 from bench.cpu import CpuUsage, sample, usage
-from bench.processes import postroom_command, stop_process
+from bench.processes import PostroomProcesses, postroom_command, stop_process
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
@@ -200,55 +198,6 @@ def component_env(settings: Settings, port: int) -> dict[str, str]:
     }
 
 
-class Components:
-    """`postroom relay`, `recorder` and `sender` as subprocesses logging to files; stopped on exit."""
-
-    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
-        self._env = dict(env)
-        self._log_dir = log_dir
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._logs: list[IO[bytes]] = []
-
-    def __enter__(self) -> Components:
-        for name in COMPONENTS:
-            log = (self._log_dir / f"{name}.log").open("wb")
-            self._logs.append(log)
-            self.processes[name] = subprocess.Popen(
-                [*postroom_command(), name], env=self._env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for name in reversed(COMPONENTS):  # the sender first: it finishes its in-flight mail
-            process = self.processes.get(name)
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            stop_process(process)
-        for log in self._logs:
-            log.close()
-
-    def check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                tail = self.log(name).strip().splitlines()[-5:]
-                raise BenchError(f"postroom {name} exited with status {process.returncode}:\n  "
-                                 + "\n  ".join(tail))
-
-    def log(self, name: str) -> str:
-        return (self._log_dir / f"{name}.log").read_text(errors="replace")
-
-    def complaints(self) -> dict[str, list[str]]:
-        """WARNING and ERROR lines each component logged, without their timestamps."""
-        found: dict[str, list[str]] = {}
-        for name in COMPONENTS:
-            lines = [line.split(" ", 2)[-1] for line in self.log(name).splitlines()
-                     if " WARNING " in line or " ERROR " in line]
-            if lines:
-                found[name] = lines
-        return found
-
-
 def _progress_of(engine: sa.Engine, key: str) -> sa.Row[tuple[int, int, int, dt.datetime | None]]:
     with engine.connect() as conn:
         return conn.execute(sa.text("""
@@ -267,7 +216,7 @@ def _first_error(engine: sa.Engine, key: str) -> str:
     return "" if row is None else f"{row[0]}: {row[1]}"
 
 
-def _wait_all_sent(engine: sa.Engine, components: Components, key: str, emails: int,
+def _wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, emails: int,
                    timeout_s: float) -> dt.datetime:
     """Wait until every row of ``key`` is sent; return when the recorder wrote the last one."""
     deadline = time.monotonic() + timeout_s
@@ -296,9 +245,9 @@ def run_postroom(base: Settings, server: Server, emails: int) -> Timed:
         try:
             progress(f"delivery: starting postroom {', '.join(COMPONENTS)} "
                      f"(SMTP concurrency {Settings().smtp_concurrency})")
-            with Components(component_env(settings, server.port), Path(tmp)) as components:
-                pids = {**{name: p.pid for name, p in components.processes.items()},
-                        "server": server.pid}
+            with PostroomProcesses(component_env(settings, server.port), Path(tmp),
+                                   {name: name for name in COMPONENTS}) as components:
+                pids = {**components.pids, "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
                 _wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)

@@ -7,6 +7,7 @@ time at 1,000 rows/s.
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import dataclasses
 import math
@@ -14,19 +15,17 @@ import multiprocessing
 import os
 import pstats
 import queue
-import shutil
-import signal
-import subprocess
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from bench.cpu import sample, usage
-from bench.processes import postroom_command, stop_process
+from bench.processes import PostroomProcesses
 from bench.report import (
     BenchError,
     Options,
@@ -216,7 +215,7 @@ def _unpublished(engine: sa.Engine) -> int:
         return int(conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one())
 
 
-def _wait_all_published(engine: sa.Engine, relays: RelayProcesses) -> None:
+def _wait_all_published(engine: sa.Engine, relays: PostroomProcesses) -> None:
     """Wait until no row is unpublished; when the relay stops making progress, say what it waits on."""
     deadline = time.monotonic() + PUBLISH_TIMEOUT_S
     last_count, last_progress, diagnosed = -1, time.monotonic(), False
@@ -260,64 +259,19 @@ def _stall_report(engine: sa.Engine) -> list[str]:
     return lines
 
 
-class RelayProcesses:
+@contextlib.contextmanager
+def relay_processes(settings: Settings, count: int = 1) -> Iterator[PostroomProcesses]:
     """``count`` `postroom relay` processes on the scratch schema and prefix, as production runs
-    them; stopped with SIGTERM on exit. Their logs go to files, shown when one fails or stalls."""
-
-    def __init__(self, settings: Settings, count: int = 1) -> None:
-        self._env = {**os.environ,
-                     ENV_PREFIX + "DATABASE_SCHEMA": settings.database_schema or "",
-                     ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
-                     ENV_PREFIX + "LOG_LEVEL": "INFO"}
-        self._count = count
-        self._logs = Path(tempfile.mkdtemp(prefix="postroom-bench-relay-"))
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> RelayProcesses:
-        for n in range(self._count):
-            with (self._logs / f"relay{n}.log").open("wb") as log:
-                self.processes.append(subprocess.Popen(
-                    [*postroom_command(), "relay"], env=self._env, stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT))
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            stop_process(process)
-        shutil.rmtree(self._logs, ignore_errors=True)
-
-    @property
-    def pids(self) -> dict[str, int]:
-        return {f"relay{n}": process.pid for n, process in enumerate(self.processes)}
-
-    def wait_started(self) -> None:
-        """Until every relay has logged that its loop runs (schema and broker checked)."""
-        deadline = time.monotonic() + RELAY_START_TIMEOUT_S
-        while not all("relay started" in self._log(n) for n in range(self._count)):
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise BenchError(f"postroom relay did not start within {RELAY_START_TIMEOUT_S:.0f}s:"
-                                 "\n  " + "\n  ".join(self.log_tail()))
-            time.sleep(POLL_S)
-
-    def check_alive(self) -> None:
-        for n, process in enumerate(self.processes):
-            if process.poll() is not None:
-                raise BenchError(f"postroom relay exited with status {process.returncode}:\n  "
-                                 + "\n  ".join(self.log_tail(n)))
-
-    def log_tail(self, *which: int, lines: int = 5) -> list[str]:
-        return [line for n in (which or range(self._count))
-                for line in self._log(n).strip().splitlines()[-lines:]]
-
-    def _log(self, n: int) -> str:
-        try:
-            return (self._logs / f"relay{n}.log").read_text(errors="replace")
-        except OSError:
-            return ""
+    them, once each has logged that its loop runs (schema and broker checked)."""
+    env = {**os.environ,
+           ENV_PREFIX + "DATABASE_SCHEMA": settings.database_schema or "",
+           ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
+           ENV_PREFIX + "LOG_LEVEL": "INFO"}
+    with tempfile.TemporaryDirectory(prefix="postroom-bench-relay-") as logs, \
+            PostroomProcesses(env, Path(logs), {f"relay{n}": "relay" for n in range(count)}
+                              ) as relays:
+        relays.wait_logged("relay started", RELAY_START_TIMEOUT_S)
+        yield relays
 
 
 def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows: int,
@@ -330,8 +284,7 @@ def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
         raise BenchError(f"expected {rows} unpublished rows after enqueueing")
     progress(f"relay: draining {rows:,} rows with {relays} `postroom relay` "
              f"(batch {settings.relay_batch_size:,})")
-    with RelayProcesses(settings, relays) as running:
-        running.wait_started()  # not its start-up's CPU
+    with relay_processes(settings, relays) as running:  # started: not timing its start-up
         before, window_started = sample(running.pids), time.monotonic()
         _wait_all_published(engine, running)
         cpu, window_s = usage(before, sample(running.pids)), time.monotonic() - window_started
@@ -364,8 +317,7 @@ def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
     _truncate(engine)
     progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction, while "
              "`postroom relay` publishes")
-    with RelayProcesses(settings) as running:
-        running.wait_started()
+    with relay_processes(settings) as running:
         concurrent = enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"e2e{rows_per_txn}"))
         _wait_all_published(engine, running)
     with engine.connect() as conn:
@@ -387,8 +339,7 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
     progress(f"relay: latency at {plan.offered_rows_per_s:,} rows/s offered "
              f"({plan.rows_per_paced_txn} rows every {interval_s * 1000:.0f} ms for "
              f"{plan.latency_run_s:.0f} s) while `postroom relay` publishes")
-    with RelayProcesses(settings) as running:
-        running.wait_started()
+    with relay_processes(settings) as running:
         paced = enqueue_elsewhere(EnqueueJob(settings, rows, plan.rows_per_paced_txn, "lat",
                                              interval_s=interval_s))
         _wait_all_published(engine, running)
