@@ -185,21 +185,16 @@ class Relay:
 
     def _produce(self, producer: Producer, topic: str, key: str, value: bytes,
                  headers: list[tuple[str, str | bytes | None]], callback: Callable[..., None]) -> None:
-        try:
-            producer.produce(topic, key=key.encode(), value=value, headers=headers,
-                             on_delivery=callback)
-        except BufferError:
-            pass
-        else:
-            return
-        deadline = time.monotonic() + kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000
+        deadline: float | None = None  # set by the first full queue, not on every record
         while True:
             try:
                 producer.produce(topic, key=key.encode(), value=value, headers=headers,
                                  on_delivery=callback)
             except BufferError:
                 # The local queue is full: serve callbacks until there is room.
-                if time.monotonic() > deadline:
+                if deadline is None:
+                    deadline = time.monotonic() + kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000
+                elif time.monotonic() > deadline:
                     raise
                 producer.poll(0.05)
             else:

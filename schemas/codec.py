@@ -189,6 +189,14 @@ class RecordWriter:
     names: tuple[str, ...]
     writers: tuple[FieldWriter, ...]
     defaults: Mapping[str, Any]
+    _getter: Callable[[object], Any] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        getter = attrgetter(*self.names)
+        if len(self.names) == 1:  # attrgetter of one name returns the value, not a tuple
+            object.__setattr__(self, "_getter", lambda event: (getter(event),))
+        else:
+            object.__setattr__(self, "_getter", getter)
 
     def write(self, values: Sequence[Any]) -> bytes:
         """The record's bytes from its field values, in the schema's order."""
@@ -210,7 +218,7 @@ class RecordWriter:
     def values_of(self, event: object) -> Sequence[Any]:
         """The event's attributes in field order; a field it lacks takes the schema's default."""
         try:
-            return attrgetter(*self.names)(event)
+            return self._getter(event)  # type: ignore[no-any-return]
         except AttributeError:
             pass
         values = []

@@ -252,6 +252,13 @@ def test_a_field_the_event_lacks_takes_the_schema_default() -> None:
     assert record["recipient"] == FULL_REQUEST.recipient
 
 
+def test_a_record_of_one_field_encodes_its_value() -> None:
+    one = parse_schema_text(json.dumps({"type": "record", "name": "One", "fields": [
+        {"name": "subject", "type": "string"}]}), "one.avsc")
+    assert one.writer is not None
+    assert encode(FULL_REQUEST, schema=one) == write(one, {"subject": FULL_REQUEST.subject})
+
+
 def keep_reply_to_only(raw: dict[str, Any]) -> None:
     raw["fields"] = [f for f in raw["fields"] if f["name"] != "headers"]
 
