@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
@@ -123,14 +123,26 @@ def service_start(settings: Settings) -> Iterator[tuple[sa.Engine, Metrics]]:
         engine.dispose()
 
 
+class _Service(Protocol):
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _run_until_signalled(settings: Settings,
+                         make: Callable[[sa.Engine, Metrics], _Service]) -> int:
+    """Start a blocking service (relay, recorder) and run it until SIGTERM or SIGINT."""
+    with service_start(settings) as (engine, metrics):
+        service = make(engine, metrics)
+        on_shutdown_signals(service.stop)
+        service.run()
+    return EXIT_OK
+
+
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
     from relay.publisher import Relay
 
-    with service_start(settings) as (engine, metrics):
-        relay = Relay(settings, engine, metrics=metrics)
-        on_shutdown_signals(relay.stop)
-        relay.run()
-    return EXIT_OK
+    return _run_until_signalled(
+        settings, lambda engine, metrics: Relay(settings, engine, metrics=metrics))
 
 
 def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
@@ -161,11 +173,8 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
     from relay.recorder import Recorder
 
-    with service_start(settings) as (engine, metrics):
-        recorder = Recorder(settings, engine, metrics=metrics)
-        on_shutdown_signals(recorder.stop)
-        recorder.run()
-    return EXIT_OK
+    return _run_until_signalled(
+        settings, lambda engine, metrics: Recorder(settings, engine, metrics=metrics))
 
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
