@@ -209,26 +209,34 @@ def _truncate(engine: sa.Engine) -> None:
 
 
 def _unpublished(engine: sa.Engine) -> int:
-    """Rows not yet published: the relay's queue, not a scan of the outbox (this runs every
-    POLL_S while the relay works, and must not take the database's time from it)."""
+    """Rows not yet published: the relay's queue, not a scan of the outbox."""
     with engine.connect() as conn:
         return int(conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one())
+
+
+def _queue_head(engine: sa.Engine) -> int | None:
+    """The lowest id still queued, None when every row is published. This runs every POLL_S
+    while the relay works and must not take the machine's time from it: it reads one entry of
+    the queue's primary key, where count(*) read the whole queue (8-10 ms of a CPU each time on
+    100,000 rows, 15-20% of one CPU at this rate)."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT id FROM outbox_queue ORDER BY id LIMIT 1")).scalar()
 
 
 def _wait_all_published(engine: sa.Engine, relays: PostroomProcesses) -> None:
     """Wait until no row is unpublished; when the relay stops making progress, say what it waits on."""
     deadline = time.monotonic() + PUBLISH_TIMEOUT_S
-    last_count, last_progress, diagnosed = -1, time.monotonic(), False
+    last_head, last_progress, diagnosed = -1, time.monotonic(), False
     while time.monotonic() < deadline:
         relays.check_alive()
-        count = _unpublished(engine)
-        if count == 0:
+        head = _queue_head(engine)
+        if head is None:
             return
-        if count != last_count:
-            last_count, last_progress = count, time.monotonic()
+        if head != last_head:
+            last_head, last_progress = head, time.monotonic()
         elif not diagnosed and time.monotonic() - last_progress > STALLED_ROUND_S:
             diagnosed = True
-            progress(f"relay: no progress for {STALLED_ROUND_S:.0f} s with {count:,} rows unpublished")
+            progress(f"relay: no progress for {STALLED_ROUND_S:.0f} s (row {head} still queued)")
             for line in [*_stall_report(engine), *relays.log_tail()]:
                 progress(f"  {line}")
         time.sleep(POLL_S)
