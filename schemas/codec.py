@@ -65,10 +65,11 @@ def parse_schema_text(text: str, name: str) -> Schema:
 #
 # The relay encodes every outbox row, straight from the claimed row (the field values in the
 # schema's order), without building a dict or a dataclass per row. Our records get a writer built
-# once from the schema: one small function per field, for the few types the contract uses. It
-# takes 6.4-7.4 us per event here, fastavro's schemaless_writer 7.4-8.0 us given a ready dict
-# (timeit, best of 15; docs/benchmarks.md). A schema with any other type gets no writer, and
-# encode() hands it to fastavro. tests/unit/schemas/test_codec.py checks the bytes are fastavro's.
+# once from the schema, for the few types the contract uses: one small function per field, and one
+# function for the whole record, generated from the fields' types, that does the common cases (a
+# str, a small int) in line and calls the field's function for the rest. A schema with any other
+# type gets no writer, and encode() hands it to fastavro. tests/unit/schemas/test_codec.py checks
+# the bytes are fastavro's; `python -m bench codec` times the three.
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MILLISECOND = dt.timedelta(milliseconds=1)
@@ -189,21 +190,27 @@ class RecordWriter:
     names: tuple[str, ...]
     writers: tuple[FieldWriter, ...]
     defaults: Mapping[str, Any]
+    # How the generated record function writes each field (see _INLINE); none given: by calls.
+    kinds: tuple[str, ...] = ()
     _getter: Callable[[object], Any] = dataclasses.field(init=False, repr=False, compare=False)
+    _write: Callable[[Sequence[Any]], bytes] = dataclasses.field(init=False, repr=False,
+                                                                  compare=False)
 
     def __post_init__(self) -> None:
-        getter = attrgetter(*self.names)
+        getter = attrgetter(*self.names) if self.names else (lambda event: ())
         if len(self.names) == 1:  # attrgetter of one name returns the value, not a tuple
             object.__setattr__(self, "_getter", lambda event: (getter(event),))
         else:
             object.__setattr__(self, "_getter", getter)
+        object.__setattr__(self, "_write", _record_function(
+            self.kinds or ("call",) * len(self.writers), self.writers))
 
     def write(self, values: Sequence[Any]) -> bytes:
         """The record's bytes from its field values, in the schema's order."""
         if len(values) != len(self.writers):
             raise SchemaError(f"expected {len(self.writers)} field values, got {len(values)}")
         try:
-            return b"".join([write(value) for write, value in zip(self.writers, values, strict=True)])
+            return self._write(values)
         except _WRITE_ERRORS as exc:
             raise SchemaError(f"field {self._failing_field(values)}: {exc}") from exc
 
@@ -244,7 +251,53 @@ def compile_writer(parsed: Any) -> RecordWriter | None:
         writers.append(writer)
     names = tuple(field["name"] for field in parsed["fields"])
     defaults = {field["name"]: field["default"] for field in parsed["fields"] if "default" in field}
-    return RecordWriter(names, tuple(writers), defaults)
+    kinds = tuple(_inline_kind(field["type"]) for field in parsed["fields"])
+    return RecordWriter(names, tuple(writers), defaults, kinds)
+
+
+def _inline_kind(schema: Any) -> str:
+    """How the record function writes a field of this type: string or integer in line, else
+    call (its field writer)."""
+    if schema in ("string", "long", "int"):
+        return "string" if schema == "string" else "integer"
+    return "call"
+
+
+# The in-line code of each kind, for field {i}: it leaves the field's bytes in p{i} (and, for a
+# string, its length prefix in h{i}). Only the common case is in line; any other value goes to the
+# field's writer w{i}, which also raises the errors. The source holds field indices only, never a
+# name or a symbol from the schema.
+_INLINE = {
+    "string": ("    if type(v{i}) is str:\n"
+               "        p{i} = v{i}.encode()\n"
+               "        n = len(p{i})\n"
+               "        h{i} = SMALL[n + n] if n < 64 else zigzag(n)\n"
+               "    else:\n"
+               "        h{i}, p{i} = b'', w{i}(v{i})\n"),
+    "integer": ("    p{i} = SMALL[v{i} + v{i}] if type(v{i}) is int and 0 <= v{i} < 64 "
+                "else w{i}(v{i})\n"),
+    "call": "    p{i} = w{i}(v{i})\n",
+}
+
+
+def _record_function(kinds: Sequence[str], writers: Sequence[FieldWriter],
+                     ) -> Callable[[Sequence[Any]], bytes]:
+    """One function that writes a whole record from its values: straight-line code per field
+    instead of a call per field (`python -m bench codec` times both)."""
+    count = len(kinds)
+    if count == 0:
+        return lambda values: b""
+    lines = ["def write(values):\n",
+             f"    {', '.join(f'v{i}' for i in range(count))}, = values\n"]
+    parts = []
+    for i, kind in enumerate(kinds):
+        lines.append(_INLINE[kind].format(i=i))
+        parts += [f"h{i}", f"p{i}"] if kind == "string" else [f"p{i}"]
+    lines.append(f"    return b''.join(({', '.join(parts)},))\n")
+    namespace: dict[str, Any] = {"SMALL": _SMALL_VARINTS, "zigzag": _zigzag,
+                                 **{f"w{i}": writer for i, writer in enumerate(writers)}}
+    exec("".join(lines), namespace)  # noqa: S102 - our own template, field indices only
+    return namespace["write"]  # type: ignore[no-any-return]
 
 
 @cache

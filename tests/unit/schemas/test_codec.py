@@ -22,10 +22,12 @@ from schemas.codec import (
     DeliveryStatus,
     EmailRequested,
     EmailResult,
+    RecordWriter,
     Schema,
     SchemaError,
     decode,
     encode,
+    encode_values,
     header_value,
     headers_for,
     known_writer_schemas,
@@ -257,6 +259,54 @@ def test_a_record_of_one_field_encodes_its_value() -> None:
         {"name": "subject", "type": "string"}]}), "one.avsc")
     assert one.writer is not None
     assert encode(FULL_REQUEST, schema=one) == write(one, {"subject": FULL_REQUEST.subject})
+
+
+def test_a_record_of_no_fields_encodes_to_nothing() -> None:
+    empty = parse_schema_text(json.dumps({"type": "record", "name": "Empty", "fields": []}),
+                              "empty.avsc")
+    assert empty.writer is not None
+    assert encode(FULL_REQUEST, schema=empty) == b"" == write(empty, {})
+
+
+class Text(str):
+    """A str subclass: the generated writer's in-line path takes exact str only."""
+
+
+@pytest.mark.parametrize("event", ENCODED_EVENTS)
+def test_writing_field_by_field_gives_the_generated_writers_bytes(
+        event: EmailRequested | EmailResult) -> None:
+    # The generated record function writes strings and small ints in line; without kinds,
+    # RecordWriter calls each field's writer. Both are fastavro's bytes.
+    compiled = load_schema(event.SCHEMA_NAME).writer
+    assert compiled is not None
+    per_field = RecordWriter(compiled.names, compiled.writers, compiled.defaults)
+    values = compiled.values_of(event)
+    assert per_field.write(values) == compiled.write(values) == fastavro_bytes(event)
+
+
+def test_values_of_str_and_int_subclasses_take_the_field_writers_path() -> None:
+    schema = load_schema("email_requested")
+    values = list(schema.writer.values_of(FULL_REQUEST))  # type: ignore[union-attr]
+    names = schema.field_names
+    values[names.index("subject")] = Text(FULL_REQUEST.subject)
+    values[names.index("body")] = Text("x" * 100)  # a length past the one-byte varint
+    expected = write(schema, {**dict(zip(names, values, strict=True)),
+                              "attachments": list(FULL_REQUEST.attachments), "body": "x" * 100})
+    assert encode_values(schema, values) == expected
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("outbox_id", True, "not an integer"),           # a bool is not a long, though an int
+    ("attempt", 2**31, "out of range"),              # int, past the in-line small range
+    ("recipient", b"b@example.com", "not a string"),
+    ("priority", "urgent", "is not one of"),
+])
+def test_a_bad_value_names_its_field(field: str, value: Any, message: str) -> None:
+    schema = load_schema("email_requested")
+    values = list(schema.writer.values_of(MINIMAL_REQUEST))  # type: ignore[union-attr]
+    values[schema.field_names.index(field)] = value
+    with pytest.raises(SchemaError, match=f"field {field}: .*{message}"):
+        encode_values(schema, values)
 
 
 def keep_reply_to_only(raw: dict[str, Any]) -> None:
