@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from postroom.settings import Settings
-from relay.errors import SchemaNotReadyError
+from relay.errors import SchemaNotReadyError, UnsupportedDatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,25 @@ def _alembic_config(connection: sa.Connection) -> Config:
     return config
 
 
+# The relay's claim has the database compute milliseconds since the epoch; extract() returns an
+# exact numeric since PostgreSQL 14 (a double before).
+MIN_SERVER_MAJOR = 14
+
+
+def check_server_version(version: tuple[int | str, ...] | None) -> None:
+    """Raise UnsupportedDatabaseError for a server older than MIN_SERVER_MAJOR (``version`` as
+    the dialect reports it: major first; unknown passes)."""
+    major = version[0] if version else None
+    if isinstance(major, int) and major < MIN_SERVER_MAJOR:
+        raise UnsupportedDatabaseError(
+            f"PostgreSQL {'.'.join(map(str, version or ()))} is too old: postroom needs "
+            f"{MIN_SERVER_MAJOR} or newer")
+
+
 def upgrade(engine: sa.Engine, schema: str | None = None, revision: str = "head") -> str:
     """Create or migrate the outbox schema to ``revision`` (the newest); safe to run again."""
     with engine.begin() as conn:
+        check_server_version(conn.dialect.server_version_info)
         if schema:
             conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
         command.upgrade(_alembic_config(conn), revision)
@@ -67,8 +83,10 @@ def downgrade(engine: sa.Engine, revision: str) -> str:
 
 
 def check_schema(engine: sa.Engine) -> None:
-    """Raise SchemaNotReadyError unless the database is at the newest revision."""
+    """Raise SchemaNotReadyError unless the database is at the newest revision (and
+    UnsupportedDatabaseError when the server is too old)."""
     with engine.connect() as conn:
+        check_server_version(conn.dialect.server_version_info)
         current = MigrationContext.configure(conn).get_current_revision()
         head = ScriptDirectory.from_config(_alembic_config(conn)).get_current_head()
     if current != head:

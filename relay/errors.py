@@ -19,3 +19,7 @@ class InvalidAttachmentError(EnqueueError):
 
 class SchemaNotReadyError(PostroomError):
     """The outbox schema is missing or out of date: run `postroom db upgrade`."""
+
+
+class UnsupportedDatabaseError(PostroomError):
+    """The PostgreSQL server is older than postroom supports."""

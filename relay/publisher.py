@@ -145,29 +145,32 @@ class Relay:
         if rows and rows[0]._fields != schema.field_names:
             raise SchemaError(f"the claim returns {rows[0]._fields}, not the fields of "
                               f"{schema.name} {schema.field_names}")
+        # By position: a row's attribute by name costs ten times its item (~0.5 against 0.05 us).
+        key_at, id_at, priority_at = (schema.field_names.index(name) for name in
+                                      ("idempotency_key", "outbox_id", "priority"))
         produced = len(rows)
         for index, row in enumerate(rows):
             headers: list[tuple[str, str | bytes | None]] = [
-                schema_header, (ROW_ID_HEADER, str(row.outbox_id).encode())]
+                schema_header, (ROW_ID_HEADER, str(row[id_at]).encode())]
             try:
-                self._produce(producer, topics[row.priority], row.idempotency_key,
+                self._produce(producer, topics[row[priority_at]], row[key_at],
                               encode_values(schema, row), headers, on_delivery)
             except BufferError:
                 produced = index
                 break
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
-        unsent = [row.outbox_id for row in rows[produced:]]
+        unsent = [row[id_at] for row in rows[produced:]]
         if not failures:
-            return [row.outbox_id for row in rows[:produced]], unsent
+            return [row[id_at] for row in rows[:produced]], unsent
         acked, failed = [], []
         for row in rows[:produced]:
-            err = failures.get(row.idempotency_key.encode())
+            err = failures.get(row[key_at].encode())
             if err is None:
-                acked.append(row.outbox_id)
+                acked.append(row[id_at])
             else:
-                failed.append(row.outbox_id)
-                log.warning("publish failed row_id=%d code=%s: %s", row.outbox_id, err.name(),
+                failed.append(row[id_at])
+                log.warning("publish failed row_id=%d code=%s: %s", row[id_at], err.name(),
                             err.str())
         return acked, [*failed, *unsent]
 

@@ -49,7 +49,10 @@ outbox = sa.Table(
 # Claims due, unpublished rows no other relay holds. SKIP LOCKED lets several relays share the
 # backlog; the claim (not a held transaction) keeps a row theirs while Kafka acknowledges it.
 # It returns each row as the email-requested event's fields, in the contract's order and named
-# as there, so the relay encodes a row as it comes (the relay checks the names).
+# as there, so the relay encodes a row as it comes (the relay checks the names). created_at comes
+# as the contract's timestamp-millis, milliseconds since the epoch, rounded down as the codec
+# rounds a datetime: the database computes it for less than the relay's parsing of a timestamp
+# (exactly: extract() returns numeric since PostgreSQL 14).
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue
@@ -65,7 +68,8 @@ CLAIM_DUE = sa.text("""
     )
     SELECT o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
            COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
-           o.created_at, 1 AS attempt, CAST(NULL AS timestamptz) AS not_before
+           CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS created_at,
+           1 AS attempt, CAST(NULL AS timestamptz) AS not_before
     FROM outbox AS o
     WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
 """)

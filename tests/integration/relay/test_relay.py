@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import io
 import json
 import os
@@ -76,6 +77,26 @@ def test_rows_go_to_their_priority_topic_keyed_with_avro_and_headers(
         assert event.subject == f"{row.priority} mail"
         assert row.status == "published"
         assert row.published_at is not None
+
+
+@pytest.mark.parametrize("created_at", [
+    "2026-09-30 23:59:59.999999+00", "2026-10-01 00:00:00+00", "2026-10-01 00:00:00.000999+02",
+    "1969-12-31 23:59:59.999500+00", "2106-02-07 06:28:16.001+00",
+])
+def test_the_claim_writes_created_at_as_the_codec_writes_the_timestamp(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any], created_at: str) -> None:
+    # The claim hands created_at over as milliseconds computed by the database; the event must
+    # carry what encoding the row's datetime would (rounded down, before the epoch too).
+    with engine.begin() as conn:
+        enqueue(conn, key="m", recipients=["a@example.com"], subject="s", body="b")
+        conn.execute(sa.text("UPDATE outbox SET created_at = CAST(:t AS timestamptz)"),
+                     {"t": created_at})
+        stored = conn.execute(sa.text("SELECT created_at FROM outbox")).scalar_one()
+    assert Relay(settings, engine).publish_once() == 1
+    [record] = consume(settings, topics(settings), expected=1)
+    event = decode(EmailRequested, record.value, record.headers)
+    floored = stored - dt.timedelta(microseconds=stored.microsecond % 1000)
+    assert event.created_at == floored
 
 
 def test_a_row_committed_after_a_higher_id_is_still_published(
