@@ -30,6 +30,10 @@ class CpuUsage:
     busy_fraction: float  # of all CPUs' time
     cpus: int
 
+    def of(self, prefix: str) -> float:
+        """CPU seconds of the processes whose names start with ``prefix``."""
+        return sum(seconds for name, seconds in self.processes.items() if name.startswith(prefix))
+
     def describe(self) -> str:
         used = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.processes.items())
         return (f"CPU: {used}; machine {self.busy_fraction:.0%} busy "
@@ -45,6 +49,26 @@ def process_cpu_s(pid: int) -> float:
     # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime (fields 14, 15)
+
+
+def pids_named(*commands: str) -> dict[str, int]:
+    """Every running process whose command name is one of ``commands``, as ``command:pid`` ->
+    pid (e.g. the local stack's PostgreSQL backends); empty where /proc is missing."""
+    found = {}
+    try:
+        entries = list(_PROC.iterdir())
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "comm").read_text().strip()
+        except OSError:
+            continue  # exited meanwhile
+        if command in commands:
+            found[f"{command}:{entry.name}"] = int(entry.name)
+    return found
 
 
 def sample(pids: Mapping[str, int]) -> CpuSample | None:

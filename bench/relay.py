@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.cpu import sample, usage
+from bench.cpu import pids_named, sample, usage
 from bench.processes import PostroomProcesses
 from bench.report import (
     BenchError,
@@ -198,6 +198,8 @@ class Drain:
     rounds: int
     mean_round_s: float
     relay_cpus: float | None     # CPUs the relay's process kept busy while draining
+    postgres_cpus: float | None  # ... every PostgreSQL process (its backends)
+    kafka_cpus: float | None     # ... every java process (the broker of the local stack)
     machine_busy: float | None   # fraction of all CPUs busy meanwhile
 
 
@@ -318,9 +320,11 @@ def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
     progress(f"relay: draining {rows:,} rows with {relays} `postroom relay` "
              f"(batch {settings.relay_batch_size:,})")
     with relay_processes(settings, relays) as running:  # started: not timing its start-up
-        before, window_started = sample(running.pids), time.monotonic()
+        watched = {**{f"relay:{name}": pid for name, pid in running.pids.items()},
+                   **pids_named("postgres", "java")}
+        before, window_started = sample(watched), time.monotonic()
         _wait_all_published(engine, running)
-        cpu, window_s = usage(before, sample(running.pids)), time.monotonic() - window_started
+        cpu, window_s = usage(before, sample(watched)), time.monotonic() - window_started
     with engine.connect() as conn:
         # Every mark stamps its rows with its own transaction time: rounds are distinct stamps.
         first, last, rounds = conn.execute(sa.text(
@@ -336,7 +340,9 @@ def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
     drain = Drain(enqueue_rows_per_s=per_s(rows, filled.finished_at - filled.started_at),
                   rows_per_s=per_s(rows - first_round, drain_s), rounds=rounds,
                   mean_round_s=drain_s / max(rounds - 1, 1),
-                  relay_cpus=sum(cpu.processes.values()) / window_s if cpu else None,
+                  relay_cpus=cpu.of("relay:") / window_s if cpu else None,
+                  postgres_cpus=cpu.of("postgres:") / window_s if cpu else None,
+                  kafka_cpus=cpu.of("java:") / window_s if cpu else None,
                   machine_busy=cpu.busy_fraction if cpu else None)
     progress(f"relay: drained at {fmt_rate(drain.rows_per_s)} rows/s")
     return drain
@@ -484,13 +490,14 @@ def run(base: Settings, options: Options) -> Section:
         "enqueue rates are those processes' together)",
         "",
         *table(["rows/txn", "rows", "enqueue rows/s", "drain rows/s", "drains (slow..fast)",
-                "rounds", "mean round ms", "relay CPUs", "machine busy", "e2e rows/s",
-                "(enqueue rows/s meanwhile)"],
+                "rounds", "mean round ms", "relay CPUs", "PostgreSQL", "Kafka", "machine busy",
+                "e2e rows/s", "(enqueue rows/s meanwhile)"],
                [[f"{r.rows_per_txn:,}", f"{r.rows:,}", fmt_rate(r.median.enqueue_rows_per_s),
                  fmt_rate(r.median.rows_per_s),
                  " ".join(fmt_rate(d.rows_per_s) for d in sorted(r.drains, key=lambda d: d.rows_per_s)),
                  str(r.median.rounds), f"{r.median.mean_round_s * 1000:,.0f}",
-                 _share(r.median.relay_cpus), _share(r.median.machine_busy),
+                 _share(r.median.relay_cpus), _share(r.median.postgres_cpus),
+                 _share(r.median.kafka_cpus), _share(r.median.machine_busy),
                  fmt_rate(r.end_to_end_rows_per_s), fmt_rate(r.concurrent_enqueue_rows_per_s)]
                 for r in results]),
         "",
@@ -498,13 +505,15 @@ def run(base: Settings, options: Options) -> Section:
         f"first round over the time from that round's mark to the last one's. {plan.drains} "
         "drains per size, each of freshly enqueued rows: the figure (and the columns after it) is "
         "the median drain. relay CPUs: CPU time of the relay's process over the drain's wall "
-        "time; machine busy: all CPUs, PostgreSQL and Kafka included.",
+        "time; PostgreSQL, Kafka: the same for every postgres and every java process; machine "
+        "busy: all CPUs.",
         "e2e: first transaction begun -> last row published, enqueueing while `postroom relay` "
         "publishes.",
         "",
         f"Two `postroom relay` processes sharing one drain ({rows:,} rows, {size:,} per "
         f"transaction): {fmt_rate(two_relays.rows_per_s)} rows/s, relay CPUs "
-        f"{_share(two_relays.relay_cpus)}, machine busy {_share(two_relays.machine_busy)}.",
+        f"{_share(two_relays.relay_cpus)}, PostgreSQL {_share(two_relays.postgres_cpus)}, Kafka "
+        f"{_share(two_relays.kafka_cpus)}, machine busy {_share(two_relays.machine_busy)}.",
         "",
         f"Commit-to-publish latency, {latency.rows:,} rows offered at "
         f"{fmt_rate(latency.offered_rows_per_s)} rows/s "
