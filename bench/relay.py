@@ -166,17 +166,18 @@ def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:
     return outcome
 
 
-def _enqueuers(rows_per_txn: int) -> str:
-    count = SINGLE_ROW_ENQUEUERS if rows_per_txn == 1 else 1
-    return "separate process" if count == 1 else f"{count} separate processes"
+def _enqueuer_count(job: EnqueueJob) -> int:
+    """How many processes share ``job``: flat-out one-row transactions are split."""
+    return SINGLE_ROW_ENQUEUERS if job.rows_per_txn == 1 and job.interval_s is None else 1
 
 
 def enqueue_filled(job: EnqueueJob) -> EnqueueReport:
-    """Run a flat-out ``job``; one-row transactions in SINGLE_ROW_ENQUEUERS processes at once,
-    each its share of the rows under its own message keys. The report spans them all."""
-    if job.rows_per_txn != 1 or job.interval_s is not None:
+    """Run ``job`` in _enqueuer_count(job) processes at once, each its share of the rows under its
+    own message keys. The report spans them all."""
+    count = _enqueuer_count(job)
+    if count == 1:
         return enqueue_elsewhere(job)
-    share = math.ceil(job.total_rows / SINGLE_ROW_ENQUEUERS)
+    share = math.ceil(job.total_rows / count)
     jobs = [dataclasses.replace(job, total_rows=min(share, job.total_rows - first),
                                 key_prefix=f"{job.key_prefix}-p{n}")
             for n, first in enumerate(range(0, job.total_rows, share))]
@@ -312,9 +313,11 @@ def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
                   tag: str, relays: int = 1) -> Drain:
     """Pre-enqueue ``rows`` (another process) and drain them with ``relays`` `postroom relay`s."""
     _truncate(engine)
-    progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction "
-             f"({_enqueuers(rows_per_txn)})")
-    filled = enqueue_filled(EnqueueJob(settings, rows, rows_per_txn, tag))
+    job = EnqueueJob(settings, rows, rows_per_txn, tag)
+    enqueuers = _enqueuer_count(job)
+    progress(f"relay: enqueueing {rows:,} rows, {rows_per_txn:,} per transaction ("
+             + ("separate process)" if enqueuers == 1 else f"{enqueuers} separate processes)"))
+    filled = enqueue_filled(job)
     if _unpublished(engine) != rows:
         raise BenchError(f"expected {rows} unpublished rows after enqueueing")
     progress(f"relay: draining {rows:,} rows with {relays} `postroom relay` "
@@ -477,7 +480,6 @@ def run(base: Settings, options: Options) -> Section:
             two_relays = measure_drain(settings, engine, size, rows, "two-relays", relays=2)
             latency = measure_latency(settings, engine, plan)
             if options.profile:
-                size, rows = plan.rows_by_txn_size[-1]
                 profile = profile_drain(settings, engine, size, rows)
         finally:
             engine.dispose()
