@@ -8,7 +8,6 @@ import pytest
 
 from postroom.topics import Priority
 from sender.priority import (
-    PRIORITY_ORDER,
     PriorityState,
     choose_active,
     plan_round,
@@ -145,8 +144,3 @@ def test_negative_counts_are_rejected() -> None:
         PriorityState({L: -1})
     with pytest.raises(ValueError, match="backlog cannot be negative"):
         PriorityState().advance(backlog(low=-2), frozenset())
-
-
-def test_order_names_every_priority_most_urgent_first() -> None:
-    assert PRIORITY_ORDER == (H, N, L)
-    assert set(PRIORITY_ORDER) == set(Priority)

@@ -7,10 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from postroom.settings import Settings
 from sender.outcome import Outcome, SmtpReply, Stage, Verdict, classify_reply
 from sender.retry import (
-    DEFAULT_RETRY_DELAYS_S,
     Action,
     RetryDecision,
     RetryPolicy,
@@ -93,10 +91,6 @@ def test_seed_ops_recipient_sent_on_third_attempt() -> None:
         now = decision.not_before or now
     assert actions == [(Action.RETRY, 1), (Action.RETRY, 2), (Action.DONE_SENT, None)]
     assert now == minutes(15)
-
-
-def test_default_delays_match_settings() -> None:
-    assert RetryPolicy().delays_s == DEFAULT_RETRY_DELAYS_S == Settings().retry_delays_s
 
 
 @pytest.mark.parametrize(("base_s", "factor", "attempts", "expected"), [
