@@ -28,6 +28,7 @@ from relay import enqueue, sql
 from relay.db import make_engine
 from relay.publisher import ROW_ID_HEADER, Relay
 from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema
+from support.pipeline import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -251,23 +252,38 @@ def test_broker_outage_loses_nothing_and_releases_the_claims(
 
 def test_run_wakes_on_notify_and_stops_on_request(
         settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
-    slow_poll = dataclasses.replace(settings, relay_poll_interval_s=30.0)
-    relay = Relay(slow_poll, engine)
+    # Polling once an hour, the relay can publish a row enqueued after its first (empty) claim
+    # within this test's time only if the row's NOTIFY woke it.
+    slow_poll = dataclasses.replace(settings, relay_poll_interval_s=3600.0)
+    relay_engine = make_engine(slow_poll)
+    claims: list[float] = []
+
+    @sa.event.listens_for(relay_engine, "after_cursor_execute")
+    def count_claims(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+                     executemany: bool) -> None:
+        if getattr(context.compiled, "statement", None) is sql.CLAIM_DUE:
+            claims.append(time.monotonic())
+
+    relay = Relay(slow_poll, relay_engine)
     thread = threading.Thread(target=relay.run)
     thread.start()
     try:
-        time.sleep(0.5)  # let it reach its wait
+        wait_for(lambda: claims, 30, "the relay's first claim")
+        assert relay.stats.rounds == 0  # it found nothing and is waiting
         started = time.monotonic()
         with engine.begin() as conn:
             enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
-        records = consume(settings, topics(settings), expected=1, timeout_s=10)
+        records = consume(settings, topics(settings), expected=1, timeout_s=30)
         woke_after = time.monotonic() - started
+        claims_after_wake = len(claims)
     finally:
         relay.stop()
         thread.join(timeout=10)
+        relay_engine.dispose()
     assert not thread.is_alive()
     assert len(records) == 1
-    assert woke_after < 10, "a 30 s poll interval was waited out: NOTIFY did not wake the relay"
+    assert claims_after_wake == 2, "one claim before the row, one after its NOTIFY"
+    assert woke_after < 30
 
 
 def relay_process(settings: Settings) -> subprocess.Popen[bytes]:
