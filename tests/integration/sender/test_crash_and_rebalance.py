@@ -14,7 +14,9 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
+from postroom.kafka import group_lag
 from postroom.settings import Settings
+from postroom.topics import Priority, priority_topic, retry_topic
 from relay import enqueue
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
@@ -67,6 +69,9 @@ def test_killed_and_added_senders_deliver_everything_once(
     while relay.publish_once():
         pass
     group = f"crash-{uuid.uuid4().hex[:8]}"
+    sender_topics = [*(priority_topic(settings.topic_prefix, p) for p in Priority),
+                     *(retry_topic(settings.topic_prefix, n)
+                       for n in range(1, len(settings.retry_delays_s) + 1))]
     processes: list[subprocess.Popen[bytes]] = []
     try:
         first = start_sender(settings, group, server.port)
@@ -88,7 +93,9 @@ def test_killed_and_added_senders_deliver_everything_once(
         processes.append(start_sender(settings, group, server.port))  # joins mid-stream
         wait_for(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
                  "every recipient to receive the email")
-        time.sleep(2)  # anything sent twice would arrive now
+        # Every record processed and committed: a copy sent again would have been sent by now.
+        wait_for(lambda: sum(row.lag for row in group_lag(settings, group, sender_topics)) == 0,
+                 60, "the sender group's committed offsets to reach the end of every topic")
     finally:
         for proc in processes[1:]:
             proc.send_signal(signal.SIGTERM)
