@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
+from postroom.devkit.wait import wait_until
 from postroom.kafka import make_admin
 from postroom.settings import Settings
 from postroom.topics import all_topics
@@ -92,7 +92,7 @@ class Demo:
         self.start("devsmtp", "devsmtp", "--port", str(self.smtp_port),
                    "--reject", "old.manager@example.com", "--defer", "ops@example.com:2",
                    "--maildir", str(self.workdir / "maildir"))
-        wait_until(lambda: _port_open(self.smtp_port), 15, "the dev SMTP server")
+        wait(lambda: _port_open(self.smtp_port), 15, "the dev SMTP server")
 
     def status(self, key: str) -> list[dict[str, Any]]:
         done = subprocess.run([sys.executable, "-m", "postroom.cli", "status", "--key", key,
@@ -109,15 +109,13 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def wait(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """wait_until, saying what the demo waits for; a timeout ends the demo with that message."""
     print(f"   waiting for {what} ...", flush=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise SystemExit(f"demo: timed out after {timeout_s:.0f}s waiting for {what}")
+    try:
+        return wait_until(condition, timeout_s, what, poll_interval_s=0.25)
+    except TimeoutError as exc:
+        raise SystemExit(f"demo: {exc}") from None
 
 
 def print_table(rows: Sequence[dict[str, Any]]) -> None:
@@ -187,7 +185,7 @@ def run() -> int:
         demo.postroom(*enqueue)
 
         say("Delivery: finance@ and ceo@ at once, old.manager@ refused, ops@ after two deferrals")
-        rows = wait_until(lambda: (r := demo.status("sales-report-2026-09"))
+        rows = wait(lambda: (r := demo.status("sales-report-2026-09"))
                           and all(x["status"] in TERMINAL for x in r) and r, 90,
                           "every September recipient to reach a final state")
         say("Who received the September report, after how many attempts, and why not")
@@ -200,14 +198,14 @@ def run() -> int:
                    "--subject", "Sales report — October 2026",
                    "--body", "The October sales report is attached.", "--attach", str(report)]
         demo.postroom(*october)
-        rows = wait_until(lambda: [r for r in demo.status("sales-report-2026-10")
+        rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
                                    if r["status"] == "retrying"], 60,
                           "the October email to fail and be scheduled for a retry")
         print_table(rows)
 
         say("The mail server is back; the retry delivers October")
         demo.start_smtp()
-        rows = wait_until(lambda: [r for r in demo.status("sales-report-2026-10")
+        rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
                                    if r["status"] == "sent"], 90, "October to be delivered")
         print_table(rows)
 

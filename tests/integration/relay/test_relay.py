@@ -21,6 +21,7 @@ import fastavro
 import pytest
 import sqlalchemy as sa
 
+from postroom.devkit.wait import wait_until
 from postroom.kafka import make_producer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
@@ -28,7 +29,6 @@ from relay import enqueue, sql
 from relay.db import make_engine
 from relay.publisher import ROW_ID_HEADER, Relay
 from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema
-from support.pipeline import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -268,7 +268,7 @@ def test_run_wakes_on_notify_and_stops_on_request(
     thread = threading.Thread(target=relay.run)
     thread.start()
     try:
-        wait_for(lambda: claims, 30, "the relay's first claim")
+        wait_until(lambda: claims, 30, "the relay's first claim")
         assert relay.stats.rounds == 0  # it found nothing and is waiting
         started = time.monotonic()
         with engine.begin() as conn:

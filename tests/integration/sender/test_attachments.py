@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from relay import enqueue
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,7 +27,7 @@ def run_one(settings: Settings, engine: sa.Engine, attachment: Path, wanted: str
                 attachments=[attachment])
     pipeline = Pipeline(smtp, engine).start()
     try:
-        rows = wait_for(lambda: [r for r in outbox_rows(engine, "k") if r.status == wanted], 30,
+        rows = wait_until(lambda: [r for r in outbox_rows(engine, "k") if r.status == wanted], 30,
                         f"the row to be {wanted}")
     finally:
         pipeline.stop()

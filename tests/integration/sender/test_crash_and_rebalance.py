@@ -14,13 +14,13 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
+from postroom.devkit.wait import wait_until
 from postroom.kafka import group_lag
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic, retry_topic
 from relay import enqueue
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -77,7 +77,7 @@ def test_killed_and_added_senders_deliver_everything_once(
         first = start_sender(settings, group, server.port)
         processes.append(first)
         started = time.monotonic()
-        wait_for(lambda: server.count() >= 60, 60, "the first sender to deliver 60 emails")
+        wait_until(lambda: server.count() >= 60, 60, "the first sender to deliver 60 emails")
         print(f"first sender delivered 60 after {time.monotonic() - started:.1f}s")
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=10)
@@ -88,13 +88,13 @@ def test_killed_and_added_senders_deliver_everything_once(
         assert received_at_kill < TOTAL, "the first sender finished before it was killed"
 
         processes.append(start_sender(settings, group, server.port))
-        wait_for(lambda: server.count() >= received_at_kill + 80, 90,
+        wait_until(lambda: server.count() >= received_at_kill + 80, 90,
                  "the restarted sender to make progress")
         processes.append(start_sender(settings, group, server.port))  # joins mid-stream
-        wait_for(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
+        wait_until(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
                  "every recipient to receive the email")
         # Every record processed and committed: a copy sent again would have been sent by now.
-        wait_for(lambda: sum(row.lag for row in group_lag(settings, group, sender_topics)) == 0,
+        wait_until(lambda: sum(row.lag for row in group_lag(settings, group, sender_topics)) == 0,
                  60, "the sender group's committed offsets to reach the end of every topic")
     finally:
         for proc in processes[1:]:

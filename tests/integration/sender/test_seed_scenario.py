@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from relay import enqueue
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -69,7 +70,7 @@ def test_the_seed_scenario(smtp_settings: Settings, engine: sa.Engine, tmp_path:
                                    attachments=[report])
         assert (queued, queued_again) == (4, 0)
 
-        rows = wait_for(lambda: (r := outbox_rows(engine, "sales-2026-09"))
+        rows = wait_until(lambda: (r := outbox_rows(engine, "sales-2026-09"))
                         and all(x.status in TERMINAL for x in r) and r, 60, "September delivered")
         table = {r.recipient: r for r in rows}
         assert {k: (v.status, v.attempts) for k, v in table.items()} == {
@@ -107,14 +108,14 @@ def test_the_seed_scenario(smtp_settings: Settings, engine: sa.Engine, tmp_path:
             enqueue(conn, key="sales-2026-10", recipients=["finance@example.com"],
                     subject="Sales report — October 2026",
                     body="The October sales report is attached.", attachments=[report])
-        waiting = wait_for(lambda: [r for r in outbox_rows(engine, "sales-2026-10")
+        waiting = wait_until(lambda: [r for r in outbox_rows(engine, "sales-2026-10")
                                     if r.status == "retrying"], 30, "October to be retrying")
         assert "refused" in waiting[0].last_error.lower()
         assert waiting[0].next_attempt_at is not None
         restarted = DevSmtpServer(port=port)
         restarted.start()
         try:
-            october = wait_for(lambda: [r for r in outbox_rows(engine, "sales-2026-10")
+            october = wait_until(lambda: [r for r in outbox_rows(engine, "sales-2026-10")
                                         if r.status == "sent"], 40, "October delivered")
             assert october[0].attempts >= 2
             assert [m.rcpt for m in restarted.messages] == ["finance@example.com"]
