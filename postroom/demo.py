@@ -17,23 +17,18 @@ import socket
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import sqlalchemy as sa
-
+from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.kafka import make_admin
 from postroom.settings import Settings
-from postroom.topics import all_topics
 from sender.devsmtp import read_maildir
 
 TEAM = ["finance@example.com", "ops@example.com", "old.manager@example.com", "ceo@example.com"]
 RETRY_DELAYS = "2s,4s,8s,16s"
-DEMO_SCHEMA = "postroom_demo"
 TERMINAL = {"sent", "failed", "dead"}
 
 
@@ -49,7 +44,6 @@ def free_port() -> int:
 
 @dataclasses.dataclass
 class Demo:
-    settings: Settings
     workdir: Path
     env: dict[str, str]
     smtp_port: int
@@ -138,95 +132,82 @@ def make_workbook(path: Path) -> Path:
     return path
 
 
-def reset_schema(settings: Settings) -> None:
-    engine = sa.create_engine(settings.require("database_url"))
-    with engine.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{DEMO_SCHEMA}" CASCADE'))
-    engine.dispose()
-
-
 def run() -> int:
     settings = Settings.from_env()
     settings.require("database_url")
     settings.require("kafka_bootstrap_servers")
-    run_id = uuid.uuid4().hex[:6]
-    prefix = f"postroom-demo-{run_id}."
     workdir = Path(tempfile.mkdtemp(prefix="postroom-demo-"))
-    env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": DEMO_SCHEMA, "POSTROOM_TOPIC_PREFIX": prefix,
-           "POSTROOM_RETRY_DELAYS": RETRY_DELAYS, "POSTROOM_SMTP_HOST": "127.0.0.1",
-           "POSTROOM_SMTP_TLS": "auto", "POSTROOM_SMTP_CONNECT_TIMEOUT": "2s",
-           "POSTROOM_SMTP_TIMEOUT": "10s", "POSTROOM_MAIL_FROM": "reports@example.com",
-           "POSTROOM_ATTACHMENTS_ROOT": str(workdir), "POSTROOM_SENDER_GROUP": f"demo-{run_id}",
-           "POSTROOM_RECORDER_GROUP": f"demo-recorder-{run_id}"}
-    demo = Demo(settings, workdir, env, free_port())
-    env["POSTROOM_SMTP_PORT"] = str(demo.smtp_port)
-    try:
-        say("Setting up: a fresh outbox schema and this run's topics (retry tiers "
-            f"{RETRY_DELAYS} instead of the default 5m,10m,20m,40m)")
-        reset_schema(settings)
-        demo.postroom("db", "upgrade")
-        demo.postroom("topics", "create")
+    # Its own schema, topics and groups, removed at the end; `db upgrade` and `topics create`
+    # are part of the show.
+    with scratch(settings, "postroom_demo", create=False,
+                 say=lambda text: print(f"   {text}", flush=True)) as names:
+        env = {**os.environ, **scratch_env(names), "POSTROOM_RETRY_DELAYS": RETRY_DELAYS,
+               "POSTROOM_SMTP_HOST": "127.0.0.1", "POSTROOM_SMTP_TLS": "auto",
+               "POSTROOM_SMTP_CONNECT_TIMEOUT": "2s", "POSTROOM_SMTP_TIMEOUT": "10s",
+               "POSTROOM_MAIL_FROM": "reports@example.com",
+               "POSTROOM_ATTACHMENTS_ROOT": str(workdir)}
+        demo = Demo(workdir, env, free_port())
+        env["POSTROOM_SMTP_PORT"] = str(demo.smtp_port)
+        try:
+            say("Setting up: a fresh outbox schema and this run's topics (retry tiers "
+                f"{RETRY_DELAYS} instead of the default 5m,10m,20m,40m)")
+            demo.postroom("db", "upgrade")
+            demo.postroom("topics", "create")
 
-        say("Starting the dev SMTP server (rejects old.manager@, defers ops@ twice), "
-            "relay, sender and recorder")
-        demo.start_smtp()
-        demo.start("relay", "relay")
-        demo.start("sender", "sender")
-        demo.start("recorder", "recorder")
+            say("Starting the dev SMTP server (rejects old.manager@, defers ops@ twice), "
+                "relay, sender and recorder")
+            demo.start_smtp()
+            demo.start("relay", "relay")
+            demo.start("sender", "sender")
+            demo.start("recorder", "recorder")
 
-        say("The report job: build the September workbook and queue it for four recipients")
-        report = make_workbook(workdir / "sales_2026-09.xlsx")
-        enqueue = ["enqueue", "--key", "sales-report-2026-09",
-                   "--subject", "Sales report — September 2026",
-                   "--body", "The September sales report is attached.", "--attach", str(report),
-                   *[arg for address in TEAM for arg in ("--to", address)]]
-        demo.postroom(*enqueue)
-        say("The job runs again by mistake: nothing is queued twice")
-        demo.postroom(*enqueue)
+            say("The report job: build the September workbook and queue it for four recipients")
+            report = make_workbook(workdir / "sales_2026-09.xlsx")
+            enqueue = ["enqueue", "--key", "sales-report-2026-09",
+                       "--subject", "Sales report — September 2026",
+                       "--body", "The September sales report is attached.",
+                       "--attach", str(report),
+                       *[arg for address in TEAM for arg in ("--to", address)]]
+            demo.postroom(*enqueue)
+            say("The job runs again by mistake: nothing is queued twice")
+            demo.postroom(*enqueue)
 
-        say("Delivery: finance@ and ceo@ at once, old.manager@ refused, ops@ after two deferrals")
-        rows = wait(lambda: (r := demo.status("sales-report-2026-09"))
-                          and all(x["status"] in TERMINAL for x in r) and r, 90,
-                          "every September recipient to reach a final state")
-        say("Who received the September report, after how many attempts, and why not")
-        print_table(rows)
-        demo.postroom("status", "--key", "sales-report-2026-09")
+            say("Delivery: finance@ and ceo@ at once, old.manager@ refused, ops@ after two deferrals")
+            rows = wait(lambda: (r := demo.status("sales-report-2026-09"))
+                        and all(x["status"] in TERMINAL for x in r) and r, 90,
+                        "every September recipient to reach a final state")
+            say("Who received the September report, after how many attempts, and why not")
+            print_table(rows)
+            demo.postroom("status", "--key", "sales-report-2026-09")
 
-        say("The mail server goes down; the October report is queued meanwhile")
-        demo.stop("devsmtp")
-        october = ["enqueue", "--key", "sales-report-2026-10", "--to", "finance@example.com",
-                   "--subject", "Sales report — October 2026",
-                   "--body", "The October sales report is attached.", "--attach", str(report)]
-        demo.postroom(*october)
-        rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
-                                   if r["status"] == "retrying"], 60,
-                          "the October email to fail and be scheduled for a retry")
-        print_table(rows)
+            say("The mail server goes down; the October report is queued meanwhile")
+            demo.stop("devsmtp")
+            october = ["enqueue", "--key", "sales-report-2026-10", "--to", "finance@example.com",
+                       "--subject", "Sales report — October 2026",
+                       "--body", "The October sales report is attached.", "--attach", str(report)]
+            demo.postroom(*october)
+            rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
+                                 if r["status"] == "retrying"], 60,
+                        "the October email to fail and be scheduled for a retry")
+            print_table(rows)
 
-        say("The mail server is back; the retry delivers October")
-        demo.start_smtp()
-        rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
-                                   if r["status"] == "sent"], 90, "October to be delivered")
-        print_table(rows)
+            say("The mail server is back; the retry delivers October")
+            demo.start_smtp()
+            rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
+                                 if r["status"] == "sent"], 90, "October to be delivered")
+            print_table(rows)
 
-        say("What the mail server received (Maildir), and the consumer groups' lag")
-        received = Counter(m.rcpt for m in read_maildir(workdir / "maildir"))
-        for address in TEAM:
-            print(f"   {address:<26} {received.get(address, 0)} message(s)")
-        print(f"   {sum(received.values())} in all: September to three recipients, "
-              "October to finance@, nothing twice")
-        demo.postroom("lag")
-        say("Done. The whole run is on the local stack; logs are in " + str(workdir))
-    finally:
-        for name in list(demo.processes):
-            demo.stop(name)
-        admin = make_admin(dataclasses.replace(settings, topic_prefix=prefix))
-        names = all_topics(prefix, len(RETRY_DELAYS.split(",")))
-        for future in admin.delete_topics(names, operation_timeout=10).values():
-            try:
-                future.result()
-            except Exception as exc:  # noqa: BLE001 - cleanup is best effort; say what was left
-                print(f"   could not delete a demo topic: {exc}", file=sys.stderr)
+            say("What the mail server received (Maildir), and the consumer groups' lag")
+            received = Counter(m.rcpt for m in read_maildir(workdir / "maildir"))
+            for address in TEAM:
+                print(f"   {address:<26} {received.get(address, 0)} message(s)")
+            print(f"   {sum(received.values())} in all: September to three recipients, "
+                  "October to finance@, nothing twice")
+            demo.postroom("lag")
+            say("Done. The whole run is on the local stack; logs are in " + str(workdir))
+        finally:
+            for name in list(demo.processes):
+                demo.stop(name)
     shutil.rmtree(workdir / "maildir", ignore_errors=True)
     return 0
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
+from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.kafka import make_admin
 from postroom.settings import Settings
 from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
@@ -34,10 +34,6 @@ STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "a
 LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
 RUN_TIMEOUT_S = 60
 STOP_WITHIN_S = 5.0
-
-
-def unique(tag: str) -> str:
-    return f"{tag}{uuid.uuid4().hex[:10]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,39 +73,28 @@ def cli_for(schema: str, prefix: str, **extra: str) -> Cli:
 def cli(db_settings: Settings) -> Cli:
     """A migrated schema of this test's own, and a topic prefix no topic has."""
     assert db_settings.database_schema
-    return cli_for(db_settings.database_schema, unique("e2e-none-") + ".")
+    return cli_for(db_settings.database_schema, unique_name("e2e_none") + ".")
 
 
 @pytest.fixture
 def stack_cli(settings: Settings) -> Cli:
-    """A schema and created topics of this test's own, and consumer groups of its own."""
-    assert settings.database_schema
-    return cli_for(settings.database_schema, settings.topic_prefix,
-                   POSTROOM_SENDER_GROUP=unique("e2e-sender-"),
-                   POSTROOM_RECORDER_GROUP=unique("e2e-recorder-"))
+    """A schema, created topics and consumer groups of this test's own."""
+    return Cli({**os.environ, **scratch_env(settings)})
 
 
 @pytest.fixture
 def new_schema(stack_settings: Settings) -> Iterator[str]:
     """A schema name nothing has created; dropped afterwards if a test created it."""
-    name = unique("e2e_")
-    yield name
-    engine = make_engine(stack_settings)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
-    engine.dispose()
+    with scratch(stack_settings, "e2e", kafka=False) as settings:
+        assert settings.database_schema
+        yield settings.database_schema
 
 
 @pytest.fixture
 def new_prefix(stack_settings: Settings) -> Iterator[str]:
     """A topic prefix no topic has; its topics are deleted afterwards."""
-    prefix = unique("e2e") + "."
-    yield prefix
-    admin = make_admin(stack_settings)
-    existing = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-    if existing:
-        for future in admin.delete_topics(existing, operation_timeout=10).values():
-            future.result()
+    with scratch(stack_settings, "e2e", database=False, create=False) as settings:
+        yield settings.topic_prefix
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -134,7 +119,7 @@ def outbox(db_settings: Settings, key: str) -> list[sa.RowMapping]:
 
 def test_db_upgrade_creates_the_schema_and_is_idempotent(
         new_schema: str, stack_settings: Settings) -> None:
-    cli = cli_for(new_schema, unique("e2e-none-") + ".")
+    cli = cli_for(new_schema, unique_name("e2e_none") + ".")
     first = cli.ok("db", "upgrade")
     second = cli.ok("db", "upgrade")
     engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
@@ -146,7 +131,7 @@ def test_db_upgrade_creates_the_schema_and_is_idempotent(
 
 
 def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
-    cli = cli_for(unique("e2e_none_"), new_prefix)
+    cli = cli_for(unique_name("e2e_none"), new_prefix)
     expected = all_topics(new_prefix, 4)  # the default POSTROOM_RETRY_DELAYS has four tiers
     assert expected == [*(priority_topic(new_prefix, p) for p in ("high", "normal", "low")),
                         *(retry_topic(new_prefix, n) for n in (1, 2, 3, 4)),
@@ -162,7 +147,7 @@ def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
 
 
 def test_topics_create_follows_the_retry_tiers_setting(new_prefix: str) -> None:
-    cli = cli_for(unique("e2e_none_"), new_prefix)
+    cli = cli_for(unique_name("e2e_none"), new_prefix)
     lines = cli.ok("topics", "create", POSTROOM_RETRY_DELAYS="1m,1h").stdout.splitlines()
     assert [line.split()[1] for line in lines] == all_topics(new_prefix, 2)
 
@@ -279,7 +264,7 @@ def test_status_shows_one_line_per_recipient(cli: Cli) -> None:
 
 
 def test_status_on_a_schema_never_upgraded_says_to_upgrade(new_schema: str) -> None:
-    cli = cli_for(new_schema, unique("e2e-none-") + ".")
+    cli = cli_for(new_schema, unique_name("e2e_none") + ".")
     proc = cli("status")
     assert proc.returncode == 1
     assert "run `postroom db upgrade`" in error_line(proc)
@@ -430,7 +415,7 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
 
 
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
-    proc = cli_for(new_schema, unique("e2e-none-") + ".")(
+    proc = cli_for(new_schema, unique_name("e2e_none") + ".")(
         "check", POSTROOM_SMTP_HOST="127.0.0.1", POSTROOM_SMTP_PORT="1")
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
