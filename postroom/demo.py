@@ -12,16 +12,15 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from postroom.devkit.processes import PostroomProcesses, run_postroom
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
@@ -47,40 +46,25 @@ class Demo:
     workdir: Path
     env: dict[str, str]
     smtp_port: int
-    processes: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
-    logs: dict[str, IO[bytes]] = dataclasses.field(default_factory=dict)
+    processes: PostroomProcesses = dataclasses.field(init=False)
 
-    def postroom(self, *args: str, check: bool = True) -> str:
+    def __post_init__(self) -> None:
+        self.processes = PostroomProcesses(self.env, self.workdir)
+
+    def postroom(self, *args: str) -> str:
         """Run one `postroom` command as a user would, echoing it and its output."""
         print(f"$ postroom {shlex.join(args)}", flush=True)
-        done = subprocess.run([sys.executable, "-m", "postroom.cli", *args], env=self.env,
-                              capture_output=True, text=True, check=False)
+        done = run_postroom(*args, env=self.env)
         if done.stdout.strip():
             print(done.stdout.rstrip())
-        if check and done.returncode != 0:
+        if done.returncode != 0:
             raise SystemExit(f"postroom {args[0]} failed ({done.returncode}):\n{done.stderr}")
         return done.stdout
 
     def start(self, name: str, *args: str) -> None:
-        log = self.logs[name] = (self.workdir / f"{name}.log").open("ab")
-        print(f"$ postroom {shlex.join(args)} &   (log: {log.name})", flush=True)
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "postroom.cli", *args], env=self.env, stdout=log,
-            stderr=subprocess.STDOUT)
-
-    def stop(self, name: str) -> None:
-        proc = self.processes.pop(name, None)
-        log = self.logs.pop(name, None)
-        if log is not None:
-            log.close()
-        if proc is None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        print(f"$ postroom {shlex.join(args)} &   (log: {self.processes.log_path(name)})",
+              flush=True)
+        self.processes.start(name, *args)
 
     def start_smtp(self) -> None:
         self.start("devsmtp", "devsmtp", "--port", str(self.smtp_port),
@@ -89,9 +73,9 @@ class Demo:
         wait(lambda: _port_open(self.smtp_port), 15, "the dev SMTP server")
 
     def status(self, key: str) -> list[dict[str, Any]]:
-        done = subprocess.run([sys.executable, "-m", "postroom.cli", "status", "--key", key,
-                               "--json"], env=self.env, capture_output=True, text=True,
-                              check=True)
+        done = run_postroom("status", "--key", key, "--json", env=self.env)
+        if done.returncode != 0:
+            raise SystemExit(f"postroom status failed ({done.returncode}):\n{done.stderr}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
@@ -181,7 +165,7 @@ def run() -> int:
             demo.postroom("status", "--key", "sales-report-2026-09")
 
             say("The mail server goes down; the October report is queued meanwhile")
-            demo.stop("devsmtp")
+            demo.processes.stop("devsmtp")
             october = ["enqueue", "--key", "sales-report-2026-10", "--to", "finance@example.com",
                        "--subject", "Sales report — October 2026",
                        "--body", "The October sales report is attached.", "--attach", str(report)]
@@ -206,8 +190,7 @@ def run() -> int:
             demo.postroom("lag")
             say("Done. The whole run is on the local stack; logs are in " + str(workdir))
         finally:
-            for name in list(demo.processes):
-                demo.stop(name)
+            demo.processes.stop_all()
     shutil.rmtree(workdir / "maildir", ignore_errors=True)
     return 0
 

@@ -8,9 +8,7 @@ import datetime as dt
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
+from postroom.devkit.processes import run_postroom, start_postroom, stop_process
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.kafka import make_admin
 from postroom.settings import Settings
@@ -38,15 +37,13 @@ STOP_WITHIN_S = 5.0
 
 @dataclasses.dataclass(frozen=True)
 class Cli:
-    """Runs ``python -m postroom.cli`` with the stack's environment plus this test's names."""
+    """Runs `postroom` with the stack's environment plus this test's names."""
 
     env: dict[str, str]
 
     def __call__(self, *args: str, timeout: float = RUN_TIMEOUT_S,
                  **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "postroom.cli", *args],
-                              env={**self.env, **env}, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return run_postroom(*args, env={**self.env, **env}, timeout_s=timeout)
 
     def ok(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         proc = self(*args, **env)
@@ -58,10 +55,8 @@ class Cli:
         return [json.loads(line) for line in self.ok("status", "--key", key, "--json")
                 .stdout.splitlines()]
 
-    def start(self, *args: str, stderr: Path) -> subprocess.Popen[bytes]:
-        with stderr.open("wb") as sink:
-            return subprocess.Popen([sys.executable, "-m", "postroom.cli", *args],
-                                    env=self.env, stdout=subprocess.DEVNULL, stderr=sink)
+    def start(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
+        return start_postroom(*args, env=self.env, log=log)
 
 
 def cli_for(schema: str, prefix: str, **extra: str) -> Cli:
@@ -332,7 +327,7 @@ def test_relay_publishes_and_stops_cleanly_on_sigterm(
     enqueue = ["enqueue", "--key", "k", "--subject", "S", "--body", "b", "--priority", "high"]
     stack_cli.ok(*enqueue, "--to", "before@example.com")  # waiting when the relay starts
     log = tmp_path / "relay.log"
-    relay = stack_cli.start("relay", stderr=log)
+    relay = stack_cli.start("relay", log=log)
     try:
         assert [r.key for r in consume(settings, [high], expected=1, timeout_s=30)] == [
             b"k|before@example.com"], log.read_text()
@@ -344,12 +339,8 @@ def test_relay_publishes_and_stops_cleanly_on_sigterm(
         assert all(r["published_at"] is not None for r in rows)
         assert relay.poll() is None, log.read_text()
     finally:
-        relay.send_signal(signal.SIGTERM)
         started = time.monotonic()
-        try:
-            code = relay.wait(timeout=15)
-        finally:
-            relay.kill()
+        code = stop_process(relay, timeout_s=15)  # SIGTERM; SIGKILL (status -9) after 15 s
         stopped_after = time.monotonic() - started
     stderr = log.read_text()
     assert code == 0, stderr

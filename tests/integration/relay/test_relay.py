@@ -7,8 +7,6 @@ import datetime as dt
 import io
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,6 +19,8 @@ import fastavro
 import pytest
 import sqlalchemy as sa
 
+from postroom.devkit.processes import PostroomProcesses
+from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.kafka import make_producer
 from postroom.settings import Settings
@@ -286,20 +286,16 @@ def test_run_wakes_on_notify_and_stops_on_request(
     assert woke_after < 30
 
 
-def relay_process(settings: Settings) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema or "",
-           "POSTROOM_TOPIC_PREFIX": settings.topic_prefix, "POSTROOM_RELAY_BATCH_SIZE": "500",
-           "POSTROOM_LOG_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-m", "postroom.cli", "relay"], env=env,
-                            stderr=subprocess.PIPE)
-
-
 @pytest.mark.slow
 def test_two_relay_processes_publish_every_row_exactly_once(
-        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any], tmp_path: Path) -> None:
     total = 10_000
-    relays = [relay_process(settings), relay_process(settings)]
+    env = {**os.environ, **scratch_env(settings), "POSTROOM_RELAY_BATCH_SIZE": "500",
+           "POSTROOM_LOG_LEVEL": "WARNING"}
+    relays = PostroomProcesses(env, tmp_path)
     try:
+        relays.start("relay0", "relay")
+        relays.start("relay1", "relay")
         for batch in range(20):  # 20 transactions of 500, enqueued while both relays run
             with engine.begin() as conn:
                 enqueue(conn, key=f"bulk-{batch}", subject="S", body="b",
@@ -307,10 +303,8 @@ def test_two_relay_processes_publish_every_row_exactly_once(
                         priority=ALL_PRIORITIES[batch % 3])
         records = consume(settings, topics(settings), expected=total, timeout_s=90)
     finally:
-        for proc in relays:
-            proc.terminate()
-        errors = [proc.communicate(timeout=30)[1].decode() for proc in relays]
-    assert [proc.returncode for proc in relays] == [0, 0], errors
+        codes = relays.stop_all(timeout_s=30)
+    assert codes == {"relay0": 0, "relay1": 0}, {name: relays.log(name) for name in codes}
     counts = Counter(r.key for r in records)
     assert len(counts) == total
     assert max(counts.values()) == 1, counts.most_common(3)
