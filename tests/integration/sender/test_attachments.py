@@ -28,7 +28,7 @@ def run_one(settings: Settings, engine: sa.Engine, attachment: Path, wanted: str
     pipeline = Pipeline(smtp, engine).start()
     try:
         rows = wait_until(lambda: [r for r in outbox_rows(engine, "k") if r.status == wanted], 30,
-                        f"the row to be {wanted}")
+                          f"the row to be {wanted}")
     finally:
         pipeline.stop()
         server.stop()

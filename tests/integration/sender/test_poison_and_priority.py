@@ -53,7 +53,7 @@ def test_poison_records_are_dead_lettered_and_the_rest_delivered(
     pipeline = Pipeline(smtp(settings, server), engine).start()
     try:
         wait_until(lambda: all(r.status == "sent" for r in outbox_rows(engine, "fine")), 60,
-                 "the readable email to be delivered")
+                   "the readable email to be delivered")
         dead = consume(settings, [dead_letter_topic(prefix)], expected=3, timeout_s=30)
     finally:
         pipeline.stop()

@@ -47,7 +47,7 @@ def test_a_row_published_twice_is_mailed_once(
     pipeline = Pipeline(smtp(settings, server), engine).start()
     try:
         wait_until(lambda: all(r.status == "sent" for r in outbox_rows(engine, "twice")), 30,
-                 "every row to be sent")
+                   "every row to be sent")
         results = consume(settings, [results_topic(settings.topic_prefix)], expected=6)
     finally:
         pipeline.stop()

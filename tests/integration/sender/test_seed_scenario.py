@@ -71,7 +71,7 @@ def test_the_seed_scenario(smtp_settings: Settings, engine: sa.Engine, tmp_path:
         assert (queued, queued_again) == (4, 0)
 
         rows = wait_until(lambda: (r := outbox_rows(engine, "sales-2026-09"))
-                        and all(x.status in TERMINAL for x in r) and r, 60, "September delivered")
+                          and all(x.status in TERMINAL for x in r) and r, 60, "September delivered")
         table = {r.recipient: r for r in rows}
         assert {k: (v.status, v.attempts) for k, v in table.items()} == {
             "finance@example.com": ("sent", 1),
