@@ -42,6 +42,7 @@ from bench.workload import enqueue_rows, recipients
 from postroom import kafka
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
+from postroom.errors import first_line
 from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 from relay.publisher import Relay
@@ -131,8 +132,7 @@ def _enqueue_worker(job: EnqueueJob, results: Any) -> None:
     try:
         results.put(run_enqueue(job))
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        results.put(f"{type(exc).__name__}: {first}")
+        results.put(f"{type(exc).__name__}: {first_line(exc)[:300]}")
 
 
 def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:

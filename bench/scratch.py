@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from bench.report import BenchError, progress
 from postroom.devkit.scratch import scratch as devkit_scratch
-from postroom.errors import PostroomError
+from postroom.errors import PostroomError, first_line
 from postroom.kafka import check_reachable
 from postroom.settings import Settings
 from relay.db import make_engine, upgrade
@@ -29,7 +29,7 @@ def check_stack(settings: Settings) -> None:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
     except sa.exc.OperationalError as exc:
-        raise BenchError(f"PostgreSQL does not answer ({str(exc.orig).splitlines()[0]}): {hint}") from exc
+        raise BenchError(f"PostgreSQL does not answer ({first_line(exc)}): {hint}") from exc
     finally:
         engine.dispose()
     try:
