@@ -125,13 +125,13 @@ def run() -> int:
     # are part of the show.
     with scratch(settings, "postroom_demo", create=False,
                  say=lambda text: print(f"   {text}", flush=True)) as names:
+        smtp_port = free_port()
         env = {**os.environ, **scratch_env(names), "POSTROOM_RETRY_DELAYS": RETRY_DELAYS,
-               "POSTROOM_SMTP_HOST": "127.0.0.1", "POSTROOM_SMTP_TLS": "auto",
-               "POSTROOM_SMTP_CONNECT_TIMEOUT": "2s", "POSTROOM_SMTP_TIMEOUT": "10s",
-               "POSTROOM_MAIL_FROM": "reports@example.com",
+               "POSTROOM_SMTP_HOST": "127.0.0.1", "POSTROOM_SMTP_PORT": str(smtp_port),
+               "POSTROOM_SMTP_TLS": "auto", "POSTROOM_SMTP_CONNECT_TIMEOUT": "2s",
+               "POSTROOM_SMTP_TIMEOUT": "10s", "POSTROOM_MAIL_FROM": "reports@example.com",
                "POSTROOM_ATTACHMENTS_ROOT": str(workdir)}
-        demo = Demo(workdir, env, free_port())
-        env["POSTROOM_SMTP_PORT"] = str(demo.smtp_port)
+        demo = Demo(workdir, env, smtp_port)
         try:
             say("Setting up: a fresh outbox schema and this run's topics (retry tiers "
                 f"{RETRY_DELAYS} instead of the default 5m,10m,20m,40m)")
