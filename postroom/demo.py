@@ -1,4 +1,5 @@
-"""`make demo`: the seed's story on the local stack, run with the real `postroom` commands.
+"""`make demo`: the seed's story (postroom.devkit.story) on the local stack, run with the real
+`postroom` commands.
 
 Starts the dev SMTP server, relay, sender and recorder as processes, queues the September report
 for four recipients (one rejected, one deferred twice), shows who received what, then takes the
@@ -22,13 +23,21 @@ from typing import Any
 
 from postroom.devkit.processes import PostroomProcesses, run_postroom
 from postroom.devkit.scratch import scratch, scratch_env
+from postroom.devkit.story import (
+    DEFERRED,
+    FINAL_STATUSES,
+    OCTOBER,
+    REFUSED,
+    SEPTEMBER,
+    TEAM,
+    Report,
+    make_workbook,
+)
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from sender.devsmtp import read_maildir
 
-TEAM = ["finance@example.com", "ops@example.com", "old.manager@example.com", "ceo@example.com"]
 RETRY_DELAYS = "2s,4s,8s,16s"
-TERMINAL = {"sent", "failed", "dead"}
 
 
 def say(text: str) -> None:
@@ -67,9 +76,10 @@ class Demo:
         self.processes.start(name, *args)
 
     def start_smtp(self) -> None:
-        self.start("devsmtp", "devsmtp", "--port", str(self.smtp_port),
-                   "--reject", "old.manager@example.com", "--defer", "ops@example.com:2",
-                   "--maildir", str(self.workdir / "maildir"))
+        defer = [arg for address, times in DEFERRED.items()
+                 for arg in ("--defer", f"{address}:{times}")]
+        self.start("devsmtp", "devsmtp", "--port", str(self.smtp_port), "--reject", REFUSED,
+                   *defer, "--maildir", str(self.workdir / "maildir"))
         wait(lambda: _port_open(self.smtp_port), 15, "the dev SMTP server")
 
     def status(self, key: str) -> list[dict[str, Any]]:
@@ -103,17 +113,11 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
               f"{row['last_error'] or ''}")
 
 
-def make_workbook(path: Path) -> Path:
-    from openpyxl import Workbook
-
-    book = Workbook()
-    sheet = book.active
-    sheet.title = "September 2026"
-    sheet.append(["region", "orders", "revenue"])
-    for row in (["north", 412, 51_230.50], ["south", 388, 47_915.00], ["west", 290, 36_004.25]):
-        sheet.append(row)
-    book.save(path)
-    return path
+def enqueue_args(report: Report, attachment: Path) -> list[str]:
+    """`postroom enqueue` as the report job calls it for ``report``."""
+    return ["enqueue", "--key", report.key, "--subject", report.subject, "--body", report.body,
+            "--attach", str(attachment),
+            *[arg for address in report.recipients for arg in ("--to", address)]]
 
 
 def run() -> int:
@@ -146,38 +150,31 @@ def run() -> int:
             demo.start("recorder", "recorder")
 
             say("The report job: build the September workbook and queue it for four recipients")
-            report = make_workbook(workdir / "sales_2026-09.xlsx")
-            enqueue = ["enqueue", "--key", "sales-report-2026-09",
-                       "--subject", "Sales report — September 2026",
-                       "--body", "The September sales report is attached.",
-                       "--attach", str(report),
-                       *[arg for address in TEAM for arg in ("--to", address)]]
+            workbook = make_workbook(workdir)
+            enqueue = enqueue_args(SEPTEMBER, workbook)
             demo.postroom(*enqueue)
             say("The job runs again by mistake: nothing is queued twice")
             demo.postroom(*enqueue)
 
             say("Delivery: finance@ and ceo@ at once, old.manager@ refused, ops@ after two deferrals")
-            rows = wait(lambda: (r := demo.status("sales-report-2026-09"))
-                        and all(x["status"] in TERMINAL for x in r) and r, 90,
+            rows = wait(lambda: (r := demo.status(SEPTEMBER.key))
+                        and all(x["status"] in FINAL_STATUSES for x in r) and r, 90,
                         "every September recipient to reach a final state")
             say("Who received the September report, after how many attempts, and why not")
             print_table(rows)
-            demo.postroom("status", "--key", "sales-report-2026-09")
+            demo.postroom("status", "--key", SEPTEMBER.key)
 
             say("The mail server goes down; the October report is queued meanwhile")
             demo.processes.stop("devsmtp")
-            october = ["enqueue", "--key", "sales-report-2026-10", "--to", "finance@example.com",
-                       "--subject", "Sales report — October 2026",
-                       "--body", "The October sales report is attached.", "--attach", str(report)]
-            demo.postroom(*october)
-            rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
+            demo.postroom(*enqueue_args(OCTOBER, workbook))
+            rows = wait(lambda: [r for r in demo.status(OCTOBER.key)
                                  if r["status"] == "retrying"], 60,
                         "the October email to fail and be scheduled for a retry")
             print_table(rows)
 
             say("The mail server is back; the retry delivers October")
             demo.start_smtp()
-            rows = wait(lambda: [r for r in demo.status("sales-report-2026-10")
+            rows = wait(lambda: [r for r in demo.status(OCTOBER.key)
                                  if r["status"] == "sent"], 90, "October to be delivered")
             print_table(rows)
 
