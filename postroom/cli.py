@@ -360,8 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["devsmtp"]:
         # The dev server has its own parser (and runs without the POSTROOM_* settings).
-        from sender import devsmtp
-
+        try:
+            from sender import devsmtp
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "aiosmtpd":
+                raise
+            print("postroom devsmtp: error: the test server needs aiosmtpd: "
+                  "pip install 'postroom[devsmtp]'", file=sys.stderr)
+            return EXIT_FAILURE
         return devsmtp.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

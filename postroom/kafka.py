@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from postroom.errors import KafkaClientError
-from postroom.settings import Settings, mask_kafka_config
+from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
 from postroom.topics import all_topics
 
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 
-# Kept below the relay's claim TTL so a row is never claimed by two relays while one still waits.
-PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 CONSUMER_FETCH_WAIT_MS = 50
 
 
@@ -137,11 +135,6 @@ def create_topics(
                 else:
                     raise translate(exc, f"cannot create topic {name}") from exc
     return {name: result[name] for name in wanted}
-
-
-def headers_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> Mapping[str, bytes]:
-    """Kafka headers as a dict (last value wins), dropping null values."""
-    return {k: v for k, v in (headers or ()) if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)

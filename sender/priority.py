@@ -28,7 +28,6 @@ from postroom.topics import Priority
 
 # Most urgent first; choose_active relies on this order.
 PRIORITY_ORDER: tuple[Priority, ...] = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
-DEFAULT_STARVATION_LIMIT_ROUNDS = 10
 
 
 def choose_active(

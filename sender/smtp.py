@@ -39,12 +39,13 @@ class SmtpConfig:
 
     host: str
     port: int
-    tls: TlsMode = TlsMode.AUTO
+    # The defaults are the settings' defaults, defined there once.
+    tls: TlsMode = Settings.smtp_tls
     username: str | None = None
     password: Secret | None = None
-    connect_timeout_s: float = 30.0
-    timeout_s: float = 60.0
-    concurrency: int = 20
+    connect_timeout_s: float = Settings.smtp_connect_timeout_s
+    timeout_s: float = Settings.smtp_timeout_s
+    concurrency: int = Settings.smtp_concurrency
     local_hostname: str | None = None  # the EHLO name; None: this host's FQDN, looked up once
     tls_ca_file: Path | None = None    # extra CA certificates trusted besides the system's
 
@@ -59,7 +60,7 @@ class SmtpConfig:
             connect_timeout_s=settings.smtp_connect_timeout_s,
             timeout_s=settings.smtp_timeout_s,
             concurrency=settings.smtp_concurrency,
-            tls_ca_file=getattr(settings, "smtp_tls_ca_file", None),
+            tls_ca_file=settings.smtp_tls_ca_file,
         )
 
 
