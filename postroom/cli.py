@@ -149,8 +149,9 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
     from relay.db import libpq_conninfo
-    from sender.ledger import Ledger
-    from sender.service import Sender, lease_s, sender_identity
+    from sender.claims import lease_s
+    from sender.ledger import Ledger, sender_identity
+    from sender.service import Sender
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender(settings, ledger=ledger, metrics=metrics)

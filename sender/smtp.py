@@ -14,6 +14,7 @@ import errno
 import logging
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -72,6 +73,17 @@ class _Failed(Exception):  # internal control flow; never escapes this module
         self.reply = reply
 
 
+class SmtpSlot:
+    """A sending slot of an :class:`SmtpPool`, held by the ``async with pool.slot()`` block."""
+
+    def __init__(self, pool: SmtpPool) -> None:
+        self._pool = pool
+
+    async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
+        """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
+        return await self._pool._send_in_slot(message, sender, recipient)
+
+
 class SmtpPool:
     """Up to ``concurrency`` SMTP connections, opened on demand and reused across sends.
 
@@ -88,40 +100,53 @@ class SmtpPool:
         self._local_hostname = config.local_hostname
         self._closed = False
 
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[SmtpSlot]:
+        """One of the ``concurrency`` sending slots, held for the block: the one limit on
+        connections. A caller that must do more than send while it holds the slot (the sender
+        claims the key first) takes it here; ``send`` takes one for a single message."""
+        if self._closed:
+            raise RuntimeError("SmtpPool is closed")
+        async with self._slots:
+            yield SmtpSlot(self)
+
     async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
         """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
+        async with self.slot() as slot:
+            return await slot.send(message, sender, recipient)
+
+    async def _send_in_slot(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
         if self._closed:
             raise RuntimeError("SmtpPool is closed")
         problem = _envelope_problem(sender) or _envelope_problem(recipient)
         if problem:
             return _log(SmtpReply(Stage.LOCAL, None, problem, Failure.BAD_MESSAGE), recipient)
-        async with self._slots:
-            smtp = self._take_idle()
-            reused = smtp is not None
-            try:
-                if smtp is None:
-                    smtp = await self._open()
+        smtp = self._take_idle()
+        reused = smtp is not None
+        try:
+            if smtp is None:
+                smtp = await self._open()
+            reply, healthy = await self._transaction(smtp, message, sender, recipient)
+            if reused and _stale(reply):
+                # The server dropped the idle connection before we spoke; nothing was sent.
+                logger.debug("smtp idle connection went stale; reconnecting",
+                             extra={"stage": reply.stage.value, "code": reply.code})
+                _discard(smtp)
+                smtp = await self._open()
                 reply, healthy = await self._transaction(smtp, message, sender, recipient)
-                if reused and _stale(reply):
-                    # The server dropped the idle connection before we spoke; nothing was sent.
-                    logger.debug("smtp idle connection went stale; reconnecting",
-                                 extra={"stage": reply.stage.value, "code": reply.code})
-                    _discard(smtp)
-                    smtp = await self._open()
-                    reply, healthy = await self._transaction(smtp, message, sender, recipient)
-            except _Failed as failed:
-                if smtp is not None:
-                    _discard(smtp)
-                return _log(failed.reply, recipient)
-            except BaseException:
-                if smtp is not None:
-                    _discard(smtp)  # mid-dialogue: the connection's state is unknown
-                raise
-            if healthy and smtp.is_connected and not self._closed:
-                self._idle.append(smtp)
-            else:
-                await _quit(smtp)
-            return _log(reply, recipient)
+        except _Failed as failed:
+            if smtp is not None:
+                _discard(smtp)
+            return _log(failed.reply, recipient)
+        except BaseException:
+            if smtp is not None:
+                _discard(smtp)  # mid-dialogue: the connection's state is unknown
+            raise
+        if healthy and smtp.is_connected and not self._closed:
+            self._idle.append(smtp)
+        else:
+            await _quit(smtp)
+        return _log(reply, recipient)
 
     async def probe(self) -> SmtpReply:
         """Connect, greet, upgrade and log in as a send would, then QUIT: whether sends can work.
