@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from postroom.errors import KafkaClientError
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
-from postroom.topics import all_topics
+from postroom.topics import all_topics, results_topic, sender_topics
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,21 @@ def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
         make_admin(settings).list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise translate(exc, f"no Kafka broker answered at {settings.kafka_bootstrap_servers}") from exc
+
+
+def check_topics(settings: Settings, timeout_s: float = 10.0) -> str:
+    """What ``postroom check`` says of Kafka: the broker answers and every topic exists."""
+    check_reachable(settings, timeout_s)
+    wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    try:
+        existing = set(make_admin(settings).list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
+        raise translate(exc, "cannot list topics") from exc
+    missing = [t for t in wanted if t not in existing]
+    if missing:
+        raise KafkaClientError(f"missing topics (run `postroom topics create`): "
+                               f"{', '.join(missing)}")
+    return f"broker answers; all {len(wanted)} topics exist"
 
 
 def create_topics(
@@ -195,6 +210,14 @@ def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
         rows.append(PartitionLag(tp.topic, tp.partition, done, high,
                                  high - (done if done is not None else low)))
     return rows
+
+
+def postroom_group_lag(settings: Settings) -> dict[str, list[PartitionLag]]:
+    """:func:`group_lag` of the sender group on what it reads and the recorder on the results."""
+    prefix = settings.topic_prefix
+    groups = {settings.sender_group: sender_topics(prefix, len(settings.retry_delays_s)),
+              settings.recorder_group: [results_topic(prefix)]}
+    return {group: group_lag(settings, group, topics) for group, topics in groups.items()}
 
 
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:

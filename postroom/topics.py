@@ -58,11 +58,14 @@ def priority_of_topic(prefix: str, topic: str) -> Priority | None:
     return None
 
 
-def all_topics(prefix: str, retry_tiers: int) -> list[str]:
-    """Every topic postroom needs, in a stable order."""
+def sender_topics(prefix: str, retry_tiers: int) -> list[str]:
+    """What the sender group reads: every priority topic and every retry tier."""
     return [
         *(priority_topic(prefix, p) for p in Priority),
         *(retry_topic(prefix, n) for n in range(1, retry_tiers + 1)),
-        dead_letter_topic(prefix),
-        results_topic(prefix),
     ]
+
+
+def all_topics(prefix: str, retry_tiers: int) -> list[str]:
+    """Every topic postroom needs, in a stable order."""
+    return [*sender_topics(prefix, retry_tiers), dead_letter_topic(prefix), results_topic(prefix)]

@@ -15,7 +15,7 @@ from postroom import kafka
 from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.settings import Settings
-from postroom.topics import Priority, priority_of_topic, priority_topic, retry_topic
+from postroom.topics import Priority, priority_of_topic, sender_topics
 from sender.offsets import TP, OffsetBook
 from sender.priority import PriorityState, partition_backlog, plan_round
 
@@ -25,13 +25,6 @@ STARVATION_LIMIT_ROUNDS = 50   # at the sender's priority interval (0.1 s): a lo
 COMMITTED_TIMEOUT_S = 1.0
 
 
-def sender_topics(settings: Settings) -> list[str]:
-    """What the sender group reads: every priority topic and every retry tier."""
-    prefix = settings.topic_prefix
-    return [*(priority_topic(prefix, p) for p in Priority),
-            *(retry_topic(prefix, n) for n in range(1, len(settings.retry_delays_s) + 1))]
-
-
 class SenderConsumer:
     """The sender's group membership. ``start()``, then ``fetch`` and ``take`` records and report
     each one ``finished``; ``close()`` commits what is finished and leaves the group."""
@@ -39,7 +32,7 @@ class SenderConsumer:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self._settings = settings
         self._metrics = metrics
-        self.topics = sender_topics(settings)
+        self.topics = sender_topics(settings.topic_prefix, len(settings.retry_delays_s))
         self._consumer: Consumer | None = None
         self._book = OffsetBook()
         self._assigned: set[TP] = set()

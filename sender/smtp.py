@@ -21,7 +21,7 @@ from pathlib import Path
 import aiosmtplib
 from aiosmtplib.email import parse_address
 
-from postroom.errors import ConfigError
+from postroom.errors import ConfigError, PostroomError
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
 
@@ -340,6 +340,21 @@ def _flatten(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
     if not eight_bit:
         policy = policy.clone(cte_type="7bit")  # re-encodes 8bit parts for a 7-bit server
     return message.as_bytes(policy=policy)
+
+
+def check_smtp(settings: Settings) -> str:
+    """What ``postroom check`` says of SMTP: a send's handshake works (ConfigError-free config,
+    connect, greet, TLS, login); PostroomError naming the stage that failed otherwise."""
+
+    async def probe() -> SmtpReply:
+        async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
+            return await pool.probe()
+
+    reply = asyncio.run(probe())
+    if reply.code != 250:
+        what = reply.failure.value if reply.failure else reply.code
+        raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
+    return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
 
 
 def _tls_context(config: SmtpConfig) -> ssl.SSLContext:
