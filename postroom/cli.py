@@ -37,7 +37,7 @@ def configure_logging(level: str) -> None:
 
 def on_shutdown_signals(callback: Callable[[], None]) -> None:
     """Call ``callback`` on SIGTERM or SIGINT (once; a second signal interrupts hard)."""
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, stopping cleanly", signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         callback()

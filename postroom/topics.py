@@ -1,4 +1,8 @@
-"""Names of every Kafka topic postroom uses, derived from the topic prefix. Pure."""
+"""Names of every Kafka topic postroom uses, derived from the topic prefix. Pure.
+
+``Priority`` lives here, in the base, because its values are part of the topic names and both
+roles use it: enqueue validates it, the relay picks the topic, the sender orders its reads.
+"""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ class SmtpPool:
     async def __aenter__(self) -> SmtpPool:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         await self.close()
 
     def _take_idle(self) -> aiosmtplib.SMTP | None:

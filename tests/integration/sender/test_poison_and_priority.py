@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer
 
+from postroom import enqueue
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
-from relay import enqueue
 from relay.publisher import Relay
 from schemas.codec import SCHEMA_HEADER, load_schema
 from sender.devsmtp import DevSmtpServer
