@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.kafka import group_lag
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic, retry_topic
-from relay import enqueue
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
 
