@@ -72,7 +72,7 @@ class PostroomProcesses:
             self.start(name, *([command] if isinstance(command, str) else command))
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.stop_all()
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
