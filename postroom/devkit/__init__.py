@@ -1,4 +1,5 @@
 """What the demo, the tests and the benchmarks share to drive postroom on a local stack.
 
-Part of the base layer: it imports nothing from relay/ or sender/, and no role imports it.
+It imports only the base (postroom.settings, postroom.kafka, ...), never relay/, sender/ or an
+entry point; no role imports it.
 """
