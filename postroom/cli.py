@@ -103,18 +103,24 @@ def _read_body(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def service_start(settings: Settings) -> Iterator[tuple[sa.Engine, Metrics]]:
+def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[sa.Engine, Metrics]]:
     """What every long-running command needs first: a migrated database, a reachable broker,
-    and metrics (served when POSTROOM_METRICS_PORT is set)."""
+    and metrics with /healthz and /readyz (served when POSTROOM_METRICS_PORT is set)."""
     from postroom.kafka import check_reachable
-    from postroom.metrics import serve
+    from postroom.metrics import Readiness, serve
     from relay.db import check_schema, make_engine
 
     engine = make_engine(settings)
     check_schema(engine)
     check_reachable(settings)
-    metrics = Metrics()
-    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
+    metrics = Metrics(process=True)
+    server = None
+    if settings.metrics_port:
+        checks = [("database", lambda: check_database(settings)),
+                  ("kafka", lambda: check_kafka(settings))]
+        if smtp:
+            checks.append(("smtp", lambda: check_smtp(settings)))
+        server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))
     try:
         yield engine, metrics
     finally:
@@ -163,7 +169,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
         await sender.run()
 
     settings.check_attachments_root()
-    with service_start(settings) as (engine, metrics):
+    with service_start(settings, smtp=True) as (engine, metrics):
         ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
         asyncio.run(run(ledger, metrics))
@@ -177,47 +183,56 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
         settings, lambda engine, metrics: Recorder(settings, engine, metrics=metrics))
 
 
-def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
-    """Each dependency in turn; the exit code is 0 only when every one is ready."""
-    import asyncio
+def check_database(settings: Settings) -> str:
+    """The outbox schema is at the newest revision (else an error saying what to run)."""
+    from relay.db import check_schema, make_engine
 
+    engine = make_engine(settings)
+    try:
+        check_schema(engine)
+    finally:
+        engine.dispose()
+    return "schema at the newest revision"
+
+
+def check_kafka(settings: Settings) -> str:
+    """A broker answers and every topic postroom uses exists."""
     from postroom.kafka import check_reachable, make_admin
     from postroom.topics import all_topics
-    from relay.db import check_schema, make_engine
+
+    check_reachable(settings)
+    wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    existing = set(make_admin(settings).list_topics(timeout=10).topics)
+    missing = [t for t in wanted if t not in existing]
+    if missing:
+        raise PostroomError(f"missing topics (run `postroom topics create`): "
+                            f"{', '.join(missing)}")
+    return f"broker answers; all {len(wanted)} topics exist"
+
+
+def check_smtp(settings: Settings) -> str:
+    """The SMTP server greets, and STARTTLS and AUTH work as configured."""
+    import asyncio
+
     from sender.smtp import SmtpConfig, SmtpPool
 
-    def database() -> str:
-        engine = make_engine(settings)
-        try:
-            check_schema(engine)
-        finally:
-            engine.dispose()
-        return "schema at the newest revision"
+    async def probe() -> str:
+        async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
+            reply = await pool.probe()
+        if reply.code != 250:
+            what = reply.failure.value if reply.failure else reply.code
+            raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
+        return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
+    return asyncio.run(probe())
 
-    def kafka() -> str:
-        check_reachable(settings)
-        wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-        existing = set(make_admin(settings).list_topics(timeout=10).topics)
-        missing = [t for t in wanted if t not in existing]
-        if missing:
-            raise PostroomError(f"missing topics (run `postroom topics create`): "
-                                f"{', '.join(missing)}")
-        return f"broker answers; all {len(wanted)} topics exist"
 
-    def smtp() -> str:
-        async def probe() -> str:
-            async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
-                reply = await pool.probe()
-            if reply.code != 250:
-                what = reply.failure.value if reply.failure else reply.code
-                raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
-            return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
-        return asyncio.run(probe())
-
+def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    """Each dependency in turn; the exit code is 0 only when every one is ready."""
     failed = 0
-    for name, check in (("database", database), ("kafka", kafka), ("smtp", smtp)):
+    for name, check in (("database", check_database), ("kafka", check_kafka),
+                        ("smtp", check_smtp)):
         try:
-            print(f"ok    {name}: {check()}")
+            print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
             print(f"FAIL  {name}: {first_line(exc)}")

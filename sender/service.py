@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -411,11 +412,15 @@ class Sender:
                     outcome, message_id = await self._deliver(event)
                     now = self._clock()
                     decision = self._policy.decide(outcome, event.attempt, now)
+                    started = time.monotonic()
                     if decision.action is Action.DONE_SENT:
                         await self._retrying("mark sent",
                                              partial(self._ledger.mark_sent, key, message_id))
                     else:
                         await self._retrying("release", partial(self._ledger.release, key))
+                    self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
+                                         operation="sent" if decision.action is Action.DONE_SENT
+                                         else "release")
                     break
             if claim.claim is Claim.SENT:
                 self.metrics.inc("duplicates_suppressed_total")
@@ -458,12 +463,15 @@ class Sender:
             reply, message_id = built, ""
         else:
             message_id = str(built["Message-ID"])
+            started = time.monotonic()
             try:
                 async with asyncio.timeout(self._send_deadline_s):
                     reply = await self._pool.send(built, sender, event.recipient)
             except TimeoutError:
                 reply = SmtpReply(Stage.LOCAL, None, f"the send took longer than its deadline "
                                   f"of {self._send_deadline_s:.0f}s", Failure.TIMEOUT)
+            self.metrics.observe("smtp_reply_seconds", time.monotonic() - started,
+                                 stage=reply.stage.value)
         outcome = classify_reply(reply)
         self.metrics.inc("attempts_total", verdict=outcome.verdict.value)
         if outcome.server_fault and outcome.verdict is not Verdict.SENT:

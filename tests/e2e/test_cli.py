@@ -473,3 +473,63 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
     assert lines[2].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr
+
+
+# -- metrics, health and readiness ------------------------------------------------------------------
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - localhost
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("role", ["relay", "recorder", "sender"])
+def test_every_role_serves_metrics_healthz_and_readyz(
+        stack_cli: Cli, role: str, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # No SMTP server listens on port 1: the sender runs, and says it is not ready.
+    cli = dataclasses.replace(stack_cli, env={
+        **stack_cli.env, "POSTROOM_METRICS_PORT": str(port), "POSTROOM_SMTP_HOST": "127.0.0.1",
+        "POSTROOM_SMTP_PORT": "1", "POSTROOM_SMTP_CONNECT_TIMEOUT": "1s"})
+    log = tmp_path / f"{role}.log"
+    proc = cli.start(role, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = _get(f"{base}/healthz")
+                break
+            except OSError:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        assert health == (200, "ok\n")
+        status, text = _get(f"{base}/readyz")
+        lines = text.splitlines()
+        assert lines[0] == "ok database: schema at the newest revision"
+        assert lines[1] == "ok kafka: broker answers; all 9 topics exist"
+        if role == "sender":
+            assert status == 503
+            assert lines[2].startswith("FAIL smtp: connect"), text
+        else:
+            assert (status, len(lines)) == (200, 2), text
+        status, text = _get(f"{base}/metrics")
+        assert status == 200
+        assert "# TYPE process_cpu_seconds_total counter" in text
+        assert 'postroom_ready{check="database"} 1.0' in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=30) == 0, log.read_text()
+        finally:
+            proc.kill()
