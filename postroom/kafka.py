@@ -38,13 +38,19 @@ def translate(exc: KafkaException | KafkaError, message: str) -> KafkaClientErro
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """An idempotent, acks=all producer config; overrides win."""
+    """An idempotent, acks=all producer config; overrides win.
+
+    POSTROOM_KAFKA_PRODUCER_CONFIG may change the tuning (linger.ms, compression.type, ...) but
+    not what delivery relies on: idempotence, acks=all and the message timeout, which the relay's
+    claim TTL is sized against.
+    """
     return {
         **settings.kafka_client_config(),
-        "enable.idempotence": True,
-        "acks": "all",
         "linger.ms": 5,
         "compression.type": "lz4",
+        **settings.kafka_producer_config,
+        "enable.idempotence": True,
+        "acks": "all",
         "message.timeout.ms": PRODUCER_MESSAGE_TIMEOUT_MS,
         "error_cb": _log_error,
         **overrides,
@@ -52,12 +58,17 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A consumer that commits only what the caller stores as done, rebalancing cooperatively."""
+    """A consumer that commits only what the caller stores as done, rebalancing cooperatively.
+
+    POSTROOM_KAFKA_CONSUMER_CONFIG may change the tuning (session.timeout.ms,
+    auto.commit.interval.ms, fetch sizes, ...) but not how offsets are stored and committed.
+    """
     return {
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
-        # made retries fire late. POSTROOM_KAFKA_CONFIG may change it.
+        # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
         **settings.kafka_client_config(),
+        **settings.kafka_consumer_config,
         "group.id": group_id,
         "enable.auto.commit": True,
         "enable.auto.offset.store": False,

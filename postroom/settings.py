@@ -109,6 +109,10 @@ class Settings:
     kafka_bootstrap_servers: str | None = None
     topic_prefix: str = "postroom."
     kafka_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Only for producers, or only for consumers; each wins over kafka_config for its clients.
+    kafka_producer_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kafka_consumer_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kafka_cluster_name: str = "default"  # the cluster_name label of the lag metrics
     topic_partitions: int = 6
     topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
     topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -170,7 +174,7 @@ class Settings:
             value = getattr(self, field.name)
             if field.name == "database_url" and value:
                 value = mask_url(value)
-            elif field.name == "kafka_config":
+            elif field.name in ("kafka_config", "kafka_producer_config", "kafka_consumer_config"):
                 value = mask_kafka_config(value)
             shown.append(f"{field.name}={value!r}")
         return f"Settings({', '.join(shown)})"
@@ -268,6 +272,9 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "KAFKA_BOOTSTRAP_SERVERS": ("kafka_bootstrap_servers", str.strip),
     ENV_PREFIX + "TOPIC_PREFIX": ("topic_prefix", _prefix),
     ENV_PREFIX + "KAFKA_CONFIG": ("kafka_config", parse_kafka_config),
+    ENV_PREFIX + "KAFKA_PRODUCER_CONFIG": ("kafka_producer_config", parse_kafka_config),
+    ENV_PREFIX + "KAFKA_CONSUMER_CONFIG": ("kafka_consumer_config", parse_kafka_config),
+    ENV_PREFIX + "KAFKA_CLUSTER_NAME": ("kafka_cluster_name", str.strip),
     ENV_PREFIX + "TOPIC_PARTITIONS": ("topic_partitions", _positive_int),
     ENV_PREFIX + "TOPIC_REPLICATION_FACTOR": ("topic_replication_factor", _replication_factor),
     ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),
