@@ -56,6 +56,16 @@ def _iso_datetime(text: str) -> dt.datetime:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import make_engine, upgrade
 
@@ -127,6 +137,25 @@ def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[s
         if server is not None:
             server.shutdown()
         engine.dispose()
+
+
+@contextlib.contextmanager
+def service_metrics(settings: Settings) -> Iterator[Metrics | None]:
+    """Metrics with /healthz and /readyz (database, broker) when POSTROOM_METRICS_PORT is set."""
+    from postroom.metrics import Readiness, serve
+
+    if not settings.metrics_port:
+        yield None
+        return
+    metrics = Metrics(process=True)
+    checks = [("kafka", lambda: check_kafka(settings))]
+    if settings.database_url:
+        checks.insert(0, ("database", lambda: check_database(settings)))
+    server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))
+    try:
+        yield metrics
+    finally:
+        server.shutdown()
 
 
 class _Service(Protocol):
@@ -240,32 +269,48 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
-    from postroom.kafka import group_lag
-    from postroom.topics import Priority, priority_topic, results_topic, retry_topic
+    import threading
 
-    prefix = settings.topic_prefix
-    groups = {
-        settings.sender_group: [*(priority_topic(prefix, p) for p in Priority),
-                                *(retry_topic(prefix, n)
-                                  for n in range(1, len(settings.retry_delays_s) + 1))],
-        settings.recorder_group: [results_topic(prefix)],
-    }
-    rows = [(group, row) for group, topics in groups.items()
-            for row in group_lag(settings, group, topics)]
-    if args.json:
-        for group, row in rows:
-            print(json.dumps({"group": group, "topic": row.topic, "partition": row.partition,
-                              "committed": row.committed, "high_watermark": row.high_watermark,
-                              "lag": row.lag}))
+    from postroom import lag
+
+    groups = lag.postroom_groups(settings, args.group)
+    engine = None
+    outbox: Callable[[], lag.OutboxBacklog] | None = None
+    if settings.database_url:
+        from relay.db import check_schema, make_engine
+        from relay.sql import outbox_backlog
+
+        engine = make_engine(settings)
+        check_schema(engine)
+
+        def outbox(engine: sa.Engine = engine) -> lag.OutboxBacklog:
+            with engine.connect() as conn:
+                return lag.OutboxBacklog(*outbox_backlog(conn))
+
+    def show(report: lag.LagReport) -> None:
+        print("\n".join(lag.render_json(report) if args.json else lag.render_text(report)),
+              flush=True)
+
+    reader = lag.LagReader(settings, groups)
+    try:
+        if args.watch is None:
+            show(lag.read_report(reader, outbox, samples=lag.ONE_SHOT_SAMPLES))
+            return EXIT_OK
+        with service_metrics(settings) as metrics:
+            stop = threading.Event()
+            on_shutdown_signals(stop.set)
+
+            def on_report(report: lag.LagReport) -> None:
+                if metrics is not None:
+                    lag.export(metrics, report, settings.kafka_cluster_name)
+                show(report)
+            print(f"sampling every {args.watch:g}s until stopped (Ctrl-C)", file=sys.stderr)
+            lag.watch(reader, outbox, args.watch, stop, on_report)
         return EXIT_OK
-    for group in groups:
-        mine = [row for g, row in rows if g == group]
-        print(f"{group}: total lag {sum(r.lag for r in mine)}")
-        for row in mine:
-            committed = "-" if row.committed is None else str(row.committed)
-            print(f"  {row.topic}[{row.partition}] committed={committed} "
-                  f"end={row.high_watermark} lag={row.lag}")
-    return EXIT_OK
+    finally:
+        reader.close()
+        if engine is not None:
+            engine.dispose()
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -354,8 +399,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, SMTP server "
                       "(exit code 0 when all are)").set_defaults(handler=cmd_check)
-    lag = commands.add_parser("lag", help="consumer-group lag of the sender and the recorder")
-    lag.add_argument("--json", action="store_true", help="one JSON object per partition")
+    lag = commands.add_parser(
+        "lag", help="consumer-group lag of the sender and the recorder, in records and seconds, "
+                    "with a Burrow-style verdict; the outbox backlog")
+    lag.add_argument("--group", metavar="G", help="only this group (the sender's or the recorder's)")
+    lag.add_argument("--json", action="store_true",
+                     help="one JSON object per partition, then one for the outbox backlog")
+    lag.add_argument("--watch", type=_positive_seconds, metavar="SECONDS",
+                     help="sample every SECONDS until stopped, with a window of the last 10 "
+                          "samples for the verdict; serves the lag metrics on "
+                          "POSTROOM_METRICS_PORT when set")
     lag.set_defaults(handler=cmd_lag)
     commands.add_parser(
         "devsmtp", add_help=False,

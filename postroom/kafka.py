@@ -181,40 +181,6 @@ class Record:
                    value.encode() if isinstance(value, str) else value, headers)
 
 
-@dataclasses.dataclass(frozen=True)
-class PartitionLag:
-    topic: str
-    partition: int
-    committed: int | None  # None: the group has committed nothing here yet
-    high_watermark: int
-    lag: int
-
-
-def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
-              timeout_s: float = 10.0) -> list[PartitionLag]:
-    """Committed offset, high watermark and lag of ``group_id`` on every partition of ``topics``."""
-    from confluent_kafka import TopicPartition
-
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": group_id,
-                         "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(timeout=timeout_s)
-        partitions = [TopicPartition(topic, p) for topic in topics
-                      if topic in metadata.topics for p in sorted(metadata.topics[topic].partitions)]
-        committed = consumer.committed(partitions, timeout=timeout_s) if partitions else []
-        watermarks = [consumer.get_watermark_offsets(tp, timeout=timeout_s) for tp in committed]
-    except KafkaException as exc:
-        raise translate(exc, f"cannot read the offsets of group {group_id}") from exc
-    finally:
-        consumer.close()
-    rows = []
-    for tp, (low, high) in zip(committed, watermarks, strict=True):
-        done = tp.offset if tp.offset >= 0 else None
-        rows.append(PartitionLag(tp.topic, tp.partition, done, high,
-                                 high - (done if done is not None else low)))
-    return rows
-
-
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
     """The records among consumed messages; consumer errors are logged (partition EOF silently)."""
     for msg in messages:

@@ -140,6 +140,19 @@ RECORD_RESULT = sa.text("""
                < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END)))
 """)
 
+# The relay's backlog: due rows not yet acknowledged by the broker (claimed ones included).
+OUTBOX_BACKLOG = sa.text("""
+    SELECT count(*), extract(epoch FROM now() - min(available_at))
+    FROM outbox_queue WHERE available_at <= now()
+""")
+
+
+def outbox_backlog(conn: sa.Connection) -> tuple[int, float | None]:
+    """(rows due and unpublished, age in seconds of the oldest; None when there are none)."""
+    count, age = conn.execute(OUTBOX_BACKLOG).one()
+    return int(count), None if age is None else float(age)
+
+
 STATUS_COLUMNS = ("message_key", "recipient", "subject", "priority", "status", "attempts",
                   "last_error", "created_at", "published_at", "sent_at", "next_attempt_at",
                   "idempotency_key")

@@ -154,6 +154,7 @@ class Sender:
         self._start_offsets: dict[TP, int] = {}       # where reading began, until position is known
         self._priority_state = PriorityState()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._uncommitted = False  # offsets stored since the last commit when idle
         self._stopping = asyncio.Event()
         self.topics = [
             *(priority_topic(self._prefix, p) for p in Priority),
@@ -202,6 +203,8 @@ class Sender:
                                        return_when=asyncio.FIRST_COMPLETED)
                     continue
                 messages = self._consumer.consume(num_messages=min(room, FETCH_MAX), timeout=0)
+                if not messages and not self._tasks and self._uncommitted:
+                    self._commit_finished()
                 if not messages:
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
@@ -397,8 +400,21 @@ class Sender:
         if point is not None and self._consumer is not None:
             try:
                 self._consumer.store_offsets(offsets=[TopicPartition(tp[0], tp[1], point)])
+                self._uncommitted = True
             except KafkaException as exc:
                 log.debug("store_offsets %s failed: %s", tp, exc)
+
+    def _commit_finished(self) -> None:
+        """Commit now what is finished, once the sender falls idle: the auto-commit runs only
+        every few seconds, and until then `postroom lag` shows delivered mail as lag."""
+        self._uncommitted = False
+        offsets = [TopicPartition(t, p, point) for (t, p), progress in self._progress.items()
+                   if (t, p) in self._assigned and (point := progress.commit_point()) is not None]
+        if offsets:
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
+            except KafkaException as exc:
+                log.debug("commit when idle failed: %s", exc)
 
     async def _handle(self, msg: Record, event: EmailRequested) -> None:
         """Claim, send and record one event; then route its outcome."""

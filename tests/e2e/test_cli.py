@@ -35,7 +35,9 @@ SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], 
                ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
-LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
+LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_seconds", "verdict",
+              "group_state", "group_members", "group_verdict"}
+RETRY_FIELDS = {"waiting", "overdue", "overdue_seconds"}
 RUN_TIMEOUT_S = 60
 STOP_WITHIN_S = 5.0
 
@@ -427,7 +429,9 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
     finally:
         committer.close()
 
-    rows = [json.loads(line) for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
+    started = time.time()
+    *rows, outbox_row = [json.loads(line)
+                         for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
     partitions = int(os.environ.get("POSTROOM_TOPIC_PARTITIONS", "6"))
     sender_topics = [*(priority_topic(prefix, p) for p in Priority),
                      *(retry_topic(prefix, n) for n in range(1, 5))]
@@ -435,21 +439,41 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
         *((sender_group, t, p) for t in sender_topics for p in range(partitions)),
         *((recorder_group, results_topic(prefix), p) for p in range(partitions))]
     for row in rows:
-        assert set(row) == LAG_FIELDS
+        retry = row["topic"].startswith(f"{prefix}email.retry.")
+        assert set(row) == (LAG_FIELDS | RETRY_FIELDS if retry else LAG_FIELDS)
+        # Nobody consumes: the groups are empty, and a group with lag has stopped.
+        assert (row["group_state"], row["group_members"]) in {("empty", 0), ("dead", 0)}
         if (row["topic"], row["partition"]) == (high, first.partition):
             assert row["committed"] == first.offset + 1
-            assert row["lag"] == row["high_watermark"] - first.offset - 1
+            assert row["lag"] == row["end"] - first.offset - 1
         else:
             assert row["committed"] is None
-            assert row["lag"] == row["high_watermark"]
-    assert sum(r["high_watermark"] for r in rows if r["topic"] == high) == 3
+            assert row["lag"] == row["end"]
+        if row["lag"]:
+            # The first unconsumed record was published by the relay above, before `started`.
+            assert 0 < row["lag_seconds"] < time.time() - started + 60
+            assert row["verdict"] == "STOP"
+        else:
+            assert (row["lag_seconds"], row["verdict"]) == (0, "OK")
+    assert {r["group_verdict"] for r in rows if r["group"] == sender_group} == {"STOP"}
+    assert {r["group_verdict"] for r in rows if r["group"] == recorder_group} == {"OK"}
+    assert sum(r["end"] for r in rows if r["topic"] == high) == 3
     assert sum(r["lag"] for r in rows) == 2
+    assert outbox_row == {"outbox_backlog": 0, "outbox_oldest_age_seconds": None}
 
     text = stack_cli.ok("lag").stdout.splitlines()
-    assert f"{sender_group}: total lag 2" in text
-    assert f"{recorder_group}: total lag 0" in text
+    assert any(line.startswith(f"{sender_group}: STOP, state ") and line.endswith(
+        "total lag 2, max " + line.rsplit("max ", 1)[1]) for line in text), text
+    assert any(line.startswith(f"{recorder_group}: OK, state ") and "total lag 0" in line
+               for line in text), text
     assert any(line.startswith(f"  {high}[{first.partition}] committed={first.offset + 1} end=")
                for line in text), text
+    assert text[-1] == "outbox: 0 row(s) waiting for the relay"
+    only = stack_cli.ok("lag", "--group", recorder_group, "--json").stdout.splitlines()
+    assert {json.loads(line).get("group") for line in only[:-1]} == {recorder_group}
+    proc = stack_cli("lag", "--group", "nobody")
+    assert proc.returncode == 2
+    assert "'nobody' is not one of postroom's groups" in error_line(proc)
 
 
 def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
@@ -533,3 +557,45 @@ def test_every_role_serves_metrics_healthz_and_readyz(
             assert proc.wait(timeout=30) == 0, log.read_text()
         finally:
             proc.kill()
+
+
+def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
+        stack_cli: Cli, settings: Settings, engine: sa.Engine, tmp_path: Path) -> None:
+    import socket
+
+    stack_cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b",
+                 "--priority", "high")
+    assert Relay(settings, engine).publish_once() == 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "POSTROOM_METRICS_PORT": str(port),
+                                              "POSTROOM_KAFKA_CLUSTER_NAME": "test-cluster"})
+    log = tmp_path / "lag.log"
+    proc = cli.start("lag", "--watch", "0.5", stderr=log)
+    group = stack_cli.env["POSTROOM_SENDER_GROUP"]
+    try:
+        sum_lag = f'kafka_consumergroup_group_sum_lag{{cluster_name="test-cluster",group="{group}"}}'
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                text = _get(f"http://127.0.0.1:{port}/metrics")[1]
+                if sum_lag in text:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert f"{sum_lag} 1.0" in text
+        assert "# TYPE kafka_consumergroup_group_lag_seconds gauge" in text
+        assert f'postroom_consumergroup_status{{group="{group}"}}' in text
+        assert "postroom_outbox_backlog 0.0" in text
+        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=30) == 0, log.read_text()
+        finally:
+            proc.kill()
+    assert "sampling every 0.5s until stopped" in log.read_text()
