@@ -313,6 +313,143 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
             engine.dispose()
 
 
+def _migrated_engine(settings: Settings) -> sa.Engine:
+    from relay.db import check_schema, make_engine
+
+    engine = make_engine(settings)
+    check_schema(engine)
+    return engine
+
+
+def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import redrive
+
+    engine = _migrated_engine(settings)
+    try:
+        print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
+        letters = redrive.read_dead_letters(settings, engine)
+    finally:
+        engine.dispose()
+    lines = ([json.dumps(letter.as_json()) for letter in letters] if args.json
+             else redrive.render_dead_letters(letters))
+    if lines:
+        print("\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import redrive
+
+    engine = _migrated_engine(settings)
+    try:
+        print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
+        letters = redrive.read_dead_letters(settings, engine)
+        plan = redrive.plan_replay(letters, engine, None if args.all else args.key)
+        return _redrive(engine, plan, "replay", args.dry_run)
+    finally:
+        engine.dispose()
+
+
+def cmd_requeue(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import redrive
+
+    engine = _migrated_engine(settings)
+    try:
+        return _redrive(engine, redrive.plan_requeue(engine, args.key, args.recipient),
+                        "requeue", args.dry_run)
+    finally:
+        engine.dispose()
+
+
+def _redrive(engine: sa.Engine, plan: Any, verb: str, dry_run: bool) -> int:
+    from relay import redrive
+
+    print("\n".join(redrive.render_plan(plan, verb)))
+    if dry_run:
+        print("dry run: nothing changed")
+        return EXIT_OK
+    done = redrive.redrive(engine, plan)
+    past = {"replay": "replayed", "requeue": "requeued"}[verb]
+    print(f"{past} {len(done)} row(s): back on the relay's queue with a fresh retry budget"
+          if done else f"{past} nothing")
+    return EXIT_OK
+
+
+def _since(text: str) -> dt.datetime:
+    """An ISO date (midnight UTC) or an ISO time with a timezone."""
+    if len(text) == 10:
+        try:
+            return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an ISO 8601 date: {text!r}") from None
+    return _iso_datetime(text)
+
+
+def cmd_report_failures(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import report
+
+    since = args.since or dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    engine = _migrated_engine(settings)
+    try:
+        failures = report.failures_since(engine, since)
+        if args.to is None:
+            lines = (report.render_json(failures) if args.json
+                     else report.render_lines(failures, since))
+            if lines:
+                print("\n".join(lines))
+            return EXIT_OK
+        if not failures:
+            print(f"no email ended failed or dead since {since.isoformat()}; nothing mailed")
+            return EXIT_OK
+        print(f"mailing {len(failures)} failure(s) to {args.to} through the outbox ...")
+        with engine.begin() as conn:
+            key, queued = report.mail_report(conn, failures, since, args.to,
+                                             settings.attachment_max_bytes)
+        result = {"key": key, "queued": queued, "failures": len(failures)}
+        print(json.dumps(result) if args.json else
+              f"queued the report as {key}" if queued else
+              f"the report {key} with these rows was queued before; not queued again")
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.kafka import topic_retention_s
+    from postroom.topics import all_topics, dead_letter_topic, results_topic
+    from relay import retention
+
+    topics = [t for t in all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+              if t not in (dead_letter_topic(settings.topic_prefix),
+                           results_topic(settings.topic_prefix))]
+    kept_s = topic_retention_s(settings, topics)
+    engine = _migrated_engine(settings)
+    try:
+        plan = retention.plan(engine, args.older_than, dt.datetime.now(dt.UTC), kept_s)
+        print(f"final rows (sent, failed, dead) last changed before "
+              f"{plan.outbox_cutoff.isoformat(timespec='seconds')}: {plan.outbox_rows} "
+              "outbox row(s) to delete")
+        print(f"ledger: {plan.ledger_rows} row(s) to delete; {plan.ledger_reason}")
+        if args.dry_run:
+            print("dry run: nothing deleted")
+            return EXIT_OK
+        outbox_rows, ledger_rows = retention.purge(
+            engine, plan, progress=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"deleted {outbox_rows} outbox row(s) and {ledger_rows} ledger row(s)")
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def _duration(text: str) -> float:
+    from postroom.settings import parse_duration_s
+
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import check_schema, make_engine
     from relay.sql import status_query
@@ -410,6 +547,49 @@ def build_parser() -> argparse.ArgumentParser:
                           "samples for the verdict; serves the lag metrics on "
                           "POSTROOM_METRICS_PORT when set")
     lag.set_defaults(handler=cmd_lag)
+    dlq = commands.add_parser("dlq", help="list or replay the dead-letter topic")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="SUBCOMMAND")
+    dlq_list = dlq_commands.add_parser(
+        "list", help="every dead letter: key, why, attempts, and whether its row can be replayed")
+    dlq_list.add_argument("--json", action="store_true", help="one JSON object per dead letter")
+    dlq_list.set_defaults(handler=cmd_dlq_list)
+    replay = dlq_commands.add_parser(
+        "replay", help="send dead-lettered emails again with a fresh retry budget (idempotent: "
+                       "a replayed row is not replayed twice)")
+    which = replay.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="an idempotency key (as `dlq list` shows) or a message key")
+    which.add_argument("--all", action="store_true", help="every replayable dead letter")
+    replay.add_argument("--dry-run", action="store_true", help="say what would be replayed only")
+    replay.set_defaults(handler=cmd_dlq_replay)
+
+    requeue = commands.add_parser(
+        "requeue", help="send failed or dead rows of a message again (e.g. after an address was "
+                        "fixed); idempotent")
+    requeue.add_argument("--key", required=True, help="the message key")
+    requeue.add_argument("--recipient", metavar="ADDR", help="only this recipient's row")
+    requeue.add_argument("--dry-run", action="store_true", help="say what would be requeued only")
+    requeue.set_defaults(handler=cmd_requeue)
+
+    report = commands.add_parser("report", help="reports from the outbox")
+    report_commands = report.add_subparsers(dest="report_command", required=True,
+                                            metavar="SUBCOMMAND")
+    failures = report_commands.add_parser(
+        "failures", help="rows that ended failed or dead: printed, or mailed through postroom")
+    failures.add_argument("--since", type=_since, metavar="DATE",
+                          help="ISO date (UTC) or time with timezone (default: 24 hours ago)")
+    failures.add_argument("--to", metavar="ADDR",
+                          help="mail the report to ADDR (queued in the outbox; the same rows "
+                               "are mailed once)")
+    failures.add_argument("--json", action="store_true", help="one JSON object per row")
+    failures.set_defaults(handler=cmd_report_failures)
+
+    purge = commands.add_parser(
+        "purge", help="delete finished rows and their ledger entries in short batches")
+    purge.add_argument("--older-than", type=_duration, required=True, metavar="AGE",
+                       help="rows last changed longer ago than AGE, e.g. 30d or 12h")
+    purge.add_argument("--dry-run", action="store_true", help="count only")
+    purge.set_defaults(handler=cmd_purge)
+
     commands.add_parser(
         "devsmtp", add_help=False,
         help="a local SMTP server that rejects, defers, delays or drops chosen recipients "

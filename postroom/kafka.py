@@ -189,3 +189,23 @@ def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
             yield Record.from_message(msg)
         elif err.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error: %s", err.str())
+
+
+def topic_retention_s(settings: Settings, topics: Iterable[str],
+                      timeout_s: float = 30.0) -> float | None:
+    """The longest ``retention.ms`` of ``topics``, in seconds; None when one keeps records forever."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+    admin = make_admin(settings)
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in topics]
+    longest = 0.0
+    try:
+        for future in admin.describe_configs(resources, request_timeout=timeout_s).values():
+            entry = future.result().get("retention.ms")
+            value = int(entry.value) if entry is not None and entry.value is not None else -1
+            if value < 0:
+                return None
+            longest = max(longest, value / 1000)
+    except KafkaException as exc:
+        raise translate(exc, "cannot read the topics' retention.ms") from exc
+    return longest

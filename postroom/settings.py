@@ -16,8 +16,8 @@ from typing import Any
 from postroom.errors import ConfigError
 
 ENV_PREFIX = "POSTROOM_"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # librdkafka settings that carry secrets: masked when a config is shown.
 _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
                       "sasl.oauthbearer.client.secret", "ssl.key.pem")
@@ -54,10 +54,10 @@ class TlsMode(enum.StrEnum):
 
 
 def parse_duration_s(text: str) -> float:
-    """``"5m"`` -> 300.0. Units: ms, s (default), m, h."""
+    """``"5m"`` -> 300.0. Units: ms, s (default), m, h, d."""
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 2s, 5m, 1h)")
+        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 2s, 5m, 1h, 30d)")
     value = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
     if value <= 0:
         raise ValueError(f"a duration must be positive: {text!r}")

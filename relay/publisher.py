@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
+from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
@@ -33,7 +34,6 @@ from schemas.codec import EmailRequested, SchemaError, encode_values, headers_fo
 
 log = logging.getLogger(__name__)
 
-ROW_ID_HEADER = "postroom.row_id"
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 FLUSH_SLICE_S = 1.0
 STATS_EVERY_S = 30.0
@@ -147,13 +147,16 @@ class Relay:
             raise SchemaError(f"the claim returns {rows[0]._fields}, not the fields of "
                               f"{schema.name} {schema.field_names}")
         # By position: a row's attribute by name costs ten times its item (~0.5 against 0.05 us).
-        key_at, id_at, priority_at, created_at = (
+        key_at, id_at, priority_at, created_at, attempt_at = (
             schema.field_names.index(name)
-            for name in ("idempotency_key", "outbox_id", "priority", "created_at"))
+            for name in ("idempotency_key", "outbox_id", "priority", "created_at", "attempt"))
         produced = len(rows)
         for index, row in enumerate(rows):
             headers: list[tuple[str, str | bytes | None]] = [
                 schema_header, (ROW_ID_HEADER, str(row[id_at]).encode())]
+            if row[attempt_at] > 1:
+                # A redriven row: its attempts so far, so the sender gives it a fresh budget.
+                headers.append((ATTEMPT_BASE_HEADER, str(row[attempt_at] - 1).encode()))
             try:
                 self._produce(producer, topics[row[priority_at]], row[key_at],
                               encode_values(schema, row), headers, on_delivery)

@@ -33,6 +33,16 @@ from confluent_kafka import (
 )
 
 from postroom import kafka
+from postroom.headers import (
+    ATTEMPT_BASE_HEADER,
+    DLQ_CLASS_HEADER,
+    DLQ_OFFSET_HEADER,
+    DLQ_PARTITION_HEADER,
+    DLQ_REASON_HEADER,
+    DLQ_TOPIC_HEADER,
+    ERROR_HEADER,
+    attempt_base,
+)
 from postroom.kafka import Headers, Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
@@ -64,12 +74,6 @@ from sender.smtp import SmtpConfig, SmtpPool
 
 log = logging.getLogger(__name__)
 
-ERROR_HEADER = "postroom.error"
-DLQ_TOPIC_HEADER = "postroom.dlq.topic"
-DLQ_PARTITION_HEADER = "postroom.dlq.partition"
-DLQ_OFFSET_HEADER = "postroom.dlq.offset"
-DLQ_CLASS_HEADER = "postroom.dlq.classification"
-DLQ_REASON_HEADER = "postroom.dlq.reason"
 
 FETCH_MAX = 500
 IDLE_WAIT_S = 0.02
@@ -427,7 +431,9 @@ class Sender:
                 if claim.claim is Claim.MINE:
                     outcome, message_id = await self._deliver(event)
                     now = self._clock()
-                    decision = self._policy.decide(outcome, event.attempt, now)
+                    # A redriven email has a fresh budget: its tiers count from the redrive.
+                    decision = self._policy.decide(
+                        outcome, event.attempt - attempt_base(msg.headers), now)
                     started = time.monotonic()
                     if decision.action is Action.DONE_SENT:
                         await self._retrying("mark sent",
@@ -578,7 +584,8 @@ class Sender:
 
 
 def _errors_of(msg: Record) -> Headers:
-    return [(k, v) for k, v in msg.headers if k == ERROR_HEADER]
+    """The history carried along the retry chain: one error per attempt, and the attempt base."""
+    return [(k, v) for k, v in msg.headers if k in (ERROR_HEADER, ATTEMPT_BASE_HEADER)]
 
 
 def _dlq_headers(msg: Record, classification: str, reason: str) -> Headers:

@@ -29,10 +29,11 @@ from relay.publisher import Relay
 
 pytestmark = pytest.mark.e2e
 
-COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "check", "lag", "devsmtp",
-            "status"]
+COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "check", "lag", "dlq",
+            "requeue", "report", "purge", "devsmtp", "status"]
 SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], ["sender"],
-               ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
+               ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"], ["requeue"],
+               ["report", "failures"], ["purge"], ["devsmtp"], ["status"]]
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
 LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_seconds", "verdict",
