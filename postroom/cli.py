@@ -37,7 +37,7 @@ def configure_logging(level: str) -> None:
 
 def on_shutdown_signals(callback: Callable[[], None]) -> None:
     """Call ``callback`` on SIGTERM or SIGINT (once; a second signal interrupts hard)."""
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, stopping cleanly", signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         callback()
@@ -117,40 +117,39 @@ def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[s
     """What every long-running command needs first: a migrated database, a reachable broker,
     and metrics with /healthz and /readyz (served when POSTROOM_METRICS_PORT is set)."""
     from postroom.kafka import check_reachable
-    from postroom.metrics import Readiness, serve
     from relay.db import check_schema, make_engine
 
     engine = make_engine(settings)
     check_schema(engine)
     check_reachable(settings)
-    metrics = Metrics(process=True)
-    server = None
-    if settings.metrics_port:
-        checks = [("database", lambda: check_database(settings)),
-                  ("kafka", lambda: check_kafka(settings))]
-        if smtp:
-            checks.append(("smtp", lambda: check_smtp(settings)))
-        server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))
     try:
-        yield engine, metrics
+        with service_metrics(settings, smtp=smtp) as metrics:
+            yield engine, metrics
     finally:
-        if server is not None:
-            server.shutdown()
         engine.dispose()
 
 
 @contextlib.contextmanager
-def service_metrics(settings: Settings) -> Iterator[Metrics | None]:
-    """Metrics with /healthz and /readyz (database, broker) when POSTROOM_METRICS_PORT is set."""
-    from postroom.metrics import Readiness, serve
+def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metrics]:
+    """A role's metrics, served with /healthz and /readyz when POSTROOM_METRICS_PORT is set.
+    Ready means: the database at the newest revision (when configured), the broker with every
+    topic, and for the sender (``smtp``) the SMTP server."""
+    from postroom.kafka import check_topics
+    from postroom.metrics import Check, Readiness, serve
 
-    if not settings.metrics_port:
-        yield None
-        return
     metrics = Metrics(process=True)
-    checks = [("kafka", lambda: check_kafka(settings))]
+    if not settings.metrics_port:
+        yield metrics
+        return
+    checks: list[Check] = [("kafka", lambda: check_topics(settings))]
     if settings.database_url:
+        from relay.db import check_database
+
         checks.insert(0, ("database", lambda: check_database(settings)))
+    if smtp:
+        from sender.smtp import check_smtp
+
+        checks.append(("smtp", lambda: check_smtp(settings)))
     server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))
     try:
         yield metrics
@@ -184,8 +183,9 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
     from relay.db import libpq_conninfo
-    from sender.ledger import Ledger
-    from sender.service import Sender, lease_s, sender_identity
+    from sender.claims import lease_s
+    from sender.ledger import Ledger, sender_identity
+    from sender.service import Sender
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender(settings, ledger=ledger, metrics=metrics)
@@ -212,53 +212,15 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
         settings, lambda engine, metrics: Recorder(settings, engine, metrics=metrics))
 
 
-def check_database(settings: Settings) -> str:
-    """The outbox schema is at the newest revision (else an error saying what to run)."""
-    from relay.db import check_schema, make_engine
-
-    engine = make_engine(settings)
-    try:
-        check_schema(engine)
-    finally:
-        engine.dispose()
-    return "schema at the newest revision"
-
-
-def check_kafka(settings: Settings) -> str:
-    """A broker answers and every topic postroom uses exists."""
-    from postroom.kafka import check_reachable, make_admin
-    from postroom.topics import all_topics
-
-    check_reachable(settings)
-    wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    existing = set(make_admin(settings).list_topics(timeout=10).topics)
-    missing = [t for t in wanted if t not in existing]
-    if missing:
-        raise PostroomError(f"missing topics (run `postroom topics create`): "
-                            f"{', '.join(missing)}")
-    return f"broker answers; all {len(wanted)} topics exist"
-
-
-def check_smtp(settings: Settings) -> str:
-    """The SMTP server greets, and STARTTLS and AUTH work as configured."""
-    import asyncio
-
-    from sender.smtp import SmtpConfig, SmtpPool
-
-    async def probe() -> str:
-        async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
-            reply = await pool.probe()
-        if reply.code != 250:
-            what = reply.failure.value if reply.failure else reply.code
-            raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
-        return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
-    return asyncio.run(probe())
-
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
+    from postroom.kafka import check_topics
+    from relay.db import check_database
+    from sender.smtp import check_smtp
+
     failed = 0
-    for name, check in (("database", check_database), ("kafka", check_kafka),
+    for name, check in (("database", check_database), ("kafka", check_topics),
                         ("smtp", check_smtp)):
         try:
             print(f"ok    {name}: {check(settings)}")
@@ -301,8 +263,7 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
             on_shutdown_signals(stop.set)
 
             def on_report(report: lag.LagReport) -> None:
-                if metrics is not None:
-                    lag.export(metrics, report, settings.kafka_cluster_name)
+                lag.export(metrics, report, settings.kafka_cluster_name)
                 show(report)
             print(f"sampling every {args.watch:g}s until stopped (Ctrl-C)", file=sys.stderr)
             lag.watch(reader, outbox, args.watch, stop, on_report)
@@ -608,8 +569,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["devsmtp"]:
         # The dev server has its own parser (and runs without the POSTROOM_* settings).
-        from sender import devsmtp
-
+        try:
+            from sender import devsmtp
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "aiosmtpd":
+                raise
+            print("postroom devsmtp: error: the test server needs aiosmtpd: "
+                  "pip install 'postroom[devsmtp]'", file=sys.stderr)
+            return EXIT_FAILURE
         return devsmtp.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ from postroom.lagrules import (
 )
 from postroom.metrics import Metrics
 from postroom.settings import Settings
-from postroom.topics import Priority, priority_topic, results_topic, retry_topic, tier_of_retry_topic
+from postroom.topics import results_topic, sender_topics, tier_of_retry_topic
 from schemas.codec import EmailRequested, SchemaError, decode
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,8 @@ class LagReport:
 def postroom_groups(settings: Settings, only: str | None = None) -> dict[str, list[str]]:
     """postroom's consumer groups and the topics each reads; ``only`` picks one of them."""
     prefix = settings.topic_prefix
-    groups = {
-        settings.sender_group: [*(priority_topic(prefix, p) for p in Priority),
-                                *(retry_topic(prefix, n)
-                                  for n in range(1, len(settings.retry_delays_s) + 1))],
-        settings.recorder_group: [results_topic(prefix)],
-    }
+    groups = {settings.sender_group: sender_topics(prefix, len(settings.retry_delays_s)),
+              settings.recorder_group: [results_topic(prefix)]}
     if only is None:
         return groups
     if only not in groups:

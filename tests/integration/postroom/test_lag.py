@@ -12,11 +12,11 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from postroom import enqueue
 from postroom.lag import LagReader, postroom_groups
 from postroom.lagrules import Verdict
 from postroom.settings import Settings, TlsMode
 from postroom.topics import Priority, priority_topic, retry_topic
-from relay import enqueue
 from schemas.codec import EmailRequested, encode, headers_for
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows, wait_for
