@@ -271,6 +271,8 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1",
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
             if path in ("/metrics", ""):
+                if readiness is not None:
+                    readiness.results()  # keeps postroom_ready current for alerts (cached)
                 self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 self._reply(200, b"ok\n")
