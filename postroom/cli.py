@@ -282,13 +282,19 @@ def _migrated_engine(settings: Settings) -> sa.Engine:
     return engine
 
 
+def _dead_letters(settings: Settings, engine: sa.Engine) -> list[Any]:
+    from relay import redrive
+
+    print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
+    return redrive.read_dead_letters(settings, engine)
+
+
 def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
     from relay import redrive
 
     engine = _migrated_engine(settings)
     try:
-        print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
-        letters = redrive.read_dead_letters(settings, engine)
+        letters = _dead_letters(settings, engine)
     finally:
         engine.dispose()
     lines = ([json.dumps(letter.as_json()) for letter in letters] if args.json
@@ -303,9 +309,8 @@ def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
 
     engine = _migrated_engine(settings)
     try:
-        print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
-        letters = redrive.read_dead_letters(settings, engine)
-        plan = redrive.plan_replay(letters, engine, None if args.all else args.key)
+        plan = redrive.plan_replay(_dead_letters(settings, engine), engine,
+                                   None if args.all else args.key)
         return _redrive(engine, plan, "replay", args.dry_run)
     finally:
         engine.dispose()

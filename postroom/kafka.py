@@ -65,6 +65,8 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
         # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
+        # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
+        "client.id": f"postroom-{group_id}",
         **settings.kafka_client_config(),
         **settings.kafka_consumer_config,
         "group.id": group_id,

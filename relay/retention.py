@@ -61,32 +61,29 @@ def plan(engine: sa.Engine, older_than_s: float, now: dt.datetime,
 def purge(engine: sa.Engine, plan: PurgePlan, batch: int = BATCH_ROWS,
           progress: Callable[[str], None] = log.info) -> tuple[int, int]:
     """Delete what the plan counted, batch by batch: (outbox rows, ledger rows) deleted."""
-    outbox_done = 0
-    after = 0
-    while True:
-        with engine.begin() as conn:
-            ids = [row[0] for row in conn.execute(sql.PURGE_OUTBOX_BATCH, {
-                "after": after, "cutoff": plan.outbox_cutoff, "batch": batch})]
-        if not ids:
-            break
-        outbox_done += len(ids)
-        after = max(ids)
-        progress(f"deleted {outbox_done} outbox row(s) so far")
-        time.sleep(PAUSE_BETWEEN_BATCHES_S)
+    outbox_done = _in_batches(engine, sql.PURGE_OUTBOX_BATCH, 0, "outbox", progress,
+                              cutoff=plan.outbox_cutoff, batch=batch)
     ledger_done = 0
     if plan.ledger_cutoff is not None:
-        last_key = ""
-        while True:
-            with engine.begin() as conn:
-                keys = [row[0] for row in conn.execute(sql.PURGE_LEDGER_BATCH, {
-                    "after": last_key, "cutoff": plan.ledger_cutoff, "batch": batch})]
-            if not keys:
-                break
-            ledger_done += len(keys)
-            last_key = max(keys)
-            progress(f"deleted {ledger_done} ledger row(s) so far")
-            time.sleep(PAUSE_BETWEEN_BATCHES_S)
+        ledger_done = _in_batches(engine, sql.PURGE_LEDGER_BATCH, "", "ledger", progress,
+                                  cutoff=plan.ledger_cutoff, batch=batch)
     return outbox_done, ledger_done
+
+
+def _in_batches(engine: sa.Engine, statement: sa.TextClause, start: object, what: str,
+                progress: Callable[[str], None], **params: object) -> int:
+    """Run a keyset-batched DELETE ... RETURNING key until it deletes nothing; each batch is its
+    own transaction and starts after the largest key the previous one deleted."""
+    done, after = 0, start
+    while True:
+        with engine.begin() as conn:
+            keys = [row[0] for row in conn.execute(statement, {"after": after, **params})]
+        if not keys:
+            return done
+        done += len(keys)
+        after = max(keys)
+        progress(f"deleted {done} {what} row(s) so far")
+        time.sleep(PAUSE_BETWEEN_BATCHES_S)
 
 
 def _days(seconds: float) -> str:

@@ -522,6 +522,31 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _stop_cleanly(proc: subprocess.Popen[bytes], log: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        proc.kill()
+
+
+def _wait_until_served(url: str, proc: subprocess.Popen[bytes], log: Path,
+                       ready: Callable[[str], bool] = lambda body: True) -> str:
+    """The body ``url`` serves once the process listens and ``ready(body)``; fails if the
+    process exits or 30 s pass first."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, body = _get(url)
+            if status == 200 and ready(body):
+                return body
+        except OSError:
+            pass  # not listening yet
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("role", ["relay", "recorder", "sender"])
 def test_every_role_serves_metrics_healthz_and_readyz(
         stack_cli: Cli, role: str, tmp_path: Path) -> None:
@@ -538,16 +563,7 @@ def test_every_role_serves_metrics_healthz_and_readyz(
     proc = cli.start(role, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = _get(f"{base}/healthz")
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
-        assert health == (200, "ok\n")
+        assert _wait_until_served(f"{base}/healthz", proc, log) == "ok\n"
         status, text = _get(f"{base}/readyz")
         lines = text.splitlines()
         assert lines[0] == "ok database: schema at the newest revision"
@@ -562,11 +578,7 @@ def test_every_role_serves_metrics_healthz_and_readyz(
         assert "# TYPE process_cpu_seconds_total counter" in text
         assert 'postroom_ready{check="database"} 1.0' in text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=30) == 0, log.read_text()
-        finally:
-            proc.kill()
+        _stop_cleanly(proc, log)
 
 
 def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
@@ -586,26 +598,13 @@ def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
     group = stack_cli.env["POSTROOM_SENDER_GROUP"]
     try:
         sum_lag = f'kafka_consumergroup_group_sum_lag{{cluster_name="test-cluster",group="{group}"}}'
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                text = _get(f"http://127.0.0.1:{port}/metrics")[1]
-                if sum_lag in text:
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        text = _wait_until_served(f"http://127.0.0.1:{port}/metrics", proc, log,
+                                  lambda body: sum_lag in body)
         assert f"{sum_lag} 1.0" in text
         assert "# TYPE kafka_consumergroup_group_lag_seconds gauge" in text
         assert f'postroom_consumergroup_status{{group="{group}"}}' in text
         assert "postroom_outbox_backlog 0.0" in text
         assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=30) == 0, log.read_text()
-        finally:
-            proc.kill()
+        _stop_cleanly(proc, log)
     assert "sampling every 0.5s until stopped" in log.read_text()
