@@ -11,7 +11,6 @@ import email.policy
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,9 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.processes import run_postroom
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,8 +34,7 @@ def postroom(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]
     env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema or "",
            "POSTROOM_TOPIC_PREFIX": settings.topic_prefix,
            "POSTROOM_RETRY_DELAYS": ",".join(f"{d}s" for d in settings.retry_delays_s)}
-    proc = subprocess.run([sys.executable, "-m", "postroom.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=90, check=False)
+    proc = run_postroom(*args, env=env, timeout_s=90)
     assert proc.returncode == 0, f"postroom {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
@@ -67,7 +67,7 @@ def statuses(engine: sa.Engine, key: str) -> dict[str, tuple[str, int, str | Non
 
 
 def settle(engine: sa.Engine, key: str, expected: dict[str, str]) -> dict[str, Any]:
-    return wait_for(lambda: (s := statuses(engine, key)) and {
+    return wait_until(lambda: (s := statuses(engine, key)) and {
         k: v[0] for k, v in s.items()} == expected and s, 60, f"rows of {key} to be {expected}")
 
 
@@ -161,7 +161,7 @@ def test_report_failures_prints_and_mails_once_through_the_outbox(
     assert first[1].startswith("queued the report as postroom-failures-")
     second = lines(settings, "report", "failures", "--to", "owner@example.com")
     assert second[1].endswith("was queued before; not queued again")
-    wait_for(lambda: server.count("owner@example.com") == 1, 60, "the report to be delivered")
+    wait_until(lambda: server.count("owner@example.com") == 1, 60, "the report to be delivered")
     [mail] = [m for m in server.messages if m.rcpt == "owner@example.com"]
     parsed = email.message_from_bytes(mail.raw, policy=email.policy.default)
     assert parsed["Subject"].startswith("postroom: 1 undeliverable email(s) since ")

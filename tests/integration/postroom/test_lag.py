@@ -13,13 +13,14 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.lagrules import Verdict
 from postroom.settings import Settings, TlsMode
 from postroom.topics import Priority, priority_topic, retry_topic
 from schemas.codec import EmailRequested, encode, headers_for
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration
 
@@ -132,14 +133,14 @@ def test_a_delivered_pipeline_shows_no_lag_without_waiting_for_the_auto_commit(
         with engine.begin() as conn:
             enqueue(conn, key="k", recipients=["ops@example.com", "finance@example.com"],
                     subject="S", body="b")
-        wait_for(lambda: [r.status for r in outbox_rows(engine, "k")] == ["sent", "sent"], 60,
+        wait_until(lambda: [r.status for r in outbox_rows(engine, "k")] == ["sent", "sent"], 60,
                  "both rows sent, ops@ after one retry")
 
         def sender_lag() -> list[tuple[str, int, int]]:
             [group] = reader.sample()
             return [(p.topic, p.partition, p.lag) for p in group.partitions if p.lag]
 
-        wait_for(lambda: sender_lag() == [], 20, "the sender group's lag to be 0")
+        wait_until(lambda: sender_lag() == [], 20, "the sender group's lag to be 0")
         [group] = reader.sample()
         assert len(group.members) == 1
         assert group.state == "stable"
