@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from postroom.errors import KafkaClientError
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
-from postroom.topics import all_topics, results_topic, sender_topics
+from postroom.topics import all_topics
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,19 @@ def translate(exc: KafkaException | KafkaError, message: str) -> KafkaClientErro
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """An idempotent, acks=all producer config; overrides win."""
+    """An idempotent, acks=all producer config; overrides win.
+
+    POSTROOM_KAFKA_PRODUCER_CONFIG may change the tuning (linger.ms, compression.type, ...) but
+    not what delivery relies on: idempotence, acks=all and the message timeout, which the relay's
+    claim TTL is sized against.
+    """
     return {
         **settings.kafka_client_config(),
-        "enable.idempotence": True,
-        "acks": "all",
         "linger.ms": 5,
         "compression.type": "lz4",
+        **settings.kafka_producer_config,
+        "enable.idempotence": True,
+        "acks": "all",
         "message.timeout.ms": PRODUCER_MESSAGE_TIMEOUT_MS,
         "error_cb": _log_error,
         **overrides,
@@ -50,12 +56,19 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A consumer that commits only what the caller stores as done, rebalancing cooperatively."""
+    """A consumer that commits only what the caller stores as done, rebalancing cooperatively.
+
+    POSTROOM_KAFKA_CONSUMER_CONFIG may change the tuning (session.timeout.ms,
+    auto.commit.interval.ms, fetch sizes, ...) but not how offsets are stored and committed.
+    """
     return {
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
-        # made retries fire late. POSTROOM_KAFKA_CONFIG may change it.
+        # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
+        # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
+        "client.id": f"postroom-{group_id}",
         **settings.kafka_client_config(),
+        **settings.kafka_consumer_config,
         "group.id": group_id,
         "enable.auto.commit": True,
         "enable.auto.offset.store": False,
@@ -178,48 +191,6 @@ class Record:
                    value.encode() if isinstance(value, str) else value, headers)
 
 
-@dataclasses.dataclass(frozen=True)
-class PartitionLag:
-    topic: str
-    partition: int
-    committed: int | None  # None: the group has committed nothing here yet
-    high_watermark: int
-    lag: int
-
-
-def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
-              timeout_s: float = 10.0) -> list[PartitionLag]:
-    """Committed offset, high watermark and lag of ``group_id`` on every partition of ``topics``."""
-    from confluent_kafka import TopicPartition
-
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": group_id,
-                         "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(timeout=timeout_s)
-        partitions = [TopicPartition(topic, p) for topic in topics
-                      if topic in metadata.topics for p in sorted(metadata.topics[topic].partitions)]
-        committed = consumer.committed(partitions, timeout=timeout_s) if partitions else []
-        watermarks = [consumer.get_watermark_offsets(tp, timeout=timeout_s) for tp in committed]
-    except KafkaException as exc:
-        raise translate(exc, f"cannot read the offsets of group {group_id}") from exc
-    finally:
-        consumer.close()
-    rows = []
-    for tp, (low, high) in zip(committed, watermarks, strict=True):
-        done = tp.offset if tp.offset >= 0 else None
-        rows.append(PartitionLag(tp.topic, tp.partition, done, high,
-                                 high - (done if done is not None else low)))
-    return rows
-
-
-def postroom_group_lag(settings: Settings) -> dict[str, list[PartitionLag]]:
-    """:func:`group_lag` of the sender group on what it reads and the recorder on the results."""
-    prefix = settings.topic_prefix
-    groups = {settings.sender_group: sender_topics(prefix, len(settings.retry_delays_s)),
-              settings.recorder_group: [results_topic(prefix)]}
-    return {group: group_lag(settings, group, topics) for group, topics in groups.items()}
-
-
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
     """The records among consumed messages; consumer errors are logged (partition EOF silently)."""
     for msg in messages:
@@ -228,3 +199,23 @@ def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
             yield Record.from_message(msg)
         elif err.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error: %s", err.str())
+
+
+def topic_retention_s(settings: Settings, topics: Iterable[str],
+                      timeout_s: float = 30.0) -> float | None:
+    """The longest ``retention.ms`` of ``topics``, in seconds; None when one keeps records forever."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+    admin = make_admin(settings)
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in topics]
+    longest = 0.0
+    try:
+        for future in admin.describe_configs(resources, request_timeout=timeout_s).values():
+            entry = future.result().get("retention.ms")
+            value = int(entry.value) if entry is not None and entry.value is not None else -1
+            if value < 0:
+                return None
+            longest = max(longest, value / 1000)
+    except KafkaException as exc:
+        raise translate(exc, "cannot read the topics' retention.ms") from exc
+    return longest

@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
+from postroom.devkit.ports import free_port
 from postroom.devkit.processes import run_postroom, start_postroom, stop_process
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.kafka import make_admin
@@ -30,7 +31,9 @@ pytestmark = pytest.mark.e2e
 
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
-LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
+LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_seconds", "verdict",
+              "group_state", "group_members", "group_verdict"}
+RETRY_FIELDS = {"waiting", "overdue", "overdue_seconds"}
 RUN_TIMEOUT_S = 60
 STOP_WITHIN_S = 5.0
 
@@ -377,7 +380,9 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
     finally:
         committer.close()
 
-    rows = [json.loads(line) for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
+    started = time.time()
+    *rows, outbox_row = [json.loads(line)
+                         for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
     partitions = int(os.environ.get("POSTROOM_TOPIC_PARTITIONS", "6"))
     sender_topics = [*(priority_topic(prefix, p) for p in Priority),
                      *(retry_topic(prefix, n) for n in range(1, 5))]
@@ -385,21 +390,41 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
         *((sender_group, t, p) for t in sender_topics for p in range(partitions)),
         *((recorder_group, results_topic(prefix), p) for p in range(partitions))]
     for row in rows:
-        assert set(row) == LAG_FIELDS
+        retry = row["topic"].startswith(f"{prefix}email.retry.")
+        assert set(row) == (LAG_FIELDS | RETRY_FIELDS if retry else LAG_FIELDS)
+        # Nobody consumes: the groups are empty, and a group with lag has stopped.
+        assert (row["group_state"], row["group_members"]) in {("empty", 0), ("dead", 0)}
         if (row["topic"], row["partition"]) == (high, first.partition):
             assert row["committed"] == first.offset + 1
-            assert row["lag"] == row["high_watermark"] - first.offset - 1
+            assert row["lag"] == row["end"] - first.offset - 1
         else:
             assert row["committed"] is None
-            assert row["lag"] == row["high_watermark"]
-    assert sum(r["high_watermark"] for r in rows if r["topic"] == high) == 3
+            assert row["lag"] == row["end"]
+        if row["lag"]:
+            # The first unconsumed record was published by the relay above, before `started`.
+            assert 0 < row["lag_seconds"] < time.time() - started + 60
+            assert row["verdict"] == "STOP"
+        else:
+            assert (row["lag_seconds"], row["verdict"]) == (0, "OK")
+    assert {r["group_verdict"] for r in rows if r["group"] == sender_group} == {"STOP"}
+    assert {r["group_verdict"] for r in rows if r["group"] == recorder_group} == {"OK"}
+    assert sum(r["end"] for r in rows if r["topic"] == high) == 3
     assert sum(r["lag"] for r in rows) == 2
+    assert outbox_row == {"outbox_backlog": 0, "outbox_oldest_age_seconds": None}
 
     text = stack_cli.ok("lag").stdout.splitlines()
-    assert f"{sender_group}: total lag 2" in text
-    assert f"{recorder_group}: total lag 0" in text
+    assert any(line.startswith(f"{sender_group}: STOP, state ") and line.endswith(
+        "total lag 2, max " + line.rsplit("max ", 1)[1]) for line in text), text
+    assert any(line.startswith(f"{recorder_group}: OK, state ") and "total lag 0" in line
+               for line in text), text
     assert any(line.startswith(f"  {high}[{first.partition}] committed={first.offset + 1} end=")
                for line in text), text
+    assert text[-1] == "outbox: 0 row(s) waiting for the relay"
+    only = stack_cli.ok("lag", "--group", recorder_group, "--json").stdout.splitlines()
+    assert {json.loads(line).get("group") for line in only[:-1]} == {recorder_group}
+    proc = stack_cli("lag", "--group", "nobody")
+    assert proc.returncode == 2
+    assert "'nobody' is not one of postroom's groups" in error_line(proc)
 
 
 def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
@@ -423,3 +448,92 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
     assert lines[2].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr
+
+
+# -- metrics, health and readiness ------------------------------------------------------------------
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - localhost
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _wait_until_served(url: str, proc: subprocess.Popen[bytes], log: Path,
+                       ready: Callable[[str], bool] = lambda body: True) -> str:
+    """The body ``url`` serves once the process listens and ``ready(body)``; fails if the
+    process exits or 30 s pass first."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, body = _get(url)
+            if status == 200 and ready(body):
+                return body
+        except OSError:
+            pass  # not listening yet
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("role", ["relay", "recorder", "sender"])
+def test_every_role_serves_metrics_healthz_and_readyz(
+        stack_cli: Cli, role: str, tmp_path: Path) -> None:
+    port = free_port()
+    # No SMTP server listens on port 1: the sender runs, and says it is not ready.
+    cli = dataclasses.replace(stack_cli, env={
+        **stack_cli.env, "POSTROOM_METRICS_PORT": str(port), "POSTROOM_SMTP_HOST": "127.0.0.1",
+        "POSTROOM_SMTP_PORT": "1", "POSTROOM_SMTP_CONNECT_TIMEOUT": "1s"})
+    log = tmp_path / f"{role}.log"
+    proc = cli.start(role, log=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _wait_until_served(f"{base}/healthz", proc, log) == "ok\n"
+        status, text = _get(f"{base}/readyz")
+        lines = text.splitlines()
+        assert lines[0] == "ok database: schema at the newest revision"
+        assert lines[1] == "ok kafka: broker answers; all 9 topics exist"
+        if role == "sender":
+            assert status == 503
+            assert lines[2].startswith("FAIL smtp: connect"), text
+        else:
+            assert (status, len(lines)) == (200, 2), text
+        status, text = _get(f"{base}/metrics")
+        assert status == 200
+        assert "# TYPE process_cpu_seconds_total counter" in text
+        assert 'postroom_ready{check="database"} 1.0' in text
+    finally:
+        assert stop_process(proc) == 0, log.read_text()
+
+
+def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
+        stack_cli: Cli, settings: Settings, engine: sa.Engine, tmp_path: Path) -> None:
+    import socket
+
+    stack_cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b",
+                 "--priority", "high")
+    assert Relay(settings, engine).publish_once() == 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "POSTROOM_METRICS_PORT": str(port),
+                                              "POSTROOM_KAFKA_CLUSTER_NAME": "test-cluster"})
+    log = tmp_path / "lag.log"
+    proc = cli.start("lag", "--watch", "0.5", log=log)
+    group = stack_cli.env["POSTROOM_SENDER_GROUP"]
+    try:
+        sum_lag = f'kafka_consumergroup_group_sum_lag{{cluster_name="test-cluster",group="{group}"}}'
+        text = _wait_until_served(f"http://127.0.0.1:{port}/metrics", proc, log,
+                                  lambda body: sum_lag in body)
+        assert f"{sum_lag} 1.0" in text
+        assert "# TYPE kafka_consumergroup_group_lag_seconds gauge" in text
+        assert f'postroom_consumergroup_status{{group="{group}"}}' in text
+        assert "postroom_outbox_backlog 0.0" in text
+        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+    finally:
+        assert stop_process(proc) == 0, log.read_text()
+    assert "sampling every 0.5s until stopped" in log.read_text()
