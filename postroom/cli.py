@@ -75,6 +75,33 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _role_acls(settings: Settings, args: argparse.Namespace) -> list[Any]:
+    from postroom.acls import role_acls
+
+    return role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                     recorder_group=settings.recorder_group,
+                     principal_prefix=args.principal_prefix,
+                     idempotent_write=args.idempotent_write)
+
+
+def cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.acls import as_json_lines, as_kafka_acls, as_table
+
+    acls = _role_acls(settings, args)
+    if args.action == "apply":
+        from postroom.kafka import apply_acls
+
+        print(f"applying {len(acls)} ACLs for topic prefix {settings.topic_prefix!r} on "
+              f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
+        for acl, state in apply_acls(settings, acls):
+            print(f"{state:8} {acl.principal} {acl.operation.value} {acl.resource.value} "
+                  f"{acl.pattern.value} {acl.name}")
+        return EXIT_OK
+    render = {"table": as_table, "kafka-acls": as_kafka_acls, "json": as_json_lines}
+    print(render[args.format](acls))
+    return EXIT_OK
+
+
 def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import check_schema, make_engine
     from relay.outbox import enqueue
@@ -181,7 +208,8 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
     import asyncio
 
-    from postroom.kafka import check_reachable, make_admin
+    from postroom.acls import Role, needed_on_topics, topic_problems
+    from postroom.kafka import check_reachable, topic_access
     from postroom.topics import all_topics
     from relay.db import check_schema, make_engine
     from sender.smtp import SmtpConfig, SmtpPool
@@ -196,13 +224,19 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
 
     def kafka() -> str:
         check_reachable(settings)
-        wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-        existing = set(make_admin(settings).list_topics(timeout=10).topics)
-        missing = [t for t in wanted if t not in existing]
-        if missing:
-            raise PostroomError(f"missing topics (run `postroom topics create`): "
-                                f"{', '.join(missing)}")
-        return f"broker answers; all {len(wanted)} topics exist"
+        topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+        needed = None
+        if args.role:
+            needed = needed_on_topics(_role_acls(settings, args), Role(args.role), topics)
+            topics = list(needed)
+        problems = topic_problems(topic_access(settings, topics), needed)
+        if problems:
+            raise PostroomError("\n".join([f"{len(problems)} of {len(topics)} topics not usable"
+                                            + (f" by the {args.role}" if args.role else ""),
+                                            *(f"      {p}" for p in problems)]))
+        if args.role:
+            return f"broker answers; the {args.role} may use all {len(topics)} of its topics"
+        return f"broker answers; all {len(topics)} topics exist"
 
     def smtp() -> str:
         async def probe() -> str:
@@ -220,7 +254,8 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
             print(f"ok    {name}: {check()}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
-            print(f"FAIL  {name}: {first_line(exc)}")
+            # Our own errors may list one problem per line (the kafka check, per topic).
+            print(f"FAIL  {name}: {exc if isinstance(exc, PostroomError) else first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -309,6 +344,21 @@ def build_parser() -> argparse.ArgumentParser:
         "create", help="create every topic postroom uses (idempotent; partitions, replication "
                        "and configs from POSTROOM_TOPIC_*)").set_defaults(handler=cmd_topics_create)
 
+    acls = commands.add_parser(
+        "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, admin); "
+                     "`acls apply` creates them (idempotent)")
+    acls.add_argument("action", nargs="?", choices=["apply"],
+                      help="create the ACLs through the Admin API (needs ALTER and DESCRIBE on "
+                           "the cluster); without it, print them")
+    acls.add_argument("--principal-prefix", default="User:postroom-", metavar="PREFIX",
+                      help="principal of a role is PREFIX + role (default User:postroom-)")
+    acls.add_argument("--format", default="table", choices=["table", "kafka-acls", "json"],
+                      help="table (default), kafka-acls.sh commands, or one JSON object a line")
+    acls.add_argument("--idempotent-write", action="store_true",
+                      help="also IDEMPOTENT_WRITE on the cluster for relay and sender (brokers "
+                           "before Kafka 3.0 need it for an idempotent producer)")
+    acls.set_defaults(handler=cmd_acls)
+
     enqueue = commands.add_parser("enqueue", help="queue one email per recipient")
     enqueue.add_argument("--key", help="message key, e.g. sales-report-2026-09 (default: subject)")
     enqueue.add_argument("--to", action="append", required=True, metavar="ADDR",
@@ -336,9 +386,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
-    commands.add_parser(
+    check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, SMTP server "
-                      "(exit code 0 when all are)").set_defaults(handler=cmd_check)
+                      "(exit code 0 when all are)")
+    check.add_argument("--role", choices=["relay", "sender", "recorder", "admin"],
+                       help="also check that this client's principal may do on each topic what "
+                            "this role needs (its ACLs, see `postroom acls`)")
+    check.set_defaults(handler=cmd_check, principal_prefix="User:postroom-",
+                       idempotent_write=False)
     lag = commands.add_parser("lag", help="consumer-group lag of the sender and the recorder")
     lag.add_argument("--json", action="store_true", help="one JSON object per partition")
     lag.set_defaults(handler=cmd_lag)

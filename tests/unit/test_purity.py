@@ -10,6 +10,7 @@ import pytest
 
 PURE_MODULES = [
     "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "postroom.topics",
+    "postroom.acls",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 
