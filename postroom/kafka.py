@@ -347,4 +347,5 @@ def topic_access(settings: Settings, topics: Sequence[str],
             continue
         operations = frozenset(op.name for op in description.authorized_operations or ())
         found.append(TopicAccess(topic, True, operations))
+    admin.poll(0)  # served now, so the client is not destroyed with events queued
     return found
