@@ -11,17 +11,24 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from postroom.acls import Acl, Pattern, Resource, TopicAccess
+from postroom.acls import (
+    Acl,
+    Pattern,
+    Resource,
+    Role,
+    TopicAccess,
+    needed_on_topics,
+    role_acls,
+    topic_problems,
+)
 from postroom.errors import KafkaClientError
-from postroom.settings import Settings, mask_kafka_config
-from postroom.topics import all_topics
+from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
+from postroom.topics import all_topics, results_topic, sender_topics
 
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 
-# Kept below the relay's claim TTL so a row is never claimed by two relays while one still waits.
-PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 CONSUMER_FETCH_WAIT_MS = 50
 
 
@@ -150,6 +157,30 @@ def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
             return
 
 
+def check_topics(settings: Settings, role: Role | None = None, timeout_s: float = 10.0) -> str:
+    """What ``postroom check`` says of Kafka: the broker answers and every topic exists; for a
+    role, that this client's principal may do on each of the role's topics what the role needs.
+
+    A failure lists one line per topic that is missing or not authorized.
+    """
+    check_reachable(settings, timeout_s)
+    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    needed = None
+    if role is not None:
+        acls = role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                         recorder_group=settings.recorder_group)
+        needed = needed_on_topics(acls, role, topics)
+        topics = list(needed)
+    problems = topic_problems(topic_access(settings, topics, timeout_s), needed)
+    if problems:
+        by = f" by the {role.value}" if role is not None else ""
+        raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
+                                          *(f"      {p}" for p in problems)]))
+    if role is not None:
+        return f"broker answers; the {role.value} may use all {len(topics)} of its topics"
+    return f"broker answers; all {len(topics)} topics exist"
+
+
 def create_topics(
     settings: Settings,
     names: Iterable[str] | None = None,
@@ -185,11 +216,6 @@ def create_topics(
                 else:
                     raise translate(exc, f"cannot create topic {name}") from exc
     return {name: result[name] for name in wanted}
-
-
-def headers_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> Mapping[str, bytes]:
-    """Kafka headers as a dict (last value wins), dropping null values."""
-    return {k: v for k, v in (headers or ()) if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +276,14 @@ def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
         rows.append(PartitionLag(tp.topic, tp.partition, done, high,
                                  high - (done if done is not None else low)))
     return rows
+
+
+def postroom_group_lag(settings: Settings) -> dict[str, list[PartitionLag]]:
+    """:func:`group_lag` of the sender group on what it reads and the recorder on the results."""
+    prefix = settings.topic_prefix
+    groups = {settings.sender_group: sender_topics(prefix, len(settings.retry_delays_s)),
+              settings.recorder_group: [results_topic(prefix)]}
+    return {group: group_lag(settings, group, topics) for group, topics in groups.items()}
 
 
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:

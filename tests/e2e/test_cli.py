@@ -336,6 +336,15 @@ def test_a_bad_setting_exits_2_naming_the_variable(cli: Cli, variable: str, valu
     assert error_line(proc).startswith(f"postroom status: configuration error: {variable}: ")
 
 
+def test_a_claim_ttl_within_the_producer_timeout_stops_the_relay_with_the_usual_message(
+        cli: Cli) -> None:
+    proc = cli("relay", POSTROOM_RELAY_CLAIM_TTL="20s")
+    assert proc.returncode == 2
+    assert error_line(proc) == ("postroom relay: configuration error: POSTROOM_RELAY_CLAIM_TTL: "
+                                "must be longer than the producer's message timeout (30s), got 20s")
+    assert "Traceback" not in proc.stderr
+
+
 def test_the_sender_refuses_a_missing_attachments_root_while_others_ignore_it(
         cli: Cli, tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-dir")
@@ -470,6 +479,9 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("FAIL  database: ") and "postroom db upgrade" in lines[0]
-    assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
-    assert lines[2].startswith("FAIL  smtp: connect: refused")
+    # one line per topic under the kafka line
+    assert lines[1] == "FAIL  kafka: 9 of 9 topics not usable"
+    assert lines[2].endswith("email.high: missing (run `postroom topics create`)"), lines
+    assert all(line.endswith(": missing (run `postroom topics create`)") for line in lines[2:11])
+    assert lines[11].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr

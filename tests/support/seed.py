@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from relay import enqueue
+from postroom import enqueue
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import outbox_rows, wait_for
 

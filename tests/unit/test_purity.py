@@ -9,8 +9,8 @@ import sys
 import pytest
 
 PURE_MODULES = [
-    "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "postroom.topics",
-    "postroom.acls",
+    "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
+    "sender.offsets", "sender.claims", "postroom.topics", "postroom.acls",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 
