@@ -258,12 +258,21 @@ def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
     """Committed offset, high watermark and lag of ``group_id`` on every partition of ``topics``."""
     from confluent_kafka import TopicPartition
 
+    topics = list(topics)
     consumer = Consumer({**settings.kafka_client_config(), "group.id": group_id,
                          "enable.auto.commit": False})
     try:
         metadata = consumer.list_topics(timeout=timeout_s)
+        # A broker leaves out of the metadata what this principal may not describe: a lag of 0
+        # over no partitions would look like a group that keeps up.
+        unseen = [topic for topic in topics if topic not in metadata.topics]
+        if unseen:
+            raise KafkaClientError(
+                f"cannot read the lag of group {group_id}: topics missing or not visible to this "
+                f"principal: {', '.join(unseen)} (run `postroom topics create`; on a cluster with "
+                f"ACLs, run lag as the admin, see `postroom acls`)")
         partitions = [TopicPartition(topic, p) for topic in topics
-                      if topic in metadata.topics for p in sorted(metadata.topics[topic].partitions)]
+                      for p in sorted(metadata.topics[topic].partitions)]
         committed = consumer.committed(partitions, timeout=timeout_s) if partitions else []
         watermarks = [consumer.get_watermark_offsets(tp, timeout=timeout_s) for tp in committed]
     except KafkaException as exc:

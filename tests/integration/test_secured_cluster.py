@@ -8,10 +8,12 @@ The role env files come from scripts/services.sh up (.dev/secure/<role>.env).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,13 +28,27 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclPermissionType,
     ResourcePatternType,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
 )
 
+from postroom import enqueue
 from postroom.acls import Acl, Pattern, Resource, Role, role_acls
-from postroom.kafka import apply_acls, consumer_config, create_topics, make_admin, producer_config
+from postroom.errors import KafkaClientError
+from postroom.kafka import (
+    apply_acls,
+    check_reachable,
+    consumer_config,
+    create_topics,
+    make_admin,
+    producer_config,
+)
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
-from postroom.topics import all_topics, priority_topic
+from postroom.topics import Priority, all_topics, priority_topic
+from relay.publisher import Relay
 from support.pipeline import Pipeline, wait_for
 from support.seed import check_september, enqueue_september, make_workbook, seed_server
 
@@ -244,3 +260,89 @@ def test_check_reports_authorization_per_topic_and_help_shows_no_secret(
     said = "".join(p.stdout + p.stderr for p in (as_relay, as_recorder, *helps))
     for secret in secured.secrets():
         assert secret not in said
+
+
+def test_the_admin_creates_topics_and_reads_lag_and_the_recorder_may_not(
+        secured: Secured) -> None:
+    admin_env = {**secured.env, **role_env("admin")}
+    created, lag, lag_as_recorder = postroom(
+        (admin_env, ["topics", "create"]), (admin_env, ["lag", "--json"]),
+        ({**secured.env, **role_env("recorder")}, ["lag"]))
+    assert created.returncode == 0, created.stderr
+    assert {line.split()[0] for line in created.stdout.splitlines()} == {"exists"}
+    assert lag.returncode == 0, lag.stderr
+    groups = {json.loads(line)["group"] for line in lag.stdout.splitlines()}
+    assert groups == {secured.roles["admin"].sender_group, secured.roles["admin"].recorder_group}
+    assert lag_as_recorder.returncode == 1
+    prefix = secured.roles["admin"].topic_prefix
+    assert "not visible to this principal" in lag_as_recorder.stderr
+    assert f"{prefix}email.high" in lag_as_recorder.stderr
+
+
+def test_rotating_the_relays_password_loses_no_mail(
+        secured: Secured, engine: sa.Engine, stack_settings: Settings,
+        consume: Callable[..., list[Any]]) -> None:
+    """The one-principal rotation of docs/operations.md, on a relay user of this test's own."""
+    relay = secured.roles["relay"]
+    principal_prefix = f"User:postroom-{uuid.uuid4().hex[:8]}-"
+    user = principal_prefix.removeprefix("User:") + "relay"
+    acls = [a for a in role_acls(relay.topic_prefix, sender_group=relay.sender_group,
+                                 recorder_group=relay.recorder_group,
+                                 principal_prefix=principal_prefix) if a.role is Role.RELAY]
+    plain = make_admin(stack_settings)  # a super user on the PLAINTEXT listener
+    scram = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+
+    def set_password(password: str) -> Settings:
+        for future in plain.alter_user_scram_credentials([UserScramCredentialUpsertion(
+                user, scram, password.encode())]).values():
+            future.result()
+        return dataclasses.replace(relay, kafka_config={
+            **relay.kafka_config, "sasl.username": user, "sasl.password": password})
+
+    def queue(batch: int) -> None:
+        with engine.begin() as conn:
+            enqueue(conn, key=f"rotation-{batch}", subject="S", body="b",
+                    recipients=[f"r{n}@example.com" for n in range(5)])
+
+    def published() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(
+                "SELECT count(*) FROM outbox WHERE status = 'published'")).scalar_one())
+
+    old, new = uuid.uuid4().hex, uuid.uuid4().hex
+    try:
+        old_settings = set_password(old)
+        apply_acls(secured.roles["admin"], acls)
+        wait_for(lambda: apply_acls(secured.roles["admin"], acls) == [
+            (a, "exists") for a in acls], 30, "the new user's ACLs")
+        first = Relay(old_settings, engine)
+        thread = threading.Thread(target=first.run, daemon=True)
+        thread.start()
+        queue(1)
+        wait_for(lambda: published() == 5, 30, "the first batch published")
+        new_settings = set_password(new)  # the broker knows only the new password now
+        queue(2)  # while the relay still runs with the old one
+        first.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        with pytest.raises(KafkaClientError, match=r"check sasl\.password"):
+            check_reachable(old_settings)
+        queue(3)
+        second = Relay(new_settings, engine)
+        thread = threading.Thread(target=second.run, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: published() == 15, 30, "every batch published")
+        finally:
+            second.stop()
+            thread.join(30)
+    finally:
+        for future in plain.delete_acls([_acl_filter(a) for a in acls]).values():
+            future.result()
+        for future in plain.alter_user_scram_credentials([UserScramCredentialDeletion(
+                user, ScramMechanism.SCRAM_SHA_512)]).values():
+            future.result()
+    records = consume(dataclasses.replace(stack_settings, topic_prefix=relay.topic_prefix),
+                      [priority_topic(relay.topic_prefix, p) for p in Priority], expected=15)
+    keys = [r.key for r in records]
+    assert len(keys) == len(set(keys)) == 15  # each row once: none lost, none twice
