@@ -396,6 +396,11 @@ kafka_status() {
     local pid
     if pid=$(kafka_pid) && port_answers "$KAFKA_PORT"; then
         say "kafka: running (pid $pid, $HOST:$KAFKA_PORT, data $KAFKA_DATA)"
+        if port_answers "$SECURE_PORT"; then
+            say "kafka: SASL_SSL on $HOST:$SECURE_PORT"
+        else
+            say "kafka: SASL_SSL on $HOST:$SECURE_PORT does not answer"
+        fi
     elif [[ -n ${pid:-} ]]; then
         say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer"
         return 1
@@ -537,14 +542,26 @@ for binding, future in admin.create_acls(bindings).items():
     print(f"acl {binding}")
 EOF
     # The roles' ACLs for the default prefix, so `. .dev/env && . .dev/secure/relay.env` works.
-    (
-        # shellcheck disable=SC1091 # written above
-        . "$ENV_FILE" && . "$SECURE_DIR/admin.env" && "$VENV_PY" -m postroom.cli acls apply
-    ) >>"$out" 2>&1 || die "kafka: postroom acls apply as postroom-admin failed" "$out"
+    # The admin's new rights reach the broker's authorizer a moment after the controller took
+    # them: a refusal is asked again a few times.
+    local attempt
+    for attempt in 1 2 3 4 5; do
+        if (
+            # shellcheck disable=SC1091 # written above
+            . "$ENV_FILE" && . "$SECURE_DIR/admin.env" && "$VENV_PY" -m postroom.cli acls apply
+        ) >>"$out" 2>&1; then
+            break
+        fi
+        [[ $attempt -lt 5 ]] || die "kafka: postroom acls apply as postroom-admin failed" "$out"
+        sleep 1
+    done
     printf '%s\n' "$want" >"$stamp"
 }
 
 secure_up() {
+    # The broker read its keystore at start; a CA removed since cannot be made again under it.
+    [[ -s $SECURE_DIR/ca.crt ]] || die "kafka: $SECURE_DIR/ca.crt is gone while the broker \
+runs; restart the stack (scripts/services.sh down, then up) to make new certificates"
     secure_make_passwords
     write_secure_env_files
     secure_bootstrap
