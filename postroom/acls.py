@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from postroom.topics import Priority, dead_letter_topic, priority_topic, results_topic
@@ -59,6 +60,14 @@ class Acl:
         if resource is not self.resource:
             return False
         return name.startswith(self.name) if self.pattern is Pattern.PREFIXED else name == self.name
+
+
+def parse_principal_prefix(text: str) -> str:
+    """``User:postroom-`` as given; ValueError unless it is a principal type, a colon and a name."""
+    if not re.fullmatch(r"[A-Za-z]+:[^\s*,]+", text):
+        raise ValueError(f"expected a principal type, ':' and the start of a name, such as "
+                         f"User:postroom- (no spaces, '*' or ','), got {text!r}")
+    return text
 
 
 def retry_topics_prefix(prefix: str) -> str:

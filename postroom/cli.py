@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
 from postroom import __version__
+from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, Role, parse_principal_prefix
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
@@ -75,7 +76,14 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _role_acls(settings: Settings, args: argparse.Namespace) -> list[Any]:
+def _principal_prefix(text: str) -> str:
+    try:
+        return parse_principal_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _role_acls(settings: Settings, args: argparse.Namespace) -> list[Acl]:
     from postroom.acls import role_acls
 
     return role_acls(settings.topic_prefix, sender_group=settings.sender_group,
@@ -207,7 +215,6 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
-    from postroom.acls import Role
     from postroom.kafka import check_topics
     from relay.db import check_database
     from sender.smtp import check_smtp
@@ -310,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     acls.add_argument("action", nargs="?", choices=["apply"],
                       help="create the ACLs through the Admin API (needs ALTER and DESCRIBE on "
                            "the cluster); without it, print them")
-    acls.add_argument("--principal-prefix", default="User:postroom-", metavar="PREFIX",
+    acls.add_argument("--principal-prefix", default=DEFAULT_PRINCIPAL_PREFIX, metavar="PREFIX",
+                      type=_principal_prefix,
                       help="principal of a role is PREFIX + role (default User:postroom-)")
     acls.add_argument("--format", default="table", choices=["table", "kafka-acls", "json"],
                       help="table (default), kafka-acls.sh commands, or one JSON object a line")
@@ -349,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, SMTP server "
                       "(exit code 0 when all are)")
-    check.add_argument("--role", choices=["relay", "sender", "recorder", "admin"],
+    check.add_argument("--role", choices=[r.value for r in Role],
                        help="also check that this client's principal may do on each topic what "
                             "this role needs (its ACLs, see `postroom acls`)")
     check.set_defaults(handler=cmd_check)

@@ -29,10 +29,10 @@ from relay.publisher import Relay
 
 pytestmark = pytest.mark.e2e
 
-COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "check", "lag", "devsmtp",
-            "status"]
-SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], ["sender"],
-               ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
+COMMANDS = ["db", "topics", "acls", "enqueue", "relay", "sender", "recorder", "check", "lag",
+            "devsmtp", "status"]
+SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["acls"], ["enqueue"], ["relay"],
+               ["sender"], ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
 LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}

@@ -18,6 +18,7 @@ from postroom.acls import (
     as_kafka_acls,
     as_table,
     needed_on_topics,
+    parse_principal_prefix,
     role_acls,
     topic_problems,
 )
@@ -165,3 +166,15 @@ def test_table_has_a_header_and_one_line_per_acl() -> None:
     assert len(lines) == len(ACLS) + 1
     assert lines[1].split() == ["relay", "User:postroom-relay", "Write", "topic", "literal",
                                 "acme.mail.email.high"]
+
+
+@pytest.mark.parametrize("text", ["User:postroom-", "User:prod.mail.", "Group:x"])
+def test_principal_prefix_accepted(text: str) -> None:
+    assert parse_principal_prefix(text) == text
+
+
+@pytest.mark.parametrize("text", ["postroom-", "User:", "User:*", "User:a b", "User:a,b", "",
+                                  ":postroom-", "User postroom-"])
+def test_principal_prefix_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="principal type"):
+        parse_principal_prefix(text)
