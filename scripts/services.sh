@@ -12,7 +12,8 @@
 #   POSTROOM_DEV_DIR                    state dir (default: <repo>/.dev)
 #   POSTROOM_DEV_KAFKA_PORT             Kafka PLAINTEXT listener (default 19092)
 #   POSTROOM_DEV_KAFKA_CONTROLLER_PORT  KRaft controller listener (default 19093)
-#   POSTROOM_DEV_KAFKA_SECURE_PORT      Kafka SASL_SSL (SCRAM-SHA-512) listener (default 19094)
+#   POSTROOM_DEV_KAFKA_SECURE_PORT      Kafka SASL_SSL (SCRAM-SHA-512) listener (default: the
+#                                       PLAINTEXT port + 2, 19094)
 #   POSTROOM_DEV_PG_PORT                PostgreSQL (default 15432)
 #   POSTROOM_DEV_PG_BIN                 folder holding pg_ctl/initdb (default: found)
 set -euo pipefail
@@ -21,7 +22,14 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV_DIR=$(realpath -m "${POSTROOM_DEV_DIR:-$REPO/.dev}")
 KAFKA_PORT=${POSTROOM_DEV_KAFKA_PORT:-19092}
 CONTROLLER_PORT=${POSTROOM_DEV_KAFKA_CONTROLLER_PORT:-19093}
-SECURE_PORT=${POSTROOM_DEV_KAFKA_SECURE_PORT:-19094}
+# Beside the PLAINTEXT port by default, so stacks started with distinct ports stay distinct.
+if [[ -n ${POSTROOM_DEV_KAFKA_SECURE_PORT:-} ]]; then
+    SECURE_PORT=$POSTROOM_DEV_KAFKA_SECURE_PORT
+elif [[ $KAFKA_PORT =~ ^[0-9]+$ ]]; then
+    SECURE_PORT=$((10#$KAFKA_PORT + 2))
+else
+    SECURE_PORT=$KAFKA_PORT # refused by check_port in main, naming POSTROOM_DEV_KAFKA_PORT
+fi
 PG_PORT=${POSTROOM_DEV_PG_PORT:-15432}
 HOST=127.0.0.1
 
