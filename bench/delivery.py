@@ -27,10 +27,11 @@ import sqlalchemy as sa
 
 from bench import seed_baseline
 from bench.cpu import CpuUsage, sample, usage
-from bench.processes import PostroomProcesses, postroom_command, stop_process
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
+from postroom.devkit.processes import PostroomProcesses, postroom_command, stop_process
+from postroom.devkit.scratch import scratch_env
 from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 
@@ -186,10 +187,7 @@ def component_env(settings: Settings, port: int) -> dict[str, str]:
                                       ENV_PREFIX + "METRICS_"))}
     return {
         **inherited,
-        ENV_PREFIX + "DATABASE_SCHEMA": settings.database_schema or "",
-        ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
-        ENV_PREFIX + "SENDER_GROUP": settings.sender_group,
-        ENV_PREFIX + "RECORDER_GROUP": settings.recorder_group,
+        **scratch_env(settings),
         ENV_PREFIX + "SMTP_HOST": HOST,
         ENV_PREFIX + "SMTP_PORT": str(port),
         ENV_PREFIX + "SMTP_CONCURRENCY": str(Settings().smtp_concurrency),

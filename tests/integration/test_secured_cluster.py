@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +35,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from postroom import enqueue
 from postroom.acls import Acl, Pattern, Resource, Role, role_acls
+from postroom.devkit.processes import postroom_command
+from postroom.devkit.story import make_workbook
+from postroom.devkit.wait import wait_until
 from postroom.errors import KafkaClientError
 from postroom.kafka import (
     apply_acls,
@@ -49,8 +51,8 @@ from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
 from postroom.topics import Priority, all_topics, priority_topic
 from relay.publisher import Relay
-from support.pipeline import Pipeline, wait_for
-from support.seed import check_september, enqueue_september, make_workbook, seed_server
+from support.pipeline import Pipeline
+from support.seed import check_september, enqueue_september, seed_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -112,7 +114,7 @@ def secured(db_settings: Settings, stack_settings: Settings) -> Iterator[Secured
     try:
         assert {state for _, state in apply_acls(roles["admin"], acls)} == {"created"}
         # Applied again, nothing is new; the broker shows new ACLs a moment after it took them.
-        wait_for(lambda: apply_acls(roles["admin"], acls) == [(a, "exists") for a in acls], 30,
+        wait_until(lambda: apply_acls(roles["admin"], acls) == [(a, "exists") for a in acls], 30,
                  "the broker to show the ACLs it created")
         assert set(create_topics(roles["admin"]).values()) == {"created"}
         yield Secured(roles, acls, env)
@@ -135,7 +137,7 @@ def test_the_seed_scenario_with_each_role_on_its_own_credentials(
         consume: Callable[..., list[Any]], caplog: pytest.LogCaptureFixture,
         capfd: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)  # the client configs are logged (masked) at DEBUG
-    report = make_workbook(tmp_path / "sales_2026-09.xlsx")
+    report = make_workbook(tmp_path)
     server = seed_server()
     server.start()
     roles = {role: dataclasses.replace(
@@ -146,7 +148,7 @@ def test_the_seed_scenario_with_each_role_on_its_own_credentials(
     metrics = Metrics()
     pipeline = Pipeline(roles["sender"], engine, role_settings=roles, metrics=metrics).start()
     try:
-        assert enqueue_september(engine, report) == (4, 0)
+        assert enqueue_september(engine, report) == [4, 0]
         check_september(engine, server, mail_from="reports@example.com")
     finally:
         pipeline.stop()
@@ -199,9 +201,9 @@ def test_the_recorder_cannot_read_a_priority_topic(secured: Secured) -> None:
 
 def postroom(*runs: tuple[dict[str, str], list[str]]) -> list[subprocess.CompletedProcess[str]]:
     """``python -m postroom.cli ARGS`` once per (env, args), all at once; their results in order."""
-    procs = [(args, subprocess.Popen([sys.executable, "-m", "postroom.cli", *args], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)) for env, args in runs]
+    procs = [(args, subprocess.Popen(postroom_command(*args), env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             for env, args in runs]
     done = []
     for args, proc in procs:
         out, err = proc.communicate(timeout=90)
@@ -313,13 +315,13 @@ def test_rotating_the_relays_password_loses_no_mail(
     try:
         old_settings = set_password(old)
         apply_acls(secured.roles["admin"], acls)
-        wait_for(lambda: apply_acls(secured.roles["admin"], acls) == [
+        wait_until(lambda: apply_acls(secured.roles["admin"], acls) == [
             (a, "exists") for a in acls], 30, "the new user's ACLs")
         first = Relay(old_settings, engine)
         thread = threading.Thread(target=first.run, daemon=True)
         thread.start()
         queue(1)
-        wait_for(lambda: published() == 5, 30, "the first batch published")
+        wait_until(lambda: published() == 5, 30, "the first batch published")
         new_settings = set_password(new)  # the broker knows only the new password now
         queue(2)  # while the relay still runs with the old one
         first.stop()
@@ -332,7 +334,7 @@ def test_rotating_the_relays_password_loses_no_mail(
         thread = threading.Thread(target=second.run, daemon=True)
         thread.start()
         try:
-            wait_for(lambda: published() == 15, 30, "every batch published")
+            wait_until(lambda: published() == 15, 30, "every batch published")
         finally:
             second.stop()
             thread.join(30)

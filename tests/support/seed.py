@@ -1,8 +1,6 @@
-"""The seed's September report: four recipients, and the outcome table every scenario test checks.
-
-finance and ceo accepted at once, old.manager rejected 550 and failed after one attempt, ops
-deferred 451 twice and sent after three attempts on the retry tiers.
-"""
+"""The September part of the seed's story (postroom.devkit.story), for every scenario test:
+queue the report twice as a rerun of the job would, then check how each row ends and what the
+mail server received."""
 
 from __future__ import annotations
 
@@ -14,52 +12,38 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.story import DEFERRED, FINAL_STATUSES, REFUSED, SEPTEMBER, SEPTEMBER_ENDS
+from postroom.devkit.wait import wait_until
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import outbox_rows, wait_for
+from support.pipeline import outbox_rows
 
-TEAM = ["finance@example.com", "ops@example.com", "old.manager@example.com", "ceo@example.com"]
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
-TERMINAL = {"sent", "failed", "dead"}
-KEY = "sales-2026-09"
-SUBJECT = "Sales report — September 2026"
-BODY = "The September sales report is attached."
-
-
-def make_workbook(path: Path) -> Path:
-    from openpyxl import Workbook
-
-    book = Workbook()
-    sheet = book.active
-    sheet.append(["region", "sales"])
-    sheet.append(["north", 1200])
-    book.save(path)
-    return path
 
 
 def seed_server() -> DevSmtpServer:
-    """The September report's mail server: rejects old.manager, defers ops twice."""
-    return DevSmtpServer(port=0, reject={"old.manager@example.com"},
-                         defer={"ops@example.com": 2})
+    """The story's mail server: refuses old.manager, defers ops twice (not started yet)."""
+    return DevSmtpServer(port=0, reject={REFUSED}, defer=DEFERRED)
 
 
-def enqueue_september(engine: sa.Engine, report: Path) -> tuple[int, int]:
-    """Queue the report for the team, then once more as a rerun of the job would."""
-    counts = []
+def enqueue_september(engine: sa.Engine, report: Path) -> list[int]:
+    """Queue September twice (the report job runs twice by mistake); how many rows each queued."""
+    queued = []
     for _ in range(2):
         with engine.begin() as conn:
-            counts.append(enqueue(conn, key=KEY, recipients=TEAM, subject=SUBJECT, body=BODY,
+            queued.append(enqueue(conn, key=SEPTEMBER.key, recipients=list(SEPTEMBER.recipients),
+                                  subject=SEPTEMBER.subject, body=SEPTEMBER.body,
                                   attachments=[report]))
-    return counts[0], counts[1]
+    return queued
 
 
 def check_september(engine: sa.Engine, server: DevSmtpServer, mail_from: str,
                     timeout_s: float = 60) -> None:
-    """Wait until every row is final, then check the outcome table and what the server got."""
-    rows = wait_for(lambda: (r := outbox_rows(engine, KEY))
-                    and all(x.status in TERMINAL for x in r) and r, timeout_s,
-                    "September delivered")
+    """Wait until every September row is final, then check the outcome table and the mail."""
+    rows = wait_until(lambda: (r := outbox_rows(engine, SEPTEMBER.key))
+                      and all(x.status in FINAL_STATUSES for x in r) and r, timeout_s,
+                      "September delivered")
     table = {r.recipient: r for r in rows}
-    assert {k: (v.status, v.attempts) for k, v in table.items()} == {
+    assert {k: (v.status, v.attempts) for k, v in table.items()} == SEPTEMBER_ENDS == {
         "finance@example.com": ("sent", 1),
         "ops@example.com": ("sent", 3),
         "old.manager@example.com": ("failed", 1),
@@ -84,5 +68,5 @@ def check_september(engine: sa.Engine, server: DevSmtpServer, mail_from: str,
     parsed = email.message_from_bytes(received[0].raw, policy=email.policy.default)
     parts = [p.get_content_type() for p in parsed.walk()]
     assert XLSX in parts and "text/plain" in parts
-    assert parsed["Subject"] == SUBJECT
+    assert parsed["Subject"] == SEPTEMBER.subject == "Sales report — September 2026"
     assert parsed["From"] == mail_from

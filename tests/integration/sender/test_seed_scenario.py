@@ -1,4 +1,5 @@
-"""The seed's story end to end on the real stack: relay -> Kafka -> sender -> SMTP -> recorder.
+"""The seed's story (postroom.devkit.story, which `make demo` tells) end to end on the real stack:
+relay -> Kafka -> sender -> SMTP -> recorder.
 
 Four recipients of the September report: finance and ceo accepted at once, old.manager rejected
 550 and failed after one attempt, ops deferred 451 twice and sent after three attempts on the
@@ -15,10 +16,12 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.story import OCTOBER, make_workbook
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
-from support.seed import check_september, enqueue_september, make_workbook, seed_server
+from support.pipeline import Pipeline, outbox_rows
+from support.seed import check_september, enqueue_september, seed_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,31 +37,30 @@ def smtp_settings(settings: Settings, tmp_path: Path) -> Settings:
 
 def test_the_seed_scenario(smtp_settings: Settings, engine: sa.Engine, tmp_path: Path,
                            kafka_settings: Settings) -> None:
-    report = make_workbook(tmp_path / "sales_2026-09.xlsx")
+    report = make_workbook(tmp_path)
     server = seed_server()
     server.start()
     settings = dataclasses.replace(smtp_settings, smtp_port=server.port)
     pipeline = Pipeline(settings, engine).start()
     try:
-        assert enqueue_september(engine, report) == (4, 0)
+        assert enqueue_september(engine, report) == [4, 0]
         check_september(engine, server, mail_from="reports@example.com")
 
         # The outage: the server goes away, the October report waits, then goes out.
         port = server.port
         server.stop()
         with engine.begin() as conn:
-            enqueue(conn, key="sales-2026-10", recipients=["finance@example.com"],
-                    subject="Sales report — October 2026",
-                    body="The October sales report is attached.", attachments=[report])
-        waiting = wait_for(lambda: [r for r in outbox_rows(engine, "sales-2026-10")
-                                    if r.status == "retrying"], 30, "October to be retrying")
+            enqueue(conn, key=OCTOBER.key, recipients=list(OCTOBER.recipients),
+                    subject=OCTOBER.subject, body=OCTOBER.body, attachments=[report])
+        waiting = wait_until(lambda: [r for r in outbox_rows(engine, OCTOBER.key)
+                                      if r.status == "retrying"], 30, "October to be retrying")
         assert "refused" in waiting[0].last_error.lower()
         assert waiting[0].next_attempt_at is not None
         restarted = DevSmtpServer(port=port)
         restarted.start()
         try:
-            october = wait_for(lambda: [r for r in outbox_rows(engine, "sales-2026-10")
-                                        if r.status == "sent"], 40, "October delivered")
+            october = wait_until(lambda: [r for r in outbox_rows(engine, OCTOBER.key)
+                                          if r.status == "sent"], 40, "October delivered")
             assert october[0].attempts >= 2
             assert [m.rcpt for m in restarted.messages] == ["finance@example.com"]
         finally:
