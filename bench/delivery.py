@@ -30,6 +30,7 @@ from bench.cpu import CpuUsage, sample, usage
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
+from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses, postroom_command, stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.settings import ENV_PREFIX, Settings
@@ -108,11 +109,6 @@ class Run:
 
 # -- servers ---------------------------------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses, run_postroom
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.story import (
@@ -43,11 +44,6 @@ RETRY_DELAYS = "2s,4s,8s,16s"
 def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from postroom.devkit.ports import free_port
 from postroom.settings import Secret, Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
 from sender.outcome import Failure, SmtpReply, Stage
@@ -51,12 +52,6 @@ def send_all(cfg: SmtpConfig, *recipients: str,
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(run())
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
