@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
 from postroom import __version__
+from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, Role, parse_principal_prefix
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
@@ -82,6 +83,40 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
           f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
     for name, state in create_topics(settings).items():
         print(f"{state:8} {name}")
+    return EXIT_OK
+
+
+def _principal_prefix(text: str) -> str:
+    try:
+        return parse_principal_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _role_acls(settings: Settings, args: argparse.Namespace) -> list[Acl]:
+    from postroom.acls import role_acls
+
+    return role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                     recorder_group=settings.recorder_group,
+                     principal_prefix=args.principal_prefix,
+                     idempotent_write=args.idempotent_write)
+
+
+def cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.acls import as_json_lines, as_kafka_acls, as_table
+
+    acls = _role_acls(settings, args)
+    if args.action == "apply":
+        from postroom.kafka import apply_acls
+
+        print(f"applying {len(acls)} ACLs for topic prefix {settings.topic_prefix!r} on "
+              f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
+        for acl, state in apply_acls(settings, acls):
+            print(f"{state:8} {acl.principal} {acl.operation.value} {acl.resource.value} "
+                  f"{acl.pattern.value} {acl.name}")
+        return EXIT_OK
+    render = {"table": as_table, "kafka-acls": as_kafka_acls, "json": as_json_lines}
+    print(render[args.format](acls))
     return EXIT_OK
 
 
@@ -219,14 +254,19 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import check_database
     from sender.smtp import check_smtp
 
+    role = Role(args.role) if args.role else None
+
+    def kafka(settings: Settings) -> str:
+        return check_topics(settings, role)
+
     failed = 0
-    for name, check in (("database", check_database), ("kafka", check_topics),
-                        ("smtp", check_smtp)):
+    for name, check in (("database", check_database), ("kafka", kafka), ("smtp", check_smtp)):
         try:
             print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
-            print(f"FAIL  {name}: {first_line(exc)}")
+            # Our own errors may list one problem per line (the kafka check, per topic).
+            print(f"FAIL  {name}: {exc if isinstance(exc, PostroomError) else first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -472,6 +512,22 @@ def build_parser() -> argparse.ArgumentParser:
         "create", help="create every topic postroom uses (idempotent; partitions, replication "
                        "and configs from POSTROOM_TOPIC_*)").set_defaults(handler=cmd_topics_create)
 
+    acls = commands.add_parser(
+        "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, admin); "
+                     "`acls apply` creates them (idempotent)")
+    acls.add_argument("action", nargs="?", choices=["apply"],
+                      help="create the ACLs through the Admin API (needs ALTER and DESCRIBE on "
+                           "the cluster); without it, print them")
+    acls.add_argument("--principal-prefix", default=DEFAULT_PRINCIPAL_PREFIX, metavar="PREFIX",
+                      type=_principal_prefix,
+                      help="principal of a role is PREFIX + role (default User:postroom-)")
+    acls.add_argument("--format", default="table", choices=["table", "kafka-acls", "json"],
+                      help="table (default), kafka-acls.sh commands, or one JSON object a line")
+    acls.add_argument("--idempotent-write", action="store_true",
+                      help="also IDEMPOTENT_WRITE on the cluster for relay and sender (brokers "
+                           "before Kafka 3.0 need it for an idempotent producer)")
+    acls.set_defaults(handler=cmd_acls)
+
     enqueue = commands.add_parser("enqueue", help="queue one email per recipient")
     enqueue.add_argument("--key", help="message key, e.g. sales-report-2026-09 (default: subject)")
     enqueue.add_argument("--to", action="append", required=True, metavar="ADDR",
@@ -499,9 +555,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
-    commands.add_parser(
+    check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, SMTP server "
-                      "(exit code 0 when all are)").set_defaults(handler=cmd_check)
+                      "(exit code 0 when all are)")
+    check.add_argument("--role", choices=[r.value for r in Role],
+                       help="also check that this client's principal may do on each topic what "
+                            "this role needs (its ACLs, see `postroom acls`)")
+    check.set_defaults(handler=cmd_check)
     lag = commands.add_parser(
         "lag", help="consumer-group lag of the sender and the recorder, in records and seconds, "
                     "with a Burrow-style verdict; the outbox backlog")
