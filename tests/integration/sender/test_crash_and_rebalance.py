@@ -17,7 +17,6 @@ from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.settings import Settings
-from postroom.topics import Priority, priority_topic, retry_topic
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
 
@@ -63,9 +62,6 @@ def test_killed_and_added_senders_deliver_everything_once(
     relay = Relay(settings, engine)
     while relay.publish_once():
         pass
-    sender_topics = [*(priority_topic(settings.topic_prefix, p) for p in Priority),
-                     *(retry_topic(settings.topic_prefix, n)
-                       for n in range(1, len(settings.retry_delays_s) + 1))]
     senders = PostroomProcesses(sender_env(settings, server.port), tmp_path)
     try:
         first = senders.start("first", "sender")
