@@ -36,14 +36,29 @@ def configure_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
-def on_shutdown_signals(callback: Callable[[], None]) -> None:
-    """Call ``callback`` on SIGTERM or SIGINT (once; a second signal interrupts hard)."""
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, stopping cleanly", signal.Signals(signum).name)
+class ShutdownSignals:
+    """SIGTERM and SIGINT, caught from the start of a long-running command: a signal before the
+    service exists (while it connects) stops it as soon as it is attached, instead of killing
+    the process half set up. A second signal interrupts hard."""
+
+    def __init__(self) -> None:
+        self._callback: Callable[[], None] | None = None
+        self.received: str | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
+        log.info("received %s, stopping cleanly", self.received)
         signal.signal(signum, signal.SIG_DFL)
-        callback()
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+        if self._callback is not None:
+            self._callback()
+
+    def attach(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the next signal, or now if one came already."""
+        self._callback = callback
+        if self.received is not None:
+            callback()
 
 
 def _iso_datetime(text: str) -> dt.datetime:
@@ -200,9 +215,10 @@ class _Service(Protocol):
 def _run_until_signalled(settings: Settings,
                          make: Callable[[sa.Engine, Metrics], _Service]) -> int:
     """Start a blocking service (relay, recorder) and run it until SIGTERM or SIGINT."""
+    signals = ShutdownSignals()
     with service_start(settings) as (engine, metrics):
         service = make(engine, metrics)
-        on_shutdown_signals(service.stop)
+        signals.attach(service.stop)
         service.run()
     return EXIT_OK
 
@@ -229,10 +245,11 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
         def stop() -> None:
             loop.call_soon_threadsafe(sender.stop)
 
-        on_shutdown_signals(stop)
+        signals.attach(stop)
         await sender.run()
 
     settings.check_attachments_root()
+    signals = ShutdownSignals()
     with service_start(settings, smtp=True) as (engine, metrics):
         ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
@@ -300,7 +317,7 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
             return EXIT_OK
         with service_metrics(settings) as metrics:
             stop = threading.Event()
-            on_shutdown_signals(stop.set)
+            ShutdownSignals().attach(stop.set)
 
             def on_report(report: lag.LagReport) -> None:
                 lag.export(metrics, report, settings.kafka_cluster_name)
