@@ -40,9 +40,11 @@ def start_postroom(*args: str, env: Mapping[str, str], log: Path) -> subprocess.
                                 stdout=sink, stderr=subprocess.STDOUT)
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """SIGTERM (a clean stop) unless it has exited, SIGKILL after ``timeout_s``; its exit status."""
-    if process.poll() is None:
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S, *,
+                 signalled: bool = False) -> int:
+    """SIGTERM (a clean stop) unless it has exited or was ``signalled`` already (a second SIGTERM
+    would interrupt its clean stop), SIGKILL after ``timeout_s``; its exit status."""
+    if not signalled and process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         return process.wait(timeout_s)
@@ -92,7 +94,8 @@ class PostroomProcesses:
         for process in reversed(self.processes.values()):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        return {name: stop_process(process, timeout_s) for name, process in self.processes.items()}
+        return {name: stop_process(process, timeout_s, signalled=True)
+                for name, process in self.processes.items()}
 
     @property
     def pids(self) -> dict[str, int]:
