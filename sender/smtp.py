@@ -20,7 +20,8 @@ from pathlib import Path
 import aiosmtplib
 from aiosmtplib.email import parse_address
 
-from postroom.errors import ConfigError
+from postroom.errors import ConfigError, UnsafeHeaderError
+from postroom.mime import check_serialized
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
 
@@ -235,6 +236,10 @@ class SmtpPool:
         eight_bit = smtp.supports_extension("8bitmime")
         try:
             content = _flatten(message, utf8=utf8, eight_bit=eight_bit)
+            # The last gate before the server: the bytes must carry exactly the headers set.
+            check_serialized(message, content)
+        except UnsafeHeaderError as exc:
+            return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), True
         except (ValueError, TypeError, LookupError, UnicodeError) as exc:
             return SmtpReply(Stage.LOCAL, None, f"cannot serialise the message: {exc}",
                              Failure.BAD_MESSAGE), True
