@@ -86,7 +86,7 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
         queued = enqueue(conn, key=args.key, recipients=args.to, subject=args.subject, body=body,
                          attachments=args.attach, priority=args.priority,
                          send_after=args.send_after, sender=args.sender,
-                         attachment_max_bytes=settings.attachment_max_bytes)
+                         limits=settings.size_limits())
     if args.json:
         print(json.dumps({"queued": queued, "recipients": len(args.to),
                           "key": args.key if args.key is not None else args.subject}))

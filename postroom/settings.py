@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from postroom.errors import ConfigError
+from postroom import rules
+from postroom.errors import ConfigError, InvalidContentError
 
 ENV_PREFIX = "POSTROOM_"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -114,7 +115,10 @@ class Settings:
     topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # enqueue
     mail_from: str = "postroom@localhost"
-    attachment_max_bytes: int = 25 * 1024 * 1024
+    attachment_max_bytes: int = rules.DEFAULT_ATTACHMENT_MAX_BYTES
+    attachments_total_max_bytes: int = rules.DEFAULT_ATTACHMENT_MAX_BYTES
+    body_max_bytes: int = rules.DEFAULT_BODY_MAX_BYTES
+    event_max_bytes: int = rules.DEFAULT_EVENT_MAX_BYTES
     # relay
     relay_batch_size: int = 1000
     relay_poll_interval_s: float = 1.0
@@ -128,6 +132,8 @@ class Settings:
     smtp_tls: TlsMode = TlsMode.AUTO
     smtp_username: str | None = None
     smtp_password: Secret | None = None
+    # Sending the AUTH password over an unencrypted connection; named so nobody sets it by accident.
+    smtp_insecure_auth_without_tls: bool = False
     smtp_connect_timeout_s: float = 30.0
     smtp_timeout_s: float = 60.0
     smtp_concurrency: int = 20
@@ -190,6 +196,13 @@ class Settings:
             raise ConfigError(env_name("attachments_root"),
                               f"not a directory: {self.attachments_root}")
 
+    def size_limits(self) -> rules.SizeLimits:
+        """The caps on an email's parts, as enqueue and the sender apply them."""
+        return rules.SizeLimits(
+            body_max_bytes=self.body_max_bytes, attachment_max_bytes=self.attachment_max_bytes,
+            attachments_total_max_bytes=self.attachments_total_max_bytes,
+            event_max_bytes=self.event_max_bytes)
+
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka settings common to every client: bootstrap servers plus the extras."""
         bootstrap = self.require("kafka_bootstrap_servers")
@@ -242,10 +255,34 @@ def _prefix(text: str) -> str:
     return text
 
 
-def _absolute_path(text: str) -> Path:
+def _attachments_root(text: str) -> Path:
     # Existence is checked by the component that reads it (the sender), not by every process
     # that shares the environment.
-    return Path(text).resolve()
+    path = Path(text).resolve()
+    try:
+        rules.check_root(str(path))
+    except InvalidContentError as exc:
+        raise ValueError(str(exc)) from None
+    return path
+
+
+def _event_max_bytes(text: str) -> int:
+    value = _positive_int(text)
+    if value > rules.EVENT_MAX_BYTES_CEILING:
+        raise ValueError(f"must stay well under Kafka's default message.max.bytes (1 MiB): at "
+                         f"most {rules.EVENT_MAX_BYTES_CEILING}, got {value}")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise ValueError("expected true or false")
+    return word in _TRUE
 
 
 def _file(text: str) -> Path:
@@ -273,6 +310,9 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),
     ENV_PREFIX + "MAIL_FROM": ("mail_from", str.strip),
     ENV_PREFIX + "ATTACHMENT_MAX_BYTES": ("attachment_max_bytes", _positive_int),
+    ENV_PREFIX + "ATTACHMENTS_TOTAL_MAX_BYTES": ("attachments_total_max_bytes", _positive_int),
+    ENV_PREFIX + "BODY_MAX_BYTES": ("body_max_bytes", _positive_int),
+    ENV_PREFIX + "EVENT_MAX_BYTES": ("event_max_bytes", _event_max_bytes),
     ENV_PREFIX + "RELAY_BATCH_SIZE": ("relay_batch_size", _positive_int),
     ENV_PREFIX + "RELAY_POLL_INTERVAL": ("relay_poll_interval_s", parse_duration_s),
     ENV_PREFIX + "RELAY_CLAIM_TTL": ("relay_claim_ttl_s", parse_duration_s),
@@ -284,11 +324,12 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "SMTP_TLS": ("smtp_tls", _tls_mode),
     ENV_PREFIX + "SMTP_USERNAME": ("smtp_username", str),
     ENV_PREFIX + "SMTP_PASSWORD": ("smtp_password", Secret),
+    ENV_PREFIX + "SMTP_INSECURE_AUTH_WITHOUT_TLS": ("smtp_insecure_auth_without_tls", _bool),
     ENV_PREFIX + "SMTP_CONNECT_TIMEOUT": ("smtp_connect_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),
     ENV_PREFIX + "SMTP_TLS_CA_FILE": ("smtp_tls_ca_file", _file),
-    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _absolute_path),
+    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _attachments_root),
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
     ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),
 }
