@@ -179,12 +179,10 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
-    import asyncio
-
     from postroom.kafka import check_reachable, make_admin
     from postroom.topics import all_topics
     from relay.db import check_schema, make_engine
-    from sender.smtp import SmtpConfig, SmtpPool
+    from sender.smtp import check_server
 
     def database() -> str:
         engine = make_engine(settings)
@@ -204,18 +202,9 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
                                 f"{', '.join(missing)}")
         return f"broker answers; all {len(wanted)} topics exist"
 
-    def smtp() -> str:
-        async def probe() -> str:
-            async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
-                reply = await pool.probe()
-            if reply.code != 250:
-                what = reply.failure.value if reply.failure else reply.code
-                raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
-            return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
-        return asyncio.run(probe())
-
     failed = 0
-    for name, check in (("database", database), ("kafka", kafka), ("smtp", smtp)):
+    for name, check in (("database", database), ("kafka", kafka),
+                        ("smtp", lambda: check_server(settings))):
         try:
             print(f"ok    {name}: {check()}")
         except (PostroomError, sa_errors.OperationalError) as exc:

@@ -21,7 +21,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 # librdkafka settings that carry secrets: masked when a config is shown.
 _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
-                      "sasl.oauthbearer.client.secret", "ssl.key.pem")
+                      "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "ssl.key.pem")
+# Query parameters of a libpq URL that carry secrets.
+_SECRET_URL_PARAMS = ("password", "sslpassword")
 
 
 class Secret:
@@ -74,14 +76,23 @@ def parse_durations_s(text: str) -> tuple[float, ...]:
 def parse_kafka_config(text: str) -> dict[str, str]:
     """librdkafka settings written as ``key=value`` pairs, separated by newlines or semicolons.
 
-    Lines starting with ``#`` are comments, as in a Java properties file.
+    Lines starting with ``#`` are comments, as in a Java properties file. A ``;`` separates
+    entries only where a key follows; inside a secret's value (sasl.password, ...) only where a
+    dotted librdkafka name follows (``;security.protocol=``), so a password may hold ``;x=y``.
     """
     config: dict[str, str] = {}
-    # A ';' separates entries only where a key follows, so a secret may contain ';'.
-    entries = [e for line in text.splitlines() for e in re.split(r";(?=\s*[\w.-]+\s*=)", line)]
-    for number, raw in enumerate(entries, start=1):
+    entries: list[str] = []
+    for line in text.splitlines():
+        for entry in _ENTRY_SPLIT.split(line):
+            key = entry.partition("=")[0].strip()
+            if entries and _is_secret_continuation(entries[-1], key):
+                entries[-1] += ";" + entry
+            else:
+                entries.append(entry)
+        entries.append("")  # a secret never runs on to the next line
+    for number, raw in enumerate([e for e in entries if e.strip()], start=1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
@@ -91,14 +102,28 @@ def parse_kafka_config(text: str) -> dict[str, str]:
     return config
 
 
+_ENTRY_SPLIT = re.compile(r";(?=\s*[\w.-]+\s*=)")
+_DOTTED_KEY = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
+
+
+def _is_secret_continuation(previous: str, key: str) -> bool:
+    """Whether the entry after ``previous`` is still part of its secret value."""
+    return (previous.partition("=")[0].strip() in _SECRET_KAFKA_KEYS
+            and not _DOTTED_KEY.match(key))
+
+
 def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy safe to print: secret values replaced by stars."""
     return {k: ("********" if k in _SECRET_KAFKA_KEYS else v) for k, v in config.items()}
 
 
 def mask_url(url: str) -> str:
-    """``scheme://user:secret@host/db`` -> ``scheme://user:********@host/db``."""
-    return re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:********@", url)
+    """``scheme://user:secret@host/db?password=x`` -> ``scheme://user:********@host/db?password=********``.
+
+    The user-info password and the ``password`` and ``sslpassword`` query parameters."""
+    masked = re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:********@", url)
+    names = "|".join(_SECRET_URL_PARAMS)
+    return re.sub(rf"([?&](?:{names})=)[^&#]*", r"\1********", masked, flags=re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiosmtplib
 from aiosmtplib.email import parse_address
 
-from postroom.errors import ConfigError, UnsafeHeaderError
+from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.mime import check_serialized
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
@@ -48,6 +48,7 @@ class SmtpConfig:
     concurrency: int = 20
     local_hostname: str | None = None  # the EHLO name; None: this host's FQDN, looked up once
     tls_ca_file: Path | None = None    # extra CA certificates trusted besides the system's
+    insecure_auth_without_tls: bool = False  # AUTH may send the password over plain text
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SmtpConfig:
@@ -61,7 +62,17 @@ class SmtpConfig:
             timeout_s=settings.smtp_timeout_s,
             concurrency=settings.smtp_concurrency,
             tls_ca_file=getattr(settings, "smtp_tls_ca_file", None),
+            insecure_auth_without_tls=settings.smtp_insecure_auth_without_tls,
         )
+
+
+def starttls_required(config: SmtpConfig) -> bool:
+    """Whether a server without STARTTLS is refused: ``starttls`` says so, and ``auto`` does
+    too when there is a password to protect, unless plain-text AUTH is explicitly allowed."""
+    if config.tls is TlsMode.STARTTLS:
+        return True
+    return (config.tls is TlsMode.AUTO and config.username is not None
+            and not config.insecure_auth_without_tls)
 
 
 class _Failed(Exception):  # internal control flow; never escapes this module
@@ -134,7 +145,11 @@ class SmtpPool:
             return failed.reply
         tls = smtp.get_transport_info("sslcontext") is not None
         await _quit(smtp)
-        return SmtpReply(Stage.EHLO, 250, "connected" + (" with TLS" if tls else " without TLS"))
+        text = "connected" + (" with TLS" if tls else " without TLS")
+        if self.config.username is not None:
+            text += ", logged in" + ("" if tls else "; WARNING: the AUTH password went in clear "
+                                     "text (POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS=true)")
+        return SmtpReply(Stage.EHLO, 250, text)
 
     async def close(self) -> None:
         """QUIT every idle connection; connections still sending are closed when they finish."""
@@ -204,13 +219,21 @@ class SmtpPool:
 
     def _wants_starttls(self, smtp: aiosmtplib.SMTP) -> bool:
         offered = smtp.supports_extension("starttls")
-        if self.config.tls is TlsMode.STARTTLS and not offered:
-            raise _Failed(SmtpReply(Stage.STARTTLS, None, "server does not offer STARTTLS",
-                                    Failure.TLS))
+        if starttls_required(self.config) and not offered:
+            why = ("server does not offer STARTTLS" if self.config.tls is TlsMode.STARTTLS else
+                   "server does not offer STARTTLS; refusing to send the AUTH password in clear "
+                   "text (POSTROOM_SMTP_TLS=auto with a username requires it)")
+            raise _Failed(SmtpReply(Stage.STARTTLS, None, why, Failure.TLS))
         return offered and self.config.tls in (TlsMode.STARTTLS, TlsMode.AUTO)
 
     async def _login(self, smtp: aiosmtplib.SMTP, username: str) -> None:
         cfg = self.config
+        encrypted = smtp.get_transport_info("sslcontext") is not None
+        if not encrypted and not cfg.insecure_auth_without_tls:
+            raise _Failed(SmtpReply(
+                Stage.AUTH, None, "refusing to send the AUTH password over a connection without "
+                "TLS (POSTROOM_SMTP_TLS=none); POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS=true "
+                "allows it", Failure.CONFIG))
         if not smtp.supports_extension("auth"):
             over = "TLS" if smtp.get_transport_info("sslcontext") is not None else "plain text"
             raise _Failed(SmtpReply(Stage.AUTH, None, f"server does not offer AUTH over {over}",
@@ -271,6 +294,22 @@ class SmtpPool:
                 raise
             return failure, False
         return SmtpReply(Stage.DATA, response.code, response.message), True
+
+
+def check_server(settings: Settings) -> str:
+    """What ``postroom check`` says of the SMTP server: connect, upgrade and log in as a send
+    would. The line to print, or PostroomError saying what stopped it (a server that would get
+    the password in clear text among them)."""
+
+    async def probe() -> SmtpReply:
+        async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
+            return await pool.probe()
+
+    reply = asyncio.run(probe())
+    if reply.code != 250:
+        what = reply.failure.value if reply.failure else reply.code
+        raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
+    return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
 
 
 async def _greet(smtp: aiosmtplib.SMTP) -> None:

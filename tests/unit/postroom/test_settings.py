@@ -57,6 +57,11 @@ ROUND_TRIPS = [
     ("SMTP_CONCURRENCY", "4", "smtp_concurrency", 4),
     ("METRICS_PORT", "9108", "metrics_port", 9108),
     ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
+    ("BODY_MAX_BYTES", "1000", "body_max_bytes", 1000),
+    ("ATTACHMENTS_TOTAL_MAX_BYTES", "2000", "attachments_total_max_bytes", 2000),
+    ("EVENT_MAX_BYTES", "900000", "event_max_bytes", 900000),
+    ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "true", "smtp_insecure_auth_without_tls", True),
+    ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "No", "smtp_insecure_auth_without_tls", False),
 ]
 
 
@@ -138,6 +143,11 @@ def test_unrelated_variables_are_ignored() -> None:
     ("ATTACHMENTS_ROOT", "/no/such\0dir", "null"),
     ("METRICS_PORT", "99999", "not a TCP port"),
     ("LOG_LEVEL", "TRACE", "DEBUG, INFO, WARNING or ERROR"),
+    ("EVENT_MAX_BYTES", "1048576", "well under Kafka's default message.max.bytes"),
+    ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "maybe", "true or false"),
+    ("ATTACHMENTS_ROOT", "/", "cannot be the attachments root"),
+    ("ATTACHMENTS_ROOT", "/proc/self", "pseudo"),
+    ("ATTACHMENTS_ROOT", "/dev", "pseudo"),
 ])
 def test_malformed_value_raises_config_error_naming_the_variable(
         name: str, raw: str, problem: str) -> None:
@@ -217,6 +227,32 @@ def test_kafka_password_with_a_semicolon_is_neither_split_nor_echoed() -> None:
         assert "horse-staple" not in str(exc)
     else:
         assert settings.kafka_config == {"sasl.password": "abc;horse-staple"}
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql+psycopg://app@db/mail?password={PASSWORD}",
+    f"postgresql+psycopg://app@db/mail?sslmode=require&sslpassword={PASSWORD}&x=1",
+    f"postgresql+psycopg://app:{PASSWORD}@db/mail?PassWord={PASSWORD}",
+])
+def test_database_password_in_the_query_never_shows(url: str) -> None:
+    settings = Settings.from_env({P + "DATABASE_URL": url})
+    assert PASSWORD not in repr(settings)
+    assert "********" in repr(settings)
+
+
+@pytest.mark.parametrize("config", [
+    f"sasl.oauthbearer.config=principal=me scope=x secret={PASSWORD}",
+    f"sasl.password=abc;{PASSWORD}=x",
+    f"security.protocol=SASL_SSL;sasl.password=abc;{PASSWORD}=x;sasl.mechanism=PLAIN",
+])
+def test_kafka_secrets_never_show_even_with_a_semicolon(config: str) -> None:
+    settings = Settings.from_env({P + "KAFKA_CONFIG": config})
+    assert PASSWORD not in repr(settings)
+
+
+def test_a_semicolon_inside_a_password_stays_in_the_password() -> None:
+    assert parse_kafka_config("sasl.password=abc;def=ghi;sasl.mechanism=PLAIN") == {
+        "sasl.password": "abc;def=ghi", "sasl.mechanism": "PLAIN"}
 
 
 @pytest.mark.parametrize(("field", "name"), [
