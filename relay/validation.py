@@ -18,8 +18,6 @@ from postroom.mime import check_composable
 from postroom.topics import Priority
 from relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 
-DEFAULT_ATTACHMENT_MAX_BYTES = rules.DEFAULT_ATTACHMENT_MAX_BYTES
-
 
 @contextlib.contextmanager
 def _as_enqueue_error(error: type[EnqueueError] = InvalidEmailError) -> Iterator[None]:

@@ -144,6 +144,29 @@ def test_concurrency_bounds_the_open_connections() -> None:
         server.stop()
 
 
+def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
+    """The sender holds a slot around its ledger claim and send: one limit, not two."""
+    server = DevSmtpServer("127.0.0.1", 0)
+    server.start()
+    try:
+        async def run() -> tuple[bool, list[int | None]]:
+            async with SmtpPool(config(server.port, concurrency=2)) as pool:
+                async with pool.slot() as first, pool.slot():
+                    blocked = asyncio.ensure_future(
+                        pool.send(make_message(), SENDER, "queued@example.com"))
+                    await asyncio.sleep(0.3)
+                    was_blocked = not blocked.done() and server.count() == 0
+                    reply = await first.send(make_message(), SENDER, "held@example.com")
+                return was_blocked, [reply.code, (await blocked).code]
+
+        was_blocked, codes = asyncio.run(run())
+    finally:
+        server.stop()
+    assert was_blocked
+    assert codes == [250, 250]
+    assert server.peak_connections <= 2
+
+
 def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
     server = DevSmtpServer("127.0.0.1", 0, latency_ms=2000)
     server.start()
@@ -488,15 +511,15 @@ def check_settings(port: int, **changes: object) -> Settings:
 
 def test_check_reports_a_server_that_would_get_the_password_in_clear_text() -> None:
     from postroom.errors import PostroomError
-    from sender.smtp import check_server
+    from sender.smtp import check_smtp
 
     with AuthRecorder() as server:
         with pytest.raises(PostroomError, match="refusing to send the AUTH password in clear"):
-            check_server(check_settings(server.port))
+            check_smtp(check_settings(server.port))
         with pytest.raises(PostroomError, match="POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS"):
-            check_server(check_settings(server.port, smtp_tls=TlsMode.NONE))
+            check_smtp(check_settings(server.port, smtp_tls=TlsMode.NONE))
         assert server.logins == []
-        allowed = check_server(check_settings(server.port, smtp_insecure_auth_without_tls=True))
+        allowed = check_smtp(check_settings(server.port, smtp_insecure_auth_without_tls=True))
         assert server.logins != []
     assert "WARNING: the AUTH password went in clear text" in allowed
 
