@@ -196,7 +196,7 @@ def read_attachment(raw_path: str, root: Path | None, *,
         parts = _parts_below(path, root)
         if parts is None:
             # Refused before touching the file system: not even whether it exists is revealed.
-            raise _refused(raw_path, "is outside the attachments root; refusing to read it")
+            raise _refused(raw_path, f"is outside the attachments root {root}; refusing to read it")
         fd = _open_beneath(raw_path, root, parts)
     else:
         if on_pseudo_filesystem(os.path.normpath(path.absolute())):

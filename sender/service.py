@@ -24,6 +24,7 @@ from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, results_topic, tier_of_retry_topic
 from schemas.codec import EmailRequested, SchemaError, decode, encode, headers_for
+from sender.admission import Admission, Refusal, record_size, refuse_event, refuse_record
 from sender.claims import busy_wait_s, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
@@ -71,7 +72,8 @@ class Sender:
         self._pool = SmtpPool(SmtpConfig.from_settings(settings))
         self._policy = RetryPolicy(settings.retry_delays_s)
         self._delivery = Delivery(settings.mail_from, settings.attachments_root,
-                                  send_deadline_s(settings))
+                                  send_deadline_s(settings), settings.size_limits())
+        self._admission = Admission.for_tiers(settings.size_limits(), settings.retry_delays_s)
         self._max_in_flight = settings.smtp_concurrency * IN_FLIGHT_PER_CONNECTION
         self._consumer = SenderConsumer(settings, self.metrics)
         self._producer = AcknowledgedProducer(settings, self.metrics)
@@ -142,12 +144,23 @@ class Sender:
         for record in readable_records(messages):
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
+            refusal = refuse_record(record_size(record.value, record.headers), self._admission)
+            if refusal is not None:
+                self._spawn(self._dead_letter_poison(record, refusal), record)
+                continue
             try:
                 event = decode(EmailRequested, record.value, record.headers)
             except SchemaError as exc:
-                self._spawn(self._dead_letter_poison(record, str(exc)), record)
+                self._spawn(self._dead_letter_poison(record, Refusal(str(exc))), record)
                 continue
-            if tier_of_retry_topic(self._settings.topic_prefix, record.topic) is not None:
+            on_retry_topic = tier_of_retry_topic(self._settings.topic_prefix,
+                                                 record.topic) is not None
+            refusal = refuse_event(event, on_retry_topic=on_retry_topic, now=now,
+                                   admission=self._admission)
+            if refusal is not None:
+                self._spawn(self._dead_letter_poison(record, refusal), record)
+                continue
+            if on_retry_topic:
                 if due_in_s(event.not_before, now) > 0:
                     self._consumer.hold_until_due(record, event.not_before or now)
                     held_back.add(record.tp)
@@ -239,13 +252,14 @@ class Sender:
         await self._producer.produce(topic, key, encode(event),
                                      [*headers_for(event), *extra_headers])
 
-    async def _dead_letter_poison(self, record: Record, reason: str) -> None:
+    async def _dead_letter_poison(self, record: Record, refusal: Refusal) -> None:
         self.metrics.inc("poison_total")
-        log.error("unreadable record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
-                  record.offset, reason)
+        log.error("poison record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
+                  record.offset, refusal.reason)
+        value, headers = ((record.value, record.headers) if refusal.copy_record else (None, []))
         await self._producer.produce(dead_letter_topic(self._settings.topic_prefix), record.key,
-                                     record.value, [*record.headers, *dead_letter_headers(
-                                         _origin(record), "poison", reason)])
+                                     value, [*headers, *dead_letter_headers(
+                                         _origin(record), "poison", refusal.reason)])
 
 
 def _origin(record: Record) -> Origin:

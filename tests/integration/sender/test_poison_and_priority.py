@@ -4,6 +4,7 @@ high-priority mail goes out before normal and low."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 import statistics
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from postroom import enqueue
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
 from relay.publisher import Relay
-from schemas.codec import SCHEMA_HEADER, load_schema
+from schemas.codec import SCHEMA_HEADER, EmailRequested, encode, headers_for, load_schema
 from sender.devsmtp import DevSmtpServer
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.pipeline import Pipeline, SenderThread, outbox_rows, wait_for
@@ -99,3 +100,54 @@ def test_a_high_priority_backlog_goes_out_first(
     assert position["high"] < position["normal"] < position["low"], (position, order)
     # All but what the first fetch took before any backlog was known: high leads.
     assert order[:per_priority].count("high") >= per_priority - 5, order
+
+
+def forged(**changes: Any) -> EmailRequested:
+    """An event as another producer on the topics could write it."""
+    values: dict[str, Any] = {
+        "idempotency_key": "forged|x@example.com", "message_key": "forged", "outbox_id": 999_999,
+        "recipient": "x@example.com", "sender": "", "subject": "S", "body": "b",
+        "attachments": (), "priority": "normal", "created_at": dt.datetime.now(dt.UTC)}
+    return EmailRequested(**{**values, **changes})
+
+
+def test_events_that_break_the_rules_are_poison_and_hold_nothing_back(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 10: attempt 0, a far-future not_before on a retry tier, a recipient list or a name
+    with another address, a record over the size cap: each is dead-lettered as poison with its
+    reason and never sent, and the due record behind them on the same partition goes out."""
+    server = DevSmtpServer(port=0)
+    server.start()
+    prefix = settings.topic_prefix
+    now = dt.datetime.now(dt.UTC)
+    tier = retry_topic(prefix, 1)
+    bad = [
+        (tier, forged(attempt=0), "attempt 0 is outside"),
+        (tier, forged(attempt=2, not_before=now + dt.timedelta(days=365)), "further ahead"),
+        (tier, forged(attempt=2, recipient="a@b.com, eve@evil.example"), "local part"),
+        (tier, forged(attempt=2, recipient="ceo@corp.example <eve@evil.example>"), "local part"),
+        (tier, forged(attempt=2, body="x" * 80_000), "over the limit"),
+    ]
+    good = forged(attempt=2, recipient="due@example.com", idempotency_key="due|due@example.com")
+    producer = Producer(settings.kafka_client_config())
+    schema = headers_for(EmailRequested)
+    for topic, event, _ in bad:
+        producer.produce(topic, key=b"same", value=encode(event), headers=schema)
+    producer.produce(tier, key=b"same", value=encode(good), headers=schema)
+    assert producer.flush(10) == 0
+    sender = SenderThread(smtp(settings, server, event_max_bytes=4096), engine).start()
+    try:
+        wait_for(lambda: server.count() >= 1, 60, "the due retry to be delivered")
+        dead = consume(settings, [dead_letter_topic(prefix)], expected=len(bad), timeout_s=30)
+    finally:
+        sender.stop()
+        server.stop()
+    assert [m.rcpt for m in server.messages] == ["due@example.com"]
+    assert len(dead) == len(bad)
+    for record, (_, _, reason) in zip(sorted(dead, key=lambda r: int(dict(r.headers)[
+            DLQ_OFFSET_HEADER])), bad, strict=True):
+        headers = dict(record.headers)
+        assert headers[DLQ_CLASS_HEADER] == b"poison"
+        assert reason in headers[DLQ_REASON_HEADER].decode()
+    oversized = max(dead, key=lambda r: int(dict(r.headers)[DLQ_OFFSET_HEADER]))
+    assert oversized.value is None  # too large to copy; it stays in its source topic
