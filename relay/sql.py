@@ -113,6 +113,14 @@ MARK_PUBLISHED = sa.text("""
     WHERE id = ANY(ARRAY(SELECT id FROM done))
 """)
 
+# Rows whose event can never be published: off the queue, recorded as a permanent failure.
+MARK_TOO_LARGE = sa.text("""
+    WITH done AS (DELETE FROM outbox_queue WHERE id = ANY(:ids) RETURNING id)
+    UPDATE outbox
+    SET status = 'failed', last_error = :error, updated_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM done)) AND status IN ('pending', 'published')
+""")
+
 RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id = ANY(:ids)")
 
 # Applies one delivery result. Results for a key arrive in order on one partition, but a replay
