@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
-from postroom import __version__
+from postroom import __version__, logs
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
@@ -29,8 +29,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure_logging(level)
     # librdkafka's own debug lines are noise at INFO.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 

@@ -19,7 +19,7 @@ from schemas.codec import EmailRequested
 CLOCK_SKEW_ALLOWANCE_S = 300.0
 # Header bytes a record may carry beyond its value: the schema header and the history the retry
 # tiers add (one line of at most a few hundred characters per attempt).
-HEADERS_ALLOWANCE_BYTES = 64 * 1024
+HEADERS_ALLOWANCE_BYTES = 32 * 1024
 
 
 @dataclasses.dataclass(frozen=True)

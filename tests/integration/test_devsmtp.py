@@ -160,3 +160,58 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
     assert "reject x@example.com" in err
     assert "accept y@example.com" in err
     assert [m.rcpt for m in read_maildir(tmp_path / "md")] == ["y@example.com"]
+
+
+def test_only_the_newest_messages_are_kept_in_memory() -> None:
+    dev = DevSmtpServer("127.0.0.1", 0, max_kept=3)
+    dev.start()
+    try:
+        with smtplib.SMTP("127.0.0.1", dev.port, timeout=10) as client:
+            for n in range(5):
+                client.sendmail(SENDER, [f"r{n}@example.com"], MESSAGE)
+    finally:
+        dev.stop()
+    assert [m.rcpt for m in dev.messages] == ["r2@example.com", "r3@example.com", "r4@example.com"]
+    assert dev.forgotten == 2
+
+
+def test_bytes_kept_in_memory_are_capped() -> None:
+    dev = DevSmtpServer("127.0.0.1", 0, max_kept_bytes=2 * len(MESSAGE) + 10)
+    dev.start()
+    try:
+        with smtplib.SMTP("127.0.0.1", dev.port, timeout=10) as client:
+            for n in range(4):
+                client.sendmail(SENDER, [f"r{n}@example.com"], MESSAGE)
+    finally:
+        dev.stop()
+    assert [m.rcpt for m in dev.messages] == ["r2@example.com", "r3@example.com"]
+
+
+@pytest.mark.parametrize(("host", "warned"), [
+    ("127.0.0.1", False), ("::1", False), ("localhost", False), ("127.0.0.2", False),
+    ("0.0.0.0", True), ("::", True), ("192.0.2.10", True), ("mail.example.com", True),  # noqa: S104
+])
+def test_a_bind_beyond_loopback_is_warned_about(host: str, warned: bool) -> None:
+    from sender.devsmtp import bind_warning
+
+    warning = bind_warning(host)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert host in warning and "not on a loopback address" in warning
+
+
+def test_cli_warns_when_it_listens_beyond_loopback() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sender.devsmtp", "--host", "0.0.0.0", "--port", "0"],  # noqa: S104
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("devsmtp listening on 0.0.0.0:")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "WARNING: devsmtp listens on 0.0.0.0, not on a loopback address" in err
