@@ -72,6 +72,18 @@ def ascii_domain(domain: str) -> str:
                                   "name") from None
 
 
+def ascii_domain_address(address: str) -> str:
+    """``local@domain`` with a non-ASCII domain in its IDNA form: an ASCII address needs no
+    SMTPUTF8 for its domain alone. Anything else is returned as it came."""
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    try:
+        return f"{local}@{ascii_domain(domain)}"
+    except InvalidContentError:
+        return address
+
+
 def check_address(address: object, *, what: str = "recipient") -> str:
     """The address with surrounding blanks removed: one bare ``local@domain``, nothing else.
 

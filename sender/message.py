@@ -25,6 +25,7 @@ from postroom.errors import InvalidContentError, UnsafeHeaderError
 from postroom.mime import check_decoded_headers
 from postroom.rules import (
     SizeLimits,
+    ascii_domain_address,
     check_address,
     check_mailbox,
     has_control,
@@ -138,8 +139,9 @@ def build_message(
         raise ValueError("now must be timezone-aware")
     message = EmailMessage(policy=MESSAGE_POLICY)
     try:
-        message["From"] = event.sender
-        message["To"] = event.recipient
+        # An IDNA domain, not an encoded word (invalid in an address) nor raw UTF-8 (SMTPUTF8).
+        message["From"] = ascii_domain_address(event.sender)
+        message["To"] = ascii_domain_address(event.recipient)
         message["Subject"] = event.subject
     except (ValueError, IndexError, HeaderParseError) as exc:  # the library's parser gave up
         raise UnsafeHeaderError(f"cannot make headers of these values: {exc!r}") from None

@@ -23,6 +23,7 @@ from aiosmtplib.email import parse_address
 
 from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.mime import check_serialized
+from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
 
@@ -133,6 +134,9 @@ class SmtpPool:
         problem = _envelope_problem(sender) or _envelope_problem(recipient)
         if problem:
             return _log(SmtpReply(Stage.LOCAL, None, problem, Failure.BAD_MESSAGE), recipient)
+        # A non-ASCII domain travels as IDNA; only a non-ASCII local part needs SMTPUTF8.
+        sender = ascii_domain_address(parse_address(sender))
+        recipient = ascii_domain_address(parse_address(recipient))
         smtp = self._take_idle()
         reused = smtp is not None
         try:

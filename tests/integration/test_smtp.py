@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -542,3 +543,80 @@ def test_config_from_settings() -> None:
     assert (cfg.host, cfg.port, cfg.tls, cfg.username, cfg.concurrency) == (
         "mail.example.com", 587, TlsMode.STARTTLS, "u", 4)
     assert "p'" not in repr(cfg)
+
+
+# --- internationalised addresses (issue 10)
+
+
+class Recording:
+    """An aiosmtpd server of the test's own that keeps each envelope and message, with or
+    without SMTPUTF8."""
+
+    def __init__(self, *, smtputf8: bool) -> None:
+        from aiosmtpd.controller import Controller
+
+        self.received: list[tuple[str, list[str], bytes]] = []
+        outer = self
+
+        class Handler:
+            async def handle_DATA(self, server: object, session: object, envelope: Any) -> str:
+                outer.received.append((envelope.mail_from, list(envelope.rcpt_tos),
+                                       envelope.original_content))
+                return "250 OK"
+
+        self.port = free_port()
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port,
+                                     enable_SMTPUTF8=smtputf8)
+
+    def __enter__(self) -> Recording:
+        self.controller.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.controller.stop()
+
+
+def send_built(port: int, recipient: str, sender: str = SENDER) -> SmtpReply:
+    """Build the message as the sender does and send it."""
+    import datetime as dt
+
+    from schemas.codec import EmailRequested
+    from sender.message import build_message
+
+    event = EmailRequested(idempotency_key="k|" + recipient, message_key="k", outbox_id=1,
+                           recipient=recipient, sender=sender, subject="Grüße", body="b",
+                           attachments=(), priority="normal", created_at=dt.datetime.now(dt.UTC))
+    message = build_message(event, attachments_root=None, now=dt.datetime.now(dt.UTC))
+
+    async def run() -> SmtpReply:
+        async with SmtpPool(config(port, tls=TlsMode.NONE)) as pool:
+            return await pool.send(message, sender, recipient)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("smtputf8", [True, False])
+def test_a_non_ascii_domain_goes_out_as_idna_without_needing_smtputf8(smtputf8: bool) -> None:
+    with Recording(smtputf8=smtputf8) as server:
+        reply = send_built(server.port, "user@bücher.example")
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    [(_, rcpts, content)] = server.received
+    assert rcpts == ["user@xn--bcher-kva.example"]
+    assert b"\r\nTo: user@xn--bcher-kva.example\r\n" in content
+
+
+def test_a_non_ascii_local_part_is_sent_with_smtputf8() -> None:
+    with Recording(smtputf8=True) as server:
+        reply = send_built(server.port, "josé@example.com")
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    [(_, rcpts, content)] = server.received
+    assert rcpts == ["josé@example.com"]
+    assert "To: josé@example.com".encode() in content
+
+
+def test_a_non_ascii_local_part_is_refused_clearly_without_smtputf8() -> None:
+    with Recording(smtputf8=False) as server:
+        reply = send_built(server.port, "josé@example.com")
+    assert (reply.failure, reply.text) == (
+        Failure.BAD_MESSAGE, "a non-ASCII address needs SMTPUTF8, which the server does not offer")
+    assert server.received == []
