@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
+from postroom.kafka import is_too_large
 from postroom.metrics import Metrics
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
@@ -169,7 +170,7 @@ class Relay:
                 produced = index
                 break
             except KafkaException as exc:
-                if not _too_large(exc.args[0] if exc.args else None):
+                if not is_too_large(exc):
                     raise KafkaClientError(f"producing row_id={row[id_at]} failed: {exc}",
                                            retriable=True) from exc
                 too_large.append(row[id_at])
@@ -190,7 +191,7 @@ class Relay:
             err = failures.get(row[key_at].encode())
             if err is None:
                 acked.append(row[id_at])
-            elif _too_large(err):
+            elif is_too_large(err):
                 too_large.append(row[id_at])
                 log.error("row_id=%d: the broker refused its event as too large (%s); marked "
                           "failed", row[id_at], err.str())
@@ -356,12 +357,6 @@ class Relay:
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost (%s); polling until it is back", _one_line(exc))
             self._close_listener()
-
-
-def _too_large(err: object) -> bool:
-    """Whether ``err`` says a record is too large for the producer or the broker to take."""
-    return isinstance(err, KafkaError) and err.code() in (
-        KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
 
 
 def _one_line(exc: BaseException) -> str:

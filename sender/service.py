@@ -28,12 +28,19 @@ from sender.admission import Admission, Refusal, record_size, refuse_event, refu
 from sender.claims import busy_wait_s, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
-from sender.errors import LedgerUnavailableError
+from sender.errors import LedgerUnavailableError, RecordTooLargeError
 from sender.ledger import Claim, Ledger
 from sender.outcome import Outcome, Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
 from sender.retry import Action, RetryDecision, RetryPolicy, due_in_s, lateness_s
-from sender.routing import Origin, already_sent, dead_letter_headers, route
+from sender.routing import (
+    Forward,
+    Origin,
+    already_sent,
+    dead_letter_headers,
+    route,
+    too_large_to_forward,
+)
 from sender.smtp import SmtpConfig, SmtpPool, SmtpSlot
 
 log = logging.getLogger(__name__)
@@ -195,8 +202,7 @@ class Sender:
         pending = [self._publish(results_topic(self._settings.topic_prefix), event.idempotency_key,
                                  routing.result)]
         if routing.forward is not None:
-            pending.append(self._publish(routing.forward.topic, event.idempotency_key,
-                                         routing.forward.event, routing.forward.headers))
+            pending.append(self._forward(record, event, routing.forward))
         _log_outcome(event, attempt)
         await asyncio.gather(*pending)
         self.metrics.inc("outcomes_total", status=routing.status.value)
@@ -251,6 +257,20 @@ class Sender:
                        extra_headers: Sequence[tuple[str, str | bytes | None]] = ()) -> None:
         await self._producer.produce(topic, key, encode(event),
                                      [*headers_for(event), *extra_headers])
+
+    async def _forward(self, record: Record, event: EmailRequested, forward: Forward) -> None:
+        """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a
+        recorded permanent failure (a value-less dead letter saying why), never a stuck partition."""
+        key = event.idempotency_key
+        try:
+            await self._publish(forward.topic, key, forward.event, forward.headers)
+        except RecordTooLargeError as exc:
+            result = too_large_to_forward(event, forward.topic, utcnow())
+            log.error("key=%s: %s; failed permanently", key, exc)  # noqa: TRY400 - expected
+            prefix = self._settings.topic_prefix
+            await self._producer.produce(dead_letter_topic(prefix), key, None, dead_letter_headers(
+                _origin(record), "permanent", result.error or ""))
+            await self._publish(results_topic(prefix), key, result)
 
     async def _dead_letter_poison(self, record: Record, refusal: Refusal) -> None:
         self.metrics.inc("poison_total")

@@ -3,8 +3,10 @@ high-priority mail goes out before normal and low."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
+import random
 import re
 import statistics
 from collections.abc import Callable
@@ -151,3 +153,52 @@ def test_events_that_break_the_rules_are_poison_and_hold_nothing_back(
         assert reason in headers[DLQ_REASON_HEADER].decode()
     oversized = max(dead, key=lambda r: int(dict(r.headers)[DLQ_OFFSET_HEADER]))
     assert oversized.value is None  # too large to copy; it stays in its source topic
+
+
+def test_a_retry_kafka_refuses_as_too_large_ends_as_a_recorded_failure(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 10: the retry of an event the broker's first tier refuses as too large (its topic's
+    max.message.bytes is below the record) used to be produced again every 2 s, forever, and its
+    partition's commit point never moved. Now it ends as a failed result and a dead letter."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    from postroom.kafka import make_admin
+    from postroom.topics import results_topic
+    from schemas.codec import EmailResult, decode
+
+    prefix = settings.topic_prefix
+    tier = retry_topic(prefix, 1)
+    admin = make_admin(settings)
+    resource = ConfigResource("topic", tier, incremental_configs=[ConfigEntry(
+        "max.message.bytes", "1000", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    server = DevSmtpServer(port=0, defer={"late@example.com": 5})
+    server.start()
+    # Incompressible: the producer compresses, and a record is measured compressed.
+    body = base64.b64encode(random.randbytes(3000)).decode()
+    event = forged(recipient="late@example.com", idempotency_key="big|late@example.com",
+                   body=body)
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(priority_topic(prefix, "normal"), key=b"big|late@example.com",
+                     value=encode(event), headers=headers_for(EmailRequested))
+    assert producer.flush(10) == 0
+    sender = SenderThread(smtp(settings, server), engine).start()
+    try:
+        dead = consume(settings, [dead_letter_topic(prefix)], expected=1, timeout_s=60)
+        results = consume(settings, [results_topic(prefix)], expected=2, timeout_s=30)
+    finally:
+        sender.stop()
+        server.stop()
+    assert len(dead) == 1
+    assert dead[0].value is None
+    headers = dict(dead[0].headers)
+    assert headers[DLQ_CLASS_HEADER] == b"permanent"
+    assert b"too large for Kafka" in headers[DLQ_REASON_HEADER]
+    statuses = [decode(EmailResult, r.value, r.headers).status.value for r in results]
+    assert statuses == ["retrying", "failed"]
+    assert consume(settings, [tier], expected=1, timeout_s=3) == []
