@@ -301,6 +301,14 @@ def _attachments_root(text: str) -> Path:
     return path
 
 
+def _mail_from(text: str) -> str:
+    # Checked here: a From the sender's rules refuse would fail every email without a sender.
+    try:
+        return rules.check_mailbox(text.strip(), what="the From address")
+    except InvalidContentError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _event_max_bytes(text: str) -> int:
     value = _positive_int(text)
     if value > rules.EVENT_MAX_BYTES_CEILING:
@@ -343,7 +351,7 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "TOPIC_PARTITIONS": ("topic_partitions", _positive_int),
     ENV_PREFIX + "TOPIC_REPLICATION_FACTOR": ("topic_replication_factor", _replication_factor),
     ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),
-    ENV_PREFIX + "MAIL_FROM": ("mail_from", str.strip),
+    ENV_PREFIX + "MAIL_FROM": ("mail_from", _mail_from),
     ENV_PREFIX + "ATTACHMENT_MAX_BYTES": ("attachment_max_bytes", _positive_int),
     ENV_PREFIX + "ATTACHMENTS_TOTAL_MAX_BYTES": ("attachments_total_max_bytes", _positive_int),
     ENV_PREFIX + "BODY_MAX_BYTES": ("body_max_bytes", _positive_int),
