@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 from collections.abc import Sequence
 
 from postroom.topics import dead_letter_topic, retry_topic
@@ -98,6 +99,21 @@ def already_sent(event: EmailRequested, message_id: str | None, now: dt.datetime
         idempotency_key=event.idempotency_key, outbox_id=event.outbox_id,
         recipient=event.recipient, status=DeliveryStatus.SENT, attempt=event.attempt,
         occurred_at=now, message_id=message_id)
+
+
+def outcome_line(event: EmailRequested, decision: RetryDecision,
+                 reason: str) -> tuple[int, str]:
+    """The log level and line that say what became of an attempt (failures name the domain)."""
+    key, attempt = event.idempotency_key, event.attempt
+    if decision.action is Action.RETRY:
+        return logging.INFO, (f"key={key} attempt={attempt} transient ({reason}): retry tier "
+                              f"{decision.tier} at {decision.not_before}")
+    if decision.action in CLASSIFICATION_OF:
+        what = ("failed permanently" if decision.action is Action.FAIL
+                else "dead after the last retry tier")
+        return logging.ERROR, (f"key={key} domain={event.recipient.rpartition('@')[2]} "
+                               f"attempt={attempt} {what}: {reason}")
+    return logging.INFO, f"key={key} attempt={attempt} sent: {reason}"
 
 
 def errors_of(headers: Sequence[tuple[str, str | bytes | None]]) -> Headers:

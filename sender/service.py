@@ -10,7 +10,6 @@ dead letter) is acknowledged by Kafka; librdkafka commits stored offsets in the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -30,14 +29,16 @@ from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
 from sender.errors import LedgerUnavailableError, RecordTooLargeError
 from sender.ledger import Claim, Ledger
-from sender.outcome import Outcome, Verdict, classify_reply
+from sender.outcome import Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
-from sender.retry import Action, RetryDecision, RetryPolicy, due_in_s, lateness_s
+from sender.retry import Action, RetryPolicy, due_in_s, lateness_s
 from sender.routing import (
     Forward,
     Origin,
+    Routing,
     already_sent,
     dead_letter_headers,
+    outcome_line,
     route,
     too_large_to_forward,
 )
@@ -57,16 +58,6 @@ T = TypeVar("T")
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-@dataclasses.dataclass(frozen=True)
-class Attempt:
-    """One send of an event whose claim was ours, and what the retry policy made of it."""
-
-    outcome: Outcome
-    decision: RetryDecision
-    message_id: str
-    at: dt.datetime
 
 
 class Sender:
@@ -194,22 +185,19 @@ class Sender:
 
     async def _handle(self, record: Record, event: EmailRequested) -> None:
         """Claim, send and record one event; then publish where its outcome routes it."""
-        attempt = await self._claim_and_send(event)
-        if attempt is None:
+        routing = await self._claim_and_send(record, event)
+        if routing is None:
             return
-        routing = route(self._settings.topic_prefix, _origin(record), event, attempt.outcome,
-                        attempt.decision, attempt.message_id, attempt.at)
-        pending = [self._publish(results_topic(self._settings.topic_prefix), event.idempotency_key,
-                                 routing.result)]
+        key = event.idempotency_key
+        pending = [self._publish(results_topic(self._settings.topic_prefix), key, routing.result)]
         if routing.forward is not None:
             pending.append(self._forward(record, event, routing.forward))
-        _log_outcome(event, attempt)
         await asyncio.gather(*pending)
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
-    async def _claim_and_send(self, event: EmailRequested) -> Attempt | None:
-        """Send ``event`` once its ledger claim is ours; None when a server accepted its key
-        before (its result is published here, and nothing is sent again)."""
+    async def _claim_and_send(self, record: Record, event: EmailRequested) -> Routing | None:
+        """Send ``event`` once its ledger claim is ours and route the outcome; None when a server
+        accepted its key before (its result is published here, and nothing is sent again)."""
         key = event.idempotency_key
         while True:
             # The claim is taken inside a sending slot, so its lease starts when the send does
@@ -218,7 +206,7 @@ class Sender:
                 claim = await self._ledger_call("claim", partial(self._ledger.claim, key,
                                                                  event.attempt))
                 if claim.claim is Claim.MINE:
-                    return await self._send_and_record(event, slot)
+                    return await self._send_and_record(record, event, slot)
             if claim.claim is Claim.SENT:
                 self.metrics.inc("duplicates_suppressed_total")
                 log.info("key=%s already accepted by the server; not sending again", key)
@@ -229,7 +217,8 @@ class Sender:
             log.info("key=%s is being sent elsewhere; waiting %.1fs", key, wait_s)
             await asyncio.sleep(wait_s)
 
-    async def _send_and_record(self, event: EmailRequested, slot: SmtpSlot) -> Attempt:
+    async def _send_and_record(self, record: Record, event: EmailRequested,
+                               slot: SmtpSlot) -> Routing:
         key = event.idempotency_key
         reply, message_id = await self._delivery.send(event, slot, utcnow())
         outcome = classify_reply(reply)
@@ -242,7 +231,9 @@ class Sender:
             await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key, message_id))
         else:
             await self._ledger_call("release", partial(self._ledger.release, key))
-        return Attempt(outcome, decision, message_id, now)
+        log.log(*outcome_line(event, decision, outcome.reason))
+        return route(self._settings.topic_prefix, _origin(record), event, outcome, decision,
+                     message_id, now)
 
     async def _ledger_call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """``call()`` until the ledger answers (a shutdown cancels the wait)."""
@@ -284,16 +275,3 @@ class Sender:
 
 def _origin(record: Record) -> Origin:
     return Origin(record.topic, record.partition, record.offset, tuple(record.headers))
-
-
-def _log_outcome(event: EmailRequested, attempt: Attempt) -> None:
-    key, decision, reason = event.idempotency_key, attempt.decision, attempt.outcome.reason
-    if decision.action is Action.RETRY:
-        log.info("key=%s attempt=%d transient (%s): retry tier %d at %s", key, event.attempt,
-                 reason, decision.tier, decision.not_before)
-    elif decision.action in (Action.FAIL, Action.DEAD):
-        log.error("key=%s domain=%s attempt=%d %s: %s", key, event.recipient.rpartition("@")[2],
-                  event.attempt, "failed permanently" if decision.action is Action.FAIL else
-                  "dead after the last retry tier", reason)
-    else:
-        log.info("key=%s attempt=%d sent: %s", key, event.attempt, reason)

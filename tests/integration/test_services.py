@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from postroom.devkit.ports import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = REPO / "scripts" / "services.sh"
 HOST = "127.0.0.1"
@@ -40,17 +42,6 @@ def port_answers(port: int) -> bool:
     except OSError:
         return False
 
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on now, distinct from each other."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def processes() -> dict[int, tuple[str, str]]:

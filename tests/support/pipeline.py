@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -88,17 +87,6 @@ class Pipeline:
         for thread in self.threads:
             thread.join(30)
             assert not thread.is_alive(), "relay or recorder did not stop"
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def outbox_rows(engine: sa.Engine, message_key: str) -> list[sa.Row[Any]]:

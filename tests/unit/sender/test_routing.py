@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 
 import pytest
 
@@ -20,6 +21,7 @@ from sender.routing import (
     Origin,
     already_sent,
     dead_letter_headers,
+    outcome_line,
     route,
 )
 
@@ -100,3 +102,16 @@ def test_already_sent_is_a_sent_result_without_a_reply() -> None:
 
 def test_poison_headers_name_where_the_record_was() -> None:
     assert dead_letter_headers(ORIGIN, "poison", "bad magic") == dlq("poison", "bad magic")
+
+
+@pytest.mark.parametrize(("decision", "reason", "level", "line"), [
+    (RetryDecision(Action.DONE_SENT), "250 ok", logging.INFO, "key=k|ops@example.com attempt=2 sent: 250 ok"),
+    (RetryDecision(Action.RETRY, 2, LATER), "451 later", logging.INFO,
+     f"key=k|ops@example.com attempt=2 transient (451 later): retry tier 2 at {LATER}"),
+    (RetryDecision(Action.FAIL), "550 no", logging.ERROR,
+     "key=k|ops@example.com domain=example.com attempt=2 failed permanently: 550 no"),
+    (RetryDecision(Action.DEAD), "451 later", logging.ERROR,
+     "key=k|ops@example.com domain=example.com attempt=2 dead after the last retry tier: 451 later"),
+])
+def test_outcome_line(decision: RetryDecision, reason: str, level: int, line: str) -> None:
+    assert outcome_line(EVENT, decision, reason) == (level, line)
