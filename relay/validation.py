@@ -36,9 +36,11 @@ def check_address(address: object, *, what: str = "recipient") -> str:
 
 def check_recipients(recipients: Iterable[str]) -> list[str]:
     """Valid, de-duplicated (case-insensitively) recipients in their given order."""
-    if isinstance(recipients, str) or recipients is None:
+    if isinstance(recipients, str):
+        raise InvalidEmailError("recipients must be a list of addresses, not one string")
+    if isinstance(recipients, bytes | bytearray) or not isinstance(recipients, Iterable):
         raise InvalidEmailError("recipients must be a list of addresses, not "
-                                f"{'one string' if recipients is not None else 'None'}")
+                                f"{type(recipients).__name__}")
     seen: set[str] = set()
     result: list[str] = []
     for raw in recipients:
@@ -86,8 +88,9 @@ def check_attachments(paths: Sequence[str | Path], max_bytes: int,
     by one (``max_bytes``) and together (``total_max_bytes``)."""
     if isinstance(paths, (str, Path)):
         raise InvalidEmailError("attachments must be a list of paths, not one path")
-    if paths is None:
-        raise InvalidEmailError("attachments must be a list of paths, not None")
+    if isinstance(paths, bytes | bytearray) or not isinstance(paths, Iterable):
+        raise InvalidEmailError(f"attachments must be a list of paths, not {type(paths).__name__}")
+    paths = list(paths)
     with _as_enqueue_error():
         rules.check_attachment_count(len(paths))
     result: list[str] = []
