@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
-from postroom import __version__
+from postroom import __version__, logs
 from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, Role, parse_principal_prefix
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
@@ -30,8 +30,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure_logging(level)
     # librdkafka's own debug lines are noise at INFO.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
@@ -146,7 +145,7 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
         queued = enqueue(conn, key=args.key, recipients=args.to, subject=args.subject, body=body,
                          attachments=args.attach, priority=args.priority,
                          send_after=args.send_after, sender=args.sender,
-                         attachment_max_bytes=settings.attachment_max_bytes)
+                         limits=settings.size_limits())
     if args.json:
         print(json.dumps({"queued": queued, "recipients": len(args.to),
                           "key": args.key if args.key is not None else args.subject}))

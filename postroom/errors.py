@@ -25,6 +25,14 @@ class ConfigError(PostroomError):
         super().__init__(f"{setting}: {problem}")
 
 
+class InvalidContentError(PostroomError, ValueError):
+    """A part of an email (address, subject, key, body, attachment path) breaks postroom's rules."""
+
+
+class UnsafeHeaderError(InvalidContentError):
+    """A header would not say exactly what was meant: it holds a line break or would add headers."""
+
+
 class KafkaClientError(PostroomError):
     """Kafka refused or failed a request."""
 

@@ -37,6 +37,15 @@ def _log_error(err: KafkaError) -> None:
     log.warning("kafka client error code=%s: %s", err.name(), err.str())
 
 
+def is_too_large(err: object) -> bool:
+    """Whether ``err`` (a KafkaError, or a KafkaException carrying one) says a record is too large
+    for the producer or the broker ever to take: retrying it cannot help."""
+    if isinstance(err, KafkaException) and err.args:
+        err = err.args[0]
+    return isinstance(err, KafkaError) and err.code() in (
+        KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
+
+
 def translate(exc: KafkaException | KafkaError, message: str) -> KafkaClientError:
     """Our error for a librdkafka one, keeping its code."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc

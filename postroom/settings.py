@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from postroom.errors import ConfigError
+from postroom import rules
+from postroom.errors import ConfigError, InvalidContentError
 
 ENV_PREFIX = "POSTROOM_"
 # How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay
@@ -23,7 +24,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # librdkafka settings that carry secrets: masked when a config is shown.
 _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
-                      "sasl.oauthbearer.client.secret", "ssl.key.pem")
+                      "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "ssl.key.pem")
+# Query parameters of a libpq URL that carry secrets.
+_SECRET_URL_PARAMS = ("password", "sslpassword")
 
 
 class Secret:
@@ -76,14 +79,23 @@ def parse_durations_s(text: str) -> tuple[float, ...]:
 def parse_kafka_config(text: str) -> dict[str, str]:
     """librdkafka settings written as ``key=value`` pairs, separated by newlines or semicolons.
 
-    Lines starting with ``#`` are comments, as in a Java properties file.
+    Lines starting with ``#`` are comments, as in a Java properties file. A ``;`` separates
+    entries only where a key follows; inside a secret's value (sasl.password, ...) only where a
+    dotted librdkafka name follows (``;security.protocol=``), so a password may hold ``;x=y``.
     """
     config: dict[str, str] = {}
-    # A ';' separates entries only where a key follows, so a secret may contain ';'.
-    entries = [e for line in text.splitlines() for e in re.split(r";(?=\s*[\w.-]+\s*=)", line)]
-    for number, raw in enumerate(entries, start=1):
+    entries: list[str] = []
+    for line in text.splitlines():
+        for entry in _ENTRY_SPLIT.split(line):
+            key = entry.partition("=")[0].strip()
+            if entries and _is_secret_continuation(entries[-1], key):
+                entries[-1] += ";" + entry
+            else:
+                entries.append(entry)
+        entries.append("")  # a secret never runs on to the next line
+    for number, raw in enumerate([e for e in entries if e.strip()], start=1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
@@ -93,14 +105,28 @@ def parse_kafka_config(text: str) -> dict[str, str]:
     return config
 
 
+_ENTRY_SPLIT = re.compile(r";(?=\s*[\w.-]+\s*=)")
+_DOTTED_KEY = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
+
+
+def _is_secret_continuation(previous: str, key: str) -> bool:
+    """Whether the entry after ``previous`` is still part of its secret value."""
+    return (previous.partition("=")[0].strip() in _SECRET_KAFKA_KEYS
+            and not _DOTTED_KEY.match(key))
+
+
 def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy safe to print: secret values replaced by stars."""
     return {k: ("********" if k in _SECRET_KAFKA_KEYS else v) for k, v in config.items()}
 
 
 def mask_url(url: str) -> str:
-    """``scheme://user:secret@host/db`` -> ``scheme://user:********@host/db``."""
-    return re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:********@", url)
+    """``scheme://user:secret@host/db?password=x`` -> ``scheme://user:********@host/db?password=********``.
+
+    The user-info password and the ``password`` and ``sslpassword`` query parameters."""
+    masked = re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:********@", url)
+    names = "|".join(_SECRET_URL_PARAMS)
+    return re.sub(rf"([?&](?:{names})=)[^&#]*", r"\1********", masked, flags=re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -121,7 +147,10 @@ class Settings:
     topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # enqueue
     mail_from: str = "postroom@localhost"
-    attachment_max_bytes: int = 25 * 1024 * 1024
+    attachment_max_bytes: int = rules.DEFAULT_ATTACHMENT_MAX_BYTES
+    attachments_total_max_bytes: int = rules.DEFAULT_ATTACHMENT_MAX_BYTES
+    body_max_bytes: int = rules.DEFAULT_BODY_MAX_BYTES
+    event_max_bytes: int = rules.DEFAULT_EVENT_MAX_BYTES
     # relay
     relay_batch_size: int = 1000
     relay_poll_interval_s: float = 1.0
@@ -135,6 +164,8 @@ class Settings:
     smtp_tls: TlsMode = TlsMode.AUTO
     smtp_username: str | None = None
     smtp_password: Secret | None = None
+    # Sending the AUTH password over an unencrypted connection; named so nobody sets it by accident.
+    smtp_insecure_auth_without_tls: bool = False
     smtp_connect_timeout_s: float = 30.0
     smtp_timeout_s: float = 60.0
     smtp_concurrency: int = 20
@@ -204,6 +235,13 @@ class Settings:
             raise ConfigError(env_name("attachments_root"),
                               f"not a directory: {self.attachments_root}")
 
+    def size_limits(self) -> rules.SizeLimits:
+        """The caps on an email's parts, as enqueue and the sender apply them."""
+        return rules.SizeLimits(
+            body_max_bytes=self.body_max_bytes, attachment_max_bytes=self.attachment_max_bytes,
+            attachments_total_max_bytes=self.attachments_total_max_bytes,
+            event_max_bytes=self.event_max_bytes)
+
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka settings common to every client: bootstrap servers plus the extras."""
         bootstrap = self.require("kafka_bootstrap_servers")
@@ -256,10 +294,42 @@ def _prefix(text: str) -> str:
     return text
 
 
-def _absolute_path(text: str) -> Path:
+def _attachments_root(text: str) -> Path:
     # Existence is checked by the component that reads it (the sender), not by every process
     # that shares the environment.
-    return Path(text).resolve()
+    path = Path(text).resolve()
+    try:
+        rules.check_root(str(path))
+    except InvalidContentError as exc:
+        raise ValueError(str(exc)) from None
+    return path
+
+
+def _mail_from(text: str) -> str:
+    # Checked here: a From the sender's rules refuse would fail every email without a sender.
+    try:
+        return rules.check_mailbox(text.strip(), what="the From address")
+    except InvalidContentError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _event_max_bytes(text: str) -> int:
+    value = _positive_int(text)
+    if value > rules.EVENT_MAX_BYTES_CEILING:
+        raise ValueError(f"must stay well under Kafka's default message.max.bytes (1 MiB): at "
+                         f"most {rules.EVENT_MAX_BYTES_CEILING}, got {value}")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise ValueError("expected true or false")
+    return word in _TRUE
 
 
 def _file(text: str) -> Path:
@@ -288,8 +358,11 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "TOPIC_PARTITIONS": ("topic_partitions", _positive_int),
     ENV_PREFIX + "TOPIC_REPLICATION_FACTOR": ("topic_replication_factor", _replication_factor),
     ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),
-    ENV_PREFIX + "MAIL_FROM": ("mail_from", str.strip),
+    ENV_PREFIX + "MAIL_FROM": ("mail_from", _mail_from),
     ENV_PREFIX + "ATTACHMENT_MAX_BYTES": ("attachment_max_bytes", _positive_int),
+    ENV_PREFIX + "ATTACHMENTS_TOTAL_MAX_BYTES": ("attachments_total_max_bytes", _positive_int),
+    ENV_PREFIX + "BODY_MAX_BYTES": ("body_max_bytes", _positive_int),
+    ENV_PREFIX + "EVENT_MAX_BYTES": ("event_max_bytes", _event_max_bytes),
     ENV_PREFIX + "RELAY_BATCH_SIZE": ("relay_batch_size", _positive_int),
     ENV_PREFIX + "RELAY_POLL_INTERVAL": ("relay_poll_interval_s", parse_duration_s),
     ENV_PREFIX + "RELAY_CLAIM_TTL": ("relay_claim_ttl_s", parse_duration_s),
@@ -301,11 +374,12 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "SMTP_TLS": ("smtp_tls", _tls_mode),
     ENV_PREFIX + "SMTP_USERNAME": ("smtp_username", str),
     ENV_PREFIX + "SMTP_PASSWORD": ("smtp_password", Secret),
+    ENV_PREFIX + "SMTP_INSECURE_AUTH_WITHOUT_TLS": ("smtp_insecure_auth_without_tls", _bool),
     ENV_PREFIX + "SMTP_CONNECT_TIMEOUT": ("smtp_connect_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),
     ENV_PREFIX + "SMTP_TLS_CA_FILE": ("smtp_tls_ca_file", _file),
-    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _absolute_path),
+    ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _attachments_root),
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
     ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),
 }

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from postroom.settings import Settings
+from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import sql, validation
 from relay.errors import InvalidEmailError
+from schemas.codec import EmailRequested, event_size
+
+# The largest id a row may get: the size check counts the event with it.
+EVENT_SIZE_OUTBOX_ID = 2**63 - 1
 
 log = logging.getLogger(__name__)
 
@@ -29,24 +35,34 @@ def enqueue(
     priority: str | Priority = Priority.NORMAL,
     send_after: dt.datetime | None = None,
     sender: str | None = None,
-    attachment_max_bytes: int = Settings.attachment_max_bytes,
+    attachment_max_bytes: int | None = None,
+    limits: SizeLimits | None = None,
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
 
     ``key`` names the message (e.g. ``sales-report-2026-09``); with the recipient it makes the
     idempotency key, so a rerun of the job queues nothing twice and returns 0. Without a key the
-    subject plays its part. Everything is checked before the insert: a bad input raises
-    :class:`~relay.errors.EnqueueError` and writes nothing. The caller commits (or rolls back).
+    subject plays its part. Everything is checked before the insert: a bad input (None included)
+    raises :class:`~relay.errors.EnqueueError` and writes nothing. ``limits`` caps the body, the
+    attachments and the encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides
+    its per-file cap). The caller commits (or rolls back).
     """
+    limits = limits or SizeLimits()
+    if attachment_max_bytes is not None:
+        limits = dataclasses.replace(limits, attachment_max_bytes=attachment_max_bytes)
     subject = validation.check_subject(subject)
     message_key = validation.check_key(key if key is not None else subject)
-    body = validation.check_body(body)
+    body = validation.check_body(body, limits.body_max_bytes)
     addresses = validation.check_recipients(recipients)
     chosen = validation.check_priority(priority)
-    files = validation.check_attachments(attachments, attachment_max_bytes)
-    from_address = validation.check_address(sender, what="sender") if sender else None
-    if send_after is not None and send_after.tzinfo is None:
-        raise InvalidEmailError("send_after must be timezone-aware (e.g. 2026-10-02T07:00:00+00:00)")
+    files = validation.check_attachments(attachments, limits.attachment_max_bytes,
+                                         limits.attachments_total_max_bytes)
+    from_address = validation.check_address(sender, what="sender") if sender is not None else None
+    if send_after is not None and (not isinstance(send_after, dt.datetime)
+                                   or send_after.tzinfo is None):
+        raise InvalidEmailError("send_after must be a timezone-aware datetime "
+                                "(e.g. 2026-10-02T07:00:00+00:00)")
+    validation.check_headers(from_address or "postroom@localhost", addresses[0], subject, files)
     rows = [
         {
             "idempotency_key": validation.idempotency_key(message_key, address),
@@ -61,7 +77,22 @@ def enqueue(
         }
         for address in addresses
     ]
+    _check_event_size(max(rows, key=lambda row: len(row["idempotency_key"])), limits)
     inserted = conn.execute(sql.INSERT_ROWS, rows).scalars().all()
     log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s",
              message_key, len(inserted), len(rows), chosen.value)
     return len(inserted)
+
+
+def _check_event_size(row: dict[str, Any], limits: SizeLimits) -> None:
+    """InvalidEmailError when the event of ``row`` (the largest of one call) would exceed the
+    cap: the relay could never publish it."""
+    size = event_size(EmailRequested(
+        idempotency_key=row["idempotency_key"], message_key=row["message_key"],
+        outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=row["recipient"], sender=row["sender"] or "",
+        subject=row["subject"], body=row["body"], attachments=tuple(row["attachments"]),
+        priority=row["priority"], created_at=dt.datetime.now(dt.UTC)))
+    if size > limits.event_max_bytes:
+        raise InvalidEmailError(
+            f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "
+            "(POSTROOM_EVENT_MAX_BYTES): shorten the body or attach it as a file")

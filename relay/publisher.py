@@ -20,11 +20,12 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
+from postroom.kafka import is_too_large
 from postroom.metrics import Metrics
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 FLUSH_SLICE_S = 1.0
+TOO_LARGE_ERROR = ("the event is too large to publish (over POSTROOM_EVENT_MAX_BYTES or the "
+                   "broker's message size limit)")
 STATS_EVERY_S = 30.0
 
 
@@ -116,17 +119,18 @@ class Relay:
             rows = self._claim(db)
             if not rows:
                 return 0
-            acked, released = self._send(rows)
-            self._mark(db, acked, released)
-        return self._account(len(rows), acked, released)
+            acked, released, too_large = self._send(rows)
+            self._mark(db, acked, released, too_large)
+        return self._account(len(rows), acked, released, too_large)
 
     def _claim(self, db: _Connections) -> Sequence[sa.Row[Any]]:
         settings = self._settings
         return sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
                              pinned=True)
 
-    def _send(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[int], list[int]]:
-        """Produce every row and wait for the broker: (acknowledged ids, ids to release)."""
+    def _send(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[int], list[int], list[int]]:
+        """Produce every row and wait for the broker: (acknowledged ids, ids to release, ids of
+        rows whose event is too large ever to be published)."""
         failures: dict[bytes, KafkaError] = {}
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -148,18 +152,36 @@ class Relay:
             schema.field_names.index(name)
             for name in ("idempotency_key", "outbox_id", "priority", "created_at", "attempt"))
         produced = len(rows)
+        too_large: list[int] = []
+        max_bytes = self._settings.event_max_bytes
         for index, row in enumerate(rows):
             headers: list[tuple[str, str | bytes | None]] = [
                 schema_header, (ROW_ID_HEADER, str(row[id_at]).encode())]
             if row[attempt_at] > 1:
                 # A redriven row: its attempts so far, so the sender gives it a fresh budget.
                 headers.append((ATTEMPT_BASE_HEADER, str(row[attempt_at] - 1).encode()))
+            value = encode_values(schema, row)
+            if len(value) > max_bytes:
+                # Written before the cap or by hand: it can never be published, and retrying it
+                # would stall the relay. It ends as a recorded permanent failure.
+                too_large.append(row[id_at])
+                log.error("row_id=%d: its event is %d bytes, over POSTROOM_EVENT_MAX_BYTES "
+                          "(%d); marked failed", row[id_at], len(value), max_bytes)
+                continue
             try:
-                self._produce(producer, topics[row[priority_at]], row[key_at],
-                              encode_values(schema, row), headers, on_delivery)
+                self._produce(producer, topics[row[priority_at]], row[key_at], value, headers,
+                              on_delivery)
             except BufferError:
                 produced = index
                 break
+            except KafkaException as exc:
+                if not is_too_large(exc):
+                    raise KafkaClientError(f"producing row_id={row[id_at]} failed: {exc}",
+                                           retriable=True) from exc
+                too_large.append(row[id_at])
+                # An expected refusal: its traceback would say nothing more.
+                log.error("row_id=%d: the producer refused its event as too large "  # noqa: TRY400
+                          "(%s); marked failed", row[id_at], exc)
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
         if produced:
@@ -169,21 +191,32 @@ class Relay:
             oldest = min(_epoch_s(row[created_at]) for row in rows[:produced])
             self.metrics.observe("relay_publish_delay_seconds", time.time() - oldest)
         unsent = [row[id_at] for row in rows[produced:]]
+        refused = set(too_large)
         if not failures:
-            return [row[id_at] for row in rows[:produced]], unsent
+            return [row[id_at] for row in rows[:produced] if row[id_at] not in refused], unsent, \
+                too_large
         acked, failed = [], []
         for row in rows[:produced]:
+            if row[id_at] in refused:
+                continue
             err = failures.get(row[key_at].encode())
             if err is None:
                 acked.append(row[id_at])
+            elif is_too_large(err):
+                too_large.append(row[id_at])
+                log.error("row_id=%d: the broker refused its event as too large (%s); marked "
+                          "failed", row[id_at], err.str())
             else:
                 failed.append(row[id_at])
                 log.warning("publish failed row_id=%d code=%s: %s", row[id_at], err.name(),
                             err.str())
-        return acked, [*failed, *unsent]
+        return acked, [*failed, *unsent], too_large
 
-    def _account(self, claimed: int, acked: list[int], released: list[int]) -> int:
+    def _account(self, claimed: int, acked: list[int], released: list[int],
+                 too_large: Sequence[int] = ()) -> int:
         self.stats.rounds += 1
+        if too_large:
+            self.metrics.inc("relay_too_large_total", len(too_large))
         self.stats.published += len(acked)
         self.stats.failed += len(released)
         self.metrics.inc("relay_published_total", len(acked))
@@ -211,8 +244,12 @@ class Relay:
             else:
                 return
 
-    def _mark(self, db: _Connections, acked: list[int], released: list[int]) -> None:
-        # Two statements, each its own transaction: they touch different rows.
+    def _mark(self, db: _Connections, acked: list[int], released: list[int],
+              too_large: Sequence[int] = ()) -> None:
+        # Separate statements, each its own transaction: they touch different rows.
+        if too_large:
+            db.marks().execute(sql.MARK_TOO_LARGE, {"ids": list(too_large),
+                                                    "error": TOO_LARGE_ERROR})
         if acked:
             db.marks().execute(sql.MARK_PUBLISHED, {"ids": acked})
         if released:
@@ -247,14 +284,14 @@ class Relay:
                     if rows:
                         if len(rows) == settings.relay_batch_size:
                             claimed = database.submit(self._claim, db)
-                        acked, released = self._send(rows)
+                        acked, released, too_large = self._send(rows)
                     if marking is not None:
                         # The previous batch's bookkeeping, which ran while this one was sent.
                         done, marking = marking, None
                         done.result()
                     if rows:
-                        marking = database.submit(self._mark, db, acked, released)
-                        published = self._account(len(rows), acked, released)
+                        marking = database.submit(self._mark, db, acked, released, too_large)
+                        published = self._account(len(rows), acked, released, too_large)
                     failures = 0
                 except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
                         KafkaClientError) as exc:

@@ -35,6 +35,8 @@ RETRY_BACKOFF_S = 2.0
 def result_params(result: EmailResult) -> dict[str, Any]:
     return {
         "idempotency_key": result.idempotency_key,
+        "outbox_id": result.outbox_id,
+        "recipient": result.recipient,
         "status": result.status.value,
         "attempt": result.attempt,
         "error": result.error,
@@ -44,6 +46,20 @@ def result_params(result: EmailResult) -> dict[str, Any]:
         "occurred_at": result.occurred_at,
         "next_attempt_at": result.next_attempt_at,
     }
+
+
+def result_problem(result: EmailResult, max_attempt: int) -> str | None:
+    """Why ``result`` cannot be a result the sender wrote, or None. The row itself is matched in
+    RECORD_RESULT (id, key and recipient)."""
+    if not 1 <= result.attempt <= max_attempt:
+        return f"attempt {result.attempt} is outside 1..{max_attempt}"
+    if result.status is DeliveryStatus.RETRYING and result.next_attempt_at is None:
+        return "a retrying result without next_attempt_at"
+    if result.status is not DeliveryStatus.RETRYING and result.next_attempt_at is not None:
+        return f"a {result.status.value} result with next_attempt_at"
+    if result.status is DeliveryStatus.SENT and result.error is not None:
+        return "a sent result with an error"
+    return None
 
 
 def apply_results(conn: sa.Connection, results: Sequence[EmailResult]) -> int:
@@ -59,6 +75,7 @@ class RecorderStats:
     applied: int = 0
     ignored: int = 0
     unreadable: int = 0
+    refused: int = 0
 
 
 class Recorder:
@@ -73,6 +90,7 @@ class Recorder:
             settings, settings.recorder_group, **{"enable.auto.commit": False}))
         self._stop = threading.Event()
         self.stats = RecorderStats()
+        self._max_attempt = len(settings.retry_delays_s) + 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -89,20 +107,30 @@ class Recorder:
                     self._apply_until_done(consumer, messages)
         finally:
             consumer.close()
-            log.info("recorder stopped: applied=%d ignored=%d unreadable=%d",
-                     self.stats.applied, self.stats.ignored, self.stats.unreadable)
+            log.info("recorder stopped: applied=%d ignored=%d unreadable=%d refused=%d",
+                     self.stats.applied, self.stats.ignored, self.stats.unreadable,
+                     self.stats.refused)
 
     def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
         results: list[EmailResult] = []
         for record in readable_records(messages):
             try:
-                results.append(decode(EmailResult, record.value, record.headers))
+                result = decode(EmailResult, record.value, record.headers)
             except SchemaError as exc:
                 # A result we cannot read cannot be applied; skip it loudly rather than stall.
                 self.stats.unreadable += 1
                 self.metrics.inc("recorder_unreadable_total")
                 log.error("unreadable result %s[%d]@%d skipped: %s", record.topic,  # noqa: TRY400
                           record.partition, record.offset, exc)
+                continue
+            problem = result_problem(result, self._max_attempt)
+            if problem is not None:
+                self.stats.refused += 1
+                self.metrics.inc("recorder_refused_total")
+                log.error("result %s[%d]@%d refused: %s", record.topic, record.partition,
+                          record.offset, problem)
+                continue
+            results.append(result)
         while True:
             try:
                 with self._engine.begin() as conn:

@@ -114,12 +114,22 @@ MARK_PUBLISHED = sa.text("""
     WHERE id = ANY(ARRAY(SELECT id FROM done))
 """)
 
+# Rows whose event can never be published: off the queue, recorded as a permanent failure.
+MARK_TOO_LARGE = sa.text("""
+    WITH done AS (DELETE FROM outbox_queue WHERE id = ANY(:ids) RETURNING id)
+    UPDATE outbox
+    SET status = 'failed', last_error = :error, updated_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM done)) AND status IN ('pending', 'published')
+""")
+
 RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id = ANY(:ids)")
 
 # Applies one delivery result. Results for a key arrive in order on one partition, but a replay
 # or a late duplicate may bring an older one, or the row's own latest one again: it applies only
 # when it is ahead of the row, ordering by attempt and then by how final the status is, so a
-# replay changes nothing; 'sent' is never undone.
+# replay changes nothing; 'sent' is never undone. A result must name its row consistently: id, key
+# (as now written, or as written before migration 0005, for events still in flight) and recipient;
+# one written to the results topic by anyone else for a row it does not match changes nothing.
 RECORD_RESULT = sa.text("""
     UPDATE outbox
     SET status = :status,
@@ -131,7 +141,10 @@ RECORD_RESULT = sa.text("""
         sent_at = CASE WHEN :status = 'sent' THEN :occurred_at ELSE sent_at END,
         next_attempt_at = :next_attempt_at,
         updated_at = now()
-    WHERE idempotency_key = :idempotency_key
+    WHERE id = :outbox_id
+      AND (idempotency_key = :idempotency_key
+           OR message_key || '|' || lower(recipient) = :idempotency_key)
+      AND lower(recipient) = lower(:recipient)
       AND status <> 'sent'
       AND (attempts < :attempt
            OR (attempts = :attempt AND

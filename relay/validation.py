@@ -1,48 +1,46 @@
-"""Checks what a job asks to enqueue before anything is written. Pure, except for stat() of attachments."""
+"""Checks what a job asks to enqueue before anything is written. Pure, except for stat() of attachments.
+
+The rules themselves are postroom.rules and postroom.mime, which the sender applies again to
+every event it reads; here they raise the EnqueueError the caller documents.
+"""
 
 from __future__ import annotations
 
-import re
+import contextlib
+import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from postroom import rules
+from postroom.errors import InvalidContentError
+from postroom.mime import check_composable
 from postroom.topics import Priority
-from relay.errors import InvalidAttachmentError, InvalidEmailError
-
-MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
-MAX_LOCAL_LEN = 64
-MAX_SUBJECT_LEN = 998  # RFC 5322 line limit
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_LOCAL = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+from relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 
 
-def check_address(address: str, *, what: str = "recipient") -> str:
+@contextlib.contextmanager
+def _as_enqueue_error(error: type[EnqueueError] = InvalidEmailError) -> Iterator[None]:
+    """postroom.rules' refusal, raised as the EnqueueError the caller documents."""
+    try:
+        yield
+    except InvalidContentError as exc:
+        raise error(str(exc)) from None
+
+
+def check_address(address: object, *, what: str = "recipient") -> str:
     """Return the address with surrounding blanks removed, or raise InvalidEmailError saying why."""
-    if _CONTROL.search(address):
-        raise InvalidEmailError(f"{what} {address!r} contains a control character (CR, LF, ...)")
-    value = address.strip()
-    if not value:
-        raise InvalidEmailError(f"{what} is empty")
-    if len(value) > MAX_ADDRESS_LEN:
-        raise InvalidEmailError(f"{what} {value!r} is longer than {MAX_ADDRESS_LEN} characters")
-    local, at, domain = value.rpartition("@")
-    if not at or not local or not domain:
-        raise InvalidEmailError(f"{what} {value!r} is not of the form local@domain")
-    if len(local) > MAX_LOCAL_LEN or not _LOCAL.match(local):
-        raise InvalidEmailError(f"{what} {value!r} has an invalid local part")
-    labels = domain.split(".")
-    if not all(_LABEL.match(label) for label in labels):
-        raise InvalidEmailError(f"{what} {value!r} has an invalid domain")
-    return value
+    with _as_enqueue_error():
+        return rules.check_address(address, what=what)
 
 
 def check_recipients(recipients: Iterable[str]) -> list[str]:
     """Valid, de-duplicated (case-insensitively) recipients in their given order."""
     if isinstance(recipients, str):
         raise InvalidEmailError("recipients must be a list of addresses, not one string")
+    if isinstance(recipients, bytes | bytearray) or not isinstance(recipients, Iterable):
+        raise InvalidEmailError("recipients must be a list of addresses, not "
+                                f"{type(recipients).__name__}")
     seen: set[str] = set()
     result: list[str] = []
     for raw in recipients:
@@ -55,27 +53,26 @@ def check_recipients(recipients: Iterable[str]) -> list[str]:
     return result
 
 
-def check_subject(subject: str) -> str:
-    if _CONTROL.search(subject):
-        raise InvalidEmailError("subject contains a control character (CR, LF, ...): "
-                                "it would let text into the headers")
-    if not subject.strip():
-        raise InvalidEmailError("subject is empty")
-    if len(subject) > MAX_SUBJECT_LEN:
-        raise InvalidEmailError(f"subject is longer than {MAX_SUBJECT_LEN} characters")
-    return subject
+def check_subject(subject: object) -> str:
+    with _as_enqueue_error():
+        return rules.check_subject(subject)
 
 
-def check_key(key: str) -> str:
-    if _CONTROL.search(key) or not key.strip():
-        raise InvalidEmailError("message key must be non-empty and free of control characters")
-    return key
+def check_key(key: object) -> str:
+    with _as_enqueue_error():
+        return rules.check_key(key)
 
 
-def check_body(body: str) -> str:
-    if "\x00" in body:
-        raise InvalidEmailError("body contains a NUL character")
-    return body
+def check_body(body: object, max_bytes: int = rules.DEFAULT_BODY_MAX_BYTES) -> str:
+    with _as_enqueue_error():
+        return rules.check_body(body, max_bytes)
+
+
+def check_headers(sender: str, recipient: str, subject: str, attachments: Sequence[str]) -> None:
+    """InvalidEmailError when the message would not carry exactly its intended headers (an
+    encoded line break in the subject or a file name, say)."""
+    with _as_enqueue_error():
+        check_composable(sender, recipient, subject, [Path(p).name for p in attachments])
 
 
 def check_priority(priority: str | Priority) -> Priority:
@@ -85,30 +82,57 @@ def check_priority(priority: str | Priority) -> Priority:
         raise InvalidEmailError(str(exc)) from None
 
 
-def check_attachments(paths: Sequence[str | Path], max_bytes: int) -> list[str]:
-    """Absolute paths of attachments that exist, are regular files and are small enough."""
+def check_attachments(paths: Sequence[str | Path], max_bytes: int,
+                      total_max_bytes: int | None = None) -> list[str]:
+    """Absolute paths of attachments that exist, are regular files and are small enough, one
+    by one (``max_bytes``) and together (``total_max_bytes``)."""
     if isinstance(paths, (str, Path)):
         raise InvalidEmailError("attachments must be a list of paths, not one path")
+    if isinstance(paths, bytes | bytearray) or not isinstance(paths, Iterable):
+        raise InvalidEmailError(f"attachments must be a list of paths, not {type(paths).__name__}")
+    paths = list(paths)
+    with _as_enqueue_error():
+        rules.check_attachment_count(len(paths))
     result: list[str] = []
+    total = 0
     for raw in paths:
+        if not isinstance(raw, (str, Path)):
+            raise InvalidAttachmentError(
+                f"an attachment must be a path, not {type(raw).__name__}")
+        shown = str(raw)  # errors show the path as given
+        with _as_enqueue_error(InvalidAttachmentError):
+            rules.check_attachment_path(shown)
         path = Path(raw).expanduser().absolute()
-        if _CONTROL.search(str(path)):
-            raise InvalidAttachmentError(f"attachment path {str(raw)!r} has a control character")
+        with _as_enqueue_error(InvalidAttachmentError):
+            rules.check_attachment_path(os.path.normpath(path))
+            rules.check_attachment_path(str(path.resolve()))
         try:
             info = path.stat()
         except FileNotFoundError:
-            raise InvalidAttachmentError(f"attachment {path} does not exist") from None
+            raise InvalidAttachmentError(f"attachment {shown} does not exist") from None
         except OSError as exc:
-            raise InvalidAttachmentError(f"attachment {path} cannot be read: {exc}") from None
+            raise InvalidAttachmentError(f"attachment {shown} cannot be read: {exc.strerror}") \
+                from None
         if not stat.S_ISREG(info.st_mode):
-            raise InvalidAttachmentError(f"attachment {path} is not a regular file")
+            raise InvalidAttachmentError(f"attachment {shown} is not a regular file")
         if info.st_size > max_bytes:
             raise InvalidAttachmentError(
-                f"attachment {path} is {info.st_size} bytes, over the limit of {max_bytes}")
+                f"attachment {shown} is {info.st_size} bytes, over the limit of {max_bytes}")
+        total += info.st_size
+        if total_max_bytes is not None and total > total_max_bytes:
+            raise InvalidAttachmentError(
+                f"the attachments come to {total} bytes or more, over the limit of "
+                f"{total_max_bytes} (POSTROOM_ATTACHMENTS_TOTAL_MAX_BYTES)")
         result.append(str(path))
     return result
 
 
 def idempotency_key(message_key: str, recipient: str) -> str:
-    """The per-recipient key: the message key and the address, compared case-insensitively."""
-    return f"{message_key}|{recipient.lower()}"
+    """The per-recipient key: the message key and the address, compared case-insensitively.
+
+    ``message_key|recipient``, with ``\\`` and ``|`` in the message key escaped by a ``\\``:
+    the first unescaped ``|`` ends the message key, so no two pairs share a key. A message key
+    without either character keeps the key it always had (migration 0005 rewrote the others).
+    """
+    escaped = message_key.replace("\\", "\\\\").replace("|", "\\|")
+    return f"{escaped}|{recipient.lower()}"

@@ -403,6 +403,11 @@ def _fastavro_write(schema: Schema, record: Mapping[str, Any], label: str) -> by
     return buf.getvalue()
 
 
+def event_size(event: EmailRequested | EmailResult) -> int:
+    """Bytes of ``event``'s Kafka record: its encoded value and its schema header."""
+    return len(encode(event)) + sum(len(k) + len(v) for k, v in headers_for(event))
+
+
 def headers_for(event: EmailRequested | EmailResult | type[EmailRequested] | type[EmailResult],
                 ) -> list[tuple[str, bytes]]:
     """The header that names the writer schema (of an event or event type); callers add theirs."""

@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 from pathlib import Path
 
+from postroom.rules import SizeLimits
 from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
 from sender.message import attachments_refusal, build_message
@@ -26,6 +27,7 @@ class Delivery:
     mail_from: str
     attachments_root: Path | None
     deadline_s: float
+    limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
 
     async def send(self, event: EmailRequested, slot: SmtpSlot,
                    now: dt.datetime) -> tuple[SmtpReply, str]:
@@ -36,7 +38,10 @@ class Delivery:
         if refusal is not None:
             return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""
         try:
-            message = build_message(event, attachments_root=self.attachments_root, now=now)
+            # Reading attachments blocks: a worker thread does it, never the event loop.
+            message = await asyncio.to_thread(build_message, event, now=now,
+                                              attachments_root=self.attachments_root,
+                                              limits=self.limits)
         except (AttachmentError, ValueError) as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
         message_id = str(message["Message-ID"])

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import email.parser
 import email.policy
+import ipaddress
 import logging
 import mailbox
 import os
 import signal
 import ssl
+import sys
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,6 +27,8 @@ from typing import Any, NamedTuple
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from postroom.logs import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +39,9 @@ ENV_PREFIX = "POSTROOM_DEVSMTP_"
 REJECT_REPLY = "550 5.1.1 User unknown"
 DEFER_REPLY = "451 4.3.0 try again later"
 STOP_TIMEOUT_S = 2.0
+# What the server keeps in memory: the newest messages, at most this many and this many bytes.
+DEFAULT_MAX_KEPT = 10_000
+DEFAULT_MAX_KEPT_BYTES = 256 * 1024 * 1024
 
 
 class ReceivedMessage(NamedTuple):
@@ -56,14 +64,20 @@ class _Handler:
         drop: Iterable[str],
         latency_ms: int,
         maildir: Path | None,
+        max_kept: int = DEFAULT_MAX_KEPT,
+        max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
     ) -> None:
+        self.max_kept = max_kept
+        self.max_kept_bytes = max_kept_bytes
+        self.kept_bytes = 0
+        self.forgotten = 0
         self.reject = {_norm(a) for a in reject}
         self.defer = {_norm(a): n for a, n in defer.items()}
         self.drop = {_norm(a) for a in drop}
         self.latency_ms = latency_ms
         self.maildir = mailbox.Maildir(maildir, create=True) if maildir is not None else None
         self.lock = threading.Lock()
-        self.messages: list[ReceivedMessage] = []
+        self.messages: collections.deque[ReceivedMessage] = collections.deque()
         self.deferred: dict[str, int] = {}
         self.connections = 0
         self.peak_connections = 0
@@ -74,6 +88,7 @@ class _Handler:
     def reset(self) -> None:
         with self.lock:
             self.messages.clear()
+            self.kept_bytes = 0
             self.deferred.clear()
             self.connections = 0
             self.peak_connections = len(self._live)
@@ -171,10 +186,36 @@ class _Handler:
                            .encode() + raw)
                 self.maildir.add(stamped)
             with self.lock:
-                self.messages.append(ReceivedMessage(mail_from, rcpt, message_id, raw))
+                self._keep(ReceivedMessage(mail_from, rcpt, message_id, raw))
             logger.info("devsmtp accept %s %s", rcpt, message_id,
                         extra={"rcpt": rcpt, "message_id": message_id, "queue_id": queue_id})
         return f"250 2.0.0 Ok queued as {queue_id}"
+
+
+    def _keep(self, message: ReceivedMessage) -> None:
+        """Keep ``message``, forgetting the oldest ones past the caps (under the lock)."""
+        self.messages.append(message)
+        self.kept_bytes += len(message.raw)
+        while self.messages and (len(self.messages) > self.max_kept
+                                 or self.kept_bytes > self.max_kept_bytes):
+            self.kept_bytes -= len(self.messages.popleft().raw)
+            if self.forgotten == 0:
+                logger.warning("devsmtp keeps at most %d messages / %d bytes in memory; "
+                               "forgetting the oldest", self.max_kept, self.max_kept_bytes)
+            self.forgotten += 1
+
+
+def bind_warning(host: str) -> str | None:
+    """What to say before listening on ``host``: None for a loopback address."""
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to anything
+    return (f"WARNING: devsmtp listens on {host}, not on a loopback address: anyone who can "
+            "reach it can hand it mail, which it accepts and keeps. It is a test server.")
 
 
 class _DevSMTP(SMTP):
@@ -222,11 +263,14 @@ class DevSmtpServer:
         drop: Iterable[str] = (),
         *,
         tls_context: ssl.SSLContext | None = None,
+        max_kept: int = DEFAULT_MAX_KEPT,
+        max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
     ) -> None:
         self.host = host
         self._port = port
         self._handler = _Handler(reject=reject, defer=defer or {}, drop=drop,
-                                 latency_ms=latency_ms, maildir=maildir)
+                                 latency_ms=latency_ms, maildir=maildir, max_kept=max_kept,
+                                 max_kept_bytes=max_kept_bytes)
         self._tls_context = tls_context
         self._controller: _Controller | None = None
 
@@ -239,6 +283,11 @@ class DevSmtpServer:
         """Accepted messages, oldest first (a copy)."""
         with self._handler.lock:
             return list(self._handler.messages)
+
+    @property
+    def forgotten(self) -> int:
+        """Accepted messages no longer kept in memory (past max_kept or max_kept_bytes)."""
+        return self._handler.forgotten
 
     @property
     def connections(self) -> int:
@@ -365,6 +414,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=env.get(var("MAILDIR")),
                         help=f"also store accepted messages in this Maildir "
                              f"(env {var('MAILDIR')})")
+    parser.add_argument("--max-kept", type=int, metavar="N",
+                        default=env.get(var("MAX_KEPT"), DEFAULT_MAX_KEPT),
+                        help=f"keep at most the newest N messages in memory "
+                             f"(env {var('MAX_KEPT')}; default %(default)s)")
     return parser
 
 
@@ -383,16 +436,22 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
             parser.error(f"{ENV_PREFIX}DEFER: {exc}")
     if args.latency < 0:
         parser.error("--latency must not be negative")
+    if int(args.max_kept) < 1:
+        parser.error("--max-kept must be at least 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """``postroom devsmtp``: serve until SIGINT or SIGTERM."""
     args = parse_args(argv, os.environ)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    configure_logging(logging.INFO, "%(asctime)s %(message)s")
     logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd's per-command chatter
+    warning = bind_warning(args.host)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     server = DevSmtpServer(args.host, args.port, reject=args.reject, defer=dict(args.defer),
-                           latency_ms=args.latency, maildir=args.maildir, drop=args.drop)
+                           latency_ms=args.latency, maildir=args.maildir, drop=args.drop,
+                           max_kept=int(args.max_kept))
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

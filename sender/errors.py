@@ -19,3 +19,7 @@ class AttachmentError(DeliveryError):
 
 class LedgerUnavailableError(DeliveryError):
     """The delivery ledger cannot be reached; nothing may be sent until it answers again."""
+
+
+class RecordTooLargeError(DeliveryError):
+    """Kafka refused a record as too large; producing it again cannot succeed."""

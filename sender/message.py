@@ -7,18 +7,30 @@ from __future__ import annotations
 
 import email.policy
 import email.utils
+import errno
 import functools
 import hashlib
 import mimetypes
 import os
 import re
 import stat
+from collections.abc import Callable
 from datetime import datetime
+from email.errors import HeaderParseError
 from email.headerregistry import BaseHeader, HeaderRegistry
 from email.message import EmailMessage
 from pathlib import Path
 
-from postroom.errors import PostroomError
+from postroom.errors import InvalidContentError, UnsafeHeaderError
+from postroom.mime import check_decoded_headers
+from postroom.rules import (
+    SizeLimits,
+    ascii_domain_address,
+    check_address,
+    check_mailbox,
+    has_control,
+    on_pseudo_filesystem,
+)
 from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
 
@@ -49,14 +61,13 @@ _COMPRESSED_MIME_TYPES = {
     "compress": "application/x-compress",
     "br": "application/x-brotli",
 }
-# Control characters, plus the ones str.splitlines() treats as line breaks; tab is allowed.
-_UNSAFE_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
 _DOMAIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-class UnsafeHeaderError(PostroomError, ValueError):
-    """A header value holds a line break or control character and would corrupt the message."""
+_NOFOLLOW = os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+_OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+DEFAULT_LIMITS = SizeLimits()
+READ_CHUNK_BYTES = 1024 * 1024
 
 
 def message_id_for(idempotency_key: str, domain: str) -> str:
@@ -106,29 +117,52 @@ def attachments_refusal(event: EmailRequested, root: Path | None) -> str | None:
 
 def build_message(
     event: EmailRequested, *, attachments_root: Path | None, now: datetime,
+    limits: SizeLimits = DEFAULT_LIMITS,
 ) -> EmailMessage:
     """The message for ``event``, dated ``now``, with its attachments read from disk.
 
-    Raises UnsafeHeaderError for a line break in the recipient, sender or subject, and
-    AttachmentError for an attachment that is missing, unreadable, not a regular file, or
-    outside ``attachments_root`` (such a file is never opened).
+    Raises UnsafeHeaderError for a line break in the recipient, sender, subject or an
+    attachment's file name, also one an RFC 2047 encoded word would decode to, and
+    AttachmentError for an attachment that is missing, unreadable, not a regular file, too
+    large, or outside ``attachments_root`` (such a file is never opened). Blocking file I/O:
+    call it off the event loop.
     """
     for what, value in (("recipient", event.recipient), ("sender", event.sender),
                         ("subject", event.subject)):
         _refuse_unsafe(what, value)
+    try:
+        check_address(event.recipient)
+        check_mailbox(event.sender)
+    except InvalidContentError as exc:
+        raise UnsafeHeaderError(str(exc)) from None
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     message = EmailMessage(policy=MESSAGE_POLICY)
-    message["From"] = event.sender
-    message["To"] = event.recipient
-    message["Subject"] = event.subject
+    try:
+        # An IDNA domain, not an encoded word (invalid in an address) nor raw UTF-8 (SMTPUTF8).
+        message["From"] = ascii_domain_address(event.sender)
+        message["To"] = ascii_domain_address(event.recipient)
+        message["Subject"] = event.subject
+    except (ValueError, IndexError, HeaderParseError) as exc:  # the library's parser gave up
+        raise UnsafeHeaderError(f"cannot make headers of these values: {exc!r}") from None
     message["Date"] = email.utils.format_datetime(now)
     message["Message-ID"] = message_id_for(event.idempotency_key, _domain_of(event.sender))
     message.set_content(event.body, charset="utf-8")
+    total = 0
     for raw_path in event.attachments:
-        name, data = read_attachment(raw_path, attachments_root)
+        name, data = read_attachment(raw_path, attachments_root,
+                                     max_bytes=limits.attachment_max_bytes)
+        total += len(data)
+        if total > limits.attachments_total_max_bytes:
+            raise AttachmentError(
+                f"the attachments come to more than {limits.attachments_total_max_bytes} bytes "
+                "(POSTROOM_ATTACHMENTS_TOTAL_MAX_BYTES)", path=raw_path)
         maintype, _, subtype = mime_type_for(name).partition("/")
-        message.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
+        try:
+            message.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
+        except ValueError as exc:  # the library's own refusal of a line break
+            raise UnsafeHeaderError(f"attachment file name {name!r}: {exc}") from None
+    check_decoded_headers(message)
     return message
 
 
@@ -143,61 +177,114 @@ def mime_type_for(filename: str) -> str:
     return guessed or DEFAULT_MIME_TYPE
 
 
-def read_attachment(raw_path: str, root: Path | None) -> tuple[str, bytes]:
+def read_attachment(raw_path: str, root: Path | None, *,
+                    max_bytes: int = DEFAULT_LIMITS.attachment_max_bytes) -> tuple[str, bytes]:
     """The file name and bytes of one attachment; a relative path is taken from ``root``.
 
-    With a root, the path is resolved through every symlink first and must land inside the
-    root; only then is it opened (without following a symlink swapped in since) and checked to
-    be the same regular file.
+    With a root, the path must lie lexically inside it; it is then opened one component at a
+    time from a descriptor of the root, never following a symbolic link at any level, so no
+    swap of a directory for a link can lead outside. Without a root, only the last component
+    must not be a link. The file is opened non-blocking (a FIFO cannot stall the caller) and
+    the opened descriptor must be a regular file of at most ``max_bytes``; errors name the path
+    as given, never where it lies on disk.
     """
-    if _UNSAFE_IN_HEADER.search(raw_path):
-        raise _refused(raw_path, "contains a control character")
+    if has_control(raw_path) or not raw_path:
+        raise _refused(raw_path, "is empty or contains a control character")
     given = Path(raw_path)
     path = root / given if root is not None and not given.is_absolute() else given
-    if root is not None and not _lexically_inside(path, root):
-        # Refused before touching the file system: not even whether it exists is revealed.
-        raise _refused(raw_path, f"is outside the attachments root {root}; refusing to read it")
+    if given.name in ("", ".", ".."):
+        raise _refused(raw_path, "does not name a file")
+    if root is not None:
+        parts = _parts_below(path, root)
+        if parts is None:
+            # Refused before touching the file system: not even whether it exists is revealed.
+            raise _refused(raw_path, f"is outside the attachments root {root}; refusing to read it")
+        fd = _open_beneath(raw_path, root, parts)
+    else:
+        if on_pseudo_filesystem(os.path.normpath(path.absolute())):
+            raise _refused(raw_path, "is on a pseudo file system; refusing to read it")
+        fd = _open_file(raw_path, lambda flags: os.open(path, flags))
     try:
-        resolved = path.resolve(strict=True)
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise _refused(raw_path, "is not a regular file")
+        if opened.st_size > max_bytes:
+            raise _refused(raw_path, f"is {opened.st_size} bytes, over the limit of {max_bytes} "
+                                     "(POSTROOM_ATTACHMENT_MAX_BYTES)")
+        data = _read_at_most(raw_path, fd, max_bytes + 1)  # it may have grown since fstat
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise _refused(raw_path, f"is over the limit of {max_bytes} bytes "
+                                 "(POSTROOM_ATTACHMENT_MAX_BYTES)")
+    return given.name, data
+
+
+def _read_at_most(raw_path: str, fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        try:
+            chunk = os.read(fd, min(READ_CHUNK_BYTES, limit - size))
+        except OSError as exc:
+            raise _refused(raw_path, f"cannot be read: {exc.strerror}") from None
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _parts_below(path: Path, root: Path) -> list[str] | None:
+    """The components of ``path`` below ``root``, lexically; None when it is not below it."""
+    normal = Path(os.path.normpath(path.absolute()))
+    for base in (root.absolute(), root.resolve()):
+        if normal.is_relative_to(base) and normal != base:
+            return list(normal.relative_to(base).parts)
+    return None
+
+
+def _open_beneath(raw_path: str, root: Path, parts: list[str]) -> int:
+    """A descriptor of ``root/parts...`` reached without following any symbolic link."""
+    try:
+        dir_fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise _refused(raw_path, f"cannot be read: the attachments root: {exc.strerror}") from None
+    try:
+        for name in parts[:-1]:
+            try:
+                next_fd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise _refused(raw_path, "does not exist") from None
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refused(raw_path, "passes through a symbolic link or a non-directory; "
+                                             "refusing to follow it") from None
+                raise _refused(raw_path, f"cannot be read: {exc.strerror}") from None
+            os.close(dir_fd)
+            dir_fd = next_fd
+        return _open_file(raw_path, lambda flags: os.open(parts[-1], flags, dir_fd=dir_fd))
+    finally:
+        os.close(dir_fd)
+
+
+def _open_file(raw_path: str, opener: Callable[[int], int]) -> int:
+    try:
+        return opener(_OPEN_FLAGS)
     except FileNotFoundError:
         raise _refused(raw_path, "does not exist") from None
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        raise _refused(raw_path, f"cannot be resolved: {exc}") from None
-    if root is not None and not resolved.is_relative_to(root.resolve()):
-        raise _refused(raw_path, f"resolves to {resolved}, outside the attachments root "
-                                 f"{root.resolve()}; refusing to read it")
-    try:
-        expected = resolved.stat()
     except OSError as exc:
-        raise _refused(raw_path, f"cannot be read: {exc}") from None
-    if not stat.S_ISREG(expected.st_mode):
-        raise _refused(raw_path, "is not a regular file")
-    try:
-        fd = os.open(resolved, _OPEN_FLAGS)
-    except OSError as exc:
-        raise _refused(raw_path, f"cannot be read: {exc}") from None
-    with os.fdopen(fd, "rb") as file:
-        opened = os.fstat(file.fileno())
-        if (opened.st_dev, opened.st_ino) != (expected.st_dev, expected.st_ino):
-            raise _refused(raw_path, "changed while it was being opened")
-        try:
-            data = file.read()
-        except OSError as exc:
-            raise _refused(raw_path, f"cannot be read: {exc}") from None
-    return given.name, data
+        if exc.errno == errno.ELOOP:
+            raise _refused(raw_path, "is a symbolic link; refusing to follow it") from None
+        raise _refused(raw_path, f"cannot be read: {exc.strerror}") from None
 
 
 def _refused(raw_path: str, problem: str) -> AttachmentError:
     return AttachmentError(f"attachment {raw_path!r} {problem}", path=raw_path)
 
 
-def _lexically_inside(path: Path, root: Path) -> bool:
-    normal = Path(os.path.normpath(path.absolute()))
-    return any(normal.is_relative_to(r) for r in (root.absolute(), root.resolve()))
-
-
 def _refuse_unsafe(what: str, value: str) -> None:
-    if _UNSAFE_IN_HEADER.search(value):
+    if has_control(value, tab_allowed=True):
         raise UnsafeHeaderError(
             f"{what} {value!r} contains a line break or control character")
 

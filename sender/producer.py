@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from postroom import kafka
 from postroom.metrics import Metrics
 from postroom.settings import Settings
+from sender.errors import RecordTooLargeError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class AcknowledgedProducer:
 
     async def produce(self, topic: str, key: str | bytes | None, value: bytes | None,
                       headers: Sequence[tuple[str, str | bytes | None]]) -> None:
-        """Produce and wait for the broker's acknowledgement, retrying until it comes."""
+        """Produce and wait for the broker's acknowledgement, retrying until it comes; a record
+        Kafka refuses as too large raises RecordTooLargeError instead (it would never come)."""
         if self._producer is None:
             raise RuntimeError("the producer is not started")
         loop = asyncio.get_running_loop()
@@ -65,6 +67,9 @@ class AcknowledgedProducer:
                                        on_delivery=on_delivery)
                 await future
             except (KafkaException, BufferError) as exc:
+                if isinstance(exc, KafkaException) and kafka.is_too_large(exc):
+                    self._metrics.inc("produce_failures_total", topic=topic)
+                    raise RecordTooLargeError(f"producing to {topic} failed: {exc}") from exc
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 # Not retriable (e.g. a record too large) means this partition is stuck until an
                 # operator acts: say so loudly. Giving up would lose the email.

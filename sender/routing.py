@@ -85,6 +85,15 @@ def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
     return Routing(status, result, forward)
 
 
+def too_large_to_forward(event: EmailRequested, topic: str, now: dt.datetime) -> EmailResult:
+    """The result of an event whose retry or dead letter Kafka refused as too large: it cannot
+    go on, so it ends here as a permanent failure."""
+    return EmailResult(
+        idempotency_key=event.idempotency_key, outbox_id=event.outbox_id,
+        recipient=event.recipient, status=DeliveryStatus.FAILED, attempt=event.attempt,
+        occurred_at=now, error=f"its record for {topic} is too large for Kafka; not retried")
+
+
 def already_sent(event: EmailRequested, message_id: str | None, now: dt.datetime) -> EmailResult:
     """The result of an event whose key a server accepted before (a redelivery): sent, once."""
     return EmailResult(

@@ -25,15 +25,25 @@ from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, results_topic, tier_of_retry_topic
 from schemas.codec import EmailRequested, SchemaError, decode, encode, headers_for
+from sender.admission import Admission, Refusal, record_size, refuse_event, refuse_record
 from sender.claims import busy_wait_s, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
-from sender.errors import LedgerUnavailableError
+from sender.errors import LedgerUnavailableError, RecordTooLargeError
 from sender.ledger import Claim, Ledger
 from sender.outcome import Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
 from sender.retry import Action, RetryPolicy, due_in_s, lateness_s
-from sender.routing import Origin, Routing, already_sent, dead_letter_headers, outcome_line, route
+from sender.routing import (
+    Forward,
+    Origin,
+    Routing,
+    already_sent,
+    dead_letter_headers,
+    outcome_line,
+    route,
+    too_large_to_forward,
+)
 from sender.smtp import SmtpConfig, SmtpPool, SmtpSlot
 
 log = logging.getLogger(__name__)
@@ -62,7 +72,8 @@ class Sender:
         self._pool = SmtpPool(SmtpConfig.from_settings(settings))
         self._policy = RetryPolicy(settings.retry_delays_s)
         self._delivery = Delivery(settings.mail_from, settings.attachments_root,
-                                  send_deadline_s(settings))
+                                  send_deadline_s(settings), settings.size_limits())
+        self._admission = Admission.for_tiers(settings.size_limits(), settings.retry_delays_s)
         self._max_in_flight = settings.smtp_concurrency * IN_FLIGHT_PER_CONNECTION
         self._consumer = SenderConsumer(settings, self.metrics)
         self._producer = AcknowledgedProducer(settings, self.metrics)
@@ -135,12 +146,24 @@ class Sender:
         for record in readable_records(messages):
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
+            refusal = refuse_record(record_size(record.value, record.headers), self._admission)
+            if refusal is not None:
+                self._spawn(self._dead_letter_poison(record, refusal), record)
+                continue
             try:
                 event = decode(EmailRequested, record.value, record.headers)
             except SchemaError as exc:
-                self._spawn(self._dead_letter_poison(record, str(exc)), record)
+                self._spawn(self._dead_letter_poison(record, Refusal(str(exc))), record)
                 continue
-            if tier_of_retry_topic(self._settings.topic_prefix, record.topic) is not None:
+            on_retry_topic = tier_of_retry_topic(self._settings.topic_prefix,
+                                                 record.topic) is not None
+            refusal = refuse_event(event, on_retry_topic=on_retry_topic, now=now,
+                                   admission=self._admission,
+                                   attempt_base=attempt_base(record.headers))
+            if refusal is not None:
+                self._spawn(self._dead_letter_poison(record, refusal), record)
+                continue
+            if on_retry_topic:
                 if due_in_s(event.not_before, now) > 0:
                     self._consumer.hold_until_due(record, event.not_before or now)
                     held_back.add(record.tp)
@@ -173,8 +196,7 @@ class Sender:
         key = event.idempotency_key
         pending = [self._publish(results_topic(self._settings.topic_prefix), key, routing.result)]
         if routing.forward is not None:
-            pending.append(self._publish(routing.forward.topic, key, routing.forward.event,
-                                         routing.forward.headers))
+            pending.append(self._forward(record, event, routing.forward))
         await asyncio.gather(*pending)
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
@@ -239,13 +261,28 @@ class Sender:
         await self._producer.produce(topic, key, encode(event),
                                      [*headers_for(event), *extra_headers])
 
-    async def _dead_letter_poison(self, record: Record, reason: str) -> None:
+    async def _forward(self, record: Record, event: EmailRequested, forward: Forward) -> None:
+        """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a
+        recorded permanent failure (a value-less dead letter saying why), never a stuck partition."""
+        key = event.idempotency_key
+        try:
+            await self._publish(forward.topic, key, forward.event, forward.headers)
+        except RecordTooLargeError as exc:
+            result = too_large_to_forward(event, forward.topic, utcnow())
+            log.error("key=%s: %s; failed permanently", key, exc)  # noqa: TRY400 - expected
+            prefix = self._settings.topic_prefix
+            await self._producer.produce(dead_letter_topic(prefix), key, None, dead_letter_headers(
+                _origin(record), "permanent", result.error or ""))
+            await self._publish(results_topic(prefix), key, result)
+
+    async def _dead_letter_poison(self, record: Record, refusal: Refusal) -> None:
         self.metrics.inc("poison_total")
-        log.error("unreadable record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
-                  record.offset, reason)
+        log.error("poison record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
+                  record.offset, refusal.reason)
+        value, headers = ((record.value, record.headers) if refusal.copy_record else (None, []))
         await self._producer.produce(dead_letter_topic(self._settings.topic_prefix), record.key,
-                                     record.value, [*record.headers, *dead_letter_headers(
-                                         _origin(record), "poison", reason)])
+                                     value, [*headers, *dead_letter_headers(
+                                         _origin(record), "poison", refusal.reason)])
 
 
 def _origin(record: Record) -> Origin:

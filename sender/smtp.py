@@ -21,7 +21,9 @@ from pathlib import Path
 import aiosmtplib
 from aiosmtplib.email import parse_address
 
-from postroom.errors import ConfigError, PostroomError
+from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
+from postroom.mime import check_serialized
+from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
 
@@ -49,6 +51,7 @@ class SmtpConfig:
     concurrency: int = Settings.smtp_concurrency
     local_hostname: str | None = None  # the EHLO name; None: this host's FQDN, looked up once
     tls_ca_file: Path | None = None    # extra CA certificates trusted besides the system's
+    insecure_auth_without_tls: bool = Settings.smtp_insecure_auth_without_tls
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SmtpConfig:
@@ -62,7 +65,17 @@ class SmtpConfig:
             timeout_s=settings.smtp_timeout_s,
             concurrency=settings.smtp_concurrency,
             tls_ca_file=settings.smtp_tls_ca_file,
+            insecure_auth_without_tls=settings.smtp_insecure_auth_without_tls,
         )
+
+
+def starttls_required(config: SmtpConfig) -> bool:
+    """Whether a server without STARTTLS is refused: ``starttls`` says so, and ``auto`` does
+    too when there is a password to protect, unless plain-text AUTH is explicitly allowed."""
+    if config.tls is TlsMode.STARTTLS:
+        return True
+    return (config.tls is TlsMode.AUTO and config.username is not None
+            and not config.insecure_auth_without_tls)
 
 
 class _Failed(Exception):  # internal control flow; never escapes this module
@@ -121,6 +134,9 @@ class SmtpPool:
         problem = _envelope_problem(sender) or _envelope_problem(recipient)
         if problem:
             return _log(SmtpReply(Stage.LOCAL, None, problem, Failure.BAD_MESSAGE), recipient)
+        # A non-ASCII domain travels as IDNA; only a non-ASCII local part needs SMTPUTF8.
+        sender = ascii_domain_address(parse_address(sender))
+        recipient = ascii_domain_address(parse_address(recipient))
         smtp = self._take_idle()
         reused = smtp is not None
         try:
@@ -159,7 +175,11 @@ class SmtpPool:
             return failed.reply
         tls = smtp.get_transport_info("sslcontext") is not None
         await _quit(smtp)
-        return SmtpReply(Stage.EHLO, 250, "connected" + (" with TLS" if tls else " without TLS"))
+        text = "connected" + (" with TLS" if tls else " without TLS")
+        if self.config.username is not None:
+            text += ", logged in" + ("" if tls else "; WARNING: the AUTH password went in clear "
+                                     "text (POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS=true)")
+        return SmtpReply(Stage.EHLO, 250, text)
 
     async def close(self) -> None:
         """QUIT every idle connection; connections still sending are closed when they finish."""
@@ -229,13 +249,21 @@ class SmtpPool:
 
     def _wants_starttls(self, smtp: aiosmtplib.SMTP) -> bool:
         offered = smtp.supports_extension("starttls")
-        if self.config.tls is TlsMode.STARTTLS and not offered:
-            raise _Failed(SmtpReply(Stage.STARTTLS, None, "server does not offer STARTTLS",
-                                    Failure.TLS))
+        if starttls_required(self.config) and not offered:
+            why = ("server does not offer STARTTLS" if self.config.tls is TlsMode.STARTTLS else
+                   "server does not offer STARTTLS; refusing to send the AUTH password in clear "
+                   "text (POSTROOM_SMTP_TLS=auto with a username requires it)")
+            raise _Failed(SmtpReply(Stage.STARTTLS, None, why, Failure.TLS))
         return offered and self.config.tls in (TlsMode.STARTTLS, TlsMode.AUTO)
 
     async def _login(self, smtp: aiosmtplib.SMTP, username: str) -> None:
         cfg = self.config
+        encrypted = smtp.get_transport_info("sslcontext") is not None
+        if not encrypted and not cfg.insecure_auth_without_tls:
+            raise _Failed(SmtpReply(
+                Stage.AUTH, None, "refusing to send the AUTH password over a connection without "
+                "TLS (POSTROOM_SMTP_TLS=none); POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS=true "
+                "allows it", Failure.CONFIG))
         if not smtp.supports_extension("auth"):
             over = "TLS" if smtp.get_transport_info("sslcontext") is not None else "plain text"
             raise _Failed(SmtpReply(Stage.AUTH, None, f"server does not offer AUTH over {over}",
@@ -260,7 +288,11 @@ class SmtpPool:
                              Failure.BAD_MESSAGE), True
         eight_bit = smtp.supports_extension("8bitmime")
         try:
-            content = _flatten(message, utf8=utf8, eight_bit=eight_bit)
+            # A worker thread: a message with large attachments takes about 50 ms per MiB to
+            # serialise and as long again to check (10 MiB: 0.5 s each), too long for the loop.
+            content = await asyncio.to_thread(_serialise, message, utf8, eight_bit)
+        except UnsafeHeaderError as exc:
+            return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), True
         except (ValueError, TypeError, LookupError, UnicodeError) as exc:
             return SmtpReply(Stage.LOCAL, None, f"cannot serialise the message: {exc}",
                              Failure.BAD_MESSAGE), True
@@ -333,6 +365,14 @@ def _discard(smtp: aiosmtplib.SMTP) -> None:
 def _stale(reply: SmtpReply) -> bool:
     return reply.stage is Stage.MAIL_FROM and (
         reply.failure is Failure.RESET or reply.code == SERVICE_UNAVAILABLE)
+
+
+def _serialise(message: EmailMessage, utf8: bool, eight_bit: bool) -> bytes:
+    """The bytes to send; UnsafeHeaderError unless they carry exactly the headers that were set
+    (the last gate before the server)."""
+    content = _flatten(message, utf8=utf8, eight_bit=eight_bit)
+    check_serialized(message, content)
+    return content
 
 
 def _flatten(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:

@@ -8,7 +8,7 @@ import smtplib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,21 +110,16 @@ def test_connections_are_counted_once_they_greet(server: DevSmtpServer) -> None:
     assert server.peak_connections == 1
 
 
-def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sender.devsmtp", "--port", "0", "--reject", "x@example.com",
-         "--maildir", str(tmp_path / "md")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+def run_cli(args: list[str], talk: Callable[[int], None]) -> tuple[str, str]:
+    """Run ``postroom devsmtp ARGS``, call ``talk(port)`` once it listens, stop it with SIGTERM:
+    its first stdout line and its stderr (it must exit 0)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sender.devsmtp", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("devsmtp listening on 127.0.0.1:")
-        port = int(line.rsplit(":", 1)[1])
-        with smtplib.SMTP("127.0.0.1", port, timeout=10) as client:
-            client.ehlo()
-            assert rcpt_reply(client, "x@example.com")[0] == 550
-            client.sendmail(SENDER, ["y@example.com"], MESSAGE)
+        assert line.startswith("devsmtp listening on "), line
+        talk(int(line.rsplit(":", 1)[1]))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     finally:
@@ -132,6 +127,57 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0
+    return line, err
+
+
+def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
+    def talk(port: int) -> None:
+        with smtplib.SMTP("127.0.0.1", port, timeout=10) as client:
+            client.ehlo()
+            assert rcpt_reply(client, "x@example.com")[0] == 550
+            client.sendmail(SENDER, ["y@example.com"], MESSAGE)
+
+    line, err = run_cli(["--port", "0", "--reject", "x@example.com",
+                         "--maildir", str(tmp_path / "md")], talk)
+    assert line.startswith("devsmtp listening on 127.0.0.1:")
     assert "reject x@example.com" in err
     assert "accept y@example.com" in err
     assert [m.rcpt for m in read_maildir(tmp_path / "md")] == ["y@example.com"]
+
+
+@pytest.mark.parametrize(("caps", "kept"), [
+    ({"max_kept": 3}, ["r2@example.com", "r3@example.com", "r4@example.com"]),
+    ({"max_kept_bytes": 2 * len(MESSAGE) + 10}, ["r3@example.com", "r4@example.com"]),
+])
+def test_only_the_newest_messages_are_kept_in_memory(
+        caps: dict[str, int], kept: list[str]) -> None:
+    dev = DevSmtpServer("127.0.0.1", 0, **caps)
+    dev.start()
+    try:
+        with smtplib.SMTP("127.0.0.1", dev.port, timeout=10) as client:
+            for n in range(5):
+                client.sendmail(SENDER, [f"r{n}@example.com"], MESSAGE)
+    finally:
+        dev.stop()
+    assert [m.rcpt for m in dev.messages] == kept
+    assert dev.forgotten == 5 - len(kept)
+
+
+@pytest.mark.parametrize(("host", "warned"), [
+    ("127.0.0.1", False), ("::1", False), ("localhost", False), ("127.0.0.2", False),
+    ("0.0.0.0", True), ("::", True), ("192.0.2.10", True), ("mail.example.com", True),  # noqa: S104
+])
+def test_a_bind_beyond_loopback_is_warned_about(host: str, warned: bool) -> None:
+    from sender.devsmtp import bind_warning
+
+    warning = bind_warning(host)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert host in warning and "not on a loopback address" in warning
+
+
+def test_cli_warns_when_it_listens_beyond_loopback() -> None:
+    line, err = run_cli(["--host", "0.0.0.0", "--port", "0"], lambda port: None)  # noqa: S104
+    assert line.startswith("devsmtp listening on 0.0.0.0:")
+    assert "WARNING: devsmtp listens on 0.0.0.0, not on a loopback address" in err
+    assert run_cli(["--port", "0"], lambda port: None)[1] == ""

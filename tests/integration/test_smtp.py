@@ -325,7 +325,7 @@ def run_scripted(script: Script, recipients: list[str], greeting: str = "220 scr
         server = await asyncio.start_server(session, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         try:
-            async with SmtpPool(config(port, tls=TlsMode.NONE, **changes)) as pool:
+            async with SmtpPool(config(port, **{"tls": TlsMode.NONE, **changes})) as pool:
                 replies = []
                 for rcpt in recipients:
                     replies.append(await pool.send(make_message(rcpt), SENDER, rcpt))
@@ -413,8 +413,129 @@ def test_auth_rejected_is_reported_at_auth() -> None:
         return ordinary(command)
 
     replies, _ = run_scripted(script, ["a@example.com"], username="postroom",
-                              password=Secret("not-the-password"))
+                              password=Secret("not-the-password"), insecure_auth_without_tls=True)
     assert replies == [SmtpReply(Stage.AUTH, 535, "5.7.8 Authentication credentials invalid")]
+
+
+# --- no AUTH without TLS (issue 10)
+
+
+def auth_without_starttls(seen: list[str]) -> Script:
+    """A server offering AUTH but not STARTTLS (as when an attacker strips it from the EHLO
+    reply) that accepts any login; ``seen`` records every command it gets."""
+    def script(conn: int, mails: int, command: str) -> str | None:
+        seen.append(command)
+        if command.upper().startswith("EHLO"):
+            return "250-scripted\r\n250-AUTH PLAIN LOGIN\r\n250 8BITMIME"
+        if command.upper().startswith("AUTH"):
+            return "235 2.7.0 Authentication successful"
+        return ordinary(command)
+    return script
+
+
+def authenticated(seen: list[str]) -> bool:
+    return any(command.upper().startswith("AUTH") for command in seen)
+
+
+@pytest.mark.parametrize("mode", [TlsMode.AUTO, TlsMode.STARTTLS])
+def test_auto_with_credentials_needs_starttls_and_never_sends_auth(mode: TlsMode) -> None:
+    seen: list[str] = []
+    replies, _ = run_scripted(auth_without_starttls(seen), ["a@example.com"], tls=mode,
+                              username="postroom", password=Secret("s3cret"))
+    [reply] = replies
+    assert (reply.stage, reply.failure) == (Stage.STARTTLS, Failure.TLS)
+    assert not authenticated(seen)
+    assert not any(command.upper().startswith("MAIL") for command in seen)
+
+
+def test_tls_none_with_credentials_is_refused_before_auth() -> None:
+    seen: list[str] = []
+    replies, _ = run_scripted(auth_without_starttls(seen), ["a@example.com"], tls=TlsMode.NONE,
+                              username="postroom", password=Secret("s3cret"))
+    [reply] = replies
+    assert (reply.stage, reply.failure) == (Stage.AUTH, Failure.CONFIG)
+    assert "POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS" in reply.text
+    assert not authenticated(seen)
+
+
+@pytest.mark.parametrize("mode", [TlsMode.AUTO, TlsMode.NONE])
+def test_the_explicit_setting_allows_plain_text_auth(mode: TlsMode) -> None:
+    seen: list[str] = []
+    replies, _ = run_scripted(auth_without_starttls(seen), ["a@example.com"], tls=mode,
+                              username="postroom", password=Secret("s3cret"),
+                              insecure_auth_without_tls=True)
+    assert [(r.stage, r.code) for r in replies] == [(Stage.DATA, 250)]
+    assert authenticated(seen)
+
+
+def test_auto_without_credentials_still_sends_without_tls() -> None:
+    seen: list[str] = []
+    replies, _ = run_scripted(auth_without_starttls(seen), ["a@example.com"], tls=TlsMode.AUTO)
+    assert [(r.stage, r.code) for r in replies] == [(Stage.DATA, 250)]
+    assert not authenticated(seen)
+
+
+def test_auto_with_credentials_logs_in_after_starttls(
+        tls_dev: DevSmtpServer, certificate: tuple[Path, Path]) -> None:
+    [reply] = send_all(config(tls_dev.port, tls=TlsMode.AUTO, tls_ca_file=certificate[0],
+                              username="postroom", password=Secret("s3cret")),
+                       "finance@example.com")
+    # STARTTLS went through, then the login was tried (the dev server refuses every login).
+    assert (reply.stage, reply.code) == (Stage.AUTH, 535)
+
+
+class AuthRecorder:
+    """An aiosmtpd server of the test's own: AUTH over plain text, no STARTTLS; it records each
+    login it receives."""
+
+    def __init__(self) -> None:
+        from aiosmtpd.controller import Controller
+        from aiosmtpd.smtp import AuthResult
+
+        self.logins: list[str] = []
+
+        def authenticator(server: object, session: object, envelope: object, mechanism: str,
+                          auth_data: object) -> AuthResult:
+            self.logins.append(mechanism)
+            return AuthResult(success=True)
+
+        class Handler:
+            async def handle_DATA(self, server: object, session: object,
+                                  envelope: object) -> str:
+                return "250 OK"
+
+        self.port = free_port()
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port,
+                                     authenticator=authenticator, auth_require_tls=False)
+
+    def __enter__(self) -> AuthRecorder:
+        self.controller.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.controller.stop()
+
+
+def check_settings(port: int, **changes: object) -> Settings:
+    return dataclasses.replace(  # type: ignore[arg-type]
+        Settings(smtp_host="127.0.0.1", smtp_port=port, smtp_username="postroom",
+                 smtp_password=Secret("s3cret"), smtp_connect_timeout_s=5.0,
+                 smtp_timeout_s=5.0), **changes)
+
+
+def test_check_reports_a_server_that_would_get_the_password_in_clear_text() -> None:
+    from postroom.errors import PostroomError
+    from sender.smtp import check_smtp
+
+    with AuthRecorder() as server:
+        with pytest.raises(PostroomError, match="refusing to send the AUTH password in clear"):
+            check_smtp(check_settings(server.port))
+        with pytest.raises(PostroomError, match="POSTROOM_SMTP_INSECURE_AUTH_WITHOUT_TLS"):
+            check_smtp(check_settings(server.port, smtp_tls=TlsMode.NONE))
+        assert server.logins == []
+        allowed = check_smtp(check_settings(server.port, smtp_insecure_auth_without_tls=True))
+        assert server.logins != []
+    assert "WARNING: the AUTH password went in clear text" in allowed
 
 
 def test_control_characters_in_an_address_never_reach_the_server(dev: DevSmtpServer) -> None:
@@ -435,3 +556,80 @@ def test_config_from_settings() -> None:
     assert (cfg.host, cfg.port, cfg.tls, cfg.username, cfg.concurrency) == (
         "mail.example.com", 587, TlsMode.STARTTLS, "u", 4)
     assert "p'" not in repr(cfg)
+
+
+# --- internationalised addresses (issue 10)
+
+
+class Recording:
+    """An aiosmtpd server of the test's own that keeps each envelope and message, with or
+    without SMTPUTF8."""
+
+    def __init__(self, *, smtputf8: bool) -> None:
+        from aiosmtpd.controller import Controller
+
+        self.received: list[tuple[str, list[str], bytes]] = []
+        outer = self
+
+        class Handler:
+            async def handle_DATA(self, server: object, session: object, envelope: Any) -> str:
+                outer.received.append((envelope.mail_from, list(envelope.rcpt_tos),
+                                       envelope.original_content))
+                return "250 OK"
+
+        self.port = free_port()
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port,
+                                     enable_SMTPUTF8=smtputf8)
+
+    def __enter__(self) -> Recording:
+        self.controller.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.controller.stop()
+
+
+def send_built(port: int, recipient: str, sender: str = SENDER) -> SmtpReply:
+    """Build the message as the sender does and send it."""
+    import datetime as dt
+
+    from schemas.codec import EmailRequested
+    from sender.message import build_message
+
+    event = EmailRequested(idempotency_key="k|" + recipient, message_key="k", outbox_id=1,
+                           recipient=recipient, sender=sender, subject="Grüße", body="b",
+                           attachments=(), priority="normal", created_at=dt.datetime.now(dt.UTC))
+    message = build_message(event, attachments_root=None, now=dt.datetime.now(dt.UTC))
+
+    async def run() -> SmtpReply:
+        async with SmtpPool(config(port, tls=TlsMode.NONE)) as pool:
+            return await pool.send(message, sender, recipient)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("smtputf8", [True, False])
+def test_a_non_ascii_domain_goes_out_as_idna_without_needing_smtputf8(smtputf8: bool) -> None:
+    with Recording(smtputf8=smtputf8) as server:
+        reply = send_built(server.port, "user@bücher.example")
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    [(_, rcpts, content)] = server.received
+    assert rcpts == ["user@xn--bcher-kva.example"]
+    assert b"\r\nTo: user@xn--bcher-kva.example\r\n" in content
+
+
+def test_a_non_ascii_local_part_is_sent_with_smtputf8() -> None:
+    with Recording(smtputf8=True) as server:
+        reply = send_built(server.port, "josé@example.com")
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    [(_, rcpts, content)] = server.received
+    assert rcpts == ["josé@example.com"]
+    assert "To: josé@example.com".encode() in content
+
+
+def test_a_non_ascii_local_part_is_refused_clearly_without_smtputf8() -> None:
+    with Recording(smtputf8=False) as server:
+        reply = send_built(server.port, "josé@example.com")
+    assert (reply.failure, reply.text) == (
+        Failure.BAD_MESSAGE, "a non-ASCII address needs SMTPUTF8, which the server does not offer")
+    assert server.received == []

@@ -96,7 +96,26 @@ def test_send_after_sets_when_the_row_becomes_due(engine: sa.Engine) -> None:
     ({"subject": "   "}, InvalidEmailError, "subject is empty"),
     ({"priority": "urgent"}, InvalidEmailError, "unknown priority"),
     ({"attachments": ["/nonexistent/report.xlsx"]}, InvalidAttachmentError, "does not exist"),
-    ({"attachments": ["/"]}, InvalidAttachmentError, "not a regular file"),
+    ({"attachments": ["/"]}, InvalidAttachmentError, "does not name a file"),
+    ({"attachments": ["/tmp"]}, InvalidAttachmentError, "not a regular file"),  # noqa: S108
+    ({"attachments": ["/proc/self/environ"]}, InvalidAttachmentError, "pseudo file system"),
+    ({"attachments": ["/dev/zero"]}, InvalidAttachmentError, "pseudo file system"),
+    # issue 10: an encoded word that decodes to a line break, and None where text belongs
+    ({"subject": "Invoice =?utf-8?q?=0D=0AReply-To:_attacker@evil.example?="}, InvalidEmailError,
+     "Subject header would hold a line break"),
+    ({"subject": "Report\u2028Bcc: x@evil.com"}, InvalidEmailError, "line break"),
+    ({"subject": "Report\x85Bcc: x@evil.com"}, InvalidEmailError, "line break"),
+    ({"subject": None}, InvalidEmailError, "subject must be a string, not NoneType"),
+    ({"body": None}, InvalidEmailError, "body must be a string, not NoneType"),
+    ({"key": None, "subject": None}, InvalidEmailError, "must be a string"),
+    ({"recipients": None}, InvalidEmailError, "not NoneType"),
+    ({"recipients": [None]}, InvalidEmailError, "recipient must be a string"),
+    ({"sender": 42}, InvalidEmailError, "sender must be a string"),
+    ({"attachments": None}, InvalidEmailError, "not NoneType"),
+    ({"attachments": [None]}, InvalidAttachmentError, "must be a path"),
+    ({"recipients": ["a@b.com, eve@evil.example"]}, InvalidEmailError, "one bare address"),
+    ({"recipients": ["ceo@corp.example <eve@evil.example>"]}, InvalidEmailError, "local part"),
+    ({"body": "x" * (512 * 1024 + 1)}, InvalidEmailError, "over the limit of 524288"),
     ({"send_after": dt.datetime(2030, 1, 1)}, InvalidEmailError, "timezone-aware"),  # noqa: DTZ001
     ({"sender": "bad sender"}, InvalidEmailError, "sender"),
 ])
@@ -133,6 +152,67 @@ def test_unreadable_attachment_is_refused(engine: sa.Engine, tmp_path: Path) -> 
         path.chmod(0)
     with pytest.raises(InvalidAttachmentError), engine.begin() as conn:
         enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", attachments=[path])
+    assert count(engine) == 0
+
+
+def test_an_encoded_line_break_in_an_attachment_name_is_refused(
+        engine: sa.Engine, tmp_path: Path) -> None:
+    name = tmp_path / "=?utf-8?q?a=0D=0AX-Evil:_1?=.pdf"
+    name.write_bytes(b"%PDF")
+    with pytest.raises(InvalidEmailError, match="line break"), engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", attachments=[name])
+    assert count(engine) == 0
+
+
+def test_keys_that_the_old_encoding_confused_are_two_emails(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        first = enqueue(conn, key="k|a", recipients=["b@example.com"], subject="S", body="b")
+        second = enqueue(conn, key="k", recipients=["a|b@example.com"], subject="S", body="b")
+        third = enqueue(conn, key="k\\", recipients=["|b@example.com"], subject="S", body="b")
+    assert (first, second, third) == (1, 1, 1)
+    with engine.connect() as conn:
+        keys = set(conn.execute(sa.text("SELECT idempotency_key FROM outbox")).scalars())
+    assert keys == {"k\\|a|b@example.com", "k|a|b@example.com", "k\\\\||b@example.com"}
+
+
+def test_an_ordinary_key_keeps_the_form_it_always_had(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, key="sales-report-2026-09", recipients=["Finance@Example.com"],
+                subject="S", body="b")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT idempotency_key FROM outbox")).scalar_one() == \
+            "sales-report-2026-09|finance@example.com"
+
+
+@pytest.mark.parametrize("address", ["user@bücher.example", "josé@example.com"])
+def test_internationalised_addresses_are_accepted(engine: sa.Engine, address: str) -> None:
+    with engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=[address], subject="S", body="b") == 1
+
+
+def test_an_event_over_the_size_limit_is_refused(engine: sa.Engine) -> None:
+    from postroom.rules import SizeLimits
+
+    limits = SizeLimits(event_max_bytes=2000)
+    with engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=TEAM, subject="S", body="b" * 1500,
+                       limits=limits) == len(TEAM)
+    with pytest.raises(InvalidEmailError, match="over the limit of 2000"), \
+            engine.begin() as conn:
+        enqueue(conn, key="k2", recipients=TEAM, subject="S", body="b" * 2000, limits=limits)
+    assert count(engine) == len(TEAM)
+
+
+def test_attachments_over_the_total_limit_are_refused(engine: sa.Engine, tmp_path: Path) -> None:
+    from postroom.rules import SizeLimits
+
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_bytes(b"x" * 600)
+    limits = SizeLimits(attachment_max_bytes=1000, attachments_total_max_bytes=1000)
+    with pytest.raises(InvalidAttachmentError, match="over the limit of 1000"), \
+            engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b",
+                attachments=[tmp_path / "a.csv", tmp_path / "b.csv"], limits=limits)
     assert count(engine) == 0
 
 

@@ -29,7 +29,7 @@ def test_0004_moves_unpublished_rows_and_their_claims_to_the_queue_and_back(
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0003)
 
-    assert upgrade(engine) == "0004"
+    assert upgrade(engine, revision="0004") == "0004"
     with engine.begin() as conn:
         assert conn.execute(QUEUE).all() == [("claimed", True), ("waiting", False)]
         # New rows enter the queue through the insert trigger, published ones do not.
@@ -50,3 +50,39 @@ def test_0004_moves_unpublished_rows_and_their_claims_to_the_queue_and_back(
     assert claims == [("claimed", True), ("new", False)]
     assert {"outbox_unpublished", "outbox_undelivered"} <= indexes
     assert queue is None
+
+
+ROWS_AT_0004 = sa.text("""
+    INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority)
+    VALUES ('plain|a@example.com', 'plain', 'A@example.com', 'S', 'b', 'normal'),
+           ('k|a|b@example.com', 'k|a', 'b@example.com', 'S', 'b', 'normal'),
+           ('back\\slash|c@example.com', 'back\\slash', 'c@example.com', 'S', 'b', 'normal')""")
+KEYS = sa.text("SELECT message_key, idempotency_key FROM outbox ORDER BY message_key")
+
+
+def test_0005_rewrites_only_the_keys_the_old_encoding_made_ambiguous(engine: sa.Engine) -> None:
+    assert downgrade(engine, "0004") == "0004"
+    with engine.begin() as conn:
+        conn.execute(ROWS_AT_0004)
+
+    assert upgrade(engine) == "0005"
+    with engine.begin() as conn:
+        assert conn.execute(KEYS).all() == [
+            ("back\\slash", "back\\\\slash|c@example.com"),
+            ("k|a", "k\\|a|b@example.com"),
+            ("plain", "plain|a@example.com")]
+        # A rerun of each job finds its row; the pair the old form confused is a new email.
+        assert enqueue(conn, key="k|a", recipients=["b@example.com"], subject="S", body="b") == 0
+        assert enqueue(conn, key="back\\slash", recipients=["c@example.com"], subject="S",
+                       body="b") == 0
+        assert enqueue(conn, key="plain", recipients=["a@example.com"], subject="S", body="b") == 0
+        assert enqueue(conn, key="k", recipients=["a|b@example.com"], subject="S", body="b") == 1
+
+    assert downgrade(engine, "0004") == "0004"
+    with engine.begin() as conn:
+        # ('k', 'a|b@...') holds the old form of ('k|a', 'b@...'), which keeps its new one.
+        assert conn.execute(KEYS).all() == [
+            ("back\\slash", "back\\slash|c@example.com"),
+            ("k", "k|a|b@example.com"),
+            ("k|a", "k\\|a|b@example.com"),
+            ("plain", "plain|a@example.com")]

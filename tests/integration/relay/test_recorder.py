@@ -162,7 +162,8 @@ def until(engine: sa.Engine, row: Row, check: Callable[[sa.Row[Any]], bool],
 def consumed(recorder: RecorderThread) -> int:
     """Results the recorder has read and committed to the database (stats move after commit)."""
     recorder.check()  # a crash fails now, not at the timeout
-    return recorder.stats.applied + recorder.stats.ignored + recorder.stats.unreadable
+    stats = recorder.stats
+    return stats.applied + stats.ignored + stats.unreadable + stats.refused
 
 
 def until_consumed(recorder: RecorderThread, expected: int) -> None:
@@ -294,3 +295,30 @@ def test_an_unreadable_result_is_skipped_and_later_ones_still_apply(
     assert (state.status, state.attempts, state.smtp_code) == ("failed", 1, 550)
     assert row_state(engine, first).status == "sent"
     assert recorder.stats.applied == 2
+
+
+def test_results_that_do_not_fit_their_row_change_nothing(
+        recorder_settings: Settings, engine: sa.Engine) -> None:
+    """Issue 10: anything on the results topic used to be applied to the row its key named."""
+    rows = enqueue_and_publish(recorder_settings, engine, "forged", ["a@example.com",
+                                                                      "b@example.com"])
+    a, b = rows["a@example.com"], rows["b@example.com"]
+    before = snapshot(engine)
+    forged = [
+        dataclasses.replace(sent(a, 1), outbox_id=b.id),           # another row's id
+        dataclasses.replace(sent(a, 1), recipient="eve@evil.example"),
+        dataclasses.replace(rejected(a, 1), idempotency_key=b.idempotency_key),
+        sent(a, 0),                                                  # no such attempt
+        sent(a, 99),                                                 # past the last tier
+        result(a, DeliveryStatus.RETRYING, 1),                       # retrying, but when?
+        dataclasses.replace(sent(a, 1), error="550 but sent?"),
+    ]
+    produce(recorder_settings, forged)
+    with running(recorder_settings, engine) as recorder:
+        until_consumed(recorder, len(forged))
+        assert recorder.stats.applied == 0
+        assert recorder.stats.refused == 4
+    assert differences(before, snapshot(engine)) == {}
+    produce(recorder_settings, [sent(a, 1)])
+    with running(recorder_settings, engine) as recorder:
+        until(engine, a, lambda state: state.status == "sent", "the genuine result")

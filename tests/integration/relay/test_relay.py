@@ -344,3 +344,37 @@ def test_the_relay_survives_a_database_restart(
     assert not thread.is_alive()
     assert sorted(r.key for r in records) == [b"after|b@example.com", b"before|a@example.com"]
     assert unpublished(engine) == 0
+
+
+INSERT_BY_HAND = sa.text("""
+    INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority)
+    VALUES (:key, :key, 'a@example.com', 'S', :body, 'normal')""")
+
+
+@pytest.mark.parametrize(("event_max_bytes", "body_bytes", "refused_by"), [
+    (4096, 10_000, "the relay's cap"),
+    # The relay's cap set above what the producer takes (1 MB message.max.bytes): produce()
+    # itself refuses, which used to escape the round and end `postroom relay`.
+    (8 * 1024 * 1024, 2 * 1024 * 1024, "the producer"),
+])
+def test_a_row_too_large_to_publish_is_failed_and_the_rest_published(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
+        event_max_bytes: int, body_bytes: int, refused_by: str) -> None:
+    """Issue 10: a row written past enqueue's cap (before it existed, or by hand) ends as a
+    recorded permanent failure in one round; it neither stops the relay nor comes back."""
+    with engine.begin() as conn:
+        conn.execute(INSERT_BY_HAND, {"key": "huge", "body": "x" * body_bytes})
+        enqueue(conn, key="fine", recipients=["b@example.com"], subject="S", body="b")
+    relay = Relay(dataclasses.replace(settings, event_max_bytes=event_max_bytes), engine)
+    assert relay.publish_once() == 1, refused_by
+    assert relay.publish_once() == 0
+    with engine.connect() as conn:
+        rows = dict(conn.execute(sa.text(
+            "SELECT message_key, status || ': ' || coalesce(last_error, '') FROM outbox")).all())
+        queued = conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one()
+    assert rows["huge"].startswith("failed: the event is too large to publish")
+    assert rows["fine"] == "published: "
+    assert queued == 0
+    assert relay.metrics.counter("relay_too_large_total") == 1
+    records = consume(settings, topics(settings), expected=1, timeout_s=15)
+    assert [r.key for r in records] == [b"fine|b@example.com"]

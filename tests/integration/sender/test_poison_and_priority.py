@@ -3,7 +3,10 @@ high-priority mail goes out before normal and low."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import datetime as dt
+import random
 import re
 import statistics
 from collections.abc import Callable
@@ -18,7 +21,7 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
 from relay.publisher import Relay
-from schemas.codec import SCHEMA_HEADER, load_schema
+from schemas.codec import SCHEMA_HEADER, EmailRequested, encode, headers_for, load_schema
 from sender.devsmtp import DevSmtpServer
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.pipeline import Pipeline, SenderThread, outbox_rows
@@ -100,3 +103,103 @@ def test_a_high_priority_backlog_goes_out_first(
     assert position["high"] < position["normal"] < position["low"], (position, order)
     # All but what the first fetch took before any backlog was known: high leads.
     assert order[:per_priority].count("high") >= per_priority - 5, order
+
+
+def forged(**changes: Any) -> EmailRequested:
+    """An event as another producer on the topics could write it."""
+    values: dict[str, Any] = {
+        "idempotency_key": "forged|x@example.com", "message_key": "forged", "outbox_id": 999_999,
+        "recipient": "x@example.com", "sender": "", "subject": "S", "body": "b",
+        "attachments": (), "priority": "normal", "created_at": dt.datetime.now(dt.UTC)}
+    return EmailRequested(**{**values, **changes})
+
+
+def test_events_that_break_the_rules_are_poison_and_hold_nothing_back(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 10: attempt 0, a far-future not_before on a retry tier, a recipient list or a name
+    with another address, a record over the size cap: each is dead-lettered as poison with its
+    reason and never sent, and the due record behind them on the same partition goes out."""
+    server = DevSmtpServer(port=0)
+    server.start()
+    prefix = settings.topic_prefix
+    now = dt.datetime.now(dt.UTC)
+    tier = retry_topic(prefix, 1)
+    bad = [
+        (tier, forged(attempt=0), "attempt 0 is outside"),
+        (tier, forged(attempt=2, not_before=now + dt.timedelta(days=365)), "further ahead"),
+        (tier, forged(attempt=2, recipient="a@b.com, eve@evil.example"), "local part"),
+        (tier, forged(attempt=2, recipient="ceo@corp.example <eve@evil.example>"), "local part"),
+        (tier, forged(attempt=2, body="x" * 80_000), "over the limit"),
+    ]
+    good = forged(attempt=2, recipient="due@example.com", idempotency_key="due|due@example.com")
+    producer = Producer(settings.kafka_client_config())
+    schema = headers_for(EmailRequested)
+    for topic, event, _ in bad:
+        producer.produce(topic, key=b"same", value=encode(event), headers=schema)
+    producer.produce(tier, key=b"same", value=encode(good), headers=schema)
+    assert producer.flush(10) == 0
+    sender = SenderThread(smtp(settings, server, event_max_bytes=4096), engine).start()
+    try:
+        wait_until(lambda: server.count() >= 1, 60, "the due retry to be delivered")
+        dead = consume(settings, [dead_letter_topic(prefix)], expected=len(bad), timeout_s=30)
+    finally:
+        sender.stop()
+        server.stop()
+    assert [m.rcpt for m in server.messages] == ["due@example.com"]
+    assert len(dead) == len(bad)
+    for record, (_, _, reason) in zip(sorted(dead, key=lambda r: int(dict(r.headers)[
+            DLQ_OFFSET_HEADER])), bad, strict=True):
+        headers = dict(record.headers)
+        assert headers[DLQ_CLASS_HEADER] == b"poison"
+        assert reason in headers[DLQ_REASON_HEADER].decode()
+    oversized = max(dead, key=lambda r: int(dict(r.headers)[DLQ_OFFSET_HEADER]))
+    assert oversized.value is None  # too large to copy; it stays in its source topic
+
+
+def test_a_retry_kafka_refuses_as_too_large_ends_as_a_recorded_failure(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 10: the retry of an event the broker's first tier refuses as too large (its topic's
+    max.message.bytes is below the record) used to be produced again every 2 s, forever, and its
+    partition's commit point never moved. Now it ends as a failed result and a dead letter."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    from postroom.kafka import make_admin
+    from postroom.topics import results_topic
+    from schemas.codec import EmailResult, decode
+
+    prefix = settings.topic_prefix
+    tier = retry_topic(prefix, 1)
+    admin = make_admin(settings)
+    resource = ConfigResource("topic", tier, incremental_configs=[ConfigEntry(
+        "max.message.bytes", "1000", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    server = DevSmtpServer(port=0, defer={"late@example.com": 5})
+    server.start()
+    # Incompressible: the producer compresses, and a record is measured compressed.
+    body = base64.b64encode(random.randbytes(3000)).decode()
+    event = forged(recipient="late@example.com", idempotency_key="big|late@example.com",
+                   body=body)
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(priority_topic(prefix, "normal"), key=b"big|late@example.com",
+                     value=encode(event), headers=headers_for(EmailRequested))
+    assert producer.flush(10) == 0
+    sender = SenderThread(smtp(settings, server), engine).start()
+    try:
+        dead = consume(settings, [dead_letter_topic(prefix)], expected=1, timeout_s=60)
+        results = consume(settings, [results_topic(prefix)], expected=2, timeout_s=30)
+    finally:
+        sender.stop()
+        server.stop()
+    assert len(dead) == 1
+    assert dead[0].value is None
+    headers = dict(dead[0].headers)
+    assert headers[DLQ_CLASS_HEADER] == b"permanent"
+    assert b"too large for Kafka" in headers[DLQ_REASON_HEADER]
+    statuses = [decode(EmailResult, r.value, r.headers).status.value for r in results]
+    assert statuses == ["retrying", "failed"]
+    assert consume(settings, [tier], expected=1, timeout_s=3) == []

@@ -38,6 +38,7 @@ ROUND_TRIPS = [
     ("TOPIC_REPLICATION_FACTOR", "-1", "topic_replication_factor", -1),
     ("TOPIC_CONFIG", "retention.ms=604800000", "topic_config", {"retention.ms": "604800000"}),
     ("MAIL_FROM", " reports@example.com ", "mail_from", "reports@example.com"),
+    ("MAIL_FROM", "Reports <reports@example.com>", "mail_from", "Reports <reports@example.com>"),
     ("ATTACHMENT_MAX_BYTES", "1048576", "attachment_max_bytes", 1048576),
     ("RELAY_BATCH_SIZE", "500", "relay_batch_size", 500),
     ("RELAY_POLL_INTERVAL", "250ms", "relay_poll_interval_s", 0.25),
@@ -57,6 +58,11 @@ ROUND_TRIPS = [
     ("SMTP_CONCURRENCY", "4", "smtp_concurrency", 4),
     ("METRICS_PORT", "9108", "metrics_port", 9108),
     ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
+    ("BODY_MAX_BYTES", "1000", "body_max_bytes", 1000),
+    ("ATTACHMENTS_TOTAL_MAX_BYTES", "2000", "attachments_total_max_bytes", 2000),
+    ("EVENT_MAX_BYTES", "900000", "event_max_bytes", 900000),
+    ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "true", "smtp_insecure_auth_without_tls", True),
+    ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "No", "smtp_insecure_auth_without_tls", False),
 ]
 
 
@@ -140,6 +146,13 @@ def test_unrelated_variables_are_ignored() -> None:
     ("ATTACHMENTS_ROOT", "/no/such\0dir", "null"),
     ("METRICS_PORT", "99999", "not a TCP port"),
     ("LOG_LEVEL", "TRACE", "DEBUG, INFO, WARNING or ERROR"),
+    ("EVENT_MAX_BYTES", "1048576", "well under Kafka's default message.max.bytes"),
+    ("MAIL_FROM", "Smith, John <j@example.com>", "not one address"),
+    ("MAIL_FROM", "a@example.com, eve@evil.example", "invalid local part"),
+    ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "maybe", "true or false"),
+    ("ATTACHMENTS_ROOT", "/", "cannot be the attachments root"),
+    ("ATTACHMENTS_ROOT", "/proc/self", "pseudo"),
+    ("ATTACHMENTS_ROOT", "/dev", "pseudo"),
 ])
 def test_malformed_value_raises_config_error_naming_the_variable(
         name: str, raw: str, problem: str) -> None:
@@ -219,6 +232,25 @@ def test_kafka_password_with_a_semicolon_is_neither_split_nor_echoed() -> None:
         assert "horse-staple" not in str(exc)
     else:
         assert settings.kafka_config == {"sasl.password": "abc;horse-staple"}
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("DATABASE_URL", f"postgresql+psycopg://app@db/mail?password={PASSWORD}"),
+    ("DATABASE_URL", f"postgresql+psycopg://app@db/mail?sslmode=require&sslpassword={PASSWORD}&x=1"),
+    ("DATABASE_URL", f"postgresql+psycopg://app:{PASSWORD}@db/mail?PassWord={PASSWORD}"),
+    ("KAFKA_CONFIG", f"sasl.oauthbearer.config=principal=me scope=x secret={PASSWORD}"),
+    ("KAFKA_CONFIG", f"sasl.password=abc;{PASSWORD}=x"),
+    ("KAFKA_CONFIG", f"security.protocol=SASL_SSL;sasl.password=abc;{PASSWORD}=x;sasl.mechanism=PLAIN"),
+])
+def test_secrets_in_the_url_query_and_kafka_config_never_show(name: str, value: str) -> None:
+    shown = repr(Settings.from_env({P + name: value}))
+    assert PASSWORD not in shown
+    assert "********" in shown
+
+
+def test_a_semicolon_inside_a_password_stays_in_the_password() -> None:
+    assert parse_kafka_config("sasl.password=abc;def=ghi;sasl.mechanism=PLAIN") == {
+        "sasl.password": "abc;def=ghi", "sasl.mechanism": "PLAIN"}
 
 
 @pytest.mark.parametrize(("field", "name"), [

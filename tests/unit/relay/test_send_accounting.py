@@ -88,7 +88,7 @@ def relay_with(producer: StandInProducer) -> Relay:
 def test_rows_not_reported_failed_are_acknowledged(
         fail: set[bytes], acked: list[int], released: list[int]) -> None:
     relay = relay_with(StandInProducer(fail))
-    assert relay._send(claimed_rows(4)) == (acked, released)
+    assert relay._send(claimed_rows(4)) == (acked, released, [])
 
 
 def test_rows_the_producer_could_not_take_are_released_too(
@@ -96,4 +96,14 @@ def test_rows_the_producer_could_not_take_are_released_too(
     relay = relay_with(StandInProducer({b"k|r1@example.com"}, room=2))
     # A full local queue is retried until the producer's timeout; none here, to keep it short.
     monkeypatch.setattr(publisher, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
-    assert relay._send(claimed_rows(4)) == ([2], [1, 3, 4])
+    assert relay._send(claimed_rows(4)) == ([2], [1, 3, 4], [])
+
+
+def test_rows_whose_event_is_over_the_cap_are_neither_produced_nor_released() -> None:
+    producer = StandInProducer(set())
+    relay = relay_with(producer)
+    relay._settings = Settings(event_max_bytes=100)
+    rows = claimed_rows(3)
+    rows[1] = rows[1]._replace(body="b" * 200)
+    assert relay._send(rows) == ([1, 3], [], [2])
+

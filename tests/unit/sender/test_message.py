@@ -6,6 +6,7 @@ import datetime as dt
 import email
 import email.policy
 import email.utils
+import itertools
 import os
 import re
 from email.message import EmailMessage
@@ -215,19 +216,64 @@ def test_escapes_are_refused_before_the_file_system_is_asked(root: Path, raw: st
 def test_symlink_escaping_the_root_is_refused(root: Path) -> None:
     link = root / "innocent.xlsx"
     link.symlink_to(root.parent / "private" / "secret.txt")
-    with pytest.raises(AttachmentError, match=r"resolves to .*outside the attachments root"):
+    with pytest.raises(AttachmentError, match="is a symbolic link; refusing") as refused:
         read_attachment(str(link), root)
+    assert str(root.parent / "private") not in str(refused.value)  # the path as given only
 
 
 def test_symlinked_directory_escaping_the_root_is_refused(root: Path) -> None:
     (root / "shared").symlink_to(root.parent / "private", target_is_directory=True)
-    with pytest.raises(AttachmentError, match="outside the attachments root"):
+    with pytest.raises(AttachmentError, match="passes through a symbolic link"):
         read_attachment(str(root / "shared" / "secret.txt"), root)
 
 
-def test_symlink_within_the_root_is_followed_and_keeps_its_name(root: Path) -> None:
+def test_no_symlink_below_the_root_is_followed_even_one_within_it(root: Path) -> None:
+    # Following links that stay inside would need a resolve-then-open, which can be raced.
     (root / "latest.xlsx").symlink_to(root / "sales.xlsx")
-    assert read_attachment(str(root / "latest.xlsx"), root) == ("latest.xlsx", b"PK inside")
+    with pytest.raises(AttachmentError, match="symbolic link"):
+        read_attachment(str(root / "latest.xlsx"), root)
+
+
+def test_a_directory_swapped_for_a_symlink_never_leads_outside(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race of issue 10, made deterministic: a directory inside the root is swapped for a
+    link to a directory outside right before the n-th file-system call the read makes, for
+    every n the read reaches; no read may return the outside file."""
+    outside = root.parent / "private"
+    (outside / "report.csv").write_bytes(b"outside")
+    real, parked = root / "monthly", root / "parked"
+    results: list[bytes] = []
+    for swap_at in itertools.count(1):
+        if real.is_symlink():
+            real.unlink()
+            parked.rename(real)
+        else:
+            real.mkdir()
+            (real / "report.csv").write_bytes(b"inside")
+        calls = 0
+
+        def swapping(call: Any, swap_at: int = swap_at) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                if calls == swap_at:
+                    real.rename(parked)
+                    real.symlink_to(outside, target_is_directory=True)
+                return call(*args, **kwargs)
+            return wrapper
+
+        for name in ("open", "stat", "lstat"):
+            monkeypatch.setattr(os, name, swapping(getattr(os, name)))
+        try:
+            results.append(read_attachment("monthly/report.csv", root)[1])
+        except AttachmentError:
+            results.append(b"refused")
+        finally:
+            monkeypatch.undo()
+        if calls < swap_at:
+            break  # this read ended before the swap: every moment has been tried
+    assert b"outside" not in results
+    assert results[-1] == b"inside"
 
 
 def test_root_reached_through_a_symlink_is_still_the_root(root: Path) -> None:
@@ -252,6 +298,47 @@ def test_fifo_is_refused_without_blocking(root: Path) -> None:
     os.mkfifo(root / "pipe.csv")
     with pytest.raises(AttachmentError, match="not a regular file"):
         read_attachment(str(root / "pipe.csv"), root)
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_swapped_in_after_any_check_does_not_block(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The swap happens at the last moment: right before the file itself is opened.
+    real_open = os.open
+
+    def swap_then_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "sales.xlsx":
+            os.unlink(root / "sales.xlsx")
+            os.mkfifo(root / "sales.xlsx")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    with pytest.raises(AttachmentError, match="not a regular file"):
+        read_attachment("sales.xlsx", root)
+
+
+def test_an_attachment_over_the_limit_is_refused(root: Path) -> None:
+    (root / "big.csv").write_bytes(b"x" * 101)
+    assert read_attachment("big.csv", root, max_bytes=101)[1] == b"x" * 101
+    with pytest.raises(AttachmentError, match="101 bytes, over the limit of 100"):
+        read_attachment("big.csv", root, max_bytes=100)
+
+
+def test_attachments_over_the_total_limit_are_refused(root: Path) -> None:
+    from postroom.rules import SizeLimits
+
+    (root / "a.csv").write_bytes(b"x" * 60)
+    (root / "b.csv").write_bytes(b"y" * 60)
+    limits = SizeLimits(attachment_max_bytes=100, attachments_total_max_bytes=100)
+    with pytest.raises(AttachmentError, match="more than 100 bytes"):
+        build_message(event(attachments=("a.csv", "b.csv")), attachments_root=root, now=NOW,
+                      limits=limits)
+
+
+@pytest.mark.parametrize("raw", ["/proc/self/environ", "/sys/kernel/notes", "/dev/zero"])
+def test_pseudo_file_systems_are_refused_even_without_a_root(raw: str) -> None:
+    with pytest.raises(AttachmentError, match="pseudo file system"):
+        read_attachment(raw, None)
 
 
 def test_unreadable_attachment(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,72 @@
+"""Whether a message's headers say exactly what was meant: the check enqueue and the sender share.
+
+Pure. A value can carry a line break past a check of its raw text (an RFC 2047 encoded word such as
+``=?utf-8?q?=0D=0A?=`` is decoded by the standard library and, on some Python releases, written out
+raw), so the check looks at what the headers decode to and at the bytes that go to the server.
+"""
+
+from __future__ import annotations
+
+import email.policy
+from collections.abc import Sequence
+from email.message import EmailMessage, Message
+from email.parser import BytesParser
+
+from postroom.errors import UnsafeHeaderError
+from postroom.rules import has_control
+
+_SKELETON_POLICIES = (email.policy.SMTP, email.policy.SMTPUTF8)
+
+
+def header_layout(message: Message) -> list[list[str]]:
+    """The header names of every MIME part, in order, lower case."""
+    return [[name.lower() for name in part.keys()] for part in message.walk()]
+
+
+def check_decoded_headers(message: EmailMessage) -> None:
+    """UnsafeHeaderError when a header of any part decodes to text with a line break."""
+    for part in message.walk():
+        for name, value in part.items():
+            if has_control(str(value), tab_allowed=True):
+                raise UnsafeHeaderError(
+                    f"the {name} header would hold a line break or control character (after "
+                    f"RFC 2047 decoding): {str(value)[:80]!r}; refusing the message")
+
+
+def check_serialized(message: Message, content: bytes) -> None:
+    """UnsafeHeaderError unless ``content``, parsed as a receiver parses it, has exactly the
+    headers of ``message``, part by part: a line break not followed by whitespace in any header
+    would start a header (or end the header block) that nobody set."""
+    parsed = BytesParser(policy=email.policy.compat32).parsebytes(content)
+    meant, sent = header_layout(message), header_layout(parsed)
+    if meant == sent:
+        return
+    for number, (want, got) in enumerate(zip(meant, sent, strict=False)):
+        if want != got:
+            extra = [name for name in got if name not in want]
+            raise UnsafeHeaderError(
+                f"serialised, part {number} would carry headers {got} instead of {want}"
+                + (f" (added: {', '.join(extra)})" if extra else "")
+                + "; a value holds an encoded line break; refusing the message")
+    raise UnsafeHeaderError(f"serialised, the message would have {len(sent)} MIME parts instead "
+                            f"of {len(meant)}; refusing the message")
+
+
+def check_composable(sender: str, recipient: str, subject: str,
+                     attachment_names: Sequence[str]) -> None:
+    """UnsafeHeaderError when a message with these values (and these attachment file names)
+    would not have exactly its intended headers: what enqueue runs before writing a row."""
+    for policy in _SKELETON_POLICIES:
+        message = EmailMessage(policy=policy)
+        try:
+            message["From"] = sender
+            message["To"] = recipient
+            message["Subject"] = subject
+            message.set_content("", charset="utf-8")
+            for name in attachment_names:
+                message.add_attachment(b"", maintype="application", subtype="octet-stream",
+                                       filename=name)
+        except (ValueError, TypeError) as exc:  # the library's own refusal of a line break
+            raise UnsafeHeaderError(f"cannot make headers of these values: {exc}") from None
+        check_decoded_headers(message)
+        check_serialized(message, message.as_bytes(policy=policy))

@@ -1,0 +1,197 @@
+"""What the parts of an email may hold: the one set of rules enqueue and the sender both apply.
+
+Pure. Each ``check_*`` returns the value to use or raises :class:`~postroom.errors.InvalidContentError`
+saying what is wrong with it; relay translates that into its EnqueueError, the sender into a poison
+record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import PurePosixPath
+
+from postroom.errors import InvalidContentError
+
+MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
+MAX_LOCAL_LEN = 64
+MAX_SUBJECT_LEN = 998  # RFC 5322 line limit
+MAX_KEY_LEN = 1000
+MAX_ATTACHMENTS = 100
+DEFAULT_BODY_MAX_BYTES = 512 * 1024
+DEFAULT_ATTACHMENT_MAX_BYTES = 25 * 1024 * 1024
+# An encoded event must fit the broker's message.max.bytes (1 MiB by default) with room for the
+# headers the retry tiers and the dead-letter topic add.
+DEFAULT_EVENT_MAX_BYTES = 768 * 1024
+EVENT_MAX_BYTES_CEILING = 900 * 1024
+# File systems whose files are not data a job wrote: mailing them leaks the host.
+PSEUDO_FILESYSTEM_ROOTS = ("/proc", "/sys", "/dev", "/run")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeLimits:
+    """The largest body, attachment, attachments of one email, and encoded event accepted."""
+
+    body_max_bytes: int = DEFAULT_BODY_MAX_BYTES
+    attachment_max_bytes: int = DEFAULT_ATTACHMENT_MAX_BYTES
+    attachments_total_max_bytes: int = DEFAULT_ATTACHMENT_MAX_BYTES
+    event_max_bytes: int = DEFAULT_EVENT_MAX_BYTES
+
+
+# C0 controls but tab, DEL, C1 controls (NEL among them) and the Unicode line and paragraph
+# separators: everything str.splitlines() or a mail reader may take for a line break.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_TAB = re.compile(r"\t")
+# RFC 5322 atext, plus any non-ASCII character (RFC 6531 UTF8-non-ascii) for SMTPUTF8.
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\u0080-\U0010ffff]+"
+_LOCAL = re.compile(rf"^{_ATEXT}(\.{_ATEXT})*$")
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def has_control(text: str, *, tab_allowed: bool = False) -> bool:
+    """Whether ``text`` holds a character that could end a header line or hide in one."""
+    return bool(_CONTROL.search(text) or (not tab_allowed and _TAB.search(text)))
+
+
+def require_str(value: object, what: str) -> str:
+    """``value`` when it is a string; InvalidContentError (never TypeError) for None or others."""
+    if not isinstance(value, str):
+        raise InvalidContentError(f"{what} must be a string, not {type(value).__name__}")
+    return value
+
+
+def ascii_domain(domain: str) -> str:
+    """The domain as DNS knows it: IDNA (punycode) labels for a non-ASCII one, lower case."""
+    if domain.isascii():
+        return domain.lower()
+    try:
+        return domain.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise InvalidContentError(f"domain {domain!r} is not a valid internationalised domain "
+                                  "name") from None
+
+
+def ascii_domain_address(address: str) -> str:
+    """``local@domain`` with a non-ASCII domain in its IDNA form: an ASCII address needs no
+    SMTPUTF8 for its domain alone. Anything else is returned as it came."""
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    try:
+        return f"{local}@{ascii_domain(domain)}"
+    except InvalidContentError:
+        return address
+
+
+def check_address(address: object, *, what: str = "recipient") -> str:
+    """The address with surrounding blanks removed: one bare ``local@domain``, nothing else.
+
+    A display name, a list, a comment or angle brackets are refused: the envelope and the To
+    header must name the same single mailbox. A non-ASCII domain is checked as its IDNA form; a
+    non-ASCII local part is accepted (it needs a server with SMTPUTF8 at delivery time).
+    """
+    text = require_str(address, what)
+    if has_control(text):
+        raise InvalidContentError(f"{what} {text!r} contains a control character (CR, LF, ...)")
+    value = text.strip()
+    if not value:
+        raise InvalidContentError(f"{what} is empty")
+    if len(value) > MAX_ADDRESS_LEN:
+        raise InvalidContentError(f"{what} {value!r} is longer than {MAX_ADDRESS_LEN} characters")
+    local, at, domain = value.rpartition("@")
+    if not at or not local or not domain:
+        raise InvalidContentError(f"{what} {value!r} is not of the form local@domain")
+    if len(local.encode()) > MAX_LOCAL_LEN or not _LOCAL.match(local):
+        raise InvalidContentError(f"{what} {value!r} has an invalid local part (one bare "
+                                  "address only: no name, list, comment or <...>)")
+    try:
+        labels = ascii_domain(domain).split(".")
+    except InvalidContentError:
+        raise InvalidContentError(f"{what} {value!r} has an invalid domain") from None
+    if not all(_LABEL.match(label) for label in labels):
+        raise InvalidContentError(f"{what} {value!r} has an invalid domain")
+    return value
+
+
+def check_mailbox(mailbox: object, *, what: str = "sender") -> str:
+    """A From mailbox: a bare address as :func:`check_address` wants it, or one
+    ``Display Name <local@domain>``; never a list."""
+    text = require_str(mailbox, what)
+    if "<" not in text and ">" not in text:
+        return check_address(text, what=what)
+    if has_control(text):
+        raise InvalidContentError(f"{what} {text!r} contains a control character (CR, LF, ...)")
+    name, _, rest = text.strip().rpartition("<")
+    if not rest.endswith(">") or any(c in name for c in '<>",;:@\\'):
+        raise InvalidContentError(f"{what} {text!r} is not one address or one 'Name <address>'")
+    check_address(rest[:-1], what=what)
+    return text.strip()
+
+
+def check_subject(subject: object) -> str:
+    text = require_str(subject, "subject")
+    if has_control(text, tab_allowed=True):
+        raise InvalidContentError("subject contains a line break or control character (CR, LF, "
+                                  "NEL, U+2028, ...): it would let text into the headers")
+    if not text.strip():
+        raise InvalidContentError("subject is empty")
+    if len(text) > MAX_SUBJECT_LEN:
+        raise InvalidContentError(f"subject is longer than {MAX_SUBJECT_LEN} characters")
+    return text
+
+
+def check_key(key: object) -> str:
+    text = require_str(key, "message key")
+    if has_control(text) or not text.strip():
+        raise InvalidContentError("message key must be non-empty and free of control characters")
+    if len(text) > MAX_KEY_LEN:
+        raise InvalidContentError(f"message key is longer than {MAX_KEY_LEN} characters")
+    return text
+
+
+def check_body(body: object, max_bytes: int = DEFAULT_BODY_MAX_BYTES) -> str:
+    text = require_str(body, "body")
+    if "\x00" in text:
+        raise InvalidContentError("body contains a NUL character")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise InvalidContentError(f"body is {size} bytes, over the limit of {max_bytes} "
+                                  "(POSTROOM_BODY_MAX_BYTES); attach large content as a file")
+    return text
+
+
+def check_attachment_path(path: object) -> str:
+    """An attachment path as written: a string, no control character, at most one per name,
+    nowhere under a pseudo file system; its file name must make a safe header parameter."""
+    text = require_str(path, "attachment path")
+    if has_control(text):
+        raise InvalidContentError(f"attachment path {text!r} has a control character")
+    if not text.strip() or PurePosixPath(text).name in ("", ".", ".."):
+        raise InvalidContentError(f"attachment path {text!r} does not name a file")
+    if on_pseudo_filesystem(text):
+        raise InvalidContentError(f"attachment path {text!r} is on a pseudo file system "
+                                  f"({', '.join(PSEUDO_FILESYSTEM_ROOTS)}); refusing it")
+    return text
+
+
+def check_attachment_count(count: int) -> None:
+    if count > MAX_ATTACHMENTS:
+        raise InvalidContentError(f"{count} attachments, over the limit of {MAX_ATTACHMENTS}")
+
+
+def on_pseudo_filesystem(path: str) -> bool:
+    """Whether ``path`` (absolute, normalised by the caller) is ``/`` itself or lies under one
+    of the kernel's pseudo file systems."""
+    normal = PurePosixPath(path)
+    if str(normal) == "/":
+        return True
+    return any(normal.is_relative_to(root) for root in PSEUDO_FILESYSTEM_ROOTS)
+
+
+def check_root(path: str) -> str:
+    """An attachments root: not ``/``, not a pseudo file system."""
+    if on_pseudo_filesystem(path):
+        raise InvalidContentError(f"{path} cannot be the attachments root: it is / or a pseudo "
+                                  f"file system ({', '.join(PSEUDO_FILESYSTEM_ROOTS)})")
+    return path

@@ -1,0 +1,53 @@
+"""Log lines cannot be forged: every value in a message is escaped onto its one line."""
+
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from postroom.logs import EscapingFilter, escape_unprintable
+
+FORGED = "k\n2026-10-02 07:00:00,000 INFO sender.service: key=k attempt=1 sent"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("plain key=k|a@example.com", "plain key=k|a@example.com"),
+    ("Grüße — 日本", "Grüße — 日本"),
+    ("a\nb", "a\\nb"),
+    ("a\r\nb", "a\\r\\nb"),
+    ("a\x85b\u2028c\u2029d", "a\\x85b\\u2028c\\u2029d"),
+    ("tab\tand\x00nul\x1b[31m", "tab\\tand\\x00nul\\x1b[31m"),
+])
+def test_escape_unprintable(text: str, expected: str) -> None:
+    assert escape_unprintable(text) == expected
+
+
+def test_a_value_with_a_line_break_stays_on_its_line() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(EscapingFilter())
+    logger = logging.getLogger("test.logs.escaping")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("key=%s domain=%s", FORGED, "evil.example\r\nX")
+    finally:
+        logger.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("key=k\\n2026-10-02")
+
+
+def test_the_cli_logging_escapes_every_record() -> None:
+    """configure_logging, as postroom's commands call it, in a process of its own."""
+    code = ("import logging; from postroom.logs import configure_logging; "
+            "configure_logging('INFO'); "
+            f"logging.getLogger('sender.service').info('key=%s attempt=%d', {FORGED!r}, 1)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert len(done.stderr.splitlines()) == 1
+    assert "INFO sender.service: key=k\\n2026-10-02" in done.stderr

@@ -1,0 +1,42 @@
+"""enqueue's checks, fuzzed: whatever a job passes, the answer is a value or an EnqueueError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay import validation
+from relay.errors import EnqueueError
+
+ANYTHING = st.one_of(st.none(), st.integers(), st.floats(), st.binary(max_size=8),
+                     st.text(max_size=40), st.lists(st.text(max_size=8), max_size=3))
+CHECKS: list[Callable[[Any], Any]] = [
+    validation.check_subject, validation.check_key, validation.check_body,
+    validation.check_address, validation.check_recipients, validation.check_priority,
+    lambda paths: validation.check_attachments(paths, 1024),
+]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@settings(max_examples=80, deadline=None)
+@given(value=ANYTHING)
+def test_any_input_gets_a_value_or_an_enqueue_error(check: Callable[[Any], Any],
+                                                    value: object) -> None:
+    try:
+        check(value)
+    except EnqueueError:
+        pass  # the documented refusal; a TypeError or any other error fails the test
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.text(max_size=12), other=st.text(max_size=12),
+       a=st.from_regex(r"[a-z|\\]{1,6}@example\.com", fullmatch=True),
+       b=st.from_regex(r"[a-z|\\]{1,6}@example\.com", fullmatch=True))
+def test_two_different_pairs_never_share_an_idempotency_key(
+        key: str, other: str, a: str, b: str) -> None:
+    if (key, a) != (other, b):
+        assert validation.idempotency_key(key, a) != validation.idempotency_key(other, b)
