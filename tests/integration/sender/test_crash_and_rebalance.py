@@ -15,7 +15,7 @@ from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.kafka import group_lag
+from postroom.lag import LagReader
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic, retry_topic
 from relay.publisher import Relay
@@ -87,9 +87,12 @@ def test_killed_and_added_senders_deliver_everything_once(
         wait_until(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
                    "every recipient to receive the email")
         # Every record processed and committed: a copy sent again would have been sent by now.
-        wait_until(lambda: sum(row.lag for row in group_lag(
-            settings, settings.sender_group, sender_topics)) == 0, 60,
-            "the sender group's committed offsets to reach the end of every topic")
+        reader = LagReader(settings, {settings.sender_group: sender_topics})
+        try:
+            wait_until(lambda: sum(g.sum_lag for g in reader.sample()) == 0, 60,
+                       "the sender group's committed offsets to reach the end of every topic")
+        finally:
+            reader.close()
     finally:
         codes = senders.stop_all(timeout_s=60)
         server.stop()
