@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
 from postroom import __version__
+from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, Role, parse_principal_prefix
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
@@ -35,14 +36,29 @@ def configure_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
-def on_shutdown_signals(callback: Callable[[], None]) -> None:
-    """Call ``callback`` on SIGTERM or SIGINT (once; a second signal interrupts hard)."""
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, stopping cleanly", signal.Signals(signum).name)
+class ShutdownSignals:
+    """SIGTERM and SIGINT, caught from the start of a long-running command: a signal before the
+    service exists (while it connects) stops it as soon as it is attached, instead of killing
+    the process half set up. A second signal interrupts hard."""
+
+    def __init__(self) -> None:
+        self._callback: Callable[[], None] | None = None
+        self.received: str | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
+        log.info("received %s, stopping cleanly", self.received)
         signal.signal(signum, signal.SIG_DFL)
-        callback()
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+        if self._callback is not None:
+            self._callback()
+
+    def attach(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the next signal, or now if one came already."""
+        self._callback = callback
+        if self.received is not None:
+            callback()
 
 
 def _iso_datetime(text: str) -> dt.datetime:
@@ -82,6 +98,40 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
           f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
     for name, state in create_topics(settings).items():
         print(f"{state:8} {name}")
+    return EXIT_OK
+
+
+def _principal_prefix(text: str) -> str:
+    try:
+        return parse_principal_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _role_acls(settings: Settings, args: argparse.Namespace) -> list[Acl]:
+    from postroom.acls import role_acls
+
+    return role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                     recorder_group=settings.recorder_group,
+                     principal_prefix=args.principal_prefix,
+                     idempotent_write=args.idempotent_write)
+
+
+def cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.acls import as_json_lines, as_kafka_acls, as_table
+
+    acls = _role_acls(settings, args)
+    if args.action == "apply":
+        from postroom.kafka import apply_acls
+
+        print(f"applying {len(acls)} ACLs for topic prefix {settings.topic_prefix!r} on "
+              f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
+        for acl, state in apply_acls(settings, acls):
+            print(f"{state:8} {acl.principal} {acl.operation.value} {acl.resource.value} "
+                  f"{acl.pattern.value} {acl.name}")
+        return EXIT_OK
+    render = {"table": as_table, "kafka-acls": as_kafka_acls, "json": as_json_lines}
+    print(render[args.format](acls))
     return EXIT_OK
 
 
@@ -165,9 +215,10 @@ class _Service(Protocol):
 def _run_until_signalled(settings: Settings,
                          make: Callable[[sa.Engine, Metrics], _Service]) -> int:
     """Start a blocking service (relay, recorder) and run it until SIGTERM or SIGINT."""
+    signals = ShutdownSignals()
     with service_start(settings) as (engine, metrics):
         service = make(engine, metrics)
-        on_shutdown_signals(service.stop)
+        signals.attach(service.stop)
         service.run()
     return EXIT_OK
 
@@ -194,10 +245,11 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
         def stop() -> None:
             loop.call_soon_threadsafe(sender.stop)
 
-        on_shutdown_signals(stop)
+        signals.attach(stop)
         await sender.run()
 
     settings.check_attachments_root()
+    signals = ShutdownSignals()
     with service_start(settings, smtp=True) as (engine, metrics):
         ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
@@ -219,14 +271,19 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import check_database
     from sender.smtp import check_smtp
 
+    role = Role(args.role) if args.role else None
+
+    def kafka(settings: Settings) -> str:
+        return check_topics(settings, role)
+
     failed = 0
-    for name, check in (("database", check_database), ("kafka", check_topics),
-                        ("smtp", check_smtp)):
+    for name, check in (("database", check_database), ("kafka", kafka), ("smtp", check_smtp)):
         try:
             print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
-            print(f"FAIL  {name}: {first_line(exc)}")
+            # Our own errors may list one problem per line (the kafka check, per topic).
+            print(f"FAIL  {name}: {exc if isinstance(exc, PostroomError) else first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -260,7 +317,7 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
             return EXIT_OK
         with service_metrics(settings) as metrics:
             stop = threading.Event()
-            on_shutdown_signals(stop.set)
+            ShutdownSignals().attach(stop.set)
 
             def on_report(report: lag.LagReport) -> None:
                 lag.export(metrics, report, settings.kafka_cluster_name)
@@ -472,6 +529,22 @@ def build_parser() -> argparse.ArgumentParser:
         "create", help="create every topic postroom uses (idempotent; partitions, replication "
                        "and configs from POSTROOM_TOPIC_*)").set_defaults(handler=cmd_topics_create)
 
+    acls = commands.add_parser(
+        "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, admin); "
+                     "`acls apply` creates them (idempotent)")
+    acls.add_argument("action", nargs="?", choices=["apply"],
+                      help="create the ACLs through the Admin API (needs ALTER and DESCRIBE on "
+                           "the cluster); without it, print them")
+    acls.add_argument("--principal-prefix", default=DEFAULT_PRINCIPAL_PREFIX, metavar="PREFIX",
+                      type=_principal_prefix,
+                      help="principal of a role is PREFIX + role (default User:postroom-)")
+    acls.add_argument("--format", default="table", choices=["table", "kafka-acls", "json"],
+                      help="table (default), kafka-acls.sh commands, or one JSON object a line")
+    acls.add_argument("--idempotent-write", action="store_true",
+                      help="also IDEMPOTENT_WRITE on the cluster for relay and sender (brokers "
+                           "before Kafka 3.0 need it for an idempotent producer)")
+    acls.set_defaults(handler=cmd_acls)
+
     enqueue = commands.add_parser("enqueue", help="queue one email per recipient")
     enqueue.add_argument("--key", help="message key, e.g. sales-report-2026-09 (default: subject)")
     enqueue.add_argument("--to", action="append", required=True, metavar="ADDR",
@@ -499,9 +572,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
-    commands.add_parser(
+    check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, SMTP server "
-                      "(exit code 0 when all are)").set_defaults(handler=cmd_check)
+                      "(exit code 0 when all are)")
+    check.add_argument("--role", choices=[r.value for r in Role],
+                       help="also check that this client's principal may do on each topic what "
+                            "this role needs (its ACLs, see `postroom acls`)")
+    check.set_defaults(handler=cmd_check)
     lag = commands.add_parser(
         "lag", help="consumer-group lag of the sender and the recorder, in records and seconds, "
                     "with a Burrow-style verdict; the outbox backlog")

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from postroom.acls import (
+    Acl,
+    Pattern,
+    Resource,
+    Role,
+    TopicAccess,
+    needed_on_topics,
+    role_acls,
+    topic_problems,
+)
 from postroom.errors import KafkaClientError
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
 from postroom.topics import all_topics
@@ -105,27 +116,82 @@ def make_admin(settings: Settings) -> AdminClient:
         raise translate(exc, "cannot create Kafka admin client") from exc
 
 
+# Where a client's security settings come from, for messages that name them.
+_CONFIG_VARS = "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE"
+
+
+def explain_refusal(err: KafkaError, config: Mapping[str, Any]) -> str | None:
+    """What to fix when the broker refused our credentials or TLS failed; None for other errors.
+
+    Names the setting, never its value (the librdkafka text holds no secret either).
+    """
+    if err.code() == KafkaError._AUTHENTICATION:
+        user = config.get("sasl.username", "(no sasl.username)")
+        return (f"the broker refused the credentials of sasl.username={user} "
+                f"(sasl.mechanism={config.get('sasl.mechanism', '?')}): check sasl.password in "
+                f"{_CONFIG_VARS}. {err.str()}")
+    if err.code() == KafkaError._SSL:
+        return (f"TLS with the broker failed: check ssl.ca.location (the CA that signed the "
+                f"broker's certificate) in {_CONFIG_VARS}. {err.str()}")
+    return None
+
+
 def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
-    """Raise KafkaClientError unless a broker answers a metadata request in time."""
-    try:
-        make_admin(settings).list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise translate(exc, f"no Kafka broker answered at {settings.kafka_bootstrap_servers}") from exc
+    """Raise KafkaClientError unless a broker answers a metadata request in time.
+
+    Refused credentials and failed TLS handshakes stop the check at once, with what to fix.
+    """
+    refusals: list[str] = []
+    config = settings.kafka_client_config()
+
+    def on_error(err: KafkaError) -> None:
+        _log_error(err)
+        explained = explain_refusal(err, config)
+        if explained:
+            refusals.append(explained)
+
+    client_config: dict[str, Any] = {**config, "error_cb": on_error}
+    admin = AdminClient(client_config)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if refusals:
+                raise KafkaClientError(
+                    f"cannot use the Kafka broker at {settings.kafka_bootstrap_servers}: "
+                    f"{refusals[0]}") from exc
+            if time.monotonic() >= deadline:
+                raise translate(exc, "no Kafka broker answered at "
+                                     f"{settings.kafka_bootstrap_servers}") from exc
+        else:
+            admin.poll(0)  # served now, so the client is not destroyed with events queued
+            return
 
 
-def check_topics(settings: Settings, timeout_s: float = 10.0) -> str:
-    """What ``postroom check`` says of Kafka: the broker answers and every topic exists."""
+def check_topics(settings: Settings, role: Role | None = None, timeout_s: float = 10.0) -> str:
+    """What ``postroom check`` says of Kafka: the broker answers and every topic exists; for a
+    role, that this client's principal may do on each of the role's topics what the role needs.
+
+    A failure lists one line per topic that is missing or not authorized.
+    """
     check_reachable(settings, timeout_s)
-    wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    try:
-        existing = set(make_admin(settings).list_topics(timeout=timeout_s).topics)
-    except KafkaException as exc:
-        raise translate(exc, "cannot list topics") from exc
-    missing = [t for t in wanted if t not in existing]
-    if missing:
-        raise KafkaClientError(f"missing topics (run `postroom topics create`): "
-                               f"{', '.join(missing)}")
-    return f"broker answers; all {len(wanted)} topics exist"
+    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    needed = None
+    if role is not None:
+        acls = role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                         recorder_group=settings.recorder_group)
+        needed = needed_on_topics(acls, role, topics)
+        topics = list(needed)
+    problems = topic_problems(topic_access(settings, topics, timeout_s), needed)
+    if problems:
+        by = f" by the {role.value}" if role is not None else ""
+        raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
+                                          *(f"      {p}" for p in problems)]))
+    if role is not None:
+        return f"broker answers; the {role.value} may use all {len(topics)} of its topics"
+    return f"broker answers; all {len(topics)} topics exist"
 
 
 def create_topics(
@@ -219,3 +285,92 @@ def topic_retention_s(settings: Settings, topics: Iterable[str],
     except KafkaException as exc:
         raise translate(exc, "cannot read the topics' retention.ms") from exc
     return longest
+
+
+def _binding(acl: Acl) -> Any:
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    kinds = {Resource.TOPIC: ResourceType.TOPIC, Resource.GROUP: ResourceType.GROUP,
+             Resource.CLUSTER: ResourceType.BROKER}
+    patterns = {Pattern.LITERAL: ResourcePatternType.LITERAL,
+                Pattern.PREFIXED: ResourcePatternType.PREFIXED}
+    return AclBinding(kinds[acl.resource], acl.name, patterns[acl.pattern], acl.principal, "*",
+                      AclOperation[acl.operation.name], AclPermissionType.ALLOW)
+
+
+def _binding_key(binding: Any) -> tuple[str, ...]:
+    return tuple(str(getattr(binding, field)) for field in (
+        "restype", "name", "resource_pattern_type", "principal", "host", "operation",
+        "permission_type"))
+
+
+def apply_acls(settings: Settings, acls: Sequence[Acl],
+               timeout_s: float = 30.0) -> list[tuple[Acl, str]]:
+    """Create each ACL the broker does not hold yet; return ``(acl, "created" | "exists")``.
+
+    The principal needs ALTER and DESCRIBE on the cluster.
+    """
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = make_admin(settings)
+    # None matches any name, principal and host (the stubs say str).
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,  # type: ignore[arg-type]
+                                  None, None, AclOperation.ANY, AclPermissionType.ALLOW)  # type: ignore[arg-type]
+    try:
+        held = {_binding_key(b) for b in admin.describe_acls(
+            everything, request_timeout=timeout_s).result()}
+    except KafkaException as exc:
+        raise translate(exc, "cannot read the broker's ACLs (needs DESCRIBE on the cluster)") from exc
+    bindings = {acl: _binding(acl) for acl in acls}
+    missing = [b for b in bindings.values() if _binding_key(b) not in held]
+    if missing:
+        for binding, future in admin.create_acls(missing, request_timeout=timeout_s).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                raise translate(exc, f"cannot create ACL {binding} "
+                                     "(needs ALTER on the cluster)") from exc
+    created = {_binding_key(b) for b in missing}
+    return [(acl, "created" if _binding_key(b) in created else "exists")
+            for acl, b in bindings.items()]
+
+
+def topic_access(settings: Settings, topics: Sequence[str],
+                 timeout_s: float = 10.0) -> list[TopicAccess]:
+    """Per topic: does it exist, and which operations (``READ``, ``WRITE``...) are authorized."""
+    from confluent_kafka import TopicCollection
+
+    admin = make_admin(settings)
+    futures = admin.describe_topics(TopicCollection(list(topics)),
+                                    include_authorized_operations=True,
+                                    request_timeout=timeout_s)
+    found = []
+    for topic in topics:
+        try:
+            description = futures[topic].result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                found.append(TopicAccess(topic, None, None))
+            elif code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                found.append(TopicAccess(topic, False, frozenset()))
+            else:
+                raise translate(exc, f"cannot describe topic {topic}") from exc
+            continue
+        operations = frozenset(op.name for op in description.authorized_operations or ())
+        found.append(TopicAccess(topic, True, operations))
+    admin.poll(0)  # served now, so the client is not destroyed with events queued
+    return found

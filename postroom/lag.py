@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from postroom.errors import ConfigError
+from postroom.errors import ConfigError, KafkaClientError
 from postroom.kafka import make_admin, translate
 from postroom.lagrules import (
     CommitWindows,
@@ -201,7 +201,15 @@ class LagReader:
         consumer = self._records()
         try:
             metadata = consumer.list_topics(timeout=READ_TIMEOUT_S)
-            partitions = [TopicPartition(topic, p) for topic in topics if topic in metadata.topics
+            # A broker leaves out of the metadata what this principal may not describe: a lag
+            # of 0 over no partitions would look like a group that keeps up.
+            unseen = [topic for topic in topics if topic not in metadata.topics]
+            if unseen:
+                raise KafkaClientError(
+                    f"cannot read the lag of group {group}: topics missing or not visible to "
+                    f"this principal: {', '.join(unseen)} (run `postroom topics create`; on a "
+                    f"cluster with ACLs, run lag as the admin, see `postroom acls`)")
+            partitions = [TopicPartition(topic, p) for topic in topics
                           for p in sorted(metadata.topics[topic].partitions)]
             committed = self._committed(group, partitions)
             rows = []

@@ -445,8 +445,11 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("FAIL  database: ") and "postroom db upgrade" in lines[0]
-    assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
-    assert lines[2].startswith("FAIL  smtp: connect: refused")
+    # one line per topic under the kafka line
+    assert lines[1] == "FAIL  kafka: 9 of 9 topics not usable"
+    assert lines[2].endswith("email.high: missing (run `postroom topics create`)"), lines
+    assert all(line.endswith(": missing (run `postroom topics create`)") for line in lines[2:11])
+    assert lines[11].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr
 
 

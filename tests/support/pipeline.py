@@ -10,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from postroom.metrics import Metrics
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from relay.publisher import Relay
@@ -63,19 +64,27 @@ class Pipeline:
 
     settings: Settings
     engine: sa.Engine
+    # Settings of one role where it differs from ``settings`` ("relay", "sender", "recorder"):
+    # its own Kafka credentials, say.
+    role_settings: dict[str, Settings] = dataclasses.field(default_factory=dict)
+    metrics: Metrics | None = None  # shared by the three, when given
     relay: Relay | None = None
     recorder: Recorder | None = None
     sender: SenderThread | None = None
     threads: list[threading.Thread] = dataclasses.field(default_factory=list)
 
     def start(self) -> Pipeline:
-        self.relay = Relay(self.settings, self.engine)
-        self.recorder = Recorder(self.settings, self.engine)
+        def settings_of(role: str) -> Settings:
+            return self.role_settings.get(role, self.settings)
+
+        self.relay = Relay(settings_of("relay"), self.engine, metrics=self.metrics)
+        self.recorder = Recorder(settings_of("recorder"), self.engine, metrics=self.metrics)
         for target in (self.relay.run, self.recorder.run):
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self.threads.append(thread)
-        self.sender = SenderThread(self.settings, self.engine).start()
+        self.sender = SenderThread(settings_of("sender"), self.engine,
+                                   metrics=self.metrics).start()
         return self
 
     def stop(self) -> None:

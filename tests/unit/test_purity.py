@@ -11,7 +11,7 @@ import pytest
 PURE_MODULES = [
     "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
     "sender.offsets", "sender.claims", "sender.throttle", "postroom.topics", "postroom.lagrules",
-    "postroom.headers",
+    "postroom.headers", "postroom.acls",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 

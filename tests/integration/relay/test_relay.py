@@ -292,11 +292,13 @@ def test_two_relay_processes_publish_every_row_exactly_once(
         settings: Settings, engine: sa.Engine, consume: Callable[..., Any], tmp_path: Path) -> None:
     total = 10_000
     env = {**os.environ, **scratch_env(settings), "POSTROOM_RELAY_BATCH_SIZE": "500",
-           "POSTROOM_LOG_LEVEL": "WARNING"}
+           "POSTROOM_LOG_LEVEL": "INFO"}
     relays = PostroomProcesses(env, tmp_path)
     try:
         relays.start("relay0", "relay")
         relays.start("relay1", "relay")
+        # Both share the backlog only if both run before it is there.
+        relays.wait_logged("relay started", timeout_s=60)
         for batch in range(20):  # 20 transactions of 500, enqueued while both relays run
             with engine.begin() as conn:
                 enqueue(conn, key=f"bulk-{batch}", subject="S", body="b",

@@ -15,9 +15,8 @@ from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.lag import LagReader
+from postroom.lag import LagReader, postroom_groups
 from postroom.settings import Settings
-from postroom.topics import Priority, priority_topic, retry_topic
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
 
@@ -63,9 +62,6 @@ def test_killed_and_added_senders_deliver_everything_once(
     relay = Relay(settings, engine)
     while relay.publish_once():
         pass
-    sender_topics = [*(priority_topic(settings.topic_prefix, p) for p in Priority),
-                     *(retry_topic(settings.topic_prefix, n)
-                       for n in range(1, len(settings.retry_delays_s) + 1))]
     senders = PostroomProcesses(sender_env(settings, server.port), tmp_path)
     try:
         first = senders.start("first", "sender")
@@ -87,7 +83,7 @@ def test_killed_and_added_senders_deliver_everything_once(
         wait_until(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
                    "every recipient to receive the email")
         # Every record processed and committed: a copy sent again would have been sent by now.
-        reader = LagReader(settings, {settings.sender_group: sender_topics})
+        reader = LagReader(settings, postroom_groups(settings, settings.sender_group))
         try:
             wait_until(lambda: sum(g.sum_lag for g in reader.sample()) == 0, 60,
                        "the sender group's committed offsets to reach the end of every topic")

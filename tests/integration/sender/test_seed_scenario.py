@@ -10,32 +10,20 @@ when it is back.
 from __future__ import annotations
 
 import dataclasses
-import email
-import email.policy
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
-from postroom.devkit.story import (
-    DEFERRED,
-    FINAL_STATUSES,
-    OCTOBER,
-    REFUSED,
-    SEPTEMBER,
-    SEPTEMBER_ENDS,
-    make_workbook,
-)
+from postroom.devkit.story import OCTOBER, make_workbook
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
+from support.seed import check_september, enqueue_september, seed_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 
 
 @pytest.fixture
@@ -50,50 +38,13 @@ def smtp_settings(settings: Settings, tmp_path: Path) -> Settings:
 def test_the_seed_scenario(smtp_settings: Settings, engine: sa.Engine, tmp_path: Path,
                            kafka_settings: Settings) -> None:
     report = make_workbook(tmp_path)
-    server = DevSmtpServer(port=0, reject={REFUSED}, defer=DEFERRED)
+    server = seed_server()
     server.start()
     settings = dataclasses.replace(smtp_settings, smtp_port=server.port)
     pipeline = Pipeline(settings, engine).start()
     try:
-        queued = []
-        for _ in range(2):  # the report job runs twice by mistake
-            with engine.begin() as conn:
-                queued.append(enqueue(conn, key=SEPTEMBER.key, recipients=list(SEPTEMBER.recipients),
-                                      subject=SEPTEMBER.subject, body=SEPTEMBER.body,
-                                      attachments=[report]))
-        assert queued == [4, 0]
-
-        rows = wait_until(lambda: (r := outbox_rows(engine, SEPTEMBER.key))
-                          and all(x.status in FINAL_STATUSES for x in r) and r, 60,
-                          "September delivered")
-        table = {r.recipient: r for r in rows}
-        assert {k: (v.status, v.attempts) for k, v in table.items()} == SEPTEMBER_ENDS == {
-            "finance@example.com": ("sent", 1),
-            "ops@example.com": ("sent", 3),
-            "old.manager@example.com": ("failed", 1),
-            "ceo@example.com": ("sent", 1),
-        }
-        failed = table["old.manager@example.com"]
-        assert (failed.smtp_code, failed.enhanced_code) == (550, "5.1.1")
-        assert "User unknown" in failed.last_error
-        assert failed.sent_at is None
-        # ops keeps its last deferral as the record of why it took three attempts.
-        assert "451" in table["ops@example.com"].last_error
-        assert table["finance@example.com"].last_error is None
-        assert all(table[r].sent_at is not None for r in
-                   ("finance@example.com", "ops@example.com", "ceo@example.com"))
-
-        received = server.messages
-        assert sorted(m.rcpt for m in received) == [
-            "ceo@example.com", "finance@example.com", "ops@example.com"]
-        ids = Counter(m.message_id for m in received)
-        assert len(ids) == 3 and max(ids.values()) == 1
-        assert {table[m.rcpt].message_id for m in received} == set(ids)
-        parsed = email.message_from_bytes(received[0].raw, policy=email.policy.default)
-        parts = [p.get_content_type() for p in parsed.walk()]
-        assert XLSX in parts and "text/plain" in parts
-        assert parsed["Subject"] == SEPTEMBER.subject == "Sales report — September 2026"
-        assert parsed["From"] == "reports@example.com"
+        assert enqueue_september(engine, report) == [4, 0]
+        check_september(engine, server, mail_from="reports@example.com")
 
         # The outage: the server goes away, the October report waits, then goes out.
         port = server.port

@@ -10,11 +10,11 @@ import pytest
 from postroom.cli import build_parser, main
 from postroom.settings import FIELDS
 
-COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "check", "lag", "dlq",
+COMMANDS = ["db", "topics", "acls", "enqueue", "relay", "sender", "recorder", "check", "lag", "dlq",
             "requeue", "report", "purge", "devsmtp", "status"]
-SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], ["sender"],
-               ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"], ["requeue"],
-               ["report", "failures"], ["purge"], ["status"]]
+SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["acls"], ["enqueue"], ["relay"],
+               ["sender"], ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"],
+               ["requeue"], ["report", "failures"], ["purge"], ["status"]]
 ENQUEUE = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]
 
 
@@ -71,3 +71,27 @@ def test_send_after_needs_a_timezone(capsys: pytest.CaptureFixture[str]) -> None
     assert "not an ISO 8601 time: 'tomorrow'" in capsys.readouterr().err
     args = build_parser().parse_args([*ENQUEUE, "--send-after", "2026-10-02T09:00:00+02:00"])
     assert args.send_after.isoformat() == "2026-10-02T09:00:00+02:00"
+
+
+def test_a_signal_before_the_service_exists_stops_it_once_attached() -> None:
+    import os
+    import signal
+
+    from postroom.cli import ShutdownSignals
+
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signals = ShutdownSignals()
+        os.kill(os.getpid(), signal.SIGTERM)   # while the service still connects
+        stopped: list[str] = []
+        signals.attach(lambda: stopped.append("now"))
+        assert stopped == ["now"]
+        assert signals.received == "SIGTERM"
+        later = ShutdownSignals()
+        later.attach(lambda: stopped.append("on signal"))
+        assert stopped == ["now"]
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stopped == ["now", "on signal"]
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
