@@ -89,6 +89,9 @@ CATALOGUE: dict[str, MetricSpec] = {
            "of that reply.", ("stage",)),
     "ledger_mark_seconds": MetricSpec(
         H, "Time to record a delivery in the ledger (mark sent or release).", ("operation",)),
+    "throttled_total": MetricSpec(
+        C, "Sends a server throttled, deferred without counting as an attempt."),
+    "destinations_paused": MetricSpec(G, "Destinations paused by a throttling reply."),
     # recorder
     "recorded_total": MetricSpec(C, "Results applied to the outbox, by status.", ("status",)),
     "undeliverable_total": MetricSpec(C, "Results that ended failed or dead.", ("status",)),

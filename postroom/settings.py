@@ -169,6 +169,12 @@ class Settings:
     smtp_connect_timeout_s: float = 30.0
     smtp_timeout_s: float = 60.0
     smtp_concurrency: int = 20
+    # per-destination throttling (sender/throttle.py)
+    destination_by: str = "domain"       # "domain" or "smarthost"
+    destination_concurrency: int = 20    # Postfix's default_destination_concurrency_limit
+    destination_rate_per_s: float = 0.0  # 0: no rate limit (Postfix's default_destination_rate_delay)
+    throttle_pause_s: float = 60.0       # first pause after a throttling reply; doubles, up to 16x
+    throttle_max_wait_s: float = 600.0   # then a throttled send counts as a transient failure
     smtp_tls_ca_file: Path | None = None  # extra CA certificates to trust for the SMTP server
     attachments_root: Path | None = None
     metrics_port: int | None = None
@@ -339,6 +345,25 @@ def _file(text: str) -> Path:
     return path
 
 
+def _destination_by(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("domain", "smarthost"):
+        raise ValueError("expected domain (one destination per recipient domain) or smarthost")
+    return value
+
+
+def _rate(text: str) -> float:
+    """Messages per second, ``0`` for no limit; ``30/m`` and ``2/s`` are read too."""
+    number, _, per = text.strip().partition("/")
+    seconds = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}.get(per.strip())
+    if seconds is None:
+        raise ValueError(f"expected a rate such as 2/s or 30/m, got {text!r}")
+    value = float(number) / seconds
+    if not (value >= 0 and value != float("inf")):
+        raise ValueError(f"expected a rate of 0 or more, e.g. 2/s or 30/m, got {text!r}")
+    return value
+
+
 def _log_level(text: str) -> str:
     level = text.strip().upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -378,6 +403,11 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "SMTP_CONNECT_TIMEOUT": ("smtp_connect_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),
+    ENV_PREFIX + "DESTINATION_BY": ("destination_by", _destination_by),
+    ENV_PREFIX + "DESTINATION_CONCURRENCY": ("destination_concurrency", _positive_int),
+    ENV_PREFIX + "DESTINATION_RATE": ("destination_rate_per_s", _rate),
+    ENV_PREFIX + "THROTTLE_PAUSE": ("throttle_pause_s", parse_duration_s),
+    ENV_PREFIX + "THROTTLE_MAX_WAIT": ("throttle_max_wait_s", parse_duration_s),
     ENV_PREFIX + "SMTP_TLS_CA_FILE": ("smtp_tls_ca_file", _file),
     ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _attachments_root),
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),

@@ -38,6 +38,9 @@ SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DN
 ENV_PREFIX = "POSTROOM_DEVSMTP_"
 REJECT_REPLY = "550 5.1.1 User unknown"
 DEFER_REPLY = "451 4.3.0 try again later"
+# Gmail's answer to a sender going too fast for one domain.
+THROTTLE_REPLY = ("450 4.2.1 The user you are trying to contact is receiving mail at a rate that "
+                  "prevents additional messages from being delivered")
 STOP_TIMEOUT_S = 2.0
 # What the server keeps in memory: the newest messages, at most this many and this many bytes.
 DEFAULT_MAX_KEPT = 10_000
@@ -79,6 +82,8 @@ class _Handler:
         self.lock = threading.Lock()
         self.messages: collections.deque[ReceivedMessage] = collections.deque()
         self.deferred: dict[str, int] = {}
+        self.throttle: set[str] = set()  # recipient domains answered THROTTLE_REPLY
+        self.throttled_replies = 0
         self.connections = 0
         self.peak_connections = 0
         self._open: set[SMTP] = set()   # every client connection, greeted or not
@@ -147,6 +152,14 @@ class _Handler:
         rcpt_options: list[str],
     ) -> str:
         key = _norm(address)
+        with self.lock:
+            throttled = key.rpartition("@")[2] in self.throttle
+            if throttled:
+                self.throttled_replies += 1
+        if throttled:
+            logger.info("devsmtp throttle %s", address, extra={"rcpt": address,
+                                                               "reply": THROTTLE_REPLY})
+            return THROTTLE_REPLY
         if key in self.reject:
             logger.info("devsmtp reject %s", address, extra={"rcpt": address, "reply": REJECT_REPLY})
             return REJECT_REPLY
@@ -340,6 +353,18 @@ class DevSmtpServer:
     def reset(self) -> None:
         """Forget accepted messages, defer counts and connection counts (the Maildir stays)."""
         self._handler.reset()
+
+    def throttle(self, *domains: str) -> None:
+        """From now on answer RCPT TO of these recipient domains (only) with Gmail's
+        ``450 4.2.1`` rate limit; ``throttle()`` with none lifts it."""
+        with self._handler.lock:
+            self._handler.throttle = {d.strip().lower() for d in domains}
+
+    @property
+    def throttled_replies(self) -> int:
+        """How many RCPT TO were answered with the rate limit."""
+        with self._handler.lock:
+            return self._handler.throttled_replies
 
 
 def read_maildir(path: Path) -> list[ReceivedMessage]:

@@ -29,6 +29,7 @@ from sender.admission import Admission, Refusal, record_size, refuse_event, refu
 from sender.claims import busy_wait_s, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
+from sender.destinations import DestinationGate
 from sender.errors import LedgerUnavailableError, RecordTooLargeError
 from sender.ledger import Claim, Ledger
 from sender.outcome import Verdict, classify_reply
@@ -45,6 +46,7 @@ from sender.routing import (
     too_large_to_forward,
 )
 from sender.smtp import SmtpConfig, SmtpPool, SmtpSlot
+from sender.throttle import DestinationBy, ThrottleLimits, destination_of, is_throttling
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ PRIORITY_EVERY_S = 0.1
 LEDGER_RETRY_S = 2.0
 SHUTDOWN_GRACE_S = 30.0
 IN_FLIGHT_PER_CONNECTION = 4  # records read ahead per SMTP connection
+WAITING_PER_IN_FLIGHT = 4     # records waiting for their destination, per in-flight record
 
 T = TypeVar("T")
 
@@ -77,6 +80,11 @@ class Sender:
         self._max_in_flight = settings.smtp_concurrency * IN_FLIGHT_PER_CONNECTION
         self._consumer = SenderConsumer(settings, self.metrics)
         self._producer = AcknowledgedProducer(settings, self.metrics)
+        self._gate = DestinationGate(ThrottleLimits(
+            settings.destination_concurrency, settings.destination_rate_per_s,
+            settings.throttle_pause_s))
+        self._destination_by = DestinationBy(settings.destination_by)
+        self._smarthost = f"{settings.smtp_host}:{settings.smtp_port}"
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
@@ -100,7 +108,10 @@ class Sender:
                 if loop.time() - last_priority >= PRIORITY_EVERY_S:
                     last_priority = loop.time()
                     await self._consumer.apply_priority()
-                room = self._max_in_flight - len(self._tasks)
+                # Sends waiting for a throttled or busy destination do not hold up the others,
+                # up to WAITING_PER_IN_FLIGHT times the in-flight limit.
+                room = self._max_in_flight - len(self._tasks) + min(
+                    self._gate.waiting, self._max_in_flight * WAITING_PER_IN_FLIGHT)
                 if room <= 0:
                     await asyncio.wait(self._tasks, timeout=IDLE_WAIT_S,
                                        return_when=asyncio.FIRST_COMPLETED)
@@ -201,17 +212,39 @@ class Sender:
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
     async def _claim_and_send(self, record: Record, event: EmailRequested) -> Routing | None:
-        """Send ``event`` once its ledger claim is ours and route the outcome; None when a server
-        accepted its key before (its result is published here, and nothing is sent again)."""
+        """Send ``event`` once its destination lets it and its ledger claim is ours, and route
+        the outcome; None when a server accepted its key before (its result is published here,
+        and nothing is sent again). A throttling reply defers the send without counting it as
+        an attempt, until POSTROOM_THROTTLE_MAX_WAIT has passed."""
         key = event.idempotency_key
+        destination = destination_of(event.recipient, self._destination_by, self._smarthost)
+        deferred_since: float | None = None
         while True:
-            # The claim is taken inside a sending slot, so its lease starts when the send does
-            # and outlasts the send's deadline.
-            async with self._pool.slot() as slot:
-                claim = await self._ledger_call("claim", partial(self._ledger.claim, key,
-                                                                 event.attempt))
-                if claim.claim is Claim.MINE:
-                    return await self._send_and_record(record, event, slot)
+            await self._gate.acquire(destination)
+            throttled = False
+            try:
+                # The claim is taken inside a sending slot, so its lease starts when the send
+                # does and outlasts the send's deadline.
+                async with self._pool.slot() as slot:
+                    claim = await self._ledger_call("claim", partial(self._ledger.claim, key,
+                                                                     event.attempt))
+                    if claim.claim is Claim.MINE:
+                        may_defer = (deferred_since is None or time.monotonic() - deferred_since
+                                     < self._settings.throttle_max_wait_s)
+                        routing = await self._send_and_record(record, event, slot, may_defer)
+                        if routing is not None:
+                            return routing
+                        throttled = True
+            finally:
+                await self._gate.release(destination, throttled=throttled)
+            if throttled:
+                deferred_since = deferred_since or time.monotonic()
+                self.metrics.inc("throttled_total")
+                self.metrics.set("destinations_paused", self._gate.paused())
+                log.info("key=%s domain=%s attempt=%d throttled by the server: deferred, not "
+                         "counted as an attempt", key, event.recipient.rpartition("@")[2],
+                         event.attempt)
+                continue
             if claim.claim is Claim.SENT:
                 self.metrics.inc("duplicates_suppressed_total")
                 log.info("key=%s already accepted by the server; not sending again", key)
@@ -223,12 +256,17 @@ class Sender:
             await asyncio.sleep(wait_s)
 
     async def _send_and_record(self, record: Record, event: EmailRequested,
-                               slot: SmtpSlot) -> Routing:
+                               slot: SmtpSlot, may_defer: bool) -> Routing | None:
+        """Send and route; None when the reply throttles and the send may be deferred (the
+        ledger claim is released, nothing is published)."""
         key = event.idempotency_key
         started = time.monotonic()
         reply, message_id = await self._delivery.send(event, slot, utcnow())
         self.metrics.observe("smtp_reply_seconds", time.monotonic() - started,
                              stage=reply.stage.value)
+        if may_defer and is_throttling(reply):
+            await self._ledger_call("release", partial(self._ledger.release, key))
+            return None
         outcome = classify_reply(reply)
         self.metrics.inc("attempts_total", verdict=outcome.verdict.value)
         if outcome.server_fault and outcome.verdict is not Verdict.SENT:

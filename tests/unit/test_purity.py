@@ -11,7 +11,7 @@ import pytest
 PURE_MODULES = [
     "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
     "sender.offsets", "sender.claims", "postroom.topics", "postroom.lagrules", "postroom.headers",
-    "postroom.acls", "postroom.rules", "postroom.mime", "sender.admission",
+    "postroom.acls", "postroom.rules", "postroom.mime", "sender.admission", "sender.throttle",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 

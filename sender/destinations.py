@@ -1,0 +1,55 @@
+"""Holds each destination's throttling state for one sender and makes sends wait their turn: the
+decisions are sender/throttle.py's; this is the asyncio side (waiting, waking)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from sender.throttle import Destination, ThrottleLimits, finished, started, wait_s
+
+
+class DestinationGate:
+    """``await acquire(d)`` before a send to destination ``d``, ``await release(d, throttled)``
+    after it. Sends to other destinations never wait on ``d``."""
+
+    def __init__(self, limits: ThrottleLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self._limits = limits
+        self._clock = clock
+        self._states: dict[str, Destination] = {}
+        self._changed = asyncio.Condition()
+        self.waiting = 0  # sends waiting for their destination right now
+
+    async def acquire(self, name: str) -> None:
+        async with self._changed:
+            counted = False
+            try:
+                while True:
+                    dest = self._states.get(name) or Destination.fresh(self._limits)
+                    now = self._clock()
+                    delay = wait_s(dest, now)
+                    if delay == 0.0:
+                        self._states[name] = started(dest, self._limits, now)
+                        return
+                    if not counted:
+                        self.waiting += 1
+                        counted = True
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), timeout=delay)
+                    except TimeoutError:
+                        pass  # the pause or the rate gap is over: look again
+            finally:
+                if counted:
+                    self.waiting -= 1
+
+    async def release(self, name: str, *, throttled: bool) -> None:
+        async with self._changed:
+            dest = self._states.get(name) or Destination.fresh(self._limits)
+            self._states[name] = finished(dest, self._limits, self._clock(), throttled)
+            self._changed.notify_all()
+
+    def paused(self) -> int:
+        """Destinations paused by a throttling reply now."""
+        now = self._clock()
+        return sum(1 for dest in self._states.values() if dest.paused_until_s > now)
