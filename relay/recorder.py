@@ -32,8 +32,9 @@ POLL_TIMEOUT_S = 0.5
 RETRY_BACKOFF_S = 2.0
 
 
-def result_params(result: EmailResult) -> dict[str, Any]:
+def result_params(result: EmailResult, max_attempt: int) -> dict[str, Any]:
     return {
+        "max_attempt": max_attempt,
         "idempotency_key": result.idempotency_key,
         "outbox_id": result.outbox_id,
         "recipient": result.recipient,
@@ -48,11 +49,12 @@ def result_params(result: EmailResult) -> dict[str, Any]:
     }
 
 
-def result_problem(result: EmailResult, max_attempt: int) -> str | None:
+def result_problem(result: EmailResult) -> str | None:
     """Why ``result`` cannot be a result the sender wrote, or None. The row itself is matched in
-    RECORD_RESULT (id, key and recipient)."""
-    if not 1 <= result.attempt <= max_attempt:
-        return f"attempt {result.attempt} is outside 1..{max_attempt}"
+    RECORD_RESULT (id, key and recipient), and so is the attempt's upper bound: a redriven row's
+    attempts go on past the tiers, so a result may be at most ``max_attempt`` past the row's."""
+    if result.attempt < 1:
+        return f"attempt {result.attempt} is below 1"
     if result.status is DeliveryStatus.RETRYING and result.next_attempt_at is None:
         return "a retrying result without next_attempt_at"
     if result.status is not DeliveryStatus.RETRYING and result.next_attempt_at is not None:
@@ -62,11 +64,11 @@ def result_problem(result: EmailResult, max_attempt: int) -> str | None:
     return None
 
 
-def apply_results(conn: sa.Connection, results: Sequence[EmailResult]) -> int:
+def apply_results(conn: sa.Connection, results: Sequence[EmailResult], max_attempt: int) -> int:
     """Apply results in order; returns how many moved a row forward."""
     changed = 0
     for result in results:
-        changed += conn.execute(sql.RECORD_RESULT, result_params(result)).rowcount
+        changed += conn.execute(sql.RECORD_RESULT, result_params(result, max_attempt)).rowcount
     return changed
 
 
@@ -123,7 +125,7 @@ class Recorder:
                 log.error("unreadable result %s[%d]@%d skipped: %s", record.topic,  # noqa: TRY400
                           record.partition, record.offset, exc)
                 continue
-            problem = result_problem(result, self._max_attempt)
+            problem = result_problem(result)
             if problem is not None:
                 self.stats.refused += 1
                 self.metrics.inc("recorder_refused_total")
@@ -134,7 +136,7 @@ class Recorder:
         while True:
             try:
                 with self._engine.begin() as conn:
-                    changed = apply_results(conn, results)
+                    changed = apply_results(conn, results, self._max_attempt)
                 break
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                 if self._stop.is_set():

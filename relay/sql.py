@@ -146,6 +146,7 @@ RECORD_RESULT = sa.text("""
            OR message_key || '|' || lower(recipient) = :idempotency_key)
       AND lower(recipient) = lower(:recipient)
       AND status <> 'sent'
+      AND CAST(:attempt AS int) <= attempts + CAST(:max_attempt AS int)
       AND (attempts < :attempt
            OR (attempts = :attempt AND
                (CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
