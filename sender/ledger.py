@@ -1,10 +1,10 @@
 """The delivery ledger in PostgreSQL: the sender's guard against sending one idempotency key twice.
 
-Right before talking to SMTP a sender claims the key with a lease, which outlasts the deadline of
-one send; after the server's 250 it records the key as sent. A redelivered event (rebalance,
-crash, a second sender) finds the key sent and is not mailed again, or finds it leased by another
-sender and waits for that sender's answer. The window that remains is between the server's 250
-and the commit of ``mark_sent``.
+Right before talking to SMTP a sender claims the key; after the server's 250 it records the key as
+sent. A claim is live while its owner's ledger session holds the owner's advisory lock, which
+PostgreSQL drops when the process dies, so another sender may take a dead owner's claims at once;
+the lease (longer than one send's deadline) is the fallback for an owner that is alive but stuck.
+The ``sent`` marks go over a connection of their own, so they never queue behind claims.
 """
 
 from __future__ import annotations
@@ -13,21 +13,34 @@ import asyncio
 import dataclasses
 import datetime as dt
 import enum
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+# Every sender holds this session-level advisory lock for its owner id on its claims connection.
+# Taking the same lock for the length of the claim statement succeeds only when no session holds
+# it: the owner's process or its connection is gone, and its claims are free.
+LOCK_NAMESPACE = "postroom.sender_ledger"
+TAKE_OWNER_LOCK = """
+    SELECT pg_try_advisory_lock(hashtextextended(%(namespace)s || ':' || %(owner)s, 0))
+"""
 CLAIM = """
     INSERT INTO sender_ledger AS l (idempotency_key, state, owner, lease_until, attempt, updated_at)
     SELECT k, 'sending', %(owner)s, now() + make_interval(secs => %(lease_s)s), a, now()
     FROM unnest(%(keys)s::text[], %(attempts)s::int[]) AS t(k, a)
     ON CONFLICT (idempotency_key) DO UPDATE
         SET state = 'sending', owner = excluded.owner, lease_until = excluded.lease_until,
-            attempt = excluded.attempt, updated_at = now()
-        WHERE l.state = 'released' OR (l.state = 'sending' AND l.lease_until < now())
-    RETURNING idempotency_key
+            attempt = excluded.attempt, updated_at = now(),
+            taken_from = CASE WHEN l.state = 'sending' THEN l.owner END
+        WHERE l.state = 'released'
+           OR (l.state = 'sending' AND (
+                l.lease_until < now()
+                OR (l.owner <> excluded.owner AND pg_try_advisory_xact_lock(
+                        hashtextextended(%(namespace)s || ':' || l.owner, 0)))))
+    RETURNING idempotency_key, taken_from
 """
 STATES = """
     SELECT idempotency_key, state, owner, lease_until, attempt, message_id
@@ -36,7 +49,8 @@ STATES = """
 # Whoever holds the claim now: a server accepted the key, so no one may send it again.
 MARK_SENT = """
     UPDATE sender_ledger AS l
-    SET state = 'sent', lease_until = NULL, message_id = t.message_id, updated_at = now()
+    SET state = 'sent', lease_until = NULL, message_id = t.message_id,
+        updated_at = clock_timestamp()
     FROM unnest(%(keys)s::text[], %(message_ids)s::text[]) AS t(k, message_id)
     WHERE l.idempotency_key = t.k
 """
@@ -48,6 +62,11 @@ RELEASE = """
 
 T = TypeVar("T")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10
+OWNER_LOCK_RETRY_S = 0.5
+OWNER_LOCK_LOG_EVERY_S = 10.0
 
 
 class Claim(enum.StrEnum):
@@ -62,6 +81,7 @@ class ClaimResult:
     attempt: int | None = None
     message_id: str | None = None
     lease_until: dt.datetime | None = None
+    taken_from: str | None = None  # MINE by taking over the claim of this owner
 
 
 class _Batcher(Generic[T, R]):
@@ -99,34 +119,36 @@ class _Batcher(Generic[T, R]):
             self._draining = False
 
 
-class Ledger:
-    """Async access to ``sender_ledger`` over one connection, reopened when it breaks.
+class _Session:
+    """One autocommit connection used by one statement at a time, reopened when it breaks;
+    ``on_open`` runs on every new connection before any statement."""
 
-    ``claim``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
-    sent to the database as one statement.
-    """
-
-    def __init__(self, conninfo: str, owner: str, lease_s: float, schema: str | None = None) -> None:
+    def __init__(self, conninfo: str, schema: str | None,
+                 on_open: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+                 ) -> None:
+        if schema:
+            conninfo = make_conninfo(conninfo, options=f"-c search_path={schema}")
         self._conninfo = conninfo
-        self._schema = schema
-        self.owner = owner
-        self.lease_s = lease_s
+        self._on_open = on_open
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
-        self._claims = _Batcher(self._claim_batch)
-        self._sent = _Batcher(self._mark_sent_batch)
-        self._released = _Batcher(self._release_batch)
+        self.opened = 0
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conninfo = self._conninfo
-            if self._schema:
-                conninfo = make_conninfo(conninfo, options=f"-c search_path={self._schema}")
-            self._conn = await psycopg.AsyncConnection.connect(
-                conninfo, autocommit=True, connect_timeout=10)
+            conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            try:
+                if self._on_open is not None:
+                    await self._on_open(conn)
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn = conn
+            self.opened += 1
         return self._conn
 
-    async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self._lock:
             conn = await self._connection()
             try:
@@ -135,6 +157,50 @@ class Ledger:
             except psycopg.OperationalError:
                 await conn.close()
                 raise
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
+class Ledger:
+    """Async access to ``sender_ledger``: claims and releases over one connection, which holds the
+    owner's advisory lock, and ``sent`` marks over another; each reopened when it breaks.
+
+    ``claim``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
+    sent to the database as one statement.
+    """
+
+    def __init__(self, conninfo: str, owner: str, lease_s: float, schema: str | None = None) -> None:
+        self.owner = owner
+        self.lease_s = lease_s
+        self._claiming = _Session(conninfo, schema, on_open=self._take_owner_lock)
+        self._marking = _Session(conninfo, schema)
+        self._claims = _Batcher(self._claim_batch)
+        self._sent = _Batcher(self._mark_sent_batch)
+        self._released = _Batcher(self._release_batch)
+
+    async def _take_owner_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Hold the owner's lock before this connection claims anything: while it is free,
+        other senders may take our claims. A session of ours that the server has not yet noticed
+        is gone may still hold it; wait for the server to end that session."""
+        params = {"namespace": LOCK_NAMESPACE, "owner": self.owner}
+        waited_s = 0.0
+        while True:
+            row = await (await conn.execute(TAKE_OWNER_LOCK, params)).fetchone()
+            if row is not None and row[0]:
+                break
+            if waited_s % OWNER_LOCK_LOG_EVERY_S == 0:
+                log.warning("ledger: owner lock of %s is still held by an older session; waiting "
+                            "(%.0fs so far)", self.owner, waited_s)
+            await asyncio.sleep(OWNER_LOCK_RETRY_S)
+            waited_s += OWNER_LOCK_RETRY_S
+        if self._claiming.opened:
+            log.warning("ledger: connection reopened and owner lock of %s taken again; claims "
+                        "another sender took meanwhile stay its own", self.owner)
+        else:
+            log.info("ledger: owner lock of %s taken", self.owner)
 
     async def claim(self, key: str, attempt: int) -> ClaimResult:
         """MINE (send it now: the lease starts), SENT (never again) or BUSY (someone else is)."""
@@ -154,13 +220,19 @@ class Ledger:
         first: dict[str, int] = {}
         for key, attempt in items:
             first.setdefault(key, attempt)
-        mine = {row[0] for row in await self._run(CLAIM, {
+        rows = await self._claiming.run(CLAIM, {
             "owner": self.owner, "lease_s": self.lease_s, "keys": list(first),
-            "attempts": list(first.values())})}
-        known: dict[str, ClaimResult] = {key: ClaimResult(Claim.MINE) for key in mine}
+            "attempts": list(first.values()), "namespace": LOCK_NAMESPACE})
+        mine = {key for key, _ in rows}
+        for key, taken_from in rows:
+            if taken_from is not None:
+                log.warning("key=%s taken over from %s: its owner's ledger session is gone or "
+                            "its lease ran out; sending it (it may arrive twice)", key, taken_from)
+        known: dict[str, ClaimResult] = {key: ClaimResult(Claim.MINE, taken_from=taken_from)
+                                         for key, taken_from in rows}
         others = [key for key in first if key not in mine]
         if others:
-            for key, state, _owner, lease_until, attempt, message_id in await self._run(
+            for key, state, _owner, lease_until, attempt, message_id in await self._claiming.run(
                     STATES, {"keys": others}):
                 claim = Claim.SENT if state == "sent" else Claim.BUSY
                 known[key] = ClaimResult(claim, attempt, message_id, lease_until)
@@ -175,15 +247,14 @@ class Ledger:
         return results
 
     async def _mark_sent_batch(self, items: list[tuple[str, str]]) -> list[None]:
-        await self._run(MARK_SENT, {"keys": [k for k, _ in items],
-                                    "message_ids": [m for _, m in items]})
+        await self._marking.run(MARK_SENT, {"keys": [k for k, _ in items],
+                                            "message_ids": [m for _, m in items]})
         return [None] * len(items)
 
     async def _release_batch(self, keys: list[str]) -> list[None]:
-        await self._run(RELEASE, {"keys": keys, "owner": self.owner})
+        await self._claiming.run(RELEASE, {"keys": keys, "owner": self.owner})
         return [None] * len(keys)
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._claiming.close()
+        await self._marking.close()

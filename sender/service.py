@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -78,6 +79,8 @@ PRODUCE_RETRY_S = 2.0
 SHUTDOWN_GRACE_S = 30.0
 COMMITTED_TIMEOUT_S = 1.0
 LEASE_MARGIN_S = 15.0  # time after a send's deadline to record its outcome in the ledger
+# A busy key's owner may die at any moment, freeing it at once: ask again this often.
+BUSY_RECHECK_S = 1.0
 STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus.RETRYING,
              Action.FAIL: DeliveryStatus.FAILED, Action.DEAD: DeliveryStatus.DEAD}
 
@@ -402,6 +405,7 @@ class Sender:
     async def _handle(self, msg: Record, event: EmailRequested) -> None:
         """Claim, send and record one event; then route its outcome."""
         key = event.idempotency_key
+        waits = 0
         while True:
             # The claim is taken inside a sending slot, so its lease starts when the send does
             # and outlasts the send's deadline.
@@ -409,11 +413,14 @@ class Sender:
                 claim = await self._retrying("claim", partial(self._ledger.claim, key, event.attempt))
                 if claim.claim is Claim.MINE:
                     outcome, message_id = await self._deliver(event)
+                    replied = time.monotonic()
                     now = self._clock()
                     decision = self._policy.decide(outcome, event.attempt, now)
                     if decision.action is Action.DONE_SENT:
                         await self._retrying("mark sent",
                                              partial(self._ledger.mark_sent, key, message_id))
+                        # The duplicate window: a crash before this point sends the key again.
+                        self.metrics.observe("sent_mark_seconds", time.monotonic() - replied)
                     else:
                         await self._retrying("release", partial(self._ledger.release, key))
                     break
@@ -422,10 +429,14 @@ class Sender:
                 log.info("key=%s already accepted by the server; not sending again", key)
                 await self._produce_result(event, Action.DONE_SENT, None, claim.message_id)
                 return
-            # Another sender (or an earlier copy here) is on it: wait for its answer or its lease.
-            wait_s = 1.0 if claim.lease_until is None else max(
-                0.2, min(due_in_s(claim.lease_until, self._clock()) + 0.2, 30.0))
-            log.info("key=%s is being sent elsewhere; waiting %.1fs", key, wait_s)
+            # Another sender (or an earlier copy here) is on it: wait for its answer, its end or
+            # its lease.
+            wait_s = BUSY_RECHECK_S if claim.lease_until is None else max(
+                0.2, min(due_in_s(claim.lease_until, self._clock()) + 0.2, BUSY_RECHECK_S))
+            log.log(logging.INFO if waits == 0 else logging.DEBUG,
+                    "key=%s is being sent elsewhere (lease until %s); asking again every %.1fs",
+                    key, claim.lease_until, wait_s)
+            waits += 1
             await asyncio.sleep(wait_s)
         await self._route(msg, event, outcome, decision, message_id, now)
 

@@ -74,3 +74,127 @@ def test_many_concurrent_claims_share_round_trips(engine: sa.Engine, db_settings
     claims = asyncio.run(scenario())
     assert claims.count(Claim.MINE) == 50  # each key once; its copies wait
     assert claims.count(Claim.BUSY) == 150
+
+
+def backend_pids(engine: sa.Engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")).scalars())
+
+
+def taken_from(engine: sa.Engine, key: str) -> str | None:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT taken_from FROM sender_ledger WHERE "
+                                    "idempotency_key = :k"), {"k": key}).scalar_one()
+
+
+def test_a_dead_owners_claims_are_taken_at_once(engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        crashed = ledger(engine, db_settings, "crashed", lease_s=300)
+        heir = ledger(engine, db_settings, "heir")
+        try:
+            assert (await crashed.claim("k", 1)).claim is Claim.MINE
+            assert (await heir.claim("k", 1)).claim is Claim.BUSY  # alive: its lock is held
+            await crashed.close()  # as a killed process's sessions end
+            taken = await heir.claim("k", 1)
+            assert (taken.claim, taken.taken_from) == (Claim.MINE, "crashed")
+        finally:
+            await heir.close()
+
+    asyncio.run(scenario())
+    assert taken_from(engine, "k") == "crashed"
+
+
+def test_an_owner_whose_session_was_terminated_takes_its_lock_again(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    import psycopg
+
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a", lease_s=300)
+        b = ledger(engine, db_settings, "b")
+        try:
+            before = backend_pids(engine)
+            assert [r.claim for r in await asyncio.gather(
+                a.claim("k1", 1), a.claim("k2", 1))] == [Claim.MINE, Claim.MINE]
+            await a.mark_sent("k0", "<k0@example.com>")  # opens a's marking session
+            claims_pid = a._claiming._conn.info.backend_pid  # type: ignore[union-attr]
+            assert claims_pid in backend_pids(engine) - before
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"),
+                                    {"p": claims_pid}).scalar_one()
+            # While a's session is gone, its claims are free: b takes k1 at once.
+            taken = await b.claim("k1", 1)
+            assert (taken.claim, taken.taken_from) == (Claim.MINE, "a")
+            # a's 250 for k1 is still recorded: the server accepted it, whoever holds the claim.
+            await a.mark_sent("k1", "<k1@example.com>")
+            assert (await b.claim("k1", 2)).claim is Claim.SENT
+            # a's next claim reopens its session and takes its lock first ...
+            with pytest.raises(psycopg.OperationalError):
+                await a.claim("k3", 1)  # the statement that finds the session gone fails
+            assert (await a.claim("k3", 1)).claim is Claim.MINE
+            assert a._claiming.opened == 2
+            # ... so its claims are live again, and its release of k2 still works.
+            assert (await b.claim("k3", 1)).claim is Claim.BUSY
+            await a.release("k2")
+            assert (await b.claim("k2", 2)).claim is Claim.MINE
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reopened_session_waits_for_an_older_session_holding_the_owner_lock(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    import psycopg
+
+    from sender.ledger import LOCK_NAMESPACE, TAKE_OWNER_LOCK
+
+    async def scenario() -> None:
+        conninfo = libpq_conninfo(engine)
+        older = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        a = ledger(engine, db_settings, "a")
+        try:
+            row = await (await older.execute(TAKE_OWNER_LOCK, {
+                "namespace": LOCK_NAMESPACE, "owner": "a"})).fetchone()
+            assert row == (True,)
+            claim = asyncio.ensure_future(a.claim("k", 1))
+            await asyncio.sleep(1.5)
+            assert not claim.done()  # no claim before the lock is ours
+            await older.close()
+            assert (await asyncio.wait_for(claim, 10)).claim is Claim.MINE
+        finally:
+            await a.close()
+            await older.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_mark_does_not_wait_behind_a_claim(engine: sa.Engine, db_settings: Settings) -> None:
+    import psycopg
+
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        b = ledger(engine, db_settings, "b")
+        blocker = await psycopg.AsyncConnection.connect(libpq_conninfo(engine))
+        try:
+            assert (await b.claim("held", 1)).claim is Claim.MINE
+            await b.release("held")
+            assert (await a.claim("other", 1)).claim is Claim.MINE
+            await blocker.execute(f"SET search_path = {db_settings.database_schema}")
+            await blocker.execute("SELECT 1 FROM sender_ledger WHERE idempotency_key = 'held' "
+                                  "FOR UPDATE")  # an open transaction holds the row
+            stuck = asyncio.ensure_future(a.claim("held", 2))
+            await asyncio.sleep(0.5)
+            assert not stuck.done()
+            await asyncio.wait_for(a.mark_sent("other", "<o@example.com>"), 5)
+            assert not stuck.done()
+            assert (await b.claim("other", 2)).claim is Claim.SENT
+            await blocker.rollback()
+            assert (await asyncio.wait_for(stuck, 10)).claim is Claim.MINE
+        finally:
+            await blocker.close()
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
