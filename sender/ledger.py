@@ -4,7 +4,8 @@ Right before talking to SMTP a sender claims the key; after the server's 250 it 
 sent. A claim is live while its owner's ledger session holds the owner's advisory lock, which
 PostgreSQL drops when the process dies, so another sender may take a dead owner's claims at once;
 the lease (longer than one send's deadline) is the fallback for an owner that is alive but stuck.
-The ``sent`` marks go over a connection of their own, so they never queue behind claims.
+The ``sent`` marks go over a connection and a thread of their own, so they never queue behind
+claims or wait for the event loop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
+import queue
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -67,6 +70,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10
 OWNER_LOCK_RETRY_S = 0.5
 OWNER_LOCK_LOG_EVERY_S = 10.0
+CLOSE_TIMEOUT_S = 10.0
 
 
 class Claim(enum.StrEnum):
@@ -164,6 +168,99 @@ class _Session:
             self._conn = None
 
 
+class _Marker:
+    """Writes ``sent`` marks from a thread of its own over a connection of its own.
+
+    A mark is the one write whose delay can send an email twice (a crash between the 250 and its
+    commit), so it must not wait for the event loop's next turn, let alone behind claims: the
+    statement leaves as soon as the GIL lets this thread run. Marks that arrive while one is in
+    flight go together in the next statement.
+    """
+
+    def __init__(self, conninfo: str, schema: str | None) -> None:
+        if schema:
+            conninfo = make_conninfo(conninfo, options=f"-c search_path={schema}")
+        self._conninfo = conninfo
+        self._queue: queue.SimpleQueue[_Mark | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def submit(self, key: str, message_id: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ledger-marks", daemon=True)
+            self._thread.start()
+        self._queue.put(_Mark(key, message_id, future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            stop = False
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                self._write(batch)
+            except Exception as exc:  # noqa: BLE001 - handed to every waiter; they retry
+                for mark in batch:
+                    _settle(mark.future, exc)
+            else:
+                for mark in batch:
+                    _settle(mark.future, None)
+            if stop:
+                break
+        if self._conn is not None:
+            self._conn.close()
+
+    def _write(self, batch: list[_Mark]) -> None:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
+                                                    connect_timeout=CONNECT_TIMEOUT_S)
+        try:
+            self._conn.execute(MARK_SENT, {"keys": [m.key for m in batch],
+                                           "message_ids": [m.message_id for m in batch]})
+        except psycopg.OperationalError:
+            self._conn.close()
+            raise
+
+    async def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(self._thread.join, CLOSE_TIMEOUT_S)
+            self._thread = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mark:
+    key: str
+    message_id: str
+    future: asyncio.Future[None]
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass  # the loop is closed: nobody waits for this mark any more
+
+
 class Ledger:
     """Async access to ``sender_ledger``: claims and releases over one connection, which holds the
     owner's advisory lock, and ``sent`` marks over another; each reopened when it breaks.
@@ -176,9 +273,8 @@ class Ledger:
         self.owner = owner
         self.lease_s = lease_s
         self._claiming = _Session(conninfo, schema, on_open=self._take_owner_lock)
-        self._marking = _Session(conninfo, schema)
+        self._marker = _Marker(conninfo, schema)
         self._claims = _Batcher(self._claim_batch)
-        self._sent = _Batcher(self._mark_sent_batch)
         self._released = _Batcher(self._release_batch)
 
     async def _take_owner_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -208,7 +304,7 @@ class Ledger:
 
     async def mark_sent(self, key: str, message_id: str) -> None:
         """Record that a server accepted ``key``, whoever holds its claim now."""
-        await self._sent.submit((key, message_id))
+        await self._marker.submit(key, message_id)
 
     async def release(self, key: str) -> None:
         """Give up our claim without a send (the attempt failed); a retry may claim it again."""
@@ -246,15 +342,10 @@ class Ledger:
             results.append(result)
         return results
 
-    async def _mark_sent_batch(self, items: list[tuple[str, str]]) -> list[None]:
-        await self._marking.run(MARK_SENT, {"keys": [k for k, _ in items],
-                                            "message_ids": [m for _, m in items]})
-        return [None] * len(items)
-
     async def _release_batch(self, keys: list[str]) -> list[None]:
         await self._claiming.run(RELEASE, {"keys": keys, "owner": self.owner})
         return [None] * len(keys)
 
     async def close(self) -> None:
         await self._claiming.close()
-        await self._marking.close()
+        await self._marker.close()

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
 from chaos.harness import TIERS, Run
-from chaos.mailserver import LATENCY_S, Reply, planned_deferrals
+from chaos.mailserver import Reply, planned_deferrals
 from postroom.kafka import headers_dict
 from postroom.topics import dead_letter_topic, results_topic
 from relay.db import make_engine, upgrade
@@ -46,6 +46,7 @@ class Outcome:
     in_doubt: int = 0  # keys the killed senders' ledger rows held as sending
     poisoned: int = 0  # poison() calls: one record each on a priority, a retry, the results topic
     window_s: list[float] = dataclasses.field(default_factory=list)
+    accepted_before_kill_s: list[float] = dataclasses.field(default_factory=list)
     mark_in_process: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
     takeover_s: float | None = None  # the longest a killed sender's in-doubt key waited
 
@@ -150,10 +151,12 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
         outcome.duplicates += extra
         first = accepted[0]
         key = rows[rcpt].idempotency_key if rcpt in rows else ""
-        if any(key in kill.in_doubt and first.at <= kill.at + KILL_SLACK_S
-               for kill in run.kills):
+        before_kill = [kill.at - first.at for kill in run.kills
+                       if key in kill.in_doubt and first.at <= kill.at + KILL_SLACK_S]
+        if before_kill:
             outcome.in_window += extra
-        elif first.late_s + LATENCY_S > smtp_timeout_s:
+            outcome.accepted_before_kill_s.append(min(before_kill))
+        elif first.late_s > smtp_timeout_s:
             outcome.late_reply += extra
         else:
             outcome.unexplained.append(f"{rcpt} x{len(accepted)}")

@@ -28,7 +28,7 @@ _DEFERRED = re.compile(r"^defer(\d+)-")
 class Reply:
     """One reply the server gave (or the drop it did instead), with when it was decided."""
 
-    at: float            # time.time() when the reply was decided (for a 250: content received)
+    at: float            # time.time() when the reply was decided (a 250: the message queued)
     rcpt: str
     code: int            # 250, 451, 550; 0 for a connection dropped in DATA
     message_id: str | None = None
@@ -87,17 +87,25 @@ class _Handler(devsmtp._Handler):
         headers = email.parser.BytesHeaderParser(policy=email.policy.default).parsebytes(raw)
         message_id = str(headers.get("Message-ID", "")).strip() or None
         slow_s = self.slow_s
-        # Accepted the moment the content is in: a reply that comes too late for the client,
-        # or never reaches it, still means delivered, as with a real server.
         received_at = time.time()
-        replied_at: float | None = None
-        try:
-            await asyncio.sleep(LATENCY_S + slow_s)
+        if not slow_s:
+            # Like a server that scans the content, then queues it and answers at once: a
+            # client gone during the scan leaves nothing delivered.
+            await asyncio.sleep(LATENCY_S)
             replied_at = time.time()
+            for rcpt in rcpts:
+                self._log(Reply(replied_at, rcpt, 250, message_id, 0.0, replied_at))
+            return "250 2.0.0 Ok"
+        # The slow-reply fault: queued (delivered) at once, the answer held back past the
+        # client's timeout, so the client cannot know it was delivered.
+        replied: float | None = None
+        try:
+            await asyncio.sleep(slow_s)
+            replied = time.time()
             return "250 2.0.0 Ok"
         finally:
             for rcpt in rcpts:
-                self._log(Reply(received_at, rcpt, 250, message_id, slow_s, replied_at))
+                self._log(Reply(received_at, rcpt, 250, message_id, slow_s, replied))
 
 
 LATENCY_S = 0.02  # the issue's "server that takes 20 ms per message"

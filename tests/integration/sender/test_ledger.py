@@ -198,3 +198,26 @@ def test_a_mark_does_not_wait_behind_a_claim(engine: sa.Engine, db_settings: Set
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_mark_whose_session_was_terminated_fails_and_the_next_reconnects(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    import psycopg
+
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        try:
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            await a.mark_sent("other", "<o@example.com>")
+            marks_pid = a._marker._conn.info.backend_pid  # type: ignore[union-attr]
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"),
+                                    {"p": marks_pid}).scalar_one()
+            with pytest.raises(psycopg.OperationalError):
+                await a.mark_sent("k", "<k@example.com>")  # the sender retries such a mark
+            await a.mark_sent("k", "<k@example.com>")
+            assert (await a.claim("k", 2)).claim is Claim.SENT
+        finally:
+            await a.close()
+
+    asyncio.run(scenario())
