@@ -42,9 +42,11 @@ chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays
 demo: services ## run the demo against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m postroom.demo
 
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy strict, the import layers (import-linter) and dead code (vulture)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
+	.venv/bin/lint-imports
+	$(PYTHON) -m vulture
 
 bench: services ## run the benchmarks against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m bench

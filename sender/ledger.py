@@ -15,13 +15,19 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
+import os
 import queue
+import socket
 import threading
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+
+from postroom.errors import first_line
+from sender.errors import LedgerUnavailableError
 
 # Every sender holds this session-level advisory lock for its owner id on its claims connection.
 # Taking the same lock for the length of the claim statement succeeds only when no session holds
@@ -71,6 +77,11 @@ CONNECT_TIMEOUT_S = 10
 OWNER_LOCK_RETRY_S = 0.5
 OWNER_LOCK_LOG_EVERY_S = 10.0
 CLOSE_TIMEOUT_S = 10.0
+
+
+def sender_identity() -> str:
+    """Names this process in the ledger and in logs: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Claim(enum.StrEnum):
@@ -154,13 +165,17 @@ class _Session:
 
     async def run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self._lock:
-            conn = await self._connection()
+            try:
+                conn = await self._connection()
+            except psycopg.Error as exc:
+                raise LedgerUnavailableError(f"cannot connect: {first_line(exc)}") from exc
             try:
                 cursor = await conn.execute(query, params)
                 return await cursor.fetchall() if cursor.description else []
-            except psycopg.OperationalError:
-                await conn.close()
-                raise
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    await conn.close()
+                raise LedgerUnavailableError(first_line(exc)) from exc
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -224,14 +239,18 @@ class _Marker:
 
     def _write(self, batch: list[_Mark]) -> None:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
-                                                    connect_timeout=CONNECT_TIMEOUT_S)
+            try:
+                self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
+                                                        connect_timeout=CONNECT_TIMEOUT_S)
+            except psycopg.Error as exc:
+                raise LedgerUnavailableError(f"cannot connect: {first_line(exc)}") from exc
         try:
             self._conn.execute(MARK_SENT, {"keys": [m.key for m in batch],
                                            "message_ids": [m.message_id for m in batch]})
-        except psycopg.OperationalError:
-            self._conn.close()
-            raise
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._conn.close()
+            raise LedgerUnavailableError(first_line(exc)) from exc
 
     async def close(self) -> None:
         if self._thread is not None:

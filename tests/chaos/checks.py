@@ -14,7 +14,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from chaos.harness import TIERS, Run
 from chaos.mailserver import Reply, planned_deferrals
-from postroom.kafka import headers_dict
 from postroom.topics import dead_letter_topic, results_topic
 from relay.db import make_engine, upgrade
 from relay.recorder import apply_results
@@ -196,7 +195,7 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
     # 5. poison records dead-lettered, not lost and not fatal
     if run.poisoned:
         for msg in read_topic(run, dead_letter_topic(run.settings.topic_prefix)):
-            if headers_dict(msg.headers()).get("postroom.dlq.classification") == b"poison":
+            if dict(msg.headers() or []).get("postroom.dlq.classification") == b"poison":
                 outcome.poison_dead_lettered += 1
 
     # takeover: from a kill to the server's next reply for each key the killed sender held

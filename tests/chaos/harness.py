@@ -24,10 +24,10 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 from chaos.mailserver import ChaosMailServer, free_port
+from postroom import enqueue
 from postroom.kafka import create_topics, make_admin
 from postroom.settings import Settings
 from postroom.topics import all_topics, priority_topic, results_topic, retry_topic
-from relay import enqueue
 from relay.db import make_engine, upgrade
 
 REPO = Path(__file__).resolve().parents[2]
