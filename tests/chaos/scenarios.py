@@ -70,7 +70,7 @@ def kill_broker(run: Run, rng: random.Random) -> None:
 
 
 def smtp_down(run: Run, rng: random.Random) -> None:
-    run.smtp_down(1.5)  # longer than the first two retry tiers (0.5 s, 1 s)
+    run.smtp_down(1.2)  # longer than the first two retry tiers (0.5 s, 1 s), short of the chain
 
 
 def drop_in_data(run: Run, rng: random.Random) -> None:
@@ -98,17 +98,19 @@ def stop_sender(run: Run, rng: random.Random) -> None:
 
 
 def random_mix(run: Run, rng: random.Random) -> None:
-    """Six faults drawn from the cheap ones, at random moments."""
+    """Six faults drawn from the cheap ones, at random moments. SMTP faults are left out: two of
+    them on one deferred recipient could use up its attempts and make "dead" the right answer."""
     faults: list[Inject] = [kill_senders(1, (0.2, 1.0)), kill_role("relay", 1, (0.2, 1.0)),
                             kill_role("recorder", 1, (0.2, 1.0)), terminate_each_role,
-                            restart_postgres, smtp_down, drop_in_data, poison]
+                            restart_postgres, poison]
     for _ in range(6):
         rng.choice(faults)(run, rng)
 
 
 SHORT = [
-    Scenario("sender SIGKILL x2", 400, kill_senders(2, (0.5, 2.0)),
-             "a killed sender's in-flight keys are taken over at once and nothing is lost"),
+    Scenario("sender SIGKILL x2", 500, kill_senders(2, (0.5, 1.5)),
+             "a killed sender's in-flight keys are taken over at once and nothing is lost",
+             feed_per_s=120.0),
     Scenario("relay + recorder SIGKILL, pg_terminate_backend", 300, lambda run, rng: (
         kill_role("relay", 1, (0.2, 0.5))(run, rng), kill_role("recorder", 1, (0.2, 0.5))(run, rng),
         terminate_each_role(run, rng)),
@@ -117,9 +119,9 @@ SHORT = [
 ]
 
 FULL = [
-    Scenario("sender SIGKILL x10", 3000, kill_senders(10, (1.0, 3.0)),
+    Scenario("sender SIGKILL x10", 4000, kill_senders(10, (1.0, 2.0)),
              "at full load, ten kills: duplicates only from the killed sender's window",
-             start_faults_at=0.05),
+             feed_per_s=400.0, start_faults_at=0.02),
     Scenario("relay SIGKILL x3", 1500, kill_role("relay", 3, (0.5, 1.5)),
              "a relay killed between publish and mark republishes; the ledger absorbs it",
              feed_per_s=500.0),
@@ -131,7 +133,7 @@ FULL = [
              "relay, ledger and recorder reconnect; the ledger retakes its owner lock"),
     Scenario("pg_terminate_backend of each role", 1000, terminate_each_role,
              "a terminated session frees its owner's claims; each role reconnects"),
-    Scenario("SMTP down 1.5 s", 800, smtp_down,
+    Scenario("SMTP down 1.2 s", 800, smtp_down,
              "deliveries travel the retry tiers and go out when the server is back"),
     Scenario("drops in DATA", 800, drop_in_data,
              "a connection dropped before the 250 is a transient failure, retried once more"),
