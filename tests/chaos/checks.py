@@ -47,7 +47,8 @@ class Outcome:
     window_s: list[float] = dataclasses.field(default_factory=list)
     accepted_before_kill_s: list[float] = dataclasses.field(default_factory=list)
     mark_in_process: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
-    takeover_s: float | None = None  # the longest a killed sender's in-doubt key waited
+    takeover_s: float | None = None
+    per_kill: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # in doubt, resent  # the longest a killed sender's in-doubt key waited
 
     def problems(self) -> list[str]:
         found = []
@@ -200,11 +201,14 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
 
     # takeover: from a kill to the server's next reply for each key the killed sender held
     for kill in run.kills:
+        longest = 0.0
         for key in kill.in_doubt:
             rcpt = key.split("|", 1)[1]
             after = [r.at for r in replies[rcpt] if r.at > kill.at + KILL_SLACK_S]
-            waited = (min(after) if after else float("inf")) - kill.at
-            outcome.takeover_s = max(outcome.takeover_s or 0.0, waited)
+            longest = max(longest, (min(after) if after else float("inf")) - kill.at)
+        outcome.per_kill.append((len(kill.in_doubt), longest))
+        if kill.in_doubt:
+            outcome.takeover_s = max(outcome.takeover_s or 0.0, longest)
 
     # the window: the 250 on its way back (after the server's latency) to the sent mark
     for rcpt, row in rows.items():

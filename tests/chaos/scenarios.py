@@ -119,8 +119,12 @@ SHORT = [
 ]
 
 FULL = [
-    Scenario("sender SIGKILL x10", 4000, kill_senders(10, (1.0, 2.0)),
-             "at full load, ten kills: duplicates only from the killed sender's window",
+    Scenario("sender SIGKILL x10, 12-14 s apart", 10000, kill_senders(10, (12.0, 14.0)),
+             "ten kills under a backlog, each on a group settled since the last: in-flight keys "
+             "resent within seconds, duplicates only from the killed sender's window",
+             feed_per_s=1000.0, start_faults_at=0.02, drain_timeout_s=240),
+    Scenario("sender SIGKILL x5, 1-3 s apart", 2000, kill_senders(5, (1.0, 3.0)),
+             "kills faster than the group settles: slower takeovers, still nothing lost",
              feed_per_s=400.0, start_faults_at=0.02),
     Scenario("relay SIGKILL x3", 1500, kill_role("relay", 3, (0.5, 1.5)),
              "a relay killed between publish and mark republishes; the ledger absorbs it",
