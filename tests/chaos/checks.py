@@ -47,8 +47,8 @@ class Outcome:
     window_s: list[float] = dataclasses.field(default_factory=list)
     accepted_before_kill_s: list[float] = dataclasses.field(default_factory=list)
     mark_in_process: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
-    takeover_s: float | None = None
-    per_kill: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # in doubt, resent  # the longest a killed sender's in-doubt key waited
+    takeover_s: float | None = None  # the longest a killed sender's in-doubt key waited
+    per_kill: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # in doubt, resent
 
     def problems(self) -> list[str]:
         found = []
