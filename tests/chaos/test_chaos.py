@@ -39,8 +39,9 @@ def run_all(settings: Settings, scenarios: list[Scenario], seed: int) -> list[Ou
                           for c, s, m in outcome.mark_in_process if c)
         print(f"chaos: {scenario.name}: {time.monotonic() - started:.0f}s; {scenario.proves}; "
               f"250 read to sent mark in the senders: {marks or '-'}; duplicates' first 250 "
-              f"before their kill, s: {sorted(round(s, 3) for s in outcome.accepted_before_kill_s)}",
-              flush=True)
+              f"before their kill, s: {sorted(round(s, 3) for s in outcome.accepted_before_kill_s)}; "
+              f"per kill (in doubt, resent within s): "
+              f"{[(n, round(w, 1)) for n, w in outcome.per_kill]}", flush=True)
         outcomes.append(outcome)
     report = table(outcomes)
     print(report, flush=True)
