@@ -317,6 +317,10 @@ class Ledger:
         else:
             log.info("ledger: owner lock of %s taken", self.owner)
 
+    async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One statement on the claims connection (the owner lock held)."""
+        return await self._claiming.run(query, params)
+
     async def claim(self, key: str, attempt: int) -> ClaimResult:
         """MINE (send it now: the lease starts), SENT (never again) or BUSY (someone else is)."""
         return await self._claims.submit((key, attempt))
@@ -335,7 +339,7 @@ class Ledger:
         first: dict[str, int] = {}
         for key, attempt in items:
             first.setdefault(key, attempt)
-        rows = await self._claiming.run(CLAIM, {
+        rows = await self._run(CLAIM, {
             "owner": self.owner, "lease_s": self.lease_s, "keys": list(first),
             "attempts": list(first.values()), "namespace": LOCK_NAMESPACE})
         mine = {key for key, _ in rows}
@@ -347,7 +351,7 @@ class Ledger:
                                          for key, taken_from in rows}
         others = [key for key in first if key not in mine]
         if others:
-            for key, state, _owner, lease_until, attempt, message_id in await self._claiming.run(
+            for key, state, _owner, lease_until, attempt, message_id in await self._run(
                     STATES, {"keys": others}):
                 claim = Claim.SENT if state == "sent" else Claim.BUSY
                 known[key] = ClaimResult(claim, attempt, message_id, lease_until)
@@ -362,7 +366,7 @@ class Ledger:
         return results
 
     async def _release_batch(self, keys: list[str]) -> list[None]:
-        await self._claiming.run(RELEASE, {"keys": keys, "owner": self.owner})
+        await self._run(RELEASE, {"keys": keys, "owner": self.owner})
         return [None] * len(keys)
 
     async def close(self) -> None:

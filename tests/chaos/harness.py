@@ -23,8 +23,9 @@ from typing import Any
 import sqlalchemy as sa
 from confluent_kafka import Producer
 
-from chaos.mailserver import ChaosMailServer, free_port
+from chaos.mailserver import ChaosMailServer
 from postroom import enqueue
+from postroom.devkit.ports import free_port
 from postroom.kafka import create_topics, make_admin
 from postroom.settings import Settings
 from postroom.topics import all_topics, priority_topic, results_topic, retry_topic
@@ -147,7 +148,8 @@ class Run:
                         "both senders to be assigned partitions")
 
     def sent_mark_summaries(self) -> list[tuple[float, float, float]]:
-        """(count, sum, max) of each running sender's sent_mark_seconds, from its /metrics."""
+        """(count, sum, bucket bound of the 99th percentile) of each running sender's
+        ledger_mark_seconds{operation="sent"} histogram, read from its /metrics."""
         found = []
         for role in self.roles.values():
             if role.metrics_port is None or role.proc is None or role.proc.poll() is not None:
@@ -155,12 +157,23 @@ class Run:
             url = f"http://127.0.0.1:{role.metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 text = response.read().decode()
-            values = dict(line.rsplit(" ", 1) for line in text.splitlines()
-                          if line.startswith("postroom_sent_mark_seconds"))
-            if values:
-                found.append((float(values["postroom_sent_mark_seconds_count"]),
-                              float(values["postroom_sent_mark_seconds_sum"]),
-                              float(values["postroom_sent_mark_seconds_max"])))
+            count = total = 0.0
+            buckets: list[tuple[float, float]] = []
+            for line in text.splitlines():
+                if not line.startswith("postroom_ledger_mark_seconds") or \
+                        'operation="sent"' not in line:
+                    continue
+                name, value = line.rsplit(" ", 1)
+                if name.startswith("postroom_ledger_mark_seconds_count"):
+                    count = float(value)
+                elif name.startswith("postroom_ledger_mark_seconds_sum"):
+                    total = float(value)
+                elif name.startswith("postroom_ledger_mark_seconds_bucket"):
+                    bound = name.split('le="', 1)[1].split('"', 1)[0]
+                    buckets.append((float(bound), float(value)))
+            if count:
+                p99 = min(b for b, n in buckets if n >= 0.99 * count)
+                found.append((count, total, p99))
         return found
 
     def alive(self) -> list[str]:

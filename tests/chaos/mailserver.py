@@ -11,12 +11,12 @@ import dataclasses
 import email.parser
 import email.policy
 import re
-import socket
 import time
 from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from postroom.devkit.ports import free_port
 from sender import devsmtp
 
 DEFER_REPLY = "451 4.3.0 try again later"
@@ -109,13 +109,6 @@ class _Handler(devsmtp._Handler):
 
 
 LATENCY_S = 0.02  # the "server that takes 20 ms per message"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ChaosMailServer:

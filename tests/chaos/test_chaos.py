@@ -35,7 +35,7 @@ def run_all(settings: Settings, scenarios: list[Scenario], seed: int) -> list[Ou
     for scenario in scenarios:
         started = time.monotonic()
         outcome = run_scenario(settings, scenario, where, rng)
-        marks = ", ".join(f"{s / c * 1000:.1f} ms mean, {m * 1000:.0f} ms max over {c:.0f}"
+        marks = ", ".join(f"{s / c * 1000:.1f} ms mean, p99 <= {m * 1000:.0f} ms over {c:.0f}"
                           for c, s, m in outcome.mark_in_process if c)
         print(f"chaos: {scenario.name}: {time.monotonic() - started:.0f}s; {scenario.proves}; "
               f"250 read to sent mark in the senders: {marks or '-'}; duplicates' first 250 "
