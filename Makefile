@@ -12,7 +12,7 @@ ENV_FILE := $(DEV_DIR)/env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k relay -x'
 PYTEST_ARGS ?=
 
-.PHONY: help venv services services-down services-status services-clean test demo lint bench check-alerts
+.PHONY: help venv services services-down services-status services-clean test chaos demo lint bench check-alerts
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -35,6 +35,9 @@ services-clean: ## stop the local stack and delete its data
 
 test: services ## run the whole test suite against the local stack (PYTEST_ARGS=...)
 	. $(ENV_FILE) && $(PYTHON) -m pytest $(PYTEST_ARGS)
+
+chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays a random mix)
+	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m chaos -s $(PYTEST_ARGS)
 
 demo: services ## run the demo against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m postroom.demo

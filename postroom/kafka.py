@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 Headers = list[tuple[str, str | bytes | None]]
 
 CONSUMER_FETCH_WAIT_MS = 50
+# librdkafka's 45 s default kept a killed sender's partitions, and the emails in them, idle for
+# 45 s. Heartbeats come from librdkafka's own thread, not the event loop, so only a dead, stopped
+# or cut-off process misses them: 10 s (five heartbeats) rides out a long GC pause or a broker
+# failover and moves a dead member's partitions within about 12 s. The broker's
+# group.min.session.timeout.ms is 6 s by default.
+CONSUMER_SESSION_TIMEOUT_MS = 10_000
+CONSUMER_HEARTBEAT_INTERVAL_MS = 2_000
 
 
 def _log_error(err: KafkaError) -> None:
@@ -85,6 +92,8 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
         # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
+        "session.timeout.ms": CONSUMER_SESSION_TIMEOUT_MS,
+        "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS,
         # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
         "client.id": f"postroom-{group_id}",
         **settings.kafka_client_config(),

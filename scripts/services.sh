@@ -7,6 +7,8 @@
 #   scripts/services.sh status   what runs; exit 0 when both run, 3 otherwise
 #   scripts/services.sh env      print the env file (source it: . .dev/env)
 #   scripts/services.sh clean    down, then delete all data
+#   scripts/services.sh kill-kafka        SIGKILL this stack's broker (fault injection; `up` restarts it)
+#   scripts/services.sh restart-postgres  fast shutdown and restart of this stack's PostgreSQL
 #
 # Environment (all optional):
 #   POSTROOM_DEV_DIR                    state dir (default: <repo>/.dev)
@@ -756,6 +758,26 @@ cmd_env() {
     cat "$ENV_FILE"
 }
 
+# Fault injection for tests/chaos: only ever this state dir's own servers.
+cmd_kill_kafka() {
+    take_lock
+    local pid
+    pid=$(kafka_pid) || die "kafka: not running"
+    kill -KILL "$pid"
+    while pid_alive "$pid"; do sleep 0.1; done
+    rm -f "$KAFKA_PIDFILE"
+    say "kafka: killed pid $pid"
+}
+
+cmd_restart_postgres() {
+    take_lock
+    pg_pid >/dev/null || die "postgres: not running"
+    find_pg_bin || die "pg_ctl not found; cannot restart the cluster in $PG_DATA"
+    as_pg "$PG_BIN/pg_ctl" restart -D "$PG_DATA" -l "$PG_LOG" -m fast -s -w \
+        -t "$PG_START_TIMEOUT_S" -o "-p $PG_PORT" || die "postgres: pg_ctl restart failed" "$PG_LOG"
+    say "postgres: restarted (pid $(pg_pid))"
+}
+
 cmd_clean() {
     cmd_down
     say "clean: removing $KAFKA_DIR, $PG_ROOT and $ENV_FILE"
@@ -776,6 +798,8 @@ main() {
         status) cmd_status ;;
         env) cmd_env ;;
         clean) cmd_clean ;;
+        kill-kafka) cmd_kill_kafka ;;
+        restart-postgres) cmd_restart_postgres ;;
         *)
             sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
             exit 2

@@ -1,8 +1,8 @@
 """Decides how long a ledger claim lasts and how long to wait when another sender holds one. Pure.
 
 A claim's lease must outlast the longest send, so a live sender never loses a key it is sending;
-a sender that finds a key leased elsewhere waits for that sender's answer (or for its lease to
-end) instead of sending it a second time.
+a sender that finds a key leased elsewhere waits for that sender's answer, its death or the end
+of its lease instead of sending it a second time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from sender.retry import due_in_s
 LEASE_MARGIN_S = 15.0  # time after a send's deadline to record its outcome in the ledger
 BUSY_WAIT_UNKNOWN_S = 1.0   # the holder's lease end is not known
 BUSY_WAIT_MIN_S = 0.2
-BUSY_WAIT_MAX_S = 30.0      # ask again at least this often, whatever the lease says
+# Ask again at least this often, whatever the lease says: the holder may die at any moment,
+# which frees its claim at once (sender/ledger.py), or answer.
+BUSY_WAIT_MAX_S = 1.0
 
 
 def send_deadline_s(settings: Settings) -> float:

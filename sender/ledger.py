@@ -1,10 +1,11 @@
 """The delivery ledger in PostgreSQL: the sender's guard against sending one idempotency key twice.
 
-Right before talking to SMTP a sender claims the key with a lease, which outlasts the deadline of
-one send; after the server's 250 it records the key as sent. A redelivered event (rebalance,
-crash, a second sender) finds the key sent and is not mailed again, or finds it leased by another
-sender and waits for that sender's answer. The window that remains is between the server's 250
-and the commit of ``mark_sent``.
+Right before talking to SMTP a sender claims the key; after the server's 250 it records the key as
+sent. A claim is live while its owner's ledger session holds the owner's advisory lock, which
+PostgreSQL drops when the process dies, so another sender may take a dead owner's claims at once;
+the lease (longer than one send's deadline) is the fallback for an owner that is alive but stuck.
+The ``sent`` marks go over a connection and a thread of their own, so they never queue behind
+claims or wait for the event loop.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import asyncio
 import dataclasses
 import datetime as dt
 import enum
+import logging
 import os
+import queue
 import socket
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -25,15 +29,27 @@ from psycopg.conninfo import make_conninfo
 from postroom.errors import first_line
 from sender.errors import LedgerUnavailableError
 
+# Every sender holds this session-level advisory lock for its owner id on its claims connection.
+# Taking the same lock for the length of the claim statement succeeds only when no session holds
+# it: the owner's process or its connection is gone, and its claims are free.
+LOCK_NAMESPACE = "postroom.sender_ledger"
+TAKE_OWNER_LOCK = """
+    SELECT pg_try_advisory_lock(hashtextextended(%(namespace)s || ':' || %(owner)s, 0))
+"""
 CLAIM = """
     INSERT INTO sender_ledger AS l (idempotency_key, state, owner, lease_until, attempt, updated_at)
     SELECT k, 'sending', %(owner)s, now() + make_interval(secs => %(lease_s)s), a, now()
     FROM unnest(%(keys)s::text[], %(attempts)s::int[]) AS t(k, a)
     ON CONFLICT (idempotency_key) DO UPDATE
         SET state = 'sending', owner = excluded.owner, lease_until = excluded.lease_until,
-            attempt = excluded.attempt, updated_at = now()
-        WHERE l.state = 'released' OR (l.state = 'sending' AND l.lease_until < now())
-    RETURNING idempotency_key
+            attempt = excluded.attempt, updated_at = now(),
+            taken_from = CASE WHEN l.state = 'sending' THEN l.owner END
+        WHERE l.state = 'released'
+           OR (l.state = 'sending' AND (
+                l.lease_until < now()
+                OR (l.owner <> excluded.owner AND pg_try_advisory_xact_lock(
+                        hashtextextended(%(namespace)s || ':' || l.owner, 0)))))
+    RETURNING idempotency_key, taken_from
 """
 STATES = """
     SELECT idempotency_key, state, owner, lease_until, attempt, message_id
@@ -42,7 +58,8 @@ STATES = """
 # Whoever holds the claim now: a server accepted the key, so no one may send it again.
 MARK_SENT = """
     UPDATE sender_ledger AS l
-    SET state = 'sent', lease_until = NULL, message_id = t.message_id, updated_at = now()
+    SET state = 'sent', lease_until = NULL, message_id = t.message_id,
+        updated_at = clock_timestamp()
     FROM unnest(%(keys)s::text[], %(message_ids)s::text[]) AS t(k, message_id)
     WHERE l.idempotency_key = t.k
 """
@@ -54,6 +71,12 @@ RELEASE = """
 
 T = TypeVar("T")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10
+OWNER_LOCK_RETRY_S = 0.5
+OWNER_LOCK_LOG_EVERY_S = 10.0
+CLOSE_TIMEOUT_S = 10.0
 
 
 def sender_identity() -> str:
@@ -73,6 +96,7 @@ class ClaimResult:
     attempt: int | None = None
     message_id: str | None = None
     lease_until: dt.datetime | None = None
+    taken_from: str | None = None  # MINE by taking over the claim of this owner
 
 
 class _Batcher(Generic[T, R]):
@@ -110,34 +134,36 @@ class _Batcher(Generic[T, R]):
             self._draining = False
 
 
-class Ledger:
-    """Async access to ``sender_ledger`` over one connection, reopened when it breaks.
+class _Session:
+    """One autocommit connection used by one statement at a time, reopened when it breaks;
+    ``on_open`` runs on every new connection before any statement."""
 
-    ``claim``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
-    sent to the database as one statement.
-    """
-
-    def __init__(self, conninfo: str, owner: str, lease_s: float, schema: str | None = None) -> None:
+    def __init__(self, conninfo: str, schema: str | None,
+                 on_open: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+                 ) -> None:
+        if schema:
+            conninfo = make_conninfo(conninfo, options=f"-c search_path={schema}")
         self._conninfo = conninfo
-        self._schema = schema
-        self.owner = owner
-        self.lease_s = lease_s
+        self._on_open = on_open
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
-        self._claims = _Batcher(self._claim_batch)
-        self._sent = _Batcher(self._mark_sent_batch)
-        self._released = _Batcher(self._release_batch)
+        self.opened = 0
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conninfo = self._conninfo
-            if self._schema:
-                conninfo = make_conninfo(conninfo, options=f"-c search_path={self._schema}")
-            self._conn = await psycopg.AsyncConnection.connect(
-                conninfo, autocommit=True, connect_timeout=10)
+            conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            try:
+                if self._on_open is not None:
+                    await self._on_open(conn)
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn = conn
+            self.opened += 1
         return self._conn
 
-    async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self._lock:
             try:
                 conn = await self._connection()
@@ -151,13 +177,157 @@ class Ledger:
                     await conn.close()
                 raise LedgerUnavailableError(first_line(exc)) from exc
 
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
+class _Marker:
+    """Writes ``sent`` marks from a thread of its own over a connection of its own.
+
+    A mark is the one write whose delay can send an email twice (a crash between the 250 and its
+    commit), so it must not wait for the event loop's next turn, let alone behind claims: the
+    statement leaves as soon as the GIL lets this thread run. Marks that arrive while one is in
+    flight go together in the next statement.
+    """
+
+    def __init__(self, conninfo: str, schema: str | None) -> None:
+        if schema:
+            conninfo = make_conninfo(conninfo, options=f"-c search_path={schema}")
+        self._conninfo = conninfo
+        self._queue: queue.SimpleQueue[_Mark | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def submit(self, key: str, message_id: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ledger-marks", daemon=True)
+            self._thread.start()
+        self._queue.put(_Mark(key, message_id, future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            stop = False
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                self._write(batch)
+            except Exception as exc:  # noqa: BLE001 - handed to every waiter; they retry
+                for mark in batch:
+                    _settle(mark.future, exc)
+            else:
+                for mark in batch:
+                    _settle(mark.future, None)
+            if stop:
+                break
+        if self._conn is not None:
+            self._conn.close()
+
+    def _write(self, batch: list[_Mark]) -> None:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            try:
+                self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
+                                                        connect_timeout=CONNECT_TIMEOUT_S)
+            except psycopg.Error as exc:
+                raise LedgerUnavailableError(f"cannot connect: {first_line(exc)}") from exc
+        try:
+            self._conn.execute(MARK_SENT, {"keys": [m.key for m in batch],
+                                           "message_ids": [m.message_id for m in batch]})
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._conn.close()
+            raise LedgerUnavailableError(first_line(exc)) from exc
+
+    async def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(self._thread.join, CLOSE_TIMEOUT_S)
+            self._thread = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mark:
+    key: str
+    message_id: str
+    future: asyncio.Future[None]
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass  # the loop is closed: nobody waits for this mark any more
+
+
+class Ledger:
+    """Async access to ``sender_ledger``: claims and releases over one connection, which holds the
+    owner's advisory lock, and ``sent`` marks over another; each reopened when it breaks.
+
+    ``claim``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
+    sent to the database as one statement.
+    """
+
+    def __init__(self, conninfo: str, owner: str, lease_s: float, schema: str | None = None) -> None:
+        self.owner = owner
+        self.lease_s = lease_s
+        self._claiming = _Session(conninfo, schema, on_open=self._take_owner_lock)
+        self._marker = _Marker(conninfo, schema)
+        self._claims = _Batcher(self._claim_batch)
+        self._released = _Batcher(self._release_batch)
+
+    async def _take_owner_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Hold the owner's lock before this connection claims anything: while it is free,
+        other senders may take our claims. A session of ours that the server has not yet noticed
+        is gone may still hold it; wait for the server to end that session."""
+        params = {"namespace": LOCK_NAMESPACE, "owner": self.owner}
+        waited_s = 0.0
+        while True:
+            row = await (await conn.execute(TAKE_OWNER_LOCK, params)).fetchone()
+            if row is not None and row[0]:
+                break
+            if waited_s % OWNER_LOCK_LOG_EVERY_S == 0:
+                log.warning("ledger: owner lock of %s is still held by an older session; waiting "
+                            "(%.0fs so far)", self.owner, waited_s)
+            await asyncio.sleep(OWNER_LOCK_RETRY_S)
+            waited_s += OWNER_LOCK_RETRY_S
+        if self._claiming.opened:
+            log.warning("ledger: connection reopened and owner lock of %s taken again; claims "
+                        "another sender took meanwhile stay its own", self.owner)
+        else:
+            log.info("ledger: owner lock of %s taken", self.owner)
+
+    async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One statement on the claims connection (the owner lock held)."""
+        return await self._claiming.run(query, params)
+
     async def claim(self, key: str, attempt: int) -> ClaimResult:
         """MINE (send it now: the lease starts), SENT (never again) or BUSY (someone else is)."""
         return await self._claims.submit((key, attempt))
 
     async def mark_sent(self, key: str, message_id: str) -> None:
         """Record that a server accepted ``key``, whoever holds its claim now."""
-        await self._sent.submit((key, message_id))
+        await self._marker.submit(key, message_id)
 
     async def release(self, key: str) -> None:
         """Give up our claim without a send (the attempt failed); a retry may claim it again."""
@@ -169,10 +339,16 @@ class Ledger:
         first: dict[str, int] = {}
         for key, attempt in items:
             first.setdefault(key, attempt)
-        mine = {row[0] for row in await self._run(CLAIM, {
+        rows = await self._run(CLAIM, {
             "owner": self.owner, "lease_s": self.lease_s, "keys": list(first),
-            "attempts": list(first.values())})}
-        known: dict[str, ClaimResult] = {key: ClaimResult(Claim.MINE) for key in mine}
+            "attempts": list(first.values()), "namespace": LOCK_NAMESPACE})
+        mine = {key for key, _ in rows}
+        for key, taken_from in rows:
+            if taken_from is not None:
+                log.warning("key=%s taken over from %s: its owner's ledger session is gone or "
+                            "its lease ran out; sending it (it may arrive twice)", key, taken_from)
+        known: dict[str, ClaimResult] = {key: ClaimResult(Claim.MINE, taken_from=taken_from)
+                                         for key, taken_from in rows}
         others = [key for key in first if key not in mine]
         if others:
             for key, state, _owner, lease_until, attempt, message_id in await self._run(
@@ -189,16 +365,10 @@ class Ledger:
             results.append(result)
         return results
 
-    async def _mark_sent_batch(self, items: list[tuple[str, str]]) -> list[None]:
-        await self._run(MARK_SENT, {"keys": [k for k, _ in items],
-                                    "message_ids": [m for _, m in items]})
-        return [None] * len(items)
-
     async def _release_batch(self, keys: list[str]) -> list[None]:
         await self._run(RELEASE, {"keys": keys, "owner": self.owner})
         return [None] * len(keys)
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._claiming.close()
+        await self._marker.close()

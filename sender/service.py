@@ -219,6 +219,7 @@ class Sender:
         key = event.idempotency_key
         destination = destination_of(event.recipient, self._destination_by, self._smarthost)
         deferred_since: float | None = None
+        waits = 0
         while True:
             await self._gate.acquire(destination)
             throttled = False
@@ -252,7 +253,10 @@ class Sender:
                                     already_sent(event, claim.message_id, utcnow()))
                 return None
             wait_s = busy_wait_s(claim.lease_until, utcnow())
-            log.info("key=%s is being sent elsewhere; waiting %.1fs", key, wait_s)
+            log.log(logging.INFO if waits == 0 else logging.DEBUG,
+                    "key=%s is being sent elsewhere (lease until %s); asking again in %.1fs",
+                    key, claim.lease_until, wait_s)
+            waits += 1
             await asyncio.sleep(wait_s)
 
     async def _send_and_record(self, record: Record, event: EmailRequested,
@@ -276,6 +280,8 @@ class Sender:
         decision = self._policy.decide(outcome, event.attempt - attempt_base(record.headers), now)
         started = time.monotonic()
         if decision.action is Action.DONE_SENT:
+            # The duplicate window (ledger_mark_seconds{operation="sent"}): a crash before the
+            # mark commits sends the key again.
             await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key, message_id))
         else:
             await self._ledger_call("release", partial(self._ledger.release, key))

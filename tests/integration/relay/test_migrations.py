@@ -65,7 +65,7 @@ def test_0005_rewrites_only_the_keys_the_old_encoding_made_ambiguous(engine: sa.
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0004)
 
-    assert upgrade(engine) == "0005"
+    assert upgrade(engine, revision="0005") == "0005"
     with engine.begin() as conn:
         assert conn.execute(KEYS).all() == [
             ("back\\slash", "back\\\\slash|c@example.com"),

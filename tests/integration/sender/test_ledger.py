@@ -11,7 +11,8 @@ import sqlalchemy as sa
 
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
-from sender.ledger import Claim, Ledger
+from sender.errors import LedgerUnavailableError
+from sender.ledger import Claim, ClaimResult, Ledger
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +93,160 @@ def test_many_concurrent_claims_share_round_trips(engine: sa.Engine, db_settings
     # is a second one). Batched, the 200 that arrive together share a claim and a state query;
     # a second batch may form while the first is in flight.
     assert statements <= 4, statements
+
+
+def backend_pids(engine: sa.Engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")).scalars())
+
+
+def taken_from(engine: sa.Engine, key: str) -> str | None:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT taken_from FROM sender_ledger WHERE "
+                                    "idempotency_key = :k"), {"k": key}).scalar_one()
+
+
+async def claim_until_mine(owner: Ledger, key: str, attempt: int,
+                           timeout_s: float = 10.0) -> ClaimResult:
+    """Claim until MINE, as a sender asking again would; fail after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = await owner.claim(key, attempt)
+        if result.claim is Claim.MINE:
+            return result
+        assert asyncio.get_running_loop().time() < deadline, f"{key} stayed {result.claim}"
+        await asyncio.sleep(0.1)
+
+
+def test_a_dead_owners_claims_are_taken_at_once(engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        crashed = ledger(engine, db_settings, "crashed", lease_s=300)
+        heir = ledger(engine, db_settings, "heir")
+        try:
+            assert (await crashed.claim("k", 1)).claim is Claim.MINE
+            assert (await heir.claim("k", 1)).claim is Claim.BUSY  # alive: its lock is held
+            await crashed.close()  # as a killed process's sessions end
+            # The server releases the lock once the closed session's backend has exited, a
+            # moment after the close; a sender asks again every second (claims.BUSY_WAIT_MAX_S).
+            taken = await claim_until_mine(heir, "k", 1)
+            assert taken.taken_from == "crashed"
+        finally:
+            await heir.close()
+
+    asyncio.run(scenario())
+    assert taken_from(engine, "k") == "crashed"
+
+
+def test_an_owner_whose_session_was_terminated_takes_its_lock_again(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a", lease_s=300)
+        b = ledger(engine, db_settings, "b")
+        try:
+            before = backend_pids(engine)
+            assert [r.claim for r in await asyncio.gather(
+                a.claim("k1", 1), a.claim("k2", 1))] == [Claim.MINE, Claim.MINE]
+            await a.mark_sent("k0", "<k0@example.com>")  # opens a's marking session
+            claims_pid = a._claiming._conn.info.backend_pid  # type: ignore[union-attr]
+            assert claims_pid in backend_pids(engine) - before
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"),
+                                    {"p": claims_pid}).scalar_one()
+            # While a's session is gone, its claims are free: b takes k1 at once.
+            taken = await claim_until_mine(b, "k1", 1)
+            assert taken.taken_from == "a"
+            # a's 250 for k1 is still recorded: the server accepted it, whoever holds the claim.
+            await a.mark_sent("k1", "<k1@example.com>")
+            assert (await b.claim("k1", 2)).claim is Claim.SENT
+            # a's next claim reopens its session and takes its lock first ...
+            with pytest.raises(LedgerUnavailableError):
+                await a.claim("k3", 1)  # the statement that finds the session gone fails
+            assert (await a.claim("k3", 1)).claim is Claim.MINE
+            assert a._claiming.opened == 2
+            # ... so its claims are live again, and its release of k2 still works.
+            assert (await b.claim("k3", 1)).claim is Claim.BUSY
+            await a.release("k2")
+            assert (await b.claim("k2", 2)).claim is Claim.MINE
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reopened_session_waits_for_an_older_session_holding_the_owner_lock(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    import psycopg
+
+    from sender.ledger import LOCK_NAMESPACE, TAKE_OWNER_LOCK
+
+    async def scenario() -> None:
+        conninfo = libpq_conninfo(engine)
+        older = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        a = ledger(engine, db_settings, "a")
+        try:
+            row = await (await older.execute(TAKE_OWNER_LOCK, {
+                "namespace": LOCK_NAMESPACE, "owner": "a"})).fetchone()
+            assert row == (True,)
+            claim = asyncio.ensure_future(a.claim("k", 1))
+            await asyncio.sleep(1.5)
+            assert not claim.done()  # no claim before the lock is ours
+            await older.close()
+            assert (await asyncio.wait_for(claim, 10)).claim is Claim.MINE
+        finally:
+            await a.close()
+            await older.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_mark_does_not_wait_behind_a_claim(engine: sa.Engine, db_settings: Settings) -> None:
+    import psycopg
+
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        b = ledger(engine, db_settings, "b")
+        blocker = await psycopg.AsyncConnection.connect(libpq_conninfo(engine))
+        try:
+            assert (await b.claim("held", 1)).claim is Claim.MINE
+            await b.release("held")
+            assert (await a.claim("other", 1)).claim is Claim.MINE
+            await blocker.execute(f"SET search_path = {db_settings.database_schema}")
+            await blocker.execute("SELECT 1 FROM sender_ledger WHERE idempotency_key = 'held' "
+                                  "FOR UPDATE")  # an open transaction holds the row
+            stuck = asyncio.ensure_future(a.claim("held", 2))
+            await asyncio.sleep(0.5)
+            assert not stuck.done()
+            await asyncio.wait_for(a.mark_sent("other", "<o@example.com>"), 5)
+            assert not stuck.done()
+            assert (await b.claim("other", 2)).claim is Claim.SENT
+            await blocker.rollback()
+            assert (await asyncio.wait_for(stuck, 10)).claim is Claim.MINE
+        finally:
+            await blocker.close()
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_mark_whose_session_was_terminated_fails_and_the_next_reconnects(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        try:
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            await a.mark_sent("other", "<o@example.com>")
+            marks_pid = a._marker._conn.info.backend_pid  # type: ignore[union-attr]
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"),
+                                    {"p": marks_pid}).scalar_one()
+            with pytest.raises(LedgerUnavailableError):
+                await a.mark_sent("k", "<k@example.com>")  # the sender retries such a mark
+            await a.mark_sent("k", "<k@example.com>")
+            assert (await a.claim("k", 2)).claim is Claim.SENT
+        finally:
+            await a.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,384 @@
+"""Runs the real pipeline as processes (relay, two senders, recorder) over one scenario's own schema,
+topics and groups, and injects faults into it and into this checkout's own stack.
+
+The broker and PostgreSQL are the ones `scripts/services.sh` runs for this checkout (its .ports):
+every fault on them goes through that script, which touches only its own state dir's servers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from confluent_kafka import Producer
+
+from chaos.mailserver import ChaosMailServer
+from postroom import enqueue
+from postroom.devkit.ports import free_port
+from postroom.kafka import create_topics, make_admin
+from postroom.settings import Settings
+from postroom.topics import all_topics, priority_topic, results_topic, retry_topic
+from relay.db import make_engine, upgrade
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = REPO / "scripts" / "services.sh"
+# Short tiers so a scenario drains in seconds; 5 attempts in all.
+RETRY_DELAYS = "500ms,1s,2s,4s"
+TIERS = 4
+FEED_CHUNK = 50
+
+
+@dataclasses.dataclass
+class Kill:
+    """A sender killed with SIGKILL: when, and the keys its ledger rows held as `sending`."""
+
+    at: float
+    owner_pid: int
+    in_doubt: frozenset[str]
+
+
+@dataclasses.dataclass
+class Role:
+    name: str          # relay, sender1, sender2, recorder
+    command: str       # the postroom subcommand
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    metrics_port: int | None = None
+
+
+def recipients_for(count: int, tag: str) -> list[str]:
+    """The known input set: 75% accepted, 15% deferred once or twice, 5% rejected, 5% never."""
+    kinds = ["reject", "never", "defer1", "defer1", "defer2"] + ["accept"] * 15
+    return [f"{kinds[i % len(kinds)]}-{tag}-{i}@example.com" for i in range(count)]
+
+
+def expected_status(recipient: str) -> str:
+    kind = recipient.split("-", 1)[0]
+    return {"reject": "failed", "never": "dead"}.get(kind, "sent")
+
+
+class Run:
+    """One scenario's pipeline. ``start()``, feed, inject faults, ``wait_drained()``, ``stop()``."""
+
+    def __init__(self, base: Settings, name: str, log_dir: Path, mail: ChaosMailServer,
+                 extra_env: dict[str, str] | None = None) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.name = name
+        self.tag = tag
+        self.settings = dataclasses.replace(
+            base, database_schema=f"chaos_{tag}", topic_prefix=f"chaos{tag}.",
+            sender_group=f"chaos-sender-{tag}", recorder_group=f"chaos-recorder-{tag}",
+            retry_delays_s=(0.5, 1.0, 2.0, 4.0))
+        self.mail = mail
+        self.log_dir = log_dir / name
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.extra_env = extra_env or {}
+        self.roles = {r.name: r for r in (
+            Role("recorder", "recorder"), Role("relay", "relay"),
+            Role("sender1", "sender", metrics_port=free_port()),
+            Role("sender2", "sender", metrics_port=free_port()))}
+        self.engine = make_engine(self.settings, application_name=f"chaos-harness-{tag}")
+        self.kills: list[Kill] = []
+        self.faults = 0
+        self.poisoned = 0  # poison() calls
+        self.last_fault_at = 0.0
+        self.expected: dict[str, str] = {}  # recipient -> expected final status
+        self._feeder: threading.Thread | None = None
+        self.feed_error: BaseException | None = None
+
+    # -- set-up and processes ------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        upgrade(self.engine, self.settings.database_schema)
+        create_topics(self.settings)
+
+    def env(self, role: Role) -> dict[str, str]:
+        url = sa.make_url(self.settings.require("database_url")).update_query_dict(
+            {"application_name": f"chaos-{self.tag}-{role.name}"})
+        return {
+            **os.environ,
+            "POSTROOM_DATABASE_URL": url.render_as_string(hide_password=False),
+            "POSTROOM_DATABASE_SCHEMA": self.settings.database_schema or "",
+            "POSTROOM_TOPIC_PREFIX": self.settings.topic_prefix,
+            "POSTROOM_SENDER_GROUP": self.settings.sender_group,
+            "POSTROOM_RECORDER_GROUP": self.settings.recorder_group,
+            "POSTROOM_RETRY_DELAYS": RETRY_DELAYS,
+            "POSTROOM_SMTP_HOST": "127.0.0.1",
+            "POSTROOM_SMTP_PORT": str(self.mail.port),
+            "POSTROOM_SMTP_TLS": "none",
+            "POSTROOM_MAIL_FROM": "reports@example.com",
+            "POSTROOM_RELAY_POLL_INTERVAL": "200ms",
+            "POSTROOM_LOG_LEVEL": "INFO",
+            **({"POSTROOM_METRICS_PORT": str(role.metrics_port)} if role.metrics_port else {}),
+            **self.extra_env,
+        }
+
+    def start_role(self, name: str) -> None:
+        role = self.roles[name]
+        role.starts += 1
+        log = (self.log_dir / f"{name}.{role.starts}.log").open("wb")
+        role.proc = subprocess.Popen(
+            [sys.executable, "-m", "postroom.cli", role.command], env=self.env(role),
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        log.close()
+
+    def start(self) -> None:
+        for name in self.roles:
+            self.start_role(name)
+
+    def wait_assigned(self, timeout_s: float = 90) -> None:
+        """Until every sender's current process has been assigned partitions: a kill during the
+        group's first rebalance would test the rebalance, not the takeover."""
+        def assigned(name: str) -> bool:
+            role = self.roles[name]
+            text = (self.log_dir / f"{name}.{role.starts}.log").read_text(errors="replace")
+            return f"assigned {self.settings.topic_prefix}" in text
+        self.wait_until(lambda: all(assigned(n) for n in ("sender1", "sender2")), timeout_s,
+                        "both senders to be assigned partitions")
+
+    def sent_mark_summaries(self) -> list[tuple[float, float, float]]:
+        """(count, sum, bucket bound of the 99th percentile) of each running sender's
+        ledger_mark_seconds{operation="sent"} histogram, read from its /metrics."""
+        found = []
+        for role in self.roles.values():
+            if role.metrics_port is None or role.proc is None or role.proc.poll() is not None:
+                continue
+            url = f"http://127.0.0.1:{role.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode()
+            count = total = 0.0
+            buckets: list[tuple[float, float]] = []
+            for line in text.splitlines():
+                if not line.startswith("postroom_ledger_mark_seconds") or \
+                        'operation="sent"' not in line:
+                    continue
+                name, value = line.rsplit(" ", 1)
+                if name.startswith("postroom_ledger_mark_seconds_count"):
+                    count = float(value)
+                elif name.startswith("postroom_ledger_mark_seconds_sum"):
+                    total = float(value)
+                elif name.startswith("postroom_ledger_mark_seconds_bucket"):
+                    bound = name.split('le="', 1)[1].split('"', 1)[0]
+                    buckets.append((float(bound), float(value)))
+            if count:
+                p99 = min(b for b, n in buckets if n >= 0.99 * count)
+                found.append((count, total, p99))
+        return found
+
+    def alive(self) -> list[str]:
+        return [n for n, r in self.roles.items() if r.proc is not None and r.proc.poll() is None]
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM every role; their exit codes (None: did not stop in time, then killed)."""
+        codes: dict[str, int | None] = {}
+        for role in self.roles.values():
+            if role.proc is not None and role.proc.poll() is None:
+                role.proc.send_signal(signal.SIGCONT)
+                role.proc.terminate()
+        for name, role in self.roles.items():
+            if role.proc is None:
+                continue
+            try:
+                codes[name] = role.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                role.proc.kill()
+                role.proc.wait()
+                codes[name] = None
+        return codes
+
+    def drop(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{self.settings.database_schema}" CASCADE'))
+        self.engine.dispose()
+        admin = make_admin(self.settings)
+        names = all_topics(self.settings.topic_prefix, TIERS)
+        for future in admin.delete_topics(names, operation_timeout=30).values():
+            future.result()
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def feed(self, recipients: list[str], rate_per_s: float) -> None:
+        """Enqueue ``recipients`` on a thread, FEED_CHUNK per transaction, at about this rate."""
+        for rcpt in recipients:
+            self.expected[rcpt] = expected_status(rcpt)
+
+        def run() -> None:
+            try:
+                for n, start in enumerate(range(0, len(recipients), FEED_CHUNK)):
+                    chunk = recipients[start:start + FEED_CHUNK]
+                    self._enqueue(f"feed-{n}", chunk)
+                    time.sleep(len(chunk) / rate_per_s)
+            except BaseException as exc:  # noqa: BLE001 - reported by wait_fed()
+                self.feed_error = exc
+
+        self._feeder = threading.Thread(target=run, name="feeder", daemon=True)
+        self._feeder.start()
+
+    def _enqueue(self, key: str, recipients: list[str]) -> None:
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    enqueue(conn, key=f"{self.tag}-{key}", recipients=recipients,
+                            subject="Report", body="The report is attached in spirit.")
+            except sa.exc.OperationalError:
+                time.sleep(0.5)  # the database is being restarted: the job retries
+            else:
+                return
+
+    def wait_fed(self) -> None:
+        if self._feeder is not None:
+            self._feeder.join(300)
+        if self.feed_error is not None:
+            raise AssertionError("feeding the outbox failed") from self.feed_error
+
+    # -- observing -------------------------------------------------------------------------------
+
+    def query(self, sql: str, **params: Any) -> list[sa.Row[Any]]:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    return list(conn.execute(sa.text(sql), params))
+            except sa.exc.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def finished(self) -> int:
+        return self.query("SELECT count(*) FROM outbox WHERE status IN ('sent','failed','dead')")[0][0]
+
+    def accepted(self) -> int:
+        return sum(1 for r in self.mail.replies if r.code == 250)
+
+    def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: timed out after {timeout_s:.0f}s waiting for "
+                                     f"{what}; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def wait_drained(self, timeout_s: float) -> float:
+        """Seconds from the last fault until every row is final."""
+        self.wait_fed()
+        total = len(self.expected)
+        self.wait_until(lambda: self.finished() >= total, timeout_s,
+                        f"all {total} rows to reach sent/failed/dead")
+        return time.time() - self.last_fault_at if self.last_fault_at else 0.0
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def _fault(self) -> None:
+        self.faults += 1
+        self.last_fault_at = time.time()
+
+    def kill(self, name: str, restart: bool = True) -> None:
+        """SIGKILL a role and start it again; for a sender, note what it left in doubt."""
+        role = self.roles[name]
+        assert role.proc is not None
+        pid = role.proc.pid
+        role.proc.send_signal(signal.SIGKILL)
+        role.proc.wait()
+        at = time.time()
+        if role.command == "sender":
+            # The dead process changes nothing any more; no one takes its claims before
+            # its partitions move, seconds from now.
+            rows = self.query("SELECT idempotency_key FROM sender_ledger WHERE state = 'sending' "
+                              "AND split_part(owner, ':', 2) = :pid", pid=str(pid))
+            self.kills.append(Kill(at, pid, frozenset(r[0] for r in rows)))
+        if restart:
+            self.start_role(name)
+        self._fault()
+
+    def pause(self, name: str, seconds: float) -> None:
+        role = self.roles[name]
+        assert role.proc is not None
+        role.proc.send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        role.proc.send_signal(signal.SIGCONT)
+        self._fault()
+
+    def terminate_backends(self, name_prefix: str) -> int:
+        """pg_terminate_backend of the connections of the roles whose name starts so."""
+        rows = self.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE :app", app=f"chaos-{self.tag}-{name_prefix}%")
+        self._fault()
+        return len(rows)
+
+    def kill_broker(self, down_s: float) -> None:
+        services("kill-kafka")
+        time.sleep(down_s)
+        services("up")
+        self._fault()
+
+    def restart_postgres(self) -> None:
+        services("restart-postgres")
+        self._fault()
+
+    def smtp_down(self, seconds: float) -> None:
+        self.mail.down()
+        time.sleep(seconds)
+        self.mail.up()
+        self._fault()
+
+    def smtp_fault(self, seconds: float, *, drop_data: bool = False, slow_s: float = 0.0) -> None:
+        self.mail.set_faults(drop_data=drop_data, slow_s=slow_s)
+        time.sleep(seconds)
+        self.mail.set_faults()
+        self._fault()
+
+    def poison(self) -> int:
+        """Write unreadable records to a priority topic, a retry topic and the results topic."""
+        producer = Producer(self.settings.kafka_client_config())
+        prefix = self.settings.topic_prefix
+        topics = [priority_topic(prefix, "normal"), retry_topic(prefix, 1), results_topic(prefix)]
+        for topic in topics:
+            producer.produce(topic, key=b"poison", value=b"\x00not avro at all",
+                             headers=[("postroom.schema", b"0000000000000000")])
+        assert producer.flush(30) == 0
+        self.poisoned += 1
+        self._fault()
+        return len(topics)
+
+    def hold_open_transaction(self, seconds: float, recipients: list[str]) -> None:
+        """Enqueue ``recipients`` in a transaction kept open while other rows commit around it."""
+        for rcpt in recipients:
+            self.expected[rcpt] = expected_status(rcpt)
+        with self.engine.begin() as conn:
+            enqueue(conn, key=f"{self.tag}-held", recipients=recipients, subject="Report",
+                    body="held open")
+            time.sleep(seconds)
+        self._fault()
+
+
+def check_own_stack(settings: Settings) -> None:
+    """Fail unless the stack the tests use is the one scripts/services.sh would act on (the
+    ports in .ports): a fault must never hit another checkout's servers."""
+    db_port = sa.make_url(settings.require("database_url")).port
+    kafka_port = int(settings.require("kafka_bootstrap_servers").rsplit(":", 1)[1])
+    wanted = (os.environ.get("POSTROOM_DEV_PG_PORT", "15432"),
+              os.environ.get("POSTROOM_DEV_KAFKA_PORT", "19092"))
+    if wanted != (str(db_port), str(kafka_port)):
+        raise AssertionError(
+            f"the tests use PostgreSQL :{db_port} and Kafka :{kafka_port}, but scripts/services.sh "
+            f"would act on :{wanted[0]} and :{wanted[1]}: source this checkout's .ports")
+
+
+def services(command: str) -> None:
+    """scripts/services.sh with this checkout's ports (the caller's environment)."""
+    done = subprocess.run([str(SERVICES), command], capture_output=True, text=True, check=False,
+                          timeout=180)
+    if done.returncode != 0:
+        raise AssertionError(f"scripts/services.sh {command} failed:\n{done.stdout}{done.stderr}")

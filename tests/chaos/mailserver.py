@@ -1,0 +1,147 @@
+"""The chaos suite's SMTP server: it logs every reply it gives, and misbehaves when told to.
+
+Each recipient's fate is fixed by its address (``accept-``, ``defer<n>-``, ``reject-``,
+``never-``); faults are switched on and off while it runs: down, drops in DATA, slow replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import email.parser
+import email.policy
+import re
+import time
+from typing import Any
+
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from postroom.devkit.ports import free_port
+from sender import devsmtp
+
+DEFER_REPLY = "451 4.3.0 try again later"
+REJECT_REPLY = "550 5.1.1 User unknown"
+_DEFERRED = re.compile(r"^defer(\d+)-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One reply the server gave (or the drop it did instead), with when it was decided."""
+
+    at: float            # time.time() when the reply was decided (a 250: the message queued)
+    rcpt: str
+    code: int            # 250, 451, 550; 0 for a connection dropped in DATA
+    message_id: str | None = None
+    late_s: float = 0.0  # how long the 250 was held back on purpose (slow-reply fault)
+    replied_at: float | None = None  # when the 250 was written; None: the client went first
+
+
+def planned_deferrals(rcpt: str) -> int:
+    """How many 451s a recipient gets before it is accepted (``never-``: always)."""
+    local = rcpt.lower()
+    if local.startswith("never-"):
+        return 1 << 30
+    match = _DEFERRED.match(local)
+    return int(match.group(1)) if match else 0
+
+
+class _Handler(devsmtp._Handler):
+    """devsmtp's connection bookkeeping (a clean stop with clients connected), our own replies."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=(), defer={}, drop=(), latency_ms=0, maildir=None)
+        self.replies: list[Reply] = []
+        self.drop_data = False
+        self.slow_s = 0.0
+
+    def _log(self, reply: Reply) -> None:
+        with self.lock:
+            self.replies.append(reply)
+
+    async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
+                          address: str, rcpt_options: list[str]) -> str:
+        rcpt = address.lower()
+        if rcpt.startswith("reject-"):
+            self._log(Reply(time.time(), rcpt, 550))
+            return REJECT_REPLY
+        with self.lock:
+            seen = self.deferred.get(rcpt, 0)
+            defer = seen < planned_deferrals(rcpt)
+            if defer:
+                self.deferred[rcpt] = seen + 1
+        if defer:
+            self._log(Reply(time.time(), rcpt, 451))
+            return DEFER_REPLY
+        envelope.rcpt_tos.append(address)
+        return "250 2.1.5 Ok"
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        rcpts = [r.lower() for r in envelope.rcpt_tos]
+        if self.drop_data:
+            for rcpt in rcpts:
+                self._log(Reply(time.time(), rcpt, 0))
+            if isinstance(server.transport, asyncio.Transport):
+                server.transport.abort()
+            await asyncio.Event().wait()  # aiosmtpd cancels the session on the lost connection
+        raw: bytes = envelope.original_content or b""
+        headers = email.parser.BytesHeaderParser(policy=email.policy.default).parsebytes(raw)
+        message_id = str(headers.get("Message-ID", "")).strip() or None
+        slow_s = self.slow_s
+        received_at = time.time()
+        if not slow_s:
+            # Like a server that scans the content, then queues it and answers at once: a
+            # client gone during the scan leaves nothing delivered.
+            await asyncio.sleep(LATENCY_S)
+            replied_at = time.time()
+            for rcpt in rcpts:
+                self._log(Reply(replied_at, rcpt, 250, message_id, 0.0, replied_at))
+            return "250 2.0.0 Ok"
+        # The slow-reply fault: queued (delivered) at once, the answer held back past the
+        # client's timeout, so the client cannot know it was delivered.
+        replied: float | None = None
+        try:
+            await asyncio.sleep(slow_s)
+            replied = time.time()
+            return "250 2.0.0 Ok"
+        finally:
+            for rcpt in rcpts:
+                self._log(Reply(received_at, rcpt, 250, message_id, slow_s, replied))
+
+
+LATENCY_S = 0.02  # the issue's "server that takes 20 ms per message"
+
+
+class ChaosMailServer:
+    """The server on a thread of its own; ``down()`` and ``up()`` keep its port and its log."""
+
+    def __init__(self) -> None:
+        self._handler = _Handler()
+        self._server: devsmtp.DevSmtpServer | None = None
+        self.port = free_port()
+
+    def up(self) -> None:
+        server = devsmtp.DevSmtpServer(port=self.port)
+        server._handler = self._handler
+        server.start()
+        self._server = server
+
+    def down(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def set_faults(self, *, drop_data: bool = False, slow_s: float = 0.0) -> None:
+        self._handler.drop_data = drop_data
+        self._handler.slow_s = slow_s
+
+    @property
+    def replies(self) -> list[Reply]:
+        with self._handler.lock:
+            return list(self._handler.replies)
+
+    def __enter__(self) -> ChaosMailServer:
+        self.up()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.down()
