@@ -65,6 +65,9 @@ LAG_LABELS = ("cluster_name", "group", "topic", "partition")
 CATALOGUE: dict[str, MetricSpec] = {
     # relay
     "relay_published_total": MetricSpec(C, "Rows published and acknowledged by the broker."),
+    "relay_too_large_total": MetricSpec(
+        C, "Rows whose event is over POSTROOM_EVENT_MAX_BYTES or refused by Kafka as too large "
+           "(marked failed)."),
     "relay_unacknowledged_total": MetricSpec(
         C, "Rows the broker did not acknowledge (their claim is released and retried)."),
     "relay_publish_delay_seconds": MetricSpec(
@@ -96,6 +99,8 @@ CATALOGUE: dict[str, MetricSpec] = {
     "recorded_total": MetricSpec(C, "Results applied to the outbox, by status.", ("status",)),
     "undeliverable_total": MetricSpec(C, "Results that ended failed or dead.", ("status",)),
     "recorder_unreadable_total": MetricSpec(C, "Results that could not be decoded (skipped)."),
+    "recorder_refused_total": MetricSpec(
+        C, "Results whose attempt, status and times do not fit together (skipped)."),
     # lag (postroom lag --watch), under kafka-lag-exporter's names and labels
     "kafka_consumergroup_group_lag": MetricSpec(
         G, "Messages a group has not committed yet, per partition.", LAG_LABELS, namespaced=False),

@@ -110,7 +110,7 @@ def replay(run: Run, results: list[EmailResult]) -> dict[str, tuple[Any, ...]]:
                 "UPDATE outbox SET status = 'published', attempts = 0, last_error = NULL, "
                 "smtp_code = NULL, enhanced_code = NULL, message_id = NULL, sent_at = NULL, "
                 "next_attempt_at = NULL"))
-            apply_results(conn, results)
+            apply_results(conn, results, len(run.settings.retry_delays_s) + 1)
             rows = conn.execute(sa.text(f"SELECT idempotency_key, {', '.join(COMPARED)} "
                                         "FROM outbox")).all()
         with engine.begin() as conn:
