@@ -39,9 +39,11 @@ test: services ## run the whole test suite against the local stack (PYTEST_ARGS=
 demo: services ## run the demo against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m postroom.demo
 
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy strict, the import layers (import-linter) and dead code (vulture)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
+	.venv/bin/lint-imports
+	$(PYTHON) -m vulture
 
 bench: services ## run the benchmarks against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m bench

@@ -18,9 +18,10 @@ from bench.workload import enqueue_rows, recipients
 from postroom.settings import Settings, TlsMode
 from relay.db import libpq_conninfo, make_engine
 from relay.publisher import Relay
+from sender.claims import lease_s
 from sender.devsmtp import DevSmtpServer
-from sender.ledger import Ledger
-from sender.service import Sender, lease_s, sender_identity
+from sender.ledger import Ledger, sender_identity
+from sender.service import Sender
 
 TIER_S = 2.0
 FULL_EMAILS, QUICK_EMAILS = 500, 100

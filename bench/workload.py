@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from relay.outbox import enqueue
+from postroom import enqueue
 
 SUBJECT = "Sales report - September 2026"
 _LINE = "The September sales report is ready; figures by region are in the attached workbook.\n"

@@ -37,7 +37,7 @@ def configure_logging(level: str) -> None:
 
 def on_shutdown_signals(callback: Callable[[], None]) -> None:
     """Call ``callback`` on SIGTERM or SIGINT (once; a second signal interrupts hard)."""
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, stopping cleanly", signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         callback()
@@ -149,8 +149,9 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
     from relay.db import libpq_conninfo
-    from sender.ledger import Ledger
-    from sender.service import Sender, lease_s, sender_identity
+    from sender.claims import lease_s
+    from sender.ledger import Ledger, sender_identity
+    from sender.service import Sender
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender(settings, ledger=ledger, metrics=metrics)
@@ -179,45 +180,15 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
-    import asyncio
-
-    from postroom.kafka import check_reachable, make_admin
-    from postroom.topics import all_topics
-    from relay.db import check_schema, make_engine
-    from sender.smtp import SmtpConfig, SmtpPool
-
-    def database() -> str:
-        engine = make_engine(settings)
-        try:
-            check_schema(engine)
-        finally:
-            engine.dispose()
-        return "schema at the newest revision"
-
-    def kafka() -> str:
-        check_reachable(settings)
-        wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-        existing = set(make_admin(settings).list_topics(timeout=10).topics)
-        missing = [t for t in wanted if t not in existing]
-        if missing:
-            raise PostroomError(f"missing topics (run `postroom topics create`): "
-                                f"{', '.join(missing)}")
-        return f"broker answers; all {len(wanted)} topics exist"
-
-    def smtp() -> str:
-        async def probe() -> str:
-            async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
-                reply = await pool.probe()
-            if reply.code != 250:
-                what = reply.failure.value if reply.failure else reply.code
-                raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
-            return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
-        return asyncio.run(probe())
+    from postroom.kafka import check_topics
+    from relay.db import check_database
+    from sender.smtp import check_smtp
 
     failed = 0
-    for name, check in (("database", database), ("kafka", kafka), ("smtp", smtp)):
+    for name, check in (("database", check_database), ("kafka", check_topics),
+                        ("smtp", check_smtp)):
         try:
-            print(f"ok    {name}: {check()}")
+            print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
             print(f"FAIL  {name}: {first_line(exc)}")
@@ -225,28 +196,19 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
-    from postroom.kafka import group_lag
-    from postroom.topics import Priority, priority_topic, results_topic, retry_topic
+    from postroom.kafka import postroom_group_lag
 
-    prefix = settings.topic_prefix
-    groups = {
-        settings.sender_group: [*(priority_topic(prefix, p) for p in Priority),
-                                *(retry_topic(prefix, n)
-                                  for n in range(1, len(settings.retry_delays_s) + 1))],
-        settings.recorder_group: [results_topic(prefix)],
-    }
-    rows = [(group, row) for group, topics in groups.items()
-            for row in group_lag(settings, group, topics)]
+    lag = postroom_group_lag(settings)
     if args.json:
-        for group, row in rows:
-            print(json.dumps({"group": group, "topic": row.topic, "partition": row.partition,
-                              "committed": row.committed, "high_watermark": row.high_watermark,
-                              "lag": row.lag}))
+        for group, rows in lag.items():
+            for row in rows:
+                print(json.dumps({"group": group, "topic": row.topic, "partition": row.partition,
+                                  "committed": row.committed,
+                                  "high_watermark": row.high_watermark, "lag": row.lag}))
         return EXIT_OK
-    for group in groups:
-        mine = [row for g, row in rows if g == group]
-        print(f"{group}: total lag {sum(r.lag for r in mine)}")
-        for row in mine:
+    for group, rows in lag.items():
+        print(f"{group}: total lag {sum(r.lag for r in rows)}")
+        for row in rows:
             committed = "-" if row.committed is None else str(row.committed)
             print(f"  {row.topic}[{row.partition}] committed={committed} "
                   f"end={row.high_watermark} lag={row.lag}")
@@ -360,8 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["devsmtp"]:
         # The dev server has its own parser (and runs without the POSTROOM_* settings).
-        from sender import devsmtp
-
+        try:
+            from sender import devsmtp
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "aiosmtpd":
+                raise
+            print("postroom devsmtp: error: the test server needs aiosmtpd: "
+                  "pip install 'postroom[devsmtp]'", file=sys.stderr)
+            return EXIT_FAILURE
         return devsmtp.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from postroom.errors import KafkaClientError
-from postroom.settings import Settings, mask_kafka_config
-from postroom.topics import all_topics
+from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
+from postroom.topics import all_topics, results_topic, sender_topics
 
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 
-# Kept below the relay's claim TTL so a row is never claimed by two relays while one still waits.
-PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 CONSUMER_FETCH_WAIT_MS = 50
 
 
@@ -102,6 +100,21 @@ def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
         raise translate(exc, f"no Kafka broker answered at {settings.kafka_bootstrap_servers}") from exc
 
 
+def check_topics(settings: Settings, timeout_s: float = 10.0) -> str:
+    """What ``postroom check`` says of Kafka: the broker answers and every topic exists."""
+    check_reachable(settings, timeout_s)
+    wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    try:
+        existing = set(make_admin(settings).list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
+        raise translate(exc, "cannot list topics") from exc
+    missing = [t for t in wanted if t not in existing]
+    if missing:
+        raise KafkaClientError(f"missing topics (run `postroom topics create`): "
+                               f"{', '.join(missing)}")
+    return f"broker answers; all {len(wanted)} topics exist"
+
+
 def create_topics(
     settings: Settings,
     names: Iterable[str] | None = None,
@@ -137,11 +150,6 @@ def create_topics(
                 else:
                     raise translate(exc, f"cannot create topic {name}") from exc
     return {name: result[name] for name in wanted}
-
-
-def headers_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> Mapping[str, bytes]:
-    """Kafka headers as a dict (last value wins), dropping null values."""
-    return {k: v for k, v in (headers or ()) if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +210,14 @@ def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
         rows.append(PartitionLag(tp.topic, tp.partition, done, high,
                                  high - (done if done is not None else low)))
     return rows
+
+
+def postroom_group_lag(settings: Settings) -> dict[str, list[PartitionLag]]:
+    """:func:`group_lag` of the sender group on what it reads and the recorder on the results."""
+    prefix = settings.topic_prefix
+    groups = {settings.sender_group: sender_topics(prefix, len(settings.retry_delays_s)),
+              settings.recorder_group: [results_topic(prefix)]}
+    return {group: group_lag(settings, group, topics) for group, topics in groups.items()}
 
 
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:

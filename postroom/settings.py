@@ -16,6 +16,9 @@ from typing import Any
 from postroom.errors import ConfigError
 
 ENV_PREFIX = "POSTROOM_"
+# How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay
+# claim must outlast it, so a row is never claimed by two relays while one still waits.
+PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 # librdkafka settings that carry secrets: masked when a config is shown.
@@ -175,6 +178,13 @@ class Settings:
                 raise ConfigError(ENV_PREFIX + "KAFKA_CONFIG_FILE", str(exc)) from exc
             values["kafka_config"] = {**from_file, **values.get("kafka_config", {})}
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.relay_claim_ttl_s * 1000 <= PRODUCER_MESSAGE_TIMEOUT_MS:
+            raise ConfigError(env_name("relay_claim_ttl_s"),
+                              f"must be longer than the producer's message timeout "
+                              f"({PRODUCER_MESSAGE_TIMEOUT_MS / 1000:g}s), got "
+                              f"{self.relay_claim_ttl_s:g}s")
 
     def __repr__(self) -> str:
         shown = []

@@ -1,4 +1,8 @@
-"""Names of every Kafka topic postroom uses, derived from the topic prefix. Pure."""
+"""Names of every Kafka topic postroom uses, derived from the topic prefix. Pure.
+
+``Priority`` lives here, in the base, because its values are part of the topic names and both
+roles use it: enqueue validates it, the relay picks the topic, the sender orders its reads.
+"""
 
 from __future__ import annotations
 
@@ -58,14 +62,17 @@ def priority_of_topic(prefix: str, topic: str) -> Priority | None:
     return None
 
 
-def all_topics(prefix: str, retry_tiers: int) -> list[str]:
-    """Every topic postroom needs, in a stable order."""
+def sender_topics(prefix: str, retry_tiers: int) -> list[str]:
+    """What the sender group reads: every priority topic and every retry tier."""
     return [
         *(priority_topic(prefix, p) for p in Priority),
         *(retry_topic(prefix, n) for n in range(1, retry_tiers + 1)),
-        dead_letter_topic(prefix),
-        results_topic(prefix),
     ]
+
+
+def all_topics(prefix: str, retry_tiers: int) -> list[str]:
+    """Every topic postroom needs, in a stable order."""
+    return [*sender_topics(prefix, retry_tiers), dead_letter_topic(prefix), results_topic(prefix)]
 
 
 def topic_schemas(prefix: str, retry_tiers: int) -> dict[str, str]:

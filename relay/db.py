@@ -93,3 +93,13 @@ def check_schema(engine: sa.Engine) -> None:
         raise SchemaNotReadyError(
             f"outbox schema is at revision {current or 'none'}, expected {head}: "
             "run `postroom db upgrade`")
+
+
+def check_database(settings: Settings) -> str:
+    """What ``postroom check`` says of the database: it answers at the newest revision."""
+    engine = make_engine(settings)
+    try:
+        check_schema(engine)
+    finally:
+        engine.dispose()
+    return "schema at the newest revision"

@@ -10,6 +10,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from postroom.settings import Settings
 from postroom.topics import Priority
 from relay import sql, validation
 from relay.errors import InvalidEmailError
@@ -28,7 +29,7 @@ def enqueue(
     priority: str | Priority = Priority.NORMAL,
     send_after: dt.datetime | None = None,
     sender: str | None = None,
-    attachment_max_bytes: int = validation.DEFAULT_ATTACHMENT_MAX_BYTES,
+    attachment_max_bytes: int = Settings.attachment_max_bytes,
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
 

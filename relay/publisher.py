@@ -25,7 +25,7 @@ from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
 from postroom.metrics import Metrics
 from postroom.registry import framing_for
-from postroom.settings import Settings
+from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import libpq_conninfo
@@ -102,9 +102,6 @@ class Relay:
         self._stop = threading.Event()
         self.stats = RelayStats()
         self.metrics = metrics or Metrics()
-        if settings.relay_claim_ttl_s * 1000 <= kafka.PRODUCER_MESSAGE_TIMEOUT_MS:
-            raise ValueError("POSTROOM_RELAY_CLAIM_TTL must exceed the producer's message timeout "
-                             f"({kafka.PRODUCER_MESSAGE_TIMEOUT_MS} ms)")
 
     @property
     def producer(self) -> Producer:
@@ -209,7 +206,7 @@ class Relay:
             except BufferError:
                 # The local queue is full: serve callbacks until there is room.
                 if deadline is None:
-                    deadline = time.monotonic() + kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000
+                    deadline = time.monotonic() + PRODUCER_MESSAGE_TIMEOUT_MS / 1000
                 elif time.monotonic() > deadline:
                     raise
                 producer.poll(0.05)
@@ -284,7 +281,7 @@ class Relay:
             self._abandon(db, claimed, marking)
         db.close()
         if self._producer is not None:
-            remaining = self._producer.flush(kafka.PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
+            remaining = self._producer.flush(PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
             if remaining:
                 log.warning("relay stopped with %d records unacknowledged; their rows stay "
                             "unpublished and are claimed again after the claim expires", remaining)

@@ -7,7 +7,6 @@ the history, and the outbox row itself is written once when published, in place.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -162,7 +161,3 @@ def status_query(message_key: str | None, limit: int | None) -> sa.Select[Any]:
 INSERT_ROWS = (pg.insert(outbox)
                .on_conflict_do_nothing(index_elements=["idempotency_key"])
                .returning(outbox.c.id))
-
-
-def as_utc(value: dt.datetime | None) -> dt.datetime | None:
-    return None if value is None else value.astimezone(dt.UTC)

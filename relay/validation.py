@@ -13,7 +13,6 @@ from relay.errors import InvalidAttachmentError, InvalidEmailError
 MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
 MAX_LOCAL_LEN = 64
 MAX_SUBJECT_LEN = 998  # RFC 5322 line limit
-DEFAULT_ATTACHMENT_MAX_BYTES = 25 * 1024 * 1024
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _LOCAL = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")

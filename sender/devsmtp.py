@@ -278,7 +278,7 @@ class DevSmtpServer:
         self.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.stop()
 
     def message_ids(self) -> list[str | None]:
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                            latency_ms=args.latency, maildir=args.maildir, drop=args.drop)
     stopping = threading.Event()
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, _frame: Any) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

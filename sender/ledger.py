@@ -13,11 +13,17 @@ import asyncio
 import dataclasses
 import datetime as dt
 import enum
+import os
+import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+
+from postroom.errors import first_line
+from sender.errors import LedgerUnavailableError
 
 CLAIM = """
     INSERT INTO sender_ledger AS l (idempotency_key, state, owner, lease_until, attempt, updated_at)
@@ -48,6 +54,11 @@ RELEASE = """
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def sender_identity() -> str:
+    """Names this process in the ledger and in logs: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Claim(enum.StrEnum):
@@ -128,13 +139,17 @@ class Ledger:
 
     async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self._lock:
-            conn = await self._connection()
+            try:
+                conn = await self._connection()
+            except psycopg.Error as exc:
+                raise LedgerUnavailableError(f"cannot connect: {first_line(exc)}") from exc
             try:
                 cursor = await conn.execute(query, params)
                 return await cursor.fetchall() if cursor.description else []
-            except psycopg.OperationalError:
-                await conn.close()
-                raise
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    await conn.close()
+                raise LedgerUnavailableError(first_line(exc)) from exc
 
     async def claim(self, key: str, attempt: int) -> ClaimResult:
         """MINE (send it now: the lease starts), SENT (never again) or BUSY (someone else is)."""

@@ -96,6 +96,14 @@ class _CachedHeaderRegistry(HeaderRegistry):
 MESSAGE_POLICY = email.policy.SMTP.clone(header_factory=_CachedHeaderRegistry())
 
 
+def attachments_refusal(event: EmailRequested, root: Path | None) -> str | None:
+    """Why ``event``'s attachments may not be read at all, or None. Reading whatever path the
+    process can read is not on: without a root chosen by the operator, no attachment is sent."""
+    if event.attachments and root is None:
+        return "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"
+    return None
+
+
 def build_message(
     event: EmailRequested, *, attachments_root: Path | None, now: datetime,
 ) -> EmailMessage:

@@ -28,7 +28,6 @@ from postroom.topics import Priority
 
 # Most urgent first; choose_active relies on this order.
 PRIORITY_ORDER: tuple[Priority, ...] = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
-DEFAULT_STARVATION_LIMIT_ROUNDS = 10
 
 
 def choose_active(
@@ -90,3 +89,17 @@ def _counts(values: Mapping[Priority, int], name: str) -> dict[Priority, int]:
     if negative:
         raise ValueError(f"{name} cannot be negative: {negative}")
     return counts
+
+
+def partition_backlog(position: int, low: int, high: int, start: int | None) -> int:
+    """Records known to wait on one partition: its cached high watermark less our position.
+
+    ``high`` is negative before anything was fetched from the partition (nothing known: 0).
+    Before the partition has yielded a record our ``position`` is negative (unknown); then the
+    group's committed offset ``start`` stands in for it, or the low watermark without one.
+    """
+    if high < 0:
+        return 0
+    if position < 0:
+        position = start if start is not None and start >= 0 else max(low, 0)
+    return max(0, high - position)

@@ -13,9 +13,6 @@ import math
 
 from sender.outcome import Outcome, Verdict
 
-# Matches Settings.retry_delays_s: 5 minutes doubling, 5 attempts in all, 75 minutes of retrying.
-DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (300.0, 600.0, 1200.0, 2400.0)
-
 
 class Action(enum.StrEnum):
     DONE_SENT = "done_sent"  # accepted by the server: record it, never send again
@@ -31,32 +28,17 @@ class RetryDecision:
     action: Action
     tier: int | None = None                # retry tier to publish to, with RETRY only
     not_before: dt.datetime | None = None  # earliest start of the next attempt, with RETRY only
-    attempts_left: int = 0                 # attempts still to come after this one
-
-
-def compute_delays(base_s: float, factor: float, attempts: int) -> tuple[float, ...]:
-    """Delays before retries of a policy allowing ``attempts`` attempts in all.
-
-    Retry n waits ``base_s * factor ** (n - 1)``: ``compute_delays(300, 2, 5)`` is
-    ``(300.0, 600.0, 1200.0, 2400.0)``. One attempt means no retries and no delays.
-    """
-    if not (math.isfinite(base_s) and base_s > 0):
-        raise ValueError(f"base_s must be a positive number of seconds, got {base_s!r}")
-    if not (math.isfinite(factor) and factor >= 1):
-        raise ValueError(f"factor must be at least 1, got {factor!r}")
-    if attempts < 1:
-        raise ValueError(f"attempts counts the first try and must be at least 1, got {attempts}")
-    return tuple(float(base_s * factor**n) for n in range(attempts - 1))
 
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """Retry tier n (1-based) holds attempt n + 1 and waits ``delays_s[n - 1]`` seconds.
 
-    Build it from ``Settings.retry_delays_s``. With no tiers every transient failure is dead.
+    Built from ``Settings.retry_delays_s``, where the default lives. With no tiers every transient
+    failure is dead.
     """
 
-    delays_s: tuple[float, ...] = DEFAULT_RETRY_DELAYS_S
+    delays_s: tuple[float, ...]
 
     def __post_init__(self) -> None:
         delays = tuple(float(d) for d in self.delays_s)
@@ -69,27 +51,11 @@ class RetryPolicy:
     def tiers(self) -> int:
         return len(self.delays_s)
 
-    @property
-    def max_attempts(self) -> int:
-        """Attempts in all: the first try plus one per tier."""
-        return self.tiers + 1
-
-    @property
-    def total_delay_s(self) -> float:
-        """How long a message that keeps failing transiently is retried before it is dead."""
-        return sum(self.delays_s)
-
-    def delay_s(self, tier: int) -> float:
-        """Seconds retry tier ``tier`` waits."""
-        if not 1 <= tier <= self.tiers:
-            raise ValueError(f"retry tier must be between 1 and {self.tiers}, got {tier}")
-        return self.delays_s[tier - 1]
-
     def decide(self, outcome: Outcome, attempt: int, now: dt.datetime) -> RetryDecision:
         """What to do after attempt number ``attempt`` (1-based) ended with ``outcome`` at ``now``.
 
         A transient failure of attempt n goes to tier n while there is one. An attempt beyond
-        :attr:`max_attempts` (tiers were removed while messages sat in them) is dead, not an
+        the last tier (tiers were removed while messages sat in them) is dead, not an
         error, so shrinking the configuration cannot wedge a consumer.
         """
         if attempt < 1:
@@ -105,7 +71,6 @@ class RetryPolicy:
             Action.RETRY,
             tier=attempt,
             not_before=now + dt.timedelta(seconds=self.delays_s[attempt - 1]),
-            attempts_left=self.max_attempts - attempt,
         )
 
 

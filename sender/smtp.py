@@ -14,13 +14,14 @@ import errno
 import logging
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from pathlib import Path
 
 import aiosmtplib
 from aiosmtplib.email import parse_address
 
-from postroom.errors import ConfigError
+from postroom.errors import ConfigError, PostroomError
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
 
@@ -39,12 +40,13 @@ class SmtpConfig:
 
     host: str
     port: int
-    tls: TlsMode = TlsMode.AUTO
+    # The defaults are the settings' defaults, defined there once.
+    tls: TlsMode = Settings.smtp_tls
     username: str | None = None
     password: Secret | None = None
-    connect_timeout_s: float = 30.0
-    timeout_s: float = 60.0
-    concurrency: int = 20
+    connect_timeout_s: float = Settings.smtp_connect_timeout_s
+    timeout_s: float = Settings.smtp_timeout_s
+    concurrency: int = Settings.smtp_concurrency
     local_hostname: str | None = None  # the EHLO name; None: this host's FQDN, looked up once
     tls_ca_file: Path | None = None    # extra CA certificates trusted besides the system's
 
@@ -59,7 +61,7 @@ class SmtpConfig:
             connect_timeout_s=settings.smtp_connect_timeout_s,
             timeout_s=settings.smtp_timeout_s,
             concurrency=settings.smtp_concurrency,
-            tls_ca_file=getattr(settings, "smtp_tls_ca_file", None),
+            tls_ca_file=settings.smtp_tls_ca_file,
         )
 
 
@@ -69,6 +71,17 @@ class _Failed(Exception):  # internal control flow; never escapes this module
     def __init__(self, reply: SmtpReply) -> None:
         super().__init__(reply.text)
         self.reply = reply
+
+
+class SmtpSlot:
+    """A sending slot of an :class:`SmtpPool`, held by the ``async with pool.slot()`` block."""
+
+    def __init__(self, pool: SmtpPool) -> None:
+        self._pool = pool
+
+    async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
+        """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
+        return await self._pool._send_in_slot(message, sender, recipient)
 
 
 class SmtpPool:
@@ -87,40 +100,53 @@ class SmtpPool:
         self._local_hostname = config.local_hostname
         self._closed = False
 
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[SmtpSlot]:
+        """One of the ``concurrency`` sending slots, held for the block: the one limit on
+        connections. A caller that must do more than send while it holds the slot (the sender
+        claims the key first) takes it here; ``send`` takes one for a single message."""
+        if self._closed:
+            raise RuntimeError("SmtpPool is closed")
+        async with self._slots:
+            yield SmtpSlot(self)
+
     async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
         """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
+        async with self.slot() as slot:
+            return await slot.send(message, sender, recipient)
+
+    async def _send_in_slot(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
         if self._closed:
             raise RuntimeError("SmtpPool is closed")
         problem = _envelope_problem(sender) or _envelope_problem(recipient)
         if problem:
             return _log(SmtpReply(Stage.LOCAL, None, problem, Failure.BAD_MESSAGE), recipient)
-        async with self._slots:
-            smtp = self._take_idle()
-            reused = smtp is not None
-            try:
-                if smtp is None:
-                    smtp = await self._open()
+        smtp = self._take_idle()
+        reused = smtp is not None
+        try:
+            if smtp is None:
+                smtp = await self._open()
+            reply, healthy = await self._transaction(smtp, message, sender, recipient)
+            if reused and _stale(reply):
+                # The server dropped the idle connection before we spoke; nothing was sent.
+                logger.debug("smtp idle connection went stale; reconnecting",
+                             extra={"stage": reply.stage.value, "code": reply.code})
+                _discard(smtp)
+                smtp = await self._open()
                 reply, healthy = await self._transaction(smtp, message, sender, recipient)
-                if reused and _stale(reply):
-                    # The server dropped the idle connection before we spoke; nothing was sent.
-                    logger.debug("smtp idle connection went stale; reconnecting",
-                                 extra={"stage": reply.stage.value, "code": reply.code})
-                    _discard(smtp)
-                    smtp = await self._open()
-                    reply, healthy = await self._transaction(smtp, message, sender, recipient)
-            except _Failed as failed:
-                if smtp is not None:
-                    _discard(smtp)
-                return _log(failed.reply, recipient)
-            except BaseException:
-                if smtp is not None:
-                    _discard(smtp)  # mid-dialogue: the connection's state is unknown
-                raise
-            if healthy and smtp.is_connected and not self._closed:
-                self._idle.append(smtp)
-            else:
-                await _quit(smtp)
-            return _log(reply, recipient)
+        except _Failed as failed:
+            if smtp is not None:
+                _discard(smtp)
+            return _log(failed.reply, recipient)
+        except BaseException:
+            if smtp is not None:
+                _discard(smtp)  # mid-dialogue: the connection's state is unknown
+            raise
+        if healthy and smtp.is_connected and not self._closed:
+            self._idle.append(smtp)
+        else:
+            await _quit(smtp)
+        return _log(reply, recipient)
 
     async def probe(self) -> SmtpReply:
         """Connect, greet, upgrade and log in as a send would, then QUIT: whether sends can work.
@@ -145,7 +171,7 @@ class SmtpPool:
     async def __aenter__(self) -> SmtpPool:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         await self.close()
 
     def _take_idle(self) -> aiosmtplib.SMTP | None:
@@ -314,6 +340,21 @@ def _flatten(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
     if not eight_bit:
         policy = policy.clone(cte_type="7bit")  # re-encodes 8bit parts for a 7-bit server
     return message.as_bytes(policy=policy)
+
+
+def check_smtp(settings: Settings) -> str:
+    """What ``postroom check`` says of SMTP: a send's handshake works (ConfigError-free config,
+    connect, greet, TLS, login); PostroomError naming the stage that failed otherwise."""
+
+    async def probe() -> SmtpReply:
+        async with SmtpPool(SmtpConfig.from_settings(settings)) as pool:
+            return await pool.probe()
+
+    reply = asyncio.run(probe())
+    if reply.code != 250:
+        what = reply.failure.value if reply.failure else reply.code
+        raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
+    return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
 
 
 def _tls_context(config: SmtpConfig) -> ssl.SSLContext:

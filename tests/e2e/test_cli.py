@@ -336,6 +336,15 @@ def test_a_bad_setting_exits_2_naming_the_variable(cli: Cli, variable: str, valu
     assert error_line(proc).startswith(f"postroom status: configuration error: {variable}: ")
 
 
+def test_a_claim_ttl_within_the_producer_timeout_stops_the_relay_with_the_usual_message(
+        cli: Cli) -> None:
+    proc = cli("relay", POSTROOM_RELAY_CLAIM_TTL="20s")
+    assert proc.returncode == 2
+    assert error_line(proc) == ("postroom relay: configuration error: POSTROOM_RELAY_CLAIM_TTL: "
+                                "must be longer than the producer's message timeout (30s), got 20s")
+    assert "Traceback" not in proc.stderr
+
+
 def test_the_sender_refuses_a_missing_attachments_root_while_others_ignore_it(
         cli: Cli, tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-dir")

@@ -144,6 +144,29 @@ def test_concurrency_bounds_the_open_connections() -> None:
         server.stop()
 
 
+def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
+    """The sender holds a slot around its ledger claim and send: one limit, not two."""
+    server = DevSmtpServer("127.0.0.1", 0)
+    server.start()
+    try:
+        async def run() -> tuple[bool, list[int | None]]:
+            async with SmtpPool(config(server.port, concurrency=2)) as pool:
+                async with pool.slot() as first, pool.slot():
+                    blocked = asyncio.ensure_future(
+                        pool.send(make_message(), SENDER, "queued@example.com"))
+                    await asyncio.sleep(0.3)
+                    was_blocked = not blocked.done() and server.count() == 0
+                    reply = await first.send(make_message(), SENDER, "held@example.com")
+                return was_blocked, [reply.code, (await blocked).code]
+
+        was_blocked, codes = asyncio.run(run())
+    finally:
+        server.stop()
+    assert was_blocked
+    assert codes == [250, 250]
+    assert server.peak_connections <= 2
+
+
 def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
     server = DevSmtpServer("127.0.0.1", 0, latency_ms=2000)
     server.start()

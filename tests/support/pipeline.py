@@ -15,8 +15,9 @@ from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from relay.publisher import Relay
 from relay.recorder import Recorder
-from sender.ledger import Ledger
-from sender.service import Sender, lease_s, sender_identity
+from sender.claims import lease_s
+from sender.ledger import Ledger, sender_identity
+from sender.service import Sender
 
 
 class SenderThread:

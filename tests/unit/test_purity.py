@@ -9,7 +9,8 @@ import sys
 import pytest
 
 PURE_MODULES = [
-    "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "postroom.topics",
+    "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
+    "sender.offsets", "sender.claims", "postroom.topics",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from relay import enqueue
+from postroom import enqueue
 from relay.errors import InvalidAttachmentError, InvalidEmailError
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from relay import enqueue
+from postroom import enqueue
 from relay.db import downgrade, upgrade
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer
 
+from postroom import enqueue
 from postroom.settings import Settings
 from postroom.topics import results_topic
-from relay import enqueue
 from relay.publisher import Relay
 from relay.recorder import Recorder, RecorderStats
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for

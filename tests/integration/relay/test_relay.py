@@ -21,10 +21,11 @@ import fastavro
 import pytest
 import sqlalchemy as sa
 
+from postroom import enqueue
 from postroom.kafka import make_producer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
-from relay import enqueue, sql
+from relay import sql
 from relay.db import make_engine
 from relay.publisher import ROW_ID_HEADER, Relay
 from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema

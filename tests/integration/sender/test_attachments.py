@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from postroom import enqueue
 from postroom.settings import Settings, TlsMode
-from relay import enqueue
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows, wait_for
 

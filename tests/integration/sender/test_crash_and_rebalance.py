@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
+from postroom import enqueue
 from postroom.settings import Settings
-from relay import enqueue
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import wait_for

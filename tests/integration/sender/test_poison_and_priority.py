@@ -13,13 +13,13 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer
 
+from postroom import enqueue
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
-from relay import enqueue
 from relay.publisher import Relay
 from schemas.codec import SCHEMA_HEADER, load_schema
 from sender.devsmtp import DevSmtpServer
-from sender.service import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
+from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.pipeline import Pipeline, SenderThread, outbox_rows, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

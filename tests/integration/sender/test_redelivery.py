@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from postroom import enqueue
 from postroom.settings import Settings, TlsMode
 from postroom.topics import results_topic
-from relay import enqueue
 from relay.publisher import Relay
 from schemas.codec import DeliveryStatus, EmailResult, decode
 from sender.devsmtp import DevSmtpServer

@@ -126,6 +126,8 @@ def test_unrelated_variables_are_ignored() -> None:
     ("RELAY_POLL_INTERVAL", "0", "positive"),
     ("RELAY_POLL_INTERVAL", "soon", "not a duration"),
     ("RELAY_CLAIM_TTL", "-1s", "not a duration"),
+    ("RELAY_CLAIM_TTL", "20s", r"longer than the producer's message timeout \(30s\), got 20s"),
+    ("RELAY_CLAIM_TTL", "30s", "longer than the producer's message timeout"),
     ("RETRY_DELAYS", "5m,later", "not a duration"),
     ("RETRY_DELAYS", "5m,0s", "positive"),
     ("SMTP_PORT", "0", "not a TCP port"),

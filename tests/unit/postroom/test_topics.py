@@ -12,6 +12,7 @@ from postroom.topics import (
     priority_topic,
     results_topic,
     retry_topic,
+    sender_topics,
     tier_of_retry_topic,
 )
 
@@ -143,3 +144,12 @@ def test_all_topics_are_distinct_and_each_classified_once(prefix: str) -> None:
         for t in topics
     ]
     assert kinds == [1] * len(topics)
+
+
+@pytest.mark.parametrize(("tiers", "expected"), [
+    (0, ["p.email.high", "p.email.normal", "p.email.low"]),
+    (2, ["p.email.high", "p.email.normal", "p.email.low", "p.email.retry.1", "p.email.retry.2"]),
+])
+def test_the_sender_reads_priorities_and_tiers_but_not_results_or_dead_letters(
+        tiers: int, expected: list[str]) -> None:
+    assert sender_topics("p.", tiers) == expected

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from postroom import kafka
 from postroom.settings import Settings
+from relay import publisher
 from relay.publisher import Relay
 from schemas.codec import load_schema
 
@@ -95,5 +95,5 @@ def test_rows_the_producer_could_not_take_are_released_too(
         monkeypatch: pytest.MonkeyPatch) -> None:
     relay = relay_with(StandInProducer({b"k|r1@example.com"}, room=2))
     # A full local queue is retried until the producer's timeout; none here, to keep it short.
-    monkeypatch.setattr(kafka, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
+    monkeypatch.setattr(publisher, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
     assert relay._send(claimed_rows(4)) == ([2], [1, 3, 4])

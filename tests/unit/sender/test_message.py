@@ -18,6 +18,7 @@ from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
 from sender.message import (
     UnsafeHeaderError,
+    attachments_refusal,
     build_message,
     message_id_for,
     mime_type_for,
@@ -271,3 +272,16 @@ def test_control_character_in_an_attachment_path_is_refused(root: Path) -> None:
 def test_without_a_root_any_readable_path_is_allowed(root: Path) -> None:
     secret = root.parent / "private" / "secret.txt"
     assert read_attachment(str(secret), None) == ("secret.txt", b"do not mail me")
+
+
+@pytest.mark.parametrize(("attachments", "root", "refusal"), [
+    ((), None, None),
+    ((), Path("/srv/reports"), None),
+    (("q3.xlsx",), Path("/srv/reports"), None),
+    (("q3.xlsx",), None, "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"),
+    (("/srv/reports/q3.xlsx", "b.pdf"), None,
+     "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"),
+])
+def test_attachments_policy(attachments: tuple[str, ...], root: Path | None,
+                            refusal: str | None) -> None:
+    assert attachments_refusal(event(attachments=attachments), root) == refusal

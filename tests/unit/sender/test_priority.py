@@ -11,6 +11,7 @@ from sender.priority import (
     PRIORITY_ORDER,
     PriorityState,
     choose_active,
+    partition_backlog,
     plan_round,
 )
 
@@ -150,3 +151,19 @@ def test_negative_counts_are_rejected() -> None:
 def test_order_names_every_priority_most_urgent_first() -> None:
     assert PRIORITY_ORDER == (H, N, L)
     assert set(PRIORITY_ORDER) == set(Priority)
+
+
+@pytest.mark.parametrize(("position", "low", "high", "start", "backlog"), [
+    (10, 0, 25, None, 15),       # reading: what is left behind our position
+    (25, 0, 25, None, 0),        # caught up
+    (30, 0, 25, None, 0),        # a stale cached watermark never makes a negative backlog
+    (-1001, 0, -1001, 5, 0),     # nothing fetched yet: nothing known
+    (-1001, 0, 25, 20, 5),       # position unknown: the committed offset stands in
+    (-1001, 3, 25, None, 22),    # ...or the low watermark when nothing was committed
+    (-1001, 3, 25, -1001, 22),   # an invalid committed offset counts as none
+    (-1001, -1, 25, None, 25),
+    (-1001, 0, 25, 0, 25),       # offset 0 committed is a real start
+])
+def test_partition_backlog(position: int, low: int, high: int, start: int | None,
+                           backlog: int) -> None:
+    assert partition_backlog(position, low, high, start) == backlog

@@ -1,0 +1,191 @@
+"""Talks to Kafka for the sender's reads: the group subscription and its rebalances, pausing (a retry
+tier until its head record is due, lower priorities by the rule in sender/priority.py), and the
+offsets stored as tasks finish (sender/offsets.py decides which)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections import defaultdict
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
+
+from postroom import kafka
+from postroom.kafka import Record
+from postroom.metrics import Metrics
+from postroom.settings import Settings
+from postroom.topics import Priority, priority_of_topic, sender_topics
+from sender.offsets import TP, OffsetBook
+from sender.priority import PriorityState, partition_backlog, plan_round
+
+log = logging.getLogger(__name__)
+
+STARVATION_LIMIT_ROUNDS = 50   # at the sender's priority interval (0.1 s): a low priority waits ~5 s
+COMMITTED_TIMEOUT_S = 1.0
+
+
+class SenderConsumer:
+    """The sender's group membership. ``start()``, then ``fetch`` and ``take`` records and report
+    each one ``finished``; ``close()`` commits what is finished and leaves the group."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self.topics = sender_topics(settings.topic_prefix, len(settings.retry_delays_s))
+        self._consumer: Consumer | None = None
+        self._book = OffsetBook()
+        self._assigned: set[TP] = set()
+        self._waiting: dict[TP, dt.datetime] = {}   # retry partitions paused until due
+        self._priority_paused: set[TP] = set()
+        self._start_offsets: dict[TP, int] = {}     # where reading began, until position is known
+        self._priority_state = PriorityState()
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError("the sender's consumer is not started")
+        return self._consumer
+
+    def start(self) -> None:
+        self._consumer = kafka.make_consumer(self._settings, self._settings.sender_group)
+        self._consumer.subscribe(self.topics, on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()  # commits stored offsets and leaves the group
+
+    def fetch(self, max_records: int) -> list[Message]:
+        """What the broker has already sent us, without waiting."""
+        return self.consumer.consume(num_messages=max_records, timeout=0)
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def take(self, record: Record) -> None:
+        self._book.take(record.tp, record.offset)
+
+    def finished(self, tp: TP, offset: int) -> None:
+        """A task is done with the record at ``offset``: store the partition's commit point."""
+        point = self._book.finish(tp, offset)
+        if point is None or self._consumer is None:
+            return
+        try:
+            self._consumer.store_offsets(offsets=[TopicPartition(tp[0], tp[1], point)])
+        except KafkaException as exc:
+            log.debug("store_offsets %s failed: %s", tp, exc)
+
+    # -- rebalances ----------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned.update((tp.topic, tp.partition) for tp in partitions)
+        log.info("assigned %s", _names(partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Commit what is finished on the partitions we lose; their unfinished records go to the
+        next owner, whose ledger claim waits for our answer instead of sending twice."""
+        try:
+            # librdkafka keeps a partition's pause across a revoke; were it assigned to us again
+            # it would stay paused with nothing here to resume it.
+            consumer.resume(partitions)
+        except KafkaException as exc:
+            log.debug("resume on revoke: %s", exc)
+        commits = []
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._assigned.discard(key)
+            self._waiting.pop(key, None)
+            self._priority_paused.discard(key)
+            self._start_offsets.pop(key, None)
+            point = self._book.revoke(key)
+            if point is not None:
+                commits.append(TopicPartition(tp.topic, tp.partition, point))
+        if commits:
+            try:
+                consumer.commit(offsets=commits, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        log.info("revoked %s", _names(partitions))
+
+    # -- retry tiers ---------------------------------------------------------------------------
+
+    def hold_until_due(self, record: Record, due: dt.datetime) -> None:
+        """Pause a retry partition at this record and rewind to it; resume when it is due.
+        Polling goes on meanwhile, so heartbeats and fresh mail are not held up."""
+        tp = TopicPartition(record.topic, record.partition, record.offset)
+        self.consumer.pause([tp])
+        self.consumer.seek(tp)
+        self._waiting[record.tp] = due
+
+    def resume_due(self, now: dt.datetime) -> None:
+        due = [tp for tp, when in self._waiting.items() if when <= now]
+        if due:
+            for tp in due:
+                del self._waiting[tp]
+            self.consumer.resume([TopicPartition(t, p) for t, p in due])
+
+    # -- priorities ----------------------------------------------------------------------------
+
+    async def apply_priority(self) -> None:
+        """Pause or resume whole priorities by the rule in sender/priority.py."""
+        prefix = self._settings.topic_prefix
+        by_priority: dict[Priority, list[TP]] = defaultdict(list)
+        for tp in self._assigned:
+            priority = priority_of_topic(prefix, tp[0])
+            if priority is not None:
+                by_priority[priority].append(tp)
+        if not by_priority:
+            return
+        await self._look_up_start_offsets([tp for tps in by_priority.values() for tp in tps])
+        backlog = {p: self._backlog(by_priority.get(p, [])) for p in Priority}
+        active, self._priority_state = plan_round(self._priority_state, backlog,
+                                                  STARVATION_LIMIT_ROUNDS)
+        to_pause = [tp for p, tps in by_priority.items() if p not in active for tp in tps
+                    if tp not in self._priority_paused]
+        to_resume = [tp for p, tps in by_priority.items() if p in active for tp in tps
+                     if tp in self._priority_paused]
+        if to_pause:
+            self.consumer.pause([TopicPartition(t, p) for t, p in to_pause])
+            self._priority_paused.update(to_pause)
+        if to_resume:
+            self.consumer.resume([TopicPartition(t, p) for t, p in to_resume])
+            self._priority_paused.difference_update(to_resume)
+        for priority in Priority:
+            self._metrics.set("backlog", backlog[priority], priority=priority.value)
+
+    async def _look_up_start_offsets(self, tps: list[TP]) -> None:
+        """The group's committed offsets of partitions whose position is still unknown, asked
+        once per assignment in a worker thread (the broker's answer must not hold the loop)."""
+        unknown = [tp for tp in self.consumer.position([TopicPartition(t, p) for t, p in tps])
+                   if tp.offset < 0 and (tp.topic, tp.partition) not in self._start_offsets]
+        if not unknown:
+            return
+        for tp in unknown:
+            self._start_offsets[(tp.topic, tp.partition)] = OFFSET_INVALID
+        try:
+            committed = await asyncio.to_thread(self.consumer.committed, unknown,
+                                                timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            log.debug("committed offsets unavailable: %s", exc)
+            return
+        for tp in committed:
+            key = (tp.topic, tp.partition)
+            if key in self._start_offsets:  # not revoked while we asked
+                self._start_offsets[key] = tp.offset
+
+    def _backlog(self, tps: list[TP]) -> int:
+        if not tps:
+            return 0
+        total = 0
+        for tp in self.consumer.position([TopicPartition(t, p) for t, p in tps]):
+            try:
+                low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            total += partition_backlog(tp.offset, low, high,
+                                       self._start_offsets.get((tp.topic, tp.partition)))
+        return total
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

@@ -1,0 +1,48 @@
+"""Builds one event's message and sends it through a held SMTP slot within the send's deadline.
+
+Every way an attempt can end comes back as an :class:`~sender.outcome.SmtpReply`: the server's,
+or a local one standing in for it (no attachments root, an unreadable attachment, a header that
+would be unsafe, the deadline passed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+from schemas.codec import EmailRequested
+from sender.errors import AttachmentError
+from sender.message import attachments_refusal, build_message
+from sender.outcome import Failure, SmtpReply, Stage
+from sender.smtp import SmtpSlot
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """How the sender delivers: the default sender address, the attachments root, the deadline."""
+
+    mail_from: str
+    attachments_root: Path | None
+    deadline_s: float
+
+    async def send(self, event: EmailRequested, slot: SmtpSlot,
+                   now: dt.datetime) -> tuple[SmtpReply, str]:
+        """The reply to ``event``'s one send, and its Message-ID ("" when none was built)."""
+        sender = event.sender or self.mail_from
+        event = dataclasses.replace(event, sender=sender)
+        refusal = attachments_refusal(event, self.attachments_root)
+        if refusal is not None:
+            return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""
+        try:
+            message = build_message(event, attachments_root=self.attachments_root, now=now)
+        except (AttachmentError, ValueError) as exc:
+            return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
+        message_id = str(message["Message-ID"])
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await slot.send(message, sender, event.recipient), message_id
+        except TimeoutError:
+            return SmtpReply(Stage.LOCAL, None, f"the send took longer than its deadline of "
+                             f"{self.deadline_s:.0f}s", Failure.TIMEOUT), message_id

@@ -1,0 +1,119 @@
+"""Decides where the outcome of one delivery attempt goes: the result to publish, and the record for
+the next retry tier or the dead-letter topic with the headers that carry its history. Pure.
+
+The service encodes and produces what :func:`route` returns; the schema header each record needs
+is added there, with the encoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Sequence
+
+from postroom.topics import dead_letter_topic, retry_topic
+from schemas.codec import DeliveryStatus, EmailRequested, EmailResult
+from sender.outcome import Outcome, Verdict
+from sender.retry import Action, RetryDecision
+
+# One per failed attempt, oldest first: "attempt=<n> at=<iso time> <reason>".
+ERROR_HEADER = "postroom.error"
+# Where a dead letter was read, and why it is dead.
+DLQ_TOPIC_HEADER = "postroom.dlq.topic"
+DLQ_PARTITION_HEADER = "postroom.dlq.partition"
+DLQ_OFFSET_HEADER = "postroom.dlq.offset"
+DLQ_CLASS_HEADER = "postroom.dlq.classification"
+DLQ_REASON_HEADER = "postroom.dlq.reason"
+
+STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus.RETRYING,
+             Action.FAIL: DeliveryStatus.FAILED, Action.DEAD: DeliveryStatus.DEAD}
+CLASSIFICATION_OF = {Action.FAIL: "permanent", Action.DEAD: "transient-exhausted"}
+
+Headers = tuple[tuple[str, str | bytes | None], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where the event of an attempt was read."""
+
+    topic: str
+    partition: int
+    offset: int
+    headers: Headers = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """An event to produce besides the result: to the next retry tier, or to the dead letters."""
+
+    topic: str
+    event: EmailRequested
+    headers: Headers
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    status: DeliveryStatus
+    result: EmailResult
+    forward: Forward | None = None
+
+
+def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
+          decision: RetryDecision, message_id: str, now: dt.datetime) -> Routing:
+    """What to publish after ``event``, read at ``origin``, ended with ``outcome`` at ``now``."""
+    status = STATUS_OF[decision.action]
+    failed = outcome.verdict is not Verdict.SENT
+    result = EmailResult(
+        idempotency_key=event.idempotency_key, outbox_id=event.outbox_id,
+        recipient=event.recipient, status=status, attempt=event.attempt, occurred_at=now,
+        smtp_code=outcome.code, enhanced_code=outcome.enhanced_code,
+        error=outcome.reason if failed else None, next_attempt_at=decision.not_before,
+        message_id=message_id if decision.action is Action.DONE_SENT else None)
+    history = (*errors_of(origin.headers), *(
+        ((ERROR_HEADER, f"attempt={event.attempt} at={now.isoformat()} {outcome.reason}"),)
+        if failed else ()))
+    forward = None
+    if decision.action is Action.RETRY:
+        retry = dataclasses.replace(event, attempt=event.attempt + 1, not_before=decision.not_before)
+        forward = Forward(retry_topic(prefix, decision.tier or 1), retry, history)
+    elif decision.action in CLASSIFICATION_OF:
+        forward = Forward(dead_letter_topic(prefix), event, (
+            *history, *dead_letter_headers(origin, CLASSIFICATION_OF[decision.action],
+                                           outcome.reason)))
+    return Routing(status, result, forward)
+
+
+def already_sent(event: EmailRequested, message_id: str | None, now: dt.datetime) -> EmailResult:
+    """The result of an event whose key a server accepted before (a redelivery): sent, once."""
+    return EmailResult(
+        idempotency_key=event.idempotency_key, outbox_id=event.outbox_id,
+        recipient=event.recipient, status=DeliveryStatus.SENT, attempt=event.attempt,
+        occurred_at=now, message_id=message_id)
+
+
+def outcome_line(event: EmailRequested, decision: RetryDecision,
+                 reason: str) -> tuple[int, str]:
+    """The log level and line that say what became of an attempt (failures name the domain)."""
+    key, attempt = event.idempotency_key, event.attempt
+    if decision.action is Action.RETRY:
+        return logging.INFO, (f"key={key} attempt={attempt} transient ({reason}): retry tier "
+                              f"{decision.tier} at {decision.not_before}")
+    if decision.action in CLASSIFICATION_OF:
+        what = ("failed permanently" if decision.action is Action.FAIL
+                else "dead after the last retry tier")
+        return logging.ERROR, (f"key={key} domain={event.recipient.rpartition('@')[2]} "
+                               f"attempt={attempt} {what}: {reason}")
+    return logging.INFO, f"key={key} attempt={attempt} sent: {reason}"
+
+
+def errors_of(headers: Sequence[tuple[str, str | bytes | None]]) -> Headers:
+    """The failed-attempt history a record carries."""
+    return tuple((k, v) for k, v in headers if k == ERROR_HEADER)
+
+
+def dead_letter_headers(origin: Origin, classification: str, reason: str) -> Headers:
+    """Where a dead letter came from and why it is dead (``poison`` for an unreadable record)."""
+    return ((DLQ_TOPIC_HEADER, origin.topic), (DLQ_PARTITION_HEADER, str(origin.partition)),
+            (DLQ_OFFSET_HEADER, str(origin.offset)), (DLQ_CLASS_HEADER, classification),
+            (DLQ_REASON_HEADER, reason))

@@ -1,0 +1,36 @@
+"""What a production install carries: the core dependencies, and the test server only as an extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
+
+
+def project() -> dict[str, object]:
+    with PYPROJECT.open("rb") as f:
+        table: dict[str, object] = tomllib.load(f)["project"]
+    return table
+
+
+def test_the_smtp_test_server_is_an_extra_not_a_core_dependency() -> None:
+    core = project()["dependencies"]
+    extras = project()["optional-dependencies"]
+    assert isinstance(core, list) and isinstance(extras, dict)
+    assert not [d for d in core if d.startswith("aiosmtpd")]
+    for extra in ("devsmtp", "demo", "test"):
+        assert [d for d in extras[extra] if d.startswith("aiosmtpd")], extra
+
+
+def test_devsmtp_without_aiosmtpd_says_which_extra_to_install() -> None:
+    # None in sys.modules makes the import fail as it would where aiosmtpd is not installed.
+    probe = ("import sys; sys.modules['aiosmtpd'] = None; from postroom.cli import main; "
+             "sys.exit(main(['devsmtp', '--port', '0']))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("postroom devsmtp: error: the test server needs aiosmtpd: "
+                                   "pip install 'postroom[devsmtp]'")

@@ -1,0 +1,72 @@
+"""Tables for the commit point: never past a record still in flight, whatever order sends finish in."""
+
+from __future__ import annotations
+
+import pytest
+
+from sender.offsets import OffsetBook, PartitionProgress
+
+TP = ("postroom.email.normal", 0)
+OTHER = ("postroom.email.normal", 1)
+
+
+@pytest.mark.parametrize(("taken", "finished", "point"), [
+    ([], [], None),                       # nothing read yet: nothing to commit
+    ([5], [], 5),                         # one in flight: redeliver it after a crash
+    ([5], [5], 6),                        # done: the next one to read
+    ([5, 6, 7], [6, 7], 5),               # the oldest still sends: hold the point at it
+    ([5, 6, 7], [5], 6),
+    ([5, 6, 7], [5, 7], 6),
+    ([5, 6, 7], [7, 6, 5], 8),            # finished out of order, all done
+    ([3, 9], [3], 9),                     # a gap (compaction, a held retry record) is fine
+    ([9, 3], [9], 3),                     # taken out of order after a rewind
+    ([0], [0], 1),                        # offset 0 is a real offset, not "none"
+])
+def test_commit_point(taken: list[int], finished: list[int], point: int | None) -> None:
+    progress = PartitionProgress()
+    for offset in taken:
+        progress.take(offset)
+    for offset in finished:
+        progress.in_flight.discard(offset)
+    assert progress.commit_point() == point
+
+
+@pytest.mark.parametrize(("taken", "finishes"), [
+    ([10, 11, 12], [(11, 10), (10, 12), (12, 13)]),
+    ([4], [(4, 5)]),
+    ([1, 2], [(1, 2), (1, 2), (2, 3)]),   # a doubled finish changes nothing
+])
+def test_the_book_gives_the_point_to_store_after_each_finish(
+        taken: list[int], finishes: list[tuple[int, int]]) -> None:
+    book = OffsetBook()
+    for offset in taken:
+        book.take(TP, offset)
+    assert [book.finish(TP, offset) for offset, _ in finishes] == [point for _, point in finishes]
+
+
+def test_partitions_are_kept_apart() -> None:
+    book = OffsetBook()
+    book.take(TP, 1)
+    book.take(OTHER, 100)
+    assert book.finish(OTHER, 100) == 101
+    assert book.revoke(TP) == 1
+
+
+def test_a_revoked_partition_is_forgotten() -> None:
+    book = OffsetBook()
+    book.take(TP, 7)
+    book.take(TP, 8)
+    assert book.finish(TP, 8) == 7
+    assert book.revoke(TP) == 7
+    # A task of the lost assignment finishing later must not store anything.
+    assert book.finish(TP, 7) is None
+    assert book.revoke(TP) is None
+
+
+def test_reassigned_partition_starts_afresh() -> None:
+    book = OffsetBook()
+    book.take(TP, 7)
+    book.revoke(TP)
+    book.take(TP, 20)
+    assert book.finish(TP, 7) == 20   # the old task's offset is not in flight any more
+    assert book.finish(TP, 20) == 21
