@@ -22,6 +22,7 @@ from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
 from postroom.topics import Priority
+from schemas.registry import COMPATIBILITY_LEVELS
 
 log = logging.getLogger("postroom")
 
@@ -182,17 +183,30 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
     from postroom.kafka import check_topics
     from relay.db import check_database
+    from schemas.registry import check_registry
     from sender.smtp import check_smtp
 
     failed = 0
     for name, check in (("database", check_database), ("kafka", check_topics),
-                        ("smtp", check_smtp)):
+                        ("registry", check_registry), ("smtp", check_smtp)):
         try:
             print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
             print(f"FAIL  {name}: {first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def cmd_schemas_register(settings: Settings, args: argparse.Namespace) -> int:
+    from schemas.registry import register_contract
+
+    print(f"registering the contract for prefix {settings.topic_prefix!r} at "
+          f"{settings.require('schema_registry_url')} with compatibility {args.compatibility} ...",
+          file=sys.stderr)
+    for done in register_contract(settings, args.compatibility, schema_dir=args.schema_dir):
+        print(f"{'new' if done.new else 'exists':8} {done.subject} {done.schema_name} "
+              f"id={done.schema_id} version={done.version}")
+    return EXIT_OK
 
 
 def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
@@ -271,6 +285,20 @@ def build_parser() -> argparse.ArgumentParser:
         "create", help="create every topic postroom uses (idempotent; partitions, replication "
                        "and configs from POSTROOM_TOPIC_*)").set_defaults(handler=cmd_topics_create)
 
+    schemas = commands.add_parser("schemas", help="manage the contract in the Schema Registry")
+    schema_commands = schemas.add_subparsers(dest="schemas_command", required=True,
+                                             metavar="SUBCOMMAND")
+    register = schema_commands.add_parser(
+        "register", help="register schemas/*.avsc under each topic's subject <topic>-value at "
+                         "POSTROOM_SCHEMA_REGISTRY_URL and set its compatibility (idempotent; "
+                         "a schema the rule rejects is refused with the registry's message)")
+    register.add_argument("--compatibility", default="BACKWARD", choices=COMPATIBILITY_LEVELS,
+                          help="compatibility level of every subject (default BACKWARD)")
+    register.add_argument("--schema-dir", type=Path, metavar="DIR",
+                          help="register the .avsc files in DIR instead of this version's "
+                               "(e.g. a contract prepared for the next release)")
+    register.set_defaults(handler=cmd_schemas_register)
+
     enqueue = commands.add_parser("enqueue", help="queue one email per recipient")
     enqueue.add_argument("--key", help="message key, e.g. sales-report-2026-09 (default: subject)")
     enqueue.add_argument("--to", action="append", required=True, metavar="ADDR",
@@ -299,8 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
     commands.add_parser(
-        "check", help="is everything ready? database schema, broker and topics, SMTP server "
-                      "(exit code 0 when all are)").set_defaults(handler=cmd_check)
+        "check", help="is everything ready? database schema, broker and topics, the schema "
+                      "registry's subjects (when one is set), SMTP server (exit code 0 when all "
+                      "are)").set_defaults(handler=cmd_check)
     lag = commands.add_parser("lag", help="consumer-group lag of the sender and the recorder")
     lag.add_argument("--json", action="store_true", help="one JSON object per partition")
     lag.set_defaults(handler=cmd_lag)

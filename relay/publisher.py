@@ -24,12 +24,12 @@ from confluent_kafka import KafkaError, Message, Producer
 from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
 from postroom.metrics import Metrics
-from postroom.registry import framing_for
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import libpq_conninfo
 from schemas.codec import EmailRequested, Framing, SchemaError, encode_values, load_schema
+from schemas.registry import framing_for
 
 log = logging.getLogger(__name__)
 

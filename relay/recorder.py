@@ -20,11 +20,11 @@ from postroom import kafka
 from postroom.errors import first_line
 from postroom.kafka import readable_records
 from postroom.metrics import Metrics
-from postroom.registry import reader_for
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay import sql
 from schemas.codec import DeliveryStatus, EmailResult, SchemaById, SchemaError, decode
+from schemas.registry import reader_for
 
 log = logging.getLogger(__name__)
 

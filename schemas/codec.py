@@ -23,10 +23,12 @@ from typing import Any, TypeVar
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from postroom.errors import PostroomError
+
 SCHEMA_HEADER = "postroom.schema"
 
 
-class SchemaError(Exception):
+class SchemaError(PostroomError):
     """A record could not be encoded or decoded against the contract."""
 
 
@@ -410,8 +412,9 @@ def _fastavro_write(schema: Schema, record: Mapping[str, Any], label: str) -> by
 
 def headers_for(event: EmailRequested | EmailResult | type[EmailRequested] | type[EmailResult],
                 ) -> list[tuple[str, bytes]]:
-    """The header that names the writer schema (of an event or event type); callers add theirs."""
-    return [(SCHEMA_HEADER, load_schema(event.SCHEMA_NAME).fingerprint.encode())]
+    """The schemaless framing's header that names the writer schema (of an event or event type);
+    callers add theirs."""
+    return SCHEMALESS.headers(load_schema(event.SCHEMA_NAME))
 
 
 HeaderList = Sequence[tuple[str, str | bytes | None]]

@@ -29,10 +29,10 @@ from relay.publisher import Relay
 
 pytestmark = pytest.mark.e2e
 
-COMMANDS = ["db", "topics", "enqueue", "relay", "sender", "recorder", "check", "lag", "devsmtp",
-            "status"]
-SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["enqueue"], ["relay"], ["sender"],
-               ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
+COMMANDS = ["db", "topics", "schemas", "enqueue", "relay", "sender", "recorder", "check", "lag",
+            "devsmtp", "status"]
+SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["enqueue"],
+               ["relay"], ["sender"], ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
 LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
@@ -469,8 +469,10 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
                          POSTROOM_SMTP_PORT=str(server.port), POSTROOM_SMTP_TLS="auto")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka", "ok    smtp"]
+    assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka",
+                                                      "ok    registry", "ok    smtp"]
     assert "all 9 topics exist" in lines[1]
+    assert "none configured" in lines[2] and "schemaless" in lines[2]
 
 
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
@@ -480,5 +482,6 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("FAIL  database: ") and "postroom db upgrade" in lines[0]
     assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
-    assert lines[2].startswith("FAIL  smtp: connect: refused")
+    assert lines[2].startswith("ok    registry: none configured")
+    assert lines[3].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr
