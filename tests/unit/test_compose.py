@@ -91,7 +91,7 @@ def _env(service: list[str]) -> dict[str, str]:
 
 
 def test_every_service_postroom_needs_is_there(services: dict[str, list[str]]) -> None:
-    assert {"postgres", "kafka", "mailpit", *POSTROOM_SERVICES} <= services.keys()
+    assert {"postgres", "kafka", "registry", "mailpit", *POSTROOM_SERVICES} <= services.keys()
 
 
 def test_kafka_is_the_official_image_in_kraft_mode(services: dict[str, list[str]]) -> None:
@@ -110,7 +110,14 @@ def test_kafka_never_creates_topics_by_itself(services: dict[str, list[str]]) ->
     assert line.split(":", 1)[1].strip() == '"false"'
 
 
-@pytest.mark.parametrize("name", ["postgres", "kafka", "mailpit"])
+def test_the_registry_is_apicurio_with_its_heap_capped(services: dict[str, list[str]]) -> None:
+    registry = services["registry"]
+    assert (_value(registry, "image") or "").startswith("apicurio/apicurio-registry:3.")
+    assert "-Xmx256m" in _env(registry)["JAVA_OPTS_APPEND"]
+    assert "/apis/ccompat/v7" in (_value(_block(registry, "healthcheck"), "test") or "")
+
+
+@pytest.mark.parametrize("name", ["postgres", "kafka", "registry", "mailpit"])
 def test_backing_services_have_healthchecks(services: dict[str, list[str]], name: str) -> None:
     assert _value(_block(services[name], "healthcheck"), "test")
 
@@ -121,9 +128,10 @@ def test_init_migrates_and_creates_topics_once_backing_services_are_healthy(
     runs = " ".join([_value(init, "entrypoint") or "", _value(init, "command") or ""])
     assert "postroom db upgrade" in runs
     assert "postroom topics create" in runs
+    assert "postroom schemas register" in runs
     assert _value(init, "restart") in (None, "no"), "a one-shot must not be restarted"
     depends = _block(init, "depends_on")
-    for backing in ("postgres", "kafka"):
+    for backing in ("postgres", "kafka", "registry"):
         assert _value(_block(depends, backing), "condition") == "service_healthy"
 
 
@@ -186,6 +194,10 @@ def test_settings_point_at_services_in_the_file(services: dict[str, list[str]],
     assert kafka_host in services
     assert f"//{kafka_host}:{kafka_port}" in _env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
     assert postroom_env["POSTROOM_SMTP_HOST"] in services
+    registry = urlsplit(postroom_env["POSTROOM_SCHEMA_REGISTRY_URL"])
+    assert registry.hostname in services
+    assert f":{registry.port}" in " ".join(_block(services["registry"], "ports"))
+    assert registry.path == "/apis/ccompat/v7"
 
 
 def test_attachments_root_is_mounted_where_the_settings_say(
