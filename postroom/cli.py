@@ -81,13 +81,15 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     from relay.outbox import enqueue
 
     body = args.body if args.body is not None else _read_body(args.body_file)
+    html = _read_body(args.html_file, "--html-file") if args.html_file is not None else None
     engine = make_engine(settings)
     check_schema(engine)
     with engine.begin() as conn:
         queued = enqueue(conn, key=args.key, recipients=args.to, subject=args.subject, body=body,
                          attachments=args.attach, priority=args.priority,
                          send_after=args.send_after, sender=args.sender,
-                         attachment_max_bytes=settings.attachment_max_bytes)
+                         attachment_max_bytes=settings.attachment_max_bytes, html=html,
+                         inline=args.inline)
     if args.json:
         print(json.dumps({"queued": queued, "recipients": len(args.to),
                           "key": args.key if args.key is not None else args.subject}))
@@ -96,11 +98,11 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _read_body(path: Path) -> str:
+def _read_body(path: Path, option: str = "--body-file") -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PostroomError(f"cannot read --body-file {path}: {exc}") from exc
+        raise PostroomError(f"cannot read {option} {path}: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -309,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     body.add_argument("--body-file", type=Path, metavar="FILE", help="read the body from FILE")
     enqueue.add_argument("--attach", action="append", default=[], metavar="PATH",
                          help="file to attach (stored as a path); repeat for several")
+    enqueue.add_argument("--html-file", type=Path, metavar="FILE",
+                         help="an HTML body (UTF-8) sent beside the text body")
+    enqueue.add_argument("--inline", action="append", default=[], metavar="PATH",
+                         help="an image the HTML shows as cid:<file name> (stored as a path); "
+                              "repeat for several")
     enqueue.add_argument("--priority", default="normal", choices=[p.value for p in Priority])
     enqueue.add_argument("--send-after", type=_iso_datetime, metavar="ISO8601",
                          help="not before this time, e.g. 2026-10-02T07:00:00+00:00")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mimetypes
 import re
 import stat
 from collections.abc import Iterable, Sequence
@@ -13,6 +14,8 @@ from relay.errors import InvalidAttachmentError, InvalidEmailError
 MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
 MAX_LOCAL_LEN = 64
 MAX_SUBJECT_LEN = 998  # RFC 5322 line limit
+# Text and HTML travel inside the Kafka record, whose default limit (message.max.bytes) is 1 MB.
+MAX_HTML_BYTES = 512 * 1024
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _LOCAL = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
@@ -78,6 +81,38 @@ def check_body(body: str) -> str:
     return body
 
 
+def check_html(html: str | None) -> str | None:
+    """The HTML body as given: its size is checked, not its markup."""
+    if html is None:
+        return None
+    if "\x00" in html:
+        raise InvalidEmailError("html contains a NUL character")
+    size = len(html.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_HTML_BYTES:
+        raise InvalidEmailError(f"html is {size} bytes, over the limit of {MAX_HTML_BYTES}")
+    return html
+
+
+def check_inline(paths: Sequence[str | Path], html: str | None, max_bytes: int) -> list[str]:
+    """Absolute paths of inline images, checked like attachments; each must be an image and
+    have a file name of its own, which the HTML refers to as ``cid:<file name>``."""
+    files = check_attachments(paths, max_bytes, what="inline image")
+    if files and html is None:
+        raise InvalidEmailError("inline images need an html body that shows them")
+    names: set[str] = set()
+    for path in files:
+        name = Path(path).name
+        guessed, _ = mimetypes.guess_type(name, strict=False)
+        if not (guessed or "").startswith("image/"):
+            raise InvalidAttachmentError(f"inline image {path} is not an image file "
+                                         "(.png, .jpg, .gif, .svg, ...)")
+        if name in names:
+            raise InvalidAttachmentError(f"two inline images are named {name}: the HTML "
+                                         f"could not tell cid:{name} apart")
+        names.add(name)
+    return files
+
+
 def check_priority(priority: str | Priority) -> Priority:
     try:
         return Priority.parse(str(priority))
@@ -85,26 +120,28 @@ def check_priority(priority: str | Priority) -> Priority:
         raise InvalidEmailError(str(exc)) from None
 
 
-def check_attachments(paths: Sequence[str | Path], max_bytes: int) -> list[str]:
-    """Absolute paths of attachments that exist, are regular files and are small enough."""
+def check_attachments(paths: Sequence[str | Path], max_bytes: int, *,
+                      what: str = "attachment") -> list[str]:
+    """Absolute paths of attachments (or inline images: ``what``) that exist, are regular files
+    and are small enough."""
     if isinstance(paths, (str, Path)):
-        raise InvalidEmailError("attachments must be a list of paths, not one path")
+        raise InvalidEmailError(f"{what}s must be a list of paths, not one path")
     result: list[str] = []
     for raw in paths:
         path = Path(raw).expanduser().absolute()
         if _CONTROL.search(str(path)):
-            raise InvalidAttachmentError(f"attachment path {str(raw)!r} has a control character")
+            raise InvalidAttachmentError(f"{what} path {str(raw)!r} has a control character")
         try:
             info = path.stat()
         except FileNotFoundError:
-            raise InvalidAttachmentError(f"attachment {path} does not exist") from None
+            raise InvalidAttachmentError(f"{what} {path} does not exist") from None
         except OSError as exc:
-            raise InvalidAttachmentError(f"attachment {path} cannot be read: {exc}") from None
+            raise InvalidAttachmentError(f"{what} {path} cannot be read: {exc}") from None
         if not stat.S_ISREG(info.st_mode):
-            raise InvalidAttachmentError(f"attachment {path} is not a regular file")
+            raise InvalidAttachmentError(f"{what} {path} is not a regular file")
         if info.st_size > max_bytes:
             raise InvalidAttachmentError(
-                f"attachment {path} is {info.st_size} bytes, over the limit of {max_bytes}")
+                f"{what} {path} is {info.st_size} bytes, over the limit of {max_bytes}")
         result.append(str(path))
     return result
 

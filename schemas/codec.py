@@ -328,6 +328,9 @@ class EmailRequested:
     created_at: dt.datetime
     attempt: int = 1
     not_before: dt.datetime | None = None
+    # version 2 of the contract
+    html: str | None = None
+    inline: tuple[str, ...] = ()
 
     SCHEMA_NAME = "email_requested"
 
@@ -376,6 +379,7 @@ def _to_record(event: EmailRequested | EmailResult) -> dict[str, Any]:
     record = {name: getattr(event, name) for name in _FIELD_NAMES[type(event)]}
     if isinstance(event, EmailRequested):
         record["attachments"] = list(event.attachments)
+        record["inline"] = list(event.inline)
         _require_aware(event.created_at, event.not_before)
     else:
         record["status"] = event.status.value
@@ -493,10 +497,23 @@ class Framing:
 SCHEMALESS = Framing()
 
 
+@cache
+def earlier_versions(name: str) -> tuple[Schema, ...]:
+    """The contract's earlier versions of ``schemas/<name>.avsc``, kept in ``schemas/history/``
+    as ``<name>_v<n>.avsc``, oldest first."""
+    history = resources.files("schemas").joinpath("history")
+    found = sorted((int(entry.name.removeprefix(f"{name}_v").removesuffix(".avsc")), entry)
+                   for entry in history.iterdir()
+                   if entry.name.startswith(f"{name}_v") and entry.name.endswith(".avsc"))
+    return tuple(parse_schema_text(entry.read_text(encoding="utf-8"), f"history/{entry.name}")
+                 for _, entry in found)
+
+
 def known_writer_schemas(name: str, extra: Sequence[Schema] = ()) -> Mapping[str, Schema]:
-    """Writer schemas a reader accepts, by fingerprint: today's plus any ``extra`` versions."""
+    """Writer schemas a reader accepts, by fingerprint: today's, its earlier versions (records
+    of them wait on retry tiers through an upgrade), and any ``extra`` ones."""
     current = load_schema(name)
-    return {s.fingerprint: s for s in (current, *extra)}
+    return {s.fingerprint: s for s in (current, *earlier_versions(name), *extra)}
 
 
 def decode(
@@ -549,8 +566,9 @@ def from_record(cls: type[Event], record: Mapping[str, Any]) -> Event:
     """Build ``cls`` from a decoded Avro record, ignoring fields it does not know."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in record.items() if k in names}
-    if "attachments" in values:
-        values["attachments"] = tuple(values["attachments"])
+    for name in ("attachments", "inline"):
+        if name in values:
+            values[name] = tuple(values[name])
     if cls is EmailResult and "status" in values:
         values["status"] = DeliveryStatus(values["status"])
     try:

@@ -29,7 +29,7 @@ def test_0004_moves_unpublished_rows_and_their_claims_to_the_queue_and_back(
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0003)
 
-    assert upgrade(engine) == "0004"
+    assert upgrade(engine) == "0005"
     with engine.begin() as conn:
         assert conn.execute(QUEUE).all() == [("claimed", True), ("waiting", False)]
         # New rows enter the queue through the insert trigger, published ones do not.
