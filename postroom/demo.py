@@ -8,6 +8,8 @@ mail server down, queues October, brings the server back and shows October deliv
 from __future__ import annotations
 
 import dataclasses
+import email
+import email.policy
 import json
 import os
 import shlex
@@ -127,6 +129,9 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
               f"{row['last_error'] or ''}")
 
 
+SEPTEMBER = (("north", 412, 51_230.50), ("south", 388, 47_915.00), ("west", 290, 36_004.25))
+
+
 def make_workbook(path: Path) -> Path:
     from openpyxl import Workbook
 
@@ -134,10 +139,33 @@ def make_workbook(path: Path) -> Path:
     sheet = book.active
     sheet.title = "September 2026"
     sheet.append(["region", "orders", "revenue"])
-    for row in (["north", 412, 51_230.50], ["south", 388, 47_915.00], ["west", 290, 36_004.25]):
-        sheet.append(row)
+    for row in SEPTEMBER:
+        sheet.append(list(row))
     book.save(path)
     return path
+
+
+def make_html_summary(path: Path) -> Path:
+    """The report owners' HTML summary: a small table of the month's figures."""
+    rows = "".join(f"<tr><td>{region}</td><td>{orders}</td><td>{revenue:,.2f}</td></tr>"
+                   for region, orders, revenue in SEPTEMBER)
+    total = sum(revenue for _, _, revenue in SEPTEMBER)
+    path.write_text(
+        "<html><body><h2>Sales — September 2026</h2>"
+        "<table border=\"1\"><tr><th>region</th><th>orders</th><th>revenue</th></tr>"
+        f"{rows}<tr><th>total</th><th>{sum(o for _, o, _ in SEPTEMBER)}</th>"
+        f"<th>{total:,.2f}</th></tr></table><p>The workbook is attached.</p></body></html>",
+        encoding="utf-8")
+    return path
+
+
+def mime_outline(raw: bytes) -> str:
+    """A received message's MIME structure on one line, e.g. mixed(alternative(plain, html), ...)."""
+    def outline(part: Any) -> str:
+        if part.is_multipart():
+            return f"{part.get_content_subtype()}({', '.join(map(outline, part.iter_parts()))})"
+        return str(part.get_content_subtype())
+    return outline(email.message_from_bytes(raw, policy=email.policy.default))
 
 
 def reset_schema(settings: Settings) -> None:
@@ -176,11 +204,14 @@ def run() -> int:
         demo.start("sender", "sender")
         demo.start("recorder", "recorder")
 
-        say("The report job: build the September workbook and queue it for four recipients")
+        say("The report job: build the September workbook and an HTML summary, and queue them "
+            "for four recipients")
         report = make_workbook(workdir / "sales_2026-09.xlsx")
+        summary = make_html_summary(workdir / "summary_2026-09.html")
         enqueue = ["enqueue", "--key", "sales-report-2026-09",
                    "--subject", "Sales report — September 2026",
                    "--body", "The September sales report is attached.", "--attach", str(report),
+                   "--html-file", str(summary),
                    *[arg for address in TEAM for arg in ("--to", address)]]
         demo.postroom(*enqueue)
         say("The job runs again by mistake: nothing is queued twice")
@@ -212,11 +243,15 @@ def run() -> int:
         print_table(rows)
 
         say("What the mail server received (Maildir), and the consumer groups' lag")
-        received = Counter(m.rcpt for m in read_maildir(workdir / "maildir"))
+        messages = read_maildir(workdir / "maildir")
+        received = Counter(m.rcpt for m in messages)
         for address in TEAM:
             print(f"   {address:<26} {received.get(address, 0)} message(s)")
         print(f"   {sum(received.values())} in all: September to three recipients, "
               "October to finance@, nothing twice")
+        september = next(m for m in messages if m.rcpt == "ceo@example.com")
+        print(f"   ceo@'s September email: {mime_outline(september.raw)} "
+              "(text and HTML summary, the workbook attached)")
         demo.postroom("lag")
         say("Done. The whole run is on the local stack; logs are in " + str(workdir))
     finally:
