@@ -12,7 +12,7 @@ ENV_FILE := $(DEV_DIR)/env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k relay -x'
 PYTEST_ARGS ?=
 
-.PHONY: help venv services services-down services-status services-clean test demo lint bench
+.PHONY: help venv services services-down services-status services-clean test demo lint bench check-alerts
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -47,3 +47,6 @@ lint: venv ## ruff, mypy strict, the import layers (import-linter) and dead code
 
 bench: services ## run the benchmarks against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m bench
+
+check-alerts: ## promtool check and test of deploy/prometheus (fetches promtool from Debian once)
+	@scripts/check-alerts.sh

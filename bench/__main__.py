@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_before = os.getloadavg()[0]
         try:
             section = _runner(name)(base, Options(quick=args.quick, profile=args.profile))
-        except BenchError as exc:
+        except (BenchError, ChildProcessError, TimeoutError) as exc:
+            # The last two: a postroom process exited or never got going (postroom.devkit).
             print(f"bench {name}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
         # The stack shares the CPUs with whatever else runs; say how busy the machine was.

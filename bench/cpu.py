@@ -51,6 +51,18 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime (fields 14, 15)
 
 
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of process ``pid`` in MiB (VmRSS), None if unknown."""
+    try:
+        status = (_PROC / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
 def pids_named(*commands: str) -> dict[str, int]:
     """Every running process whose command name is one of ``commands``, as ``command:pid`` ->
     pid (e.g. the local stack's PostgreSQL backends); empty where /proc is missing."""

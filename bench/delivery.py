@@ -1,8 +1,7 @@
-"""Delivery benchmark: the seed's design, postroom end to end and a bare aiosmtplib client, side by side.
-
-Same messages to smtp-sink (no latency) and postroom's devsmtp at 100 ms per message; postroom runs
-as `postroom relay|sender|recorder` subprocesses, timed from enqueue commit to the last row sent.
-"""
+"""Delivery benchmark: the seed's design, django-post-office, postroom end to end and a bare
+aiosmtplib client, side by side, to smtp-sink (no latency) and devsmtp at 100 ms per message;
+postroom runs as `postroom relay|sender|recorder` subprocesses, timed from enqueue commit to the
+last row recorded sent."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from email.message import EmailMessage
 from email.utils import make_msgid
 from pathlib import Path
@@ -26,31 +25,48 @@ import aiosmtplib
 import sqlalchemy as sa
 
 from bench import seed_baseline
-from bench.cpu import CpuUsage, sample, usage
-from bench.processes import PostroomProcesses, postroom_command, stop_process
+from bench.cpu import CpuUsage, rss_mib, sample, usage
+from bench.peers import postoffice
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
+from postroom.devkit.ports import free_port
+from postroom.devkit.processes import PostroomProcesses, postroom_command, stop_process
+from postroom.devkit.scratch import scratch_env
 from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 
 HOST = "127.0.0.1"
 DEVSMTP_LATENCY_MS = 100
-TARGET_POSTROOM_OVER_SEED = 50.0
-TARGET_POSTROOM_OVER_BARE = 0.7
+# Issue 14's targets.
+TARGET_OVER_SEED_ON_SINK = 2.0
+TARGET_OVER_POSTOFFICE_ON_SINK = 2.0
+TARGET_OF_CEILING_AT_20 = 0.9
+TARGET_OVER_SEED_AT_64 = 50.0
+TARGET_CPU_MS_PER_EMAIL = 0.5
+TARGET_RSS_GROWTH = 1.2  # end RSS over start RSS across the backlog: "flat"
+WIDE_CONCURRENCY = 64
+POSTOFFICE_THREADS = 20
 SERVER_START_TIMEOUT_S = 15.0
 WARMUP_TIMEOUT_S = 120.0
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 SMTP_TIMEOUT_S = 30.0
 
-SEED, POSTROOM, BARE = "seed", "postroom", "bare"
+SEED, POSTOFFICE, BARE = "seed", "post-office", "bare"
+POSTROOM, POSTROOM_WIDE, POSTROOM_TWO = "postroom", "postroom-64", "postroom-2"
+BACKLOG = "postroom-backlog"
 DESIGN_LABELS = {
     SEED: "seed: SQLite outbox + smtplib, 1 connection",
+    POSTOFFICE: f"django-post-office 3.12, SQLite, {POSTOFFICE_THREADS} threads",
     POSTROOM: "postroom: relay -> Kafka -> sender -> recorder",
+    POSTROOM_WIDE: "postroom: relay -> Kafka -> sender -> recorder",
+    POSTROOM_TWO: "postroom, two sender processes",
+    BACKLOG: "postroom, one backlog (sender RSS watched)",
     BARE: "bare aiosmtplib client",
 }
-COMPONENTS = ("relay", "recorder", "sender")
+POSTROOM_DESIGNS = (POSTROOM, POSTROOM_WIDE, POSTROOM_TWO, BACKLOG)
+ROLES = ("relay", "recorder", "sender")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +84,14 @@ class ServerPlan:
         return "smtp-sink (no latency)"
 
 
-FULL = (ServerPlan("smtp-sink", 0, {SEED: 5_000, POSTROOM: 5_000, BARE: 5_000}),
-        ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 100, POSTROOM: 2_000, BARE: 2_000}))
-QUICK = (ServerPlan("smtp-sink", 0, {SEED: 1_000, POSTROOM: 1_000, BARE: 1_000}),
-         ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 30, POSTROOM: 400, BARE: 400}))
+FULL = (ServerPlan("smtp-sink", 0, {SEED: 5_000, POSTOFFICE: 5_000, POSTROOM: 5_000,
+                                    POSTROOM_TWO: 5_000, BARE: 5_000, BACKLOG: 100_000}),
+        ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 100, POSTOFFICE: 2_000, POSTROOM: 2_000,
+                                                   POSTROOM_WIDE: 2_000, BARE: 2_000}))
+QUICK = (ServerPlan("smtp-sink", 0, {SEED: 1_000, POSTOFFICE: 1_000, POSTROOM: 1_000,
+                                     POSTROOM_TWO: 1_000, BARE: 1_000, BACKLOG: 5_000}),
+         ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 30, POSTOFFICE: 400, POSTROOM: 400,
+                                                    POSTROOM_WIDE: 400, BARE: 400}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +107,7 @@ class Timed:
     seconds: float
     cpu: CpuUsage | None
     note: str = ""
+    rss_mib: tuple[float, float] | None = None  # the sender's resident memory at start and end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,11 +128,6 @@ class Run:
 
 # -- servers ---------------------------------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
@@ -179,20 +195,18 @@ def run_seed(server: Server, emails: int) -> Timed:
 # -- (b) postroom end to end -----------------------------------------------------------------------
 
 
-def component_env(settings: Settings, port: int) -> dict[str, str]:
-    """The environment of the postroom processes: the scratch names, the server, default SMTP."""
+def component_env(settings: Settings, port: int, concurrency: int) -> dict[str, str]:
+    """The environment of the postroom processes: the scratch names, the server, the default SMTP
+    settings but ``concurrency``."""
     inherited = {k: v for k, v in os.environ.items()
                  if not k.startswith((ENV_PREFIX + "SMTP_", ENV_PREFIX + "DEVSMTP_",
                                       ENV_PREFIX + "METRICS_"))}
     return {
         **inherited,
-        ENV_PREFIX + "DATABASE_SCHEMA": settings.database_schema or "",
-        ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
-        ENV_PREFIX + "SENDER_GROUP": settings.sender_group,
-        ENV_PREFIX + "RECORDER_GROUP": settings.recorder_group,
+        **scratch_env(settings),
         ENV_PREFIX + "SMTP_HOST": HOST,
         ENV_PREFIX + "SMTP_PORT": str(port),
-        ENV_PREFIX + "SMTP_CONCURRENCY": str(Settings().smtp_concurrency),
+        ENV_PREFIX + "SMTP_CONCURRENCY": str(concurrency),
         ENV_PREFIX + "MAIL_FROM": MAIL_FROM,
         ENV_PREFIX + "LOG_LEVEL": "INFO",
     }
@@ -217,12 +231,16 @@ def _first_error(engine: sa.Engine, key: str) -> str:
 
 
 def _wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, emails: int,
-                   timeout_s: float) -> dt.datetime:
-    """Wait until every row of ``key`` is sent; return when the recorder wrote the last one."""
+                   timeout_s: float,
+                   on_progress: Callable[[int], None] | None = None) -> dt.datetime:
+    """Wait until every row of ``key`` is sent; return when the recorder wrote the last one.
+    ``on_progress(sent)`` is called at every look."""
     deadline = time.monotonic() + timeout_s
     next_report = time.monotonic() + PROGRESS_EVERY_S
     while time.monotonic() < deadline:
         sent, unsent, total, last = _progress_of(engine, key)
+        if on_progress is not None:
+            on_progress(sent)
         if unsent:
             # The default retry tiers start at 5 minutes: a run with a retry cannot finish in time.
             raise BenchError(f"{unsent} of {total} rows were not delivered "
@@ -237,37 +255,68 @@ def _wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, e
     raise BenchError(f"timed out after {timeout_s:.0f}s with {sent} of {emails} rows sent")
 
 
-def run_postroom(base: Settings, server: Server, emails: int) -> Timed:
-    """From the enqueue commit to the last row recorded sent; notes what the logs complained of."""
+def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,
+                 senders: int = 1) -> Timed:
+    """From the enqueue commit to the last row recorded sent; notes what the logs complained of
+    and the first sender's resident memory once a tenth of the rows are sent (its caches and
+    buffers warm) and once the last one is."""
+    roles = {"relay": "relay", "recorder": "recorder",
+             **{("sender" if n == 0 else f"sender-{n + 1}"): "sender" for n in range(senders)}}
     with scratch(base, "delivery") as settings, \
             tempfile.TemporaryDirectory(prefix="bench-postroom-") as tmp:
         engine = make_engine(settings)
         try:
-            progress(f"delivery: starting postroom {', '.join(COMPONENTS)} "
-                     f"(SMTP concurrency {Settings().smtp_concurrency})")
-            with PostroomProcesses(component_env(settings, server.port), Path(tmp),
-                                   {name: name for name in COMPONENTS}) as components:
+            progress(f"delivery: starting postroom {', '.join(roles)} (SMTP concurrency "
+                     f"{concurrency})")
+            with PostroomProcesses(component_env(settings, server.port, concurrency), Path(tmp),
+                                   roles) as components:
                 pids = {**components.pids, "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
                 _wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
                 progress(f"delivery: postroom is up (one warm-up email went through); "
                          f"enqueueing {emails:,} rows in one transaction")
+                warm_rss: list[float | None] = []
+
+                def watch_rss(sent: int) -> None:
+                    if not warm_rss and sent >= emails / 10:
+                        warm_rss.append(rss_mib(pids["sender"]))
+
                 with engine.begin() as conn:
                     enqueue_rows(conn, "bench", recipients(emails))
                 committed_at, before = time.time(), sample(pids)
-                last = _wait_all_sent(engine, components, "bench", emails, 60 + emails / 20)
+                last = _wait_all_sent(engine, components, "bench", emails, 60 + emails / 20,
+                                      watch_rss)
                 seconds, after = last.timestamp() - committed_at, sample(pids)
+                rss_after = rss_mib(pids["sender"])
             complaints = components.complaints()
         finally:
             engine.dispose()
     for name, lines in complaints.items():
         progress(f"delivery: postroom {name} logged {len(lines)} warnings/errors, e.g. {lines[0]}")
     note = "; ".join(f"{name}: {len(lines)} warnings/errors" for name, lines in complaints.items())
-    return Timed(seconds, usage(before, after), note)
+    rss_before = warm_rss[0] if warm_rss else None
+    rss = (rss_before, rss_after) if rss_before is not None and rss_after is not None else None
+    return Timed(seconds, usage(before, after), note, rss)
 
 
-# -- (c) the bare client ---------------------------------------------------------------------------
+# -- (c) django-post-office ------------------------------------------------------------------------
+
+
+def run_postoffice(server: Server, emails: int) -> Timed:
+    """Its send phase only (``send_queued_mail`` until nothing is queued), as issue 14 times it;
+    its queueing with ``mail.send`` is slower still and not counted."""
+    before = sample({"server": server.pid})
+    figures = postoffice.run(HOST, server.port, recipients(emails), threads=POSTOFFICE_THREADS,
+                             sender=MAIL_FROM, subject=SUBJECT, body=BODY)
+    after = sample({"server": server.pid})
+    cpu = usage(before, after)
+    if cpu is not None:
+        cpu = dataclasses.replace(cpu, processes={"post-office": figures.cpu_s, **cpu.processes})
+    return Timed(figures.send_s, cpu, f"queueing with mail.send took {figures.queue_s:.1f} s")
+
+
+# -- (d) the bare client ---------------------------------------------------------------------------
 
 
 async def _bare_send(port: int, addresses: list[str], connections: int) -> None:
@@ -304,72 +353,127 @@ def run_bare(server: Server, emails: int, connections: int) -> Timed:
 # -- the benchmark ---------------------------------------------------------------------------------
 
 
+def _run_design(base: Settings, server: Server, design: str, emails: int,
+                concurrency: int) -> Timed:
+    if design == SEED:
+        return run_seed(server, emails)
+    if design == POSTOFFICE:
+        return run_postoffice(server, emails)
+    if design == BARE:
+        return run_bare(server, emails, concurrency)
+    return run_postroom(base, server, emails,
+                        concurrency=WIDE_CONCURRENCY if design == POSTROOM_WIDE else concurrency,
+                        senders=2 if design == POSTROOM_TWO else 1)
+
+
 def run(base: Settings, options: Options) -> Section:
     concurrency = Settings().smtp_concurrency
     runs: list[Run] = []
     for plan in QUICK if options.quick else FULL:
         with smtp_server(plan) as server:
-            emails = plan.emails[SEED]
-            progress(f"delivery: seed design, {emails:,} emails to {plan.label}")
-            runs.append(Run(plan, SEED, emails, run_seed(server, emails)))
-            emails = plan.emails[POSTROOM]
-            progress(f"delivery: postroom end to end, {emails:,} emails to {plan.label}")
-            runs.append(Run(plan, POSTROOM, emails, run_postroom(base, server, emails)))
-            emails = plan.emails[BARE]
-            progress(f"delivery: bare aiosmtplib x{concurrency}, {emails:,} emails to {plan.label}")
-            runs.append(Run(plan, BARE, emails, run_bare(server, emails, concurrency)))
+            for design, emails in plan.emails.items():
+                progress(f"delivery: {_label(design, concurrency)}, {emails:,} emails to "
+                         f"{plan.label}")
+                runs.append(Run(plan, design, emails,
+                                _run_design(base, server, design, emails, concurrency)))
     return _section(runs, concurrency)
+
+
+def _label(design: str, concurrency: int) -> str:
+    label = DESIGN_LABELS[design]
+    if design == BARE:
+        return f"{label} (x{concurrency} connections)"
+    if design in POSTROOM_DESIGNS:
+        return f"{label} (x{WIDE_CONCURRENCY if design == POSTROOM_WIDE else concurrency})"
+    return label
+
+
+def _ms_per_email(cpu: CpuUsage | None, emails: int, *names: str) -> str:
+    if cpu is None:
+        return "-"
+    return f"{sum(cpu.of(name) for name in names) * 1000 / emails:.2f}"
 
 
 def _section(runs: list[Run], concurrency: int) -> Section:
     rate = {(r.server.name, r.design): r.per_s for r in runs}
-    labels = {**DESIGN_LABELS, POSTROOM: f"{DESIGN_LABELS[POSTROOM]} (x{concurrency})",
-              BARE: f"{DESIGN_LABELS[BARE]} (x{concurrency} connections)"}
+    by_design = {(r.server.name, r.design): r for r in runs}
     rows = []
     for index, r in enumerate(runs):
         first = index == 0 or runs[index - 1].server is not r.server
         cpu = r.timed.cpu
         client = sum(s for name, s in cpu.processes.items() if name != "server") if cpu else None
-        rows.append([r.server.label if first else "", labels[r.design], f"{r.emails:,}",
-                     f"{r.seconds:.2f}", fmt_rate(r.per_s),
-                     "-" if cpu is None else f"{client * 1000 / r.emails:.2f}",
-                     "-" if cpu is None else f"{cpu.processes['server'] * 1000 / r.emails:.2f}",
+        rows.append([r.server.label if first else "", _label(r.design, concurrency),
+                     f"{r.emails:,}", f"{r.seconds:.2f}", fmt_rate(r.per_s),
+                     "-" if client is None else f"{client * 1000 / r.emails:.2f}",
+                     _ms_per_email(cpu, r.emails, "server"),
                      "-" if cpu is None else f"{cpu.busy_fraction:.0%}"])
+    role_rows = [[r.server.label, _label(r.design, concurrency),
+                  *(_ms_per_email(r.timed.cpu, r.emails, role) for role in ROLES),
+                  _ms_per_email(r.timed.cpu, r.emails, *ROLES),
+                  "-" if r.timed.rss_mib is None else
+                  f"{r.timed.rss_mib[0]:.0f} -> {r.timed.rss_mib[1]:.0f}"]
+                 for r in runs if r.design in POSTROOM_DESIGNS]
     sink, slow = "smtp-sink", "devsmtp"
     ceiling = concurrency * 1000 / DEVSMTP_LATENCY_MS
     section = Section("Delivery: enqueue commit -> last email accepted by the SMTP server")
     section.lines += [
         "500-byte plain-text body, one recipient per email, N distinct recipients; every server "
-        "and every postroom component in a process of its own",
+        "and every design in a process of its own",
         "",
         *table(["server", "design", "emails", "seconds", "emails/s", "client CPU ms/email",
                 "server CPU ms/email", "machine busy"], rows),
         "",
         "seed: enqueue commit -> deliver_due() returned with every row 'sent'.",
+        "post-office: its send phase only, send_queued_mail until nothing is queued (queueing "
+        "with mail.send not counted).",
         "postroom: enqueue commit -> the recorder's update of the last row to 'sent' "
         "(outbox.updated_at), after a warm-up email.",
         "bare: first connect -> last reply, one message per recipient, no outbox.",
-        "client CPU: the design's own processes (postroom: relay + sender + recorder; Kafka and "
+        "client CPU: the design's own processes (postroom: relay + sender(s) + recorder; Kafka and "
         "PostgreSQL not counted); machine busy: all CPUs, every process.",
-        *(f"postroom on {r.server.label}: {r.timed.cpu.describe()}" for r in runs
-          if r.design == POSTROOM and r.timed.cpu is not None),
-        *(f"postroom logs on {r.server.label}: {r.timed.note}" for r in runs if r.timed.note),
+        "",
+        "postroom per role (CPU ms/email; sender RSS MiB when a tenth of the rows were sent -> "
+        "after the last):",
+        *table(["server", "design", *ROLES, "all three", "sender RSS MiB"], role_rows),
+        *(f"postroom logs on {r.server.label}, {r.design}: {r.timed.note}" for r in runs
+          if r.design in POSTROOM_DESIGNS and r.timed.note),
         "",
         "Ratios:",
-        f"  postroom / seed       on {slow}: {rate[slow, POSTROOM] / rate[slow, SEED]:.1f}x   "
-        f"on {sink}: {rate[sink, POSTROOM] / rate[sink, SEED]:.2f}x",
-        f"  postroom / bare client on {slow}: {rate[slow, POSTROOM] / rate[slow, BARE]:.2f}x   "
-        f"on {sink}: {rate[sink, POSTROOM] / rate[sink, BARE]:.2f}x",
-        f"  bare client / seed    on {slow}: {rate[slow, BARE] / rate[slow, SEED]:.1f}x   "
-        f"on {sink}: {rate[sink, BARE] / rate[sink, SEED]:.2f}x",
+        f"  postroom / seed         on {sink}: {rate[sink, POSTROOM] / rate[sink, SEED]:.2f}x   "
+        f"on {slow}: {rate[slow, POSTROOM] / rate[slow, SEED]:.1f}x "
+        f"(x{WIDE_CONCURRENCY}: {rate[slow, POSTROOM_WIDE] / rate[slow, SEED]:.1f}x)",
+        f"  postroom / post-office  on {sink}: "
+        f"{rate[sink, POSTROOM] / rate[sink, POSTOFFICE]:.2f}x   on {slow}: "
+        f"{rate[slow, POSTROOM] / rate[slow, POSTOFFICE]:.2f}x",
+        f"  postroom / bare client  on {sink}: {rate[sink, POSTROOM] / rate[sink, BARE]:.2f}x   "
+        f"on {slow}: {rate[slow, POSTROOM] / rate[slow, BARE]:.2f}x",
+        f"  two senders / one       on {sink}: "
+        f"{rate[sink, POSTROOM_TWO] / rate[sink, POSTROOM]:.2f}x",
         f"  ({concurrency} connections to a server that takes {DEVSMTP_LATENCY_MS} ms per message "
         f"cap any client at {ceiling:,.0f} emails/s; one connection at "
-        f"{1000 / DEVSMTP_LATENCY_MS:.0f}/s: at most {concurrency}x apart.)",
+        f"{1000 / DEVSMTP_LATENCY_MS:.0f}/s.)",
     ]
+    sink_cpu = by_design[sink, POSTROOM].timed.cpu
     section.targets += [
-        Target(f"postroom / seed on devsmtp {DEVSMTP_LATENCY_MS} ms",
-               rate[slow, POSTROOM] / rate[slow, SEED], TARGET_POSTROOM_OVER_SEED, "x"),
-        Target("postroom / bare aiosmtplib on smtp-sink", rate[sink, POSTROOM] / rate[sink, BARE],
-               TARGET_POSTROOM_OVER_BARE, "x"),
+        Target("postroom / seed on smtp-sink", rate[sink, POSTROOM] / rate[sink, SEED],
+               TARGET_OVER_SEED_ON_SINK, "x"),
+        Target(f"postroom / django-post-office ({POSTOFFICE_THREADS} threads) on smtp-sink",
+               rate[sink, POSTROOM] / rate[sink, POSTOFFICE], TARGET_OVER_POSTOFFICE_ON_SINK, "x"),
+        Target(f"postroom x{concurrency} on devsmtp {DEVSMTP_LATENCY_MS} ms, of the "
+               f"{ceiling:.0f}/s ceiling", rate[slow, POSTROOM] / ceiling, TARGET_OF_CEILING_AT_20,
+               "x"),
+        Target(f"postroom x{WIDE_CONCURRENCY} / seed on devsmtp {DEVSMTP_LATENCY_MS} ms",
+               rate[slow, POSTROOM_WIDE] / rate[slow, SEED], TARGET_OVER_SEED_AT_64, "x"),
     ]
+    if sink_cpu is not None:
+        section.targets.append(Target(
+            "postroom CPU per email on smtp-sink (relay + sender + recorder)",
+            sum(sink_cpu.of(role) for role in ROLES) * 1000 / by_design[sink, POSTROOM].emails,
+            TARGET_CPU_MS_PER_EMAIL, "ms", higher_is_better=False))
+    backlog = by_design.get((sink, BACKLOG))
+    if backlog is not None and backlog.timed.rss_mib is not None:
+        start, end = backlog.timed.rss_mib
+        section.targets.append(Target(
+            f"sender RSS growth over a {backlog.emails:,}-email backlog (end / start)",
+            end / start, TARGET_RSS_GROWTH, "x", higher_is_better=False))
     return section

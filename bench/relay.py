@@ -26,7 +26,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.cpu import pids_named, sample, usage
-from bench.processes import PostroomProcesses
 from bench.report import (
     BenchError,
     Options,
@@ -41,6 +40,9 @@ from bench.report import (
 from bench.scratch import scratch
 from bench.workload import enqueue_rows, recipients
 from postroom import kafka
+from postroom.devkit.processes import PostroomProcesses
+from postroom.devkit.scratch import scratch_env
+from postroom.errors import first_line
 from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 from relay.publisher import Relay
@@ -130,8 +132,7 @@ def _enqueue_worker(job: EnqueueJob, results: Any) -> None:
     try:
         results.put(run_enqueue(job))
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        results.put(f"{type(exc).__name__}: {first}")
+        results.put(f"{type(exc).__name__}: {first_line(exc)[:300]}")
 
 
 def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:
@@ -298,10 +299,7 @@ def _stall_report(engine: sa.Engine) -> list[str]:
 def relay_processes(settings: Settings, count: int = 1) -> Iterator[PostroomProcesses]:
     """``count`` `postroom relay` processes on the scratch schema and prefix, as production runs
     them, once each has logged that its loop runs (schema and broker checked)."""
-    env = {**os.environ,
-           ENV_PREFIX + "DATABASE_SCHEMA": settings.database_schema or "",
-           ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
-           ENV_PREFIX + "LOG_LEVEL": "INFO"}
+    env = {**os.environ, **scratch_env(settings), ENV_PREFIX + "LOG_LEVEL": "INFO"}
     with tempfile.TemporaryDirectory(prefix="postroom-bench-relay-") as logs, \
             PostroomProcesses(env, Path(logs), {f"relay{n}": "relay" for n in range(count)}
                               ) as relays:

@@ -1,4 +1,5 @@
-"""A schema, a topic prefix and consumer groups of the benchmark's own on the local stack, removed after.
+"""A schema, a topic prefix and consumer groups of the benchmark's own on the local stack, removed after
+(postroom.devkit.scratch, migrated).
 
 Also checks up front that the stack answers, so a benchmark fails with a hint instead of a traceback.
 """
@@ -6,21 +7,16 @@ Also checks up front that the stack answers, so a benchmark fails with a hint in
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import uuid
 from collections.abc import Iterator
 
 import sqlalchemy as sa
-from confluent_kafka import KafkaException
 
 from bench.report import BenchError, progress
-from postroom.errors import PostroomError
-from postroom.kafka import check_reachable, create_topics, make_admin
+from postroom.devkit.scratch import scratch as devkit_scratch
+from postroom.errors import PostroomError, first_line
+from postroom.kafka import check_reachable
 from postroom.settings import Settings
-from postroom.topics import all_topics
 from relay.db import make_engine, upgrade
-
-ADMIN_TIMEOUT_S = 15.0
 
 
 def check_stack(settings: Settings) -> None:
@@ -33,7 +29,7 @@ def check_stack(settings: Settings) -> None:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
     except sa.exc.OperationalError as exc:
-        raise BenchError(f"PostgreSQL does not answer ({str(exc.orig).splitlines()[0]}): {hint}") from exc
+        raise BenchError(f"PostgreSQL does not answer ({first_line(exc)}): {hint}") from exc
     finally:
         engine.dispose()
     try:
@@ -44,46 +40,13 @@ def check_stack(settings: Settings) -> None:
 
 @contextlib.contextmanager
 def scratch(base: Settings, tag: str) -> Iterator[Settings]:
-    """Settings with a fresh schema (migrated to head), topics and group names; all removed on exit."""
-    name = f"bench_{tag}_{uuid.uuid4().hex[:8]}"
-    settings = dataclasses.replace(base, database_schema=name, topic_prefix=f"{name}.",
-                                   sender_group=f"{name}.sender", recorder_group=f"{name}.recorder")
-    progress(f"creating schema {name} and topics {name}.*")
-    engine = make_engine(settings)
-    try:
-        upgrade(engine, name)
-    finally:
-        engine.dispose()
-    try:
-        create_topics(settings)
-        yield settings
-    finally:
-        progress(f"removing schema {name}, its topics and consumer groups")
-        _drop_schema(base, name)
-        _delete_kafka_state(settings)
-
-
-def _drop_schema(base: Settings, name: str) -> None:
-    admin = make_engine(base)
-    try:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
-    finally:
-        admin.dispose()
-
-
-def _delete_kafka_state(settings: Settings) -> None:
-    admin = make_admin(settings)  # held until the futures resolve: a collected client cancels them
-    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    futures = {
-        **admin.delete_topics(topics, operation_timeout=ADMIN_TIMEOUT_S),
-        **admin.delete_consumer_groups([settings.sender_group, settings.recorder_group],
-                                       request_timeout=ADMIN_TIMEOUT_S),
-    }
-    for name, future in futures.items():
+    """postroom.devkit.scratch (schema, topics and groups of the benchmark's own, removed on exit),
+    its schema migrated to head; each step reported on stderr."""
+    with devkit_scratch(base, f"bench_{tag}", say=progress) as settings:
+        progress(f"creating schema {settings.database_schema}")
+        engine = make_engine(settings)
         try:
-            future.result()
-        except KafkaException as exc:
-            # A group that never formed (the relay benchmark has none) cannot be deleted: fine.
-            if "GROUP_ID_NOT_FOUND" not in str(exc) and "does not exist" not in str(exc):
-                progress(f"could not delete {name}: {exc}")
+            upgrade(engine, settings.database_schema)
+        finally:
+            engine.dispose()
+        yield settings

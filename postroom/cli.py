@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_errors
 
 from postroom import __version__
+from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, Role, parse_principal_prefix
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
@@ -57,6 +58,16 @@ def _iso_datetime(text: str) -> dt.datetime:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import make_engine, upgrade
 
@@ -73,6 +84,40 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
           f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
     for name, state in create_topics(settings).items():
         print(f"{state:8} {name}")
+    return EXIT_OK
+
+
+def _principal_prefix(text: str) -> str:
+    try:
+        return parse_principal_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _role_acls(settings: Settings, args: argparse.Namespace) -> list[Acl]:
+    from postroom.acls import role_acls
+
+    return role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                     recorder_group=settings.recorder_group,
+                     principal_prefix=args.principal_prefix,
+                     idempotent_write=args.idempotent_write)
+
+
+def cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.acls import as_json_lines, as_kafka_acls, as_table
+
+    acls = _role_acls(settings, args)
+    if args.action == "apply":
+        from postroom.kafka import apply_acls
+
+        print(f"applying {len(acls)} ACLs for topic prefix {settings.topic_prefix!r} on "
+              f"{settings.kafka_bootstrap_servers} ...", file=sys.stderr)
+        for acl, state in apply_acls(settings, acls):
+            print(f"{state:8} {acl.principal} {acl.operation.value} {acl.resource.value} "
+                  f"{acl.pattern.value} {acl.name}")
+        return EXIT_OK
+    render = {"table": as_table, "kafka-acls": as_kafka_acls, "json": as_json_lines}
+    print(render[args.format](acls))
     return EXIT_OK
 
 
@@ -106,24 +151,48 @@ def _read_body(path: Path, option: str = "--body-file") -> str:
 
 
 @contextlib.contextmanager
-def service_start(settings: Settings) -> Iterator[tuple[sa.Engine, Metrics]]:
+def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[sa.Engine, Metrics]]:
     """What every long-running command needs first: a migrated database, a reachable broker,
-    and metrics (served when POSTROOM_METRICS_PORT is set)."""
+    and metrics with /healthz and /readyz (served when POSTROOM_METRICS_PORT is set)."""
     from postroom.kafka import check_reachable
-    from postroom.metrics import serve
     from relay.db import check_schema, make_engine
 
     engine = make_engine(settings)
     check_schema(engine)
     check_reachable(settings)
-    metrics = Metrics()
-    server = serve(metrics, settings.metrics_port) if settings.metrics_port else None
     try:
-        yield engine, metrics
+        with service_metrics(settings, smtp=smtp) as metrics:
+            yield engine, metrics
     finally:
-        if server is not None:
-            server.shutdown()
         engine.dispose()
+
+
+@contextlib.contextmanager
+def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metrics]:
+    """A role's metrics, served with /healthz and /readyz when POSTROOM_METRICS_PORT is set.
+    Ready means: the database at the newest revision (when configured), the broker with every
+    topic, and for the sender (``smtp``) the SMTP server."""
+    from postroom.kafka import check_topics
+    from postroom.metrics import Check, Readiness, serve
+
+    metrics = Metrics(process=True)
+    if not settings.metrics_port:
+        yield metrics
+        return
+    checks: list[Check] = [("kafka", lambda: check_topics(settings))]
+    if settings.database_url:
+        from relay.db import check_database
+
+        checks.insert(0, ("database", lambda: check_database(settings)))
+    if smtp:
+        from sender.smtp import check_smtp
+
+        checks.append(("smtp", lambda: check_smtp(settings)))
+    server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))
+    try:
+        yield metrics
+    finally:
+        server.shutdown()
 
 
 class _Service(Protocol):
@@ -167,7 +236,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
         await sender.run()
 
     settings.check_attachments_root()
-    with service_start(settings) as (engine, metrics):
+    with service_start(settings, smtp=True) as (engine, metrics):
         ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
         asyncio.run(run(ledger, metrics))
@@ -181,6 +250,7 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
         settings, lambda engine, metrics: Recorder(settings, engine, metrics=metrics))
 
 
+
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
     from postroom.kafka import check_topics
@@ -188,14 +258,20 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     from schemas.registry import check_registry
     from sender.smtp import check_smtp
 
+    role = Role(args.role) if args.role else None
+
+    def kafka(settings: Settings) -> str:
+        return check_topics(settings, role)
+
     failed = 0
-    for name, check in (("database", check_database), ("kafka", check_topics),
+    for name, check in (("database", check_database), ("kafka", kafka),
                         ("registry", check_registry), ("smtp", check_smtp)):
         try:
             print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
-            print(f"FAIL  {name}: {first_line(exc)}")
+            # Our own errors may list one problem per line (the kafka check, per topic).
+            print(f"FAIL  {name}: {exc if isinstance(exc, PostroomError) else first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -212,23 +288,189 @@ def cmd_schemas_register(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
-    from postroom.kafka import postroom_group_lag
+    import threading
 
-    lag = postroom_group_lag(settings)
-    if args.json:
-        for group, rows in lag.items():
-            for row in rows:
-                print(json.dumps({"group": group, "topic": row.topic, "partition": row.partition,
-                                  "committed": row.committed,
-                                  "high_watermark": row.high_watermark, "lag": row.lag}))
+    from postroom import lag
+
+    groups = lag.postroom_groups(settings, args.group)
+    engine = None
+    outbox: Callable[[], lag.OutboxBacklog] | None = None
+    if settings.database_url:
+        from relay.db import check_schema, make_engine
+        from relay.sql import outbox_backlog
+
+        engine = make_engine(settings)
+        check_schema(engine)
+
+        def outbox(engine: sa.Engine = engine) -> lag.OutboxBacklog:
+            with engine.connect() as conn:
+                return lag.OutboxBacklog(*outbox_backlog(conn))
+
+    def show(report: lag.LagReport) -> None:
+        print("\n".join(lag.render_json(report) if args.json else lag.render_text(report)),
+              flush=True)
+
+    reader = lag.LagReader(settings, groups)
+    try:
+        if args.watch is None:
+            show(lag.read_report(reader, outbox, samples=lag.ONE_SHOT_SAMPLES))
+            return EXIT_OK
+        with service_metrics(settings) as metrics:
+            stop = threading.Event()
+            on_shutdown_signals(stop.set)
+
+            def on_report(report: lag.LagReport) -> None:
+                lag.export(metrics, report, settings.kafka_cluster_name)
+                show(report)
+            print(f"sampling every {args.watch:g}s until stopped (Ctrl-C)", file=sys.stderr)
+            lag.watch(reader, outbox, args.watch, stop, on_report)
         return EXIT_OK
-    for group, rows in lag.items():
-        print(f"{group}: total lag {sum(r.lag for r in rows)}")
-        for row in rows:
-            committed = "-" if row.committed is None else str(row.committed)
-            print(f"  {row.topic}[{row.partition}] committed={committed} "
-                  f"end={row.high_watermark} lag={row.lag}")
+    finally:
+        reader.close()
+        if engine is not None:
+            engine.dispose()
+
+
+def _migrated_engine(settings: Settings) -> sa.Engine:
+    from relay.db import check_schema, make_engine
+
+    engine = make_engine(settings)
+    check_schema(engine)
+    return engine
+
+
+def _dead_letters(settings: Settings, engine: sa.Engine) -> list[Any]:
+    from relay import redrive
+
+    print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
+    return redrive.read_dead_letters(settings, engine)
+
+
+def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import redrive
+
+    engine = _migrated_engine(settings)
+    try:
+        letters = _dead_letters(settings, engine)
+    finally:
+        engine.dispose()
+    lines = ([json.dumps(letter.as_json()) for letter in letters] if args.json
+             else redrive.render_dead_letters(letters))
+    if lines:
+        print("\n".join(lines))
     return EXIT_OK
+
+
+def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import redrive
+
+    engine = _migrated_engine(settings)
+    try:
+        plan = redrive.plan_replay(_dead_letters(settings, engine), engine,
+                                   None if args.all else args.key)
+        return _redrive(engine, plan, "replay", args.dry_run)
+    finally:
+        engine.dispose()
+
+
+def cmd_requeue(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import redrive
+
+    engine = _migrated_engine(settings)
+    try:
+        return _redrive(engine, redrive.plan_requeue(engine, args.key, args.recipient),
+                        "requeue", args.dry_run)
+    finally:
+        engine.dispose()
+
+
+def _redrive(engine: sa.Engine, plan: Any, verb: str, dry_run: bool) -> int:
+    from relay import redrive
+
+    print("\n".join(redrive.render_plan(plan, verb)))
+    if dry_run:
+        print("dry run: nothing changed")
+        return EXIT_OK
+    done = redrive.redrive(engine, plan)
+    past = {"replay": "replayed", "requeue": "requeued"}[verb]
+    print(f"{past} {len(done)} row(s): back on the relay's queue with a fresh retry budget"
+          if done else f"{past} nothing")
+    return EXIT_OK
+
+
+def _since(text: str) -> dt.datetime:
+    """An ISO date (midnight UTC) or an ISO time with a timezone."""
+    if len(text) == 10:
+        try:
+            return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an ISO 8601 date: {text!r}") from None
+    return _iso_datetime(text)
+
+
+def cmd_report_failures(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import report
+
+    since = args.since or dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    engine = _migrated_engine(settings)
+    try:
+        failures = report.failures_since(engine, since)
+        if args.to is None:
+            lines = (report.render_json(failures) if args.json
+                     else report.render_lines(failures, since))
+            if lines:
+                print("\n".join(lines))
+            return EXIT_OK
+        if not failures:
+            print(f"no email ended failed or dead since {since.isoformat()}; nothing mailed")
+            return EXIT_OK
+        print(f"mailing {len(failures)} failure(s) to {args.to} through the outbox ...")
+        with engine.begin() as conn:
+            key, queued = report.mail_report(conn, failures, since, args.to,
+                                             settings.attachment_max_bytes)
+        result = {"key": key, "queued": queued, "failures": len(failures)}
+        print(json.dumps(result) if args.json else
+              f"queued the report as {key}" if queued else
+              f"the report {key} with these rows was queued before; not queued again")
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.kafka import topic_retention_s
+    from postroom.topics import all_topics, dead_letter_topic, results_topic
+    from relay import retention
+
+    topics = [t for t in all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+              if t not in (dead_letter_topic(settings.topic_prefix),
+                           results_topic(settings.topic_prefix))]
+    kept_s = topic_retention_s(settings, topics)
+    engine = _migrated_engine(settings)
+    try:
+        plan = retention.plan(engine, args.older_than, dt.datetime.now(dt.UTC), kept_s)
+        print(f"final rows (sent, failed, dead) last changed before "
+              f"{plan.outbox_cutoff.isoformat(timespec='seconds')}: {plan.outbox_rows} "
+              "outbox row(s) to delete")
+        print(f"ledger: {plan.ledger_rows} row(s) to delete; {plan.ledger_reason}")
+        if args.dry_run:
+            print("dry run: nothing deleted")
+            return EXIT_OK
+        outbox_rows, ledger_rows = retention.purge(
+            engine, plan, progress=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"deleted {outbox_rows} outbox row(s) and {ledger_rows} ledger row(s)")
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def _duration(text: str) -> float:
+    from postroom.settings import parse_duration_s
+
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -301,6 +543,22 @@ def build_parser() -> argparse.ArgumentParser:
                                "(e.g. a contract prepared for the next release)")
     register.set_defaults(handler=cmd_schemas_register)
 
+    acls = commands.add_parser(
+        "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, admin); "
+                     "`acls apply` creates them (idempotent)")
+    acls.add_argument("action", nargs="?", choices=["apply"],
+                      help="create the ACLs through the Admin API (needs ALTER and DESCRIBE on "
+                           "the cluster); without it, print them")
+    acls.add_argument("--principal-prefix", default=DEFAULT_PRINCIPAL_PREFIX, metavar="PREFIX",
+                      type=_principal_prefix,
+                      help="principal of a role is PREFIX + role (default User:postroom-)")
+    acls.add_argument("--format", default="table", choices=["table", "kafka-acls", "json"],
+                      help="table (default), kafka-acls.sh commands, or one JSON object a line")
+    acls.add_argument("--idempotent-write", action="store_true",
+                      help="also IDEMPOTENT_WRITE on the cluster for relay and sender (brokers "
+                           "before Kafka 3.0 need it for an idempotent producer)")
+    acls.set_defaults(handler=cmd_acls)
+
     enqueue = commands.add_parser("enqueue", help="queue one email per recipient")
     enqueue.add_argument("--key", help="message key, e.g. sales-report-2026-09 (default: subject)")
     enqueue.add_argument("--to", action="append", required=True, metavar="ADDR",
@@ -333,13 +591,68 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
-    commands.add_parser(
+    check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, the schema "
                       "registry's subjects (when one is set), SMTP server (exit code 0 when all "
-                      "are)").set_defaults(handler=cmd_check)
-    lag = commands.add_parser("lag", help="consumer-group lag of the sender and the recorder")
-    lag.add_argument("--json", action="store_true", help="one JSON object per partition")
+                      "are)")
+    check.add_argument("--role", choices=[r.value for r in Role],
+                       help="also check that this client's principal may do on each topic what "
+                            "this role needs (its ACLs, see `postroom acls`)")
+    check.set_defaults(handler=cmd_check)
+    lag = commands.add_parser(
+        "lag", help="consumer-group lag of the sender and the recorder, in records and seconds, "
+                    "with a Burrow-style verdict; the outbox backlog")
+    lag.add_argument("--group", metavar="G", help="only this group (the sender's or the recorder's)")
+    lag.add_argument("--json", action="store_true",
+                     help="one JSON object per partition, then one for the outbox backlog")
+    lag.add_argument("--watch", type=_positive_seconds, metavar="SECONDS",
+                     help="sample every SECONDS until stopped, with a window of the last 10 "
+                          "samples for the verdict; serves the lag metrics on "
+                          "POSTROOM_METRICS_PORT when set")
     lag.set_defaults(handler=cmd_lag)
+    dlq = commands.add_parser("dlq", help="list or replay the dead-letter topic")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="SUBCOMMAND")
+    dlq_list = dlq_commands.add_parser(
+        "list", help="every dead letter: key, why, attempts, and whether its row can be replayed")
+    dlq_list.add_argument("--json", action="store_true", help="one JSON object per dead letter")
+    dlq_list.set_defaults(handler=cmd_dlq_list)
+    replay = dlq_commands.add_parser(
+        "replay", help="send dead-lettered emails again with a fresh retry budget (idempotent: "
+                       "a replayed row is not replayed twice)")
+    which = replay.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="an idempotency key (as `dlq list` shows) or a message key")
+    which.add_argument("--all", action="store_true", help="every replayable dead letter")
+    replay.add_argument("--dry-run", action="store_true", help="say what would be replayed only")
+    replay.set_defaults(handler=cmd_dlq_replay)
+
+    requeue = commands.add_parser(
+        "requeue", help="send failed or dead rows of a message again (e.g. after an address was "
+                        "fixed); idempotent")
+    requeue.add_argument("--key", required=True, help="the message key")
+    requeue.add_argument("--recipient", metavar="ADDR", help="only this recipient's row")
+    requeue.add_argument("--dry-run", action="store_true", help="say what would be requeued only")
+    requeue.set_defaults(handler=cmd_requeue)
+
+    report = commands.add_parser("report", help="reports from the outbox")
+    report_commands = report.add_subparsers(dest="report_command", required=True,
+                                            metavar="SUBCOMMAND")
+    failures = report_commands.add_parser(
+        "failures", help="rows that ended failed or dead: printed, or mailed through postroom")
+    failures.add_argument("--since", type=_since, metavar="DATE",
+                          help="ISO date (UTC) or time with timezone (default: 24 hours ago)")
+    failures.add_argument("--to", metavar="ADDR",
+                          help="mail the report to ADDR (queued in the outbox; the same rows "
+                               "are mailed once)")
+    failures.add_argument("--json", action="store_true", help="one JSON object per row")
+    failures.set_defaults(handler=cmd_report_failures)
+
+    purge = commands.add_parser(
+        "purge", help="delete finished rows and their ledger entries in short batches")
+    purge.add_argument("--older-than", type=_duration, required=True, metavar="AGE",
+                       help="rows last changed longer ago than AGE, e.g. 30d or 12h")
+    purge.add_argument("--dry-run", action="store_true", help="count only")
+    purge.set_defaults(handler=cmd_purge)
+
     commands.add_parser(
         "devsmtp", add_help=False,
         help="a local SMTP server that rejects, defers, delays or drops chosen recipients "

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from postroom.acls import (
+    Acl,
+    Pattern,
+    Resource,
+    Role,
+    TopicAccess,
+    needed_on_topics,
+    role_acls,
+    topic_problems,
+)
 from postroom.errors import KafkaClientError
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
-from postroom.topics import all_topics, results_topic, sender_topics
+from postroom.topics import all_topics
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +47,19 @@ def translate(exc: KafkaException | KafkaError, message: str) -> KafkaClientErro
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """An idempotent, acks=all producer config; overrides win."""
+    """An idempotent, acks=all producer config; overrides win.
+
+    POSTROOM_KAFKA_PRODUCER_CONFIG may change the tuning (linger.ms, compression.type, ...) but
+    not what delivery relies on: idempotence, acks=all and the message timeout, which the relay's
+    claim TTL is sized against.
+    """
     return {
         **settings.kafka_client_config(),
-        "enable.idempotence": True,
-        "acks": "all",
         "linger.ms": 5,
         "compression.type": "lz4",
+        **settings.kafka_producer_config,
+        "enable.idempotence": True,
+        "acks": "all",
         "message.timeout.ms": PRODUCER_MESSAGE_TIMEOUT_MS,
         "error_cb": _log_error,
         **overrides,
@@ -50,12 +67,19 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A consumer that commits only what the caller stores as done, rebalancing cooperatively."""
+    """A consumer that commits only what the caller stores as done, rebalancing cooperatively.
+
+    POSTROOM_KAFKA_CONSUMER_CONFIG may change the tuning (session.timeout.ms,
+    auto.commit.interval.ms, fetch sizes, ...) but not how offsets are stored and committed.
+    """
     return {
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
-        # made retries fire late. POSTROOM_KAFKA_CONFIG may change it.
+        # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
+        # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
+        "client.id": f"postroom-{group_id}",
         **settings.kafka_client_config(),
+        **settings.kafka_consumer_config,
         "group.id": group_id,
         "enable.auto.commit": True,
         "enable.auto.offset.store": False,
@@ -92,27 +116,82 @@ def make_admin(settings: Settings) -> AdminClient:
         raise translate(exc, "cannot create Kafka admin client") from exc
 
 
+# Where a client's security settings come from, for messages that name them.
+_CONFIG_VARS = "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE"
+
+
+def explain_refusal(err: KafkaError, config: Mapping[str, Any]) -> str | None:
+    """What to fix when the broker refused our credentials or TLS failed; None for other errors.
+
+    Names the setting, never its value (the librdkafka text holds no secret either).
+    """
+    if err.code() == KafkaError._AUTHENTICATION:
+        user = config.get("sasl.username", "(no sasl.username)")
+        return (f"the broker refused the credentials of sasl.username={user} "
+                f"(sasl.mechanism={config.get('sasl.mechanism', '?')}): check sasl.password in "
+                f"{_CONFIG_VARS}. {err.str()}")
+    if err.code() == KafkaError._SSL:
+        return (f"TLS with the broker failed: check ssl.ca.location (the CA that signed the "
+                f"broker's certificate) in {_CONFIG_VARS}. {err.str()}")
+    return None
+
+
 def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
-    """Raise KafkaClientError unless a broker answers a metadata request in time."""
-    try:
-        make_admin(settings).list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise translate(exc, f"no Kafka broker answered at {settings.kafka_bootstrap_servers}") from exc
+    """Raise KafkaClientError unless a broker answers a metadata request in time.
+
+    Refused credentials and failed TLS handshakes stop the check at once, with what to fix.
+    """
+    refusals: list[str] = []
+    config = settings.kafka_client_config()
+
+    def on_error(err: KafkaError) -> None:
+        _log_error(err)
+        explained = explain_refusal(err, config)
+        if explained:
+            refusals.append(explained)
+
+    client_config: dict[str, Any] = {**config, "error_cb": on_error}
+    admin = AdminClient(client_config)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if refusals:
+                raise KafkaClientError(
+                    f"cannot use the Kafka broker at {settings.kafka_bootstrap_servers}: "
+                    f"{refusals[0]}") from exc
+            if time.monotonic() >= deadline:
+                raise translate(exc, "no Kafka broker answered at "
+                                     f"{settings.kafka_bootstrap_servers}") from exc
+        else:
+            admin.poll(0)  # served now, so the client is not destroyed with events queued
+            return
 
 
-def check_topics(settings: Settings, timeout_s: float = 10.0) -> str:
-    """What ``postroom check`` says of Kafka: the broker answers and every topic exists."""
+def check_topics(settings: Settings, role: Role | None = None, timeout_s: float = 10.0) -> str:
+    """What ``postroom check`` says of Kafka: the broker answers and every topic exists; for a
+    role, that this client's principal may do on each of the role's topics what the role needs.
+
+    A failure lists one line per topic that is missing or not authorized.
+    """
     check_reachable(settings, timeout_s)
-    wanted = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    try:
-        existing = set(make_admin(settings).list_topics(timeout=timeout_s).topics)
-    except KafkaException as exc:
-        raise translate(exc, "cannot list topics") from exc
-    missing = [t for t in wanted if t not in existing]
-    if missing:
-        raise KafkaClientError(f"missing topics (run `postroom topics create`): "
-                               f"{', '.join(missing)}")
-    return f"broker answers; all {len(wanted)} topics exist"
+    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    needed = None
+    if role is not None:
+        acls = role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                         recorder_group=settings.recorder_group)
+        needed = needed_on_topics(acls, role, topics)
+        topics = list(needed)
+    problems = topic_problems(topic_access(settings, topics, timeout_s), needed)
+    if problems:
+        by = f" by the {role.value}" if role is not None else ""
+        raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
+                                          *(f"      {p}" for p in problems)]))
+    if role is not None:
+        return f"broker answers; the {role.value} may use all {len(topics)} of its topics"
+    return f"broker answers; all {len(topics)} topics exist"
 
 
 def create_topics(
@@ -178,48 +257,6 @@ class Record:
                    value.encode() if isinstance(value, str) else value, headers)
 
 
-@dataclasses.dataclass(frozen=True)
-class PartitionLag:
-    topic: str
-    partition: int
-    committed: int | None  # None: the group has committed nothing here yet
-    high_watermark: int
-    lag: int
-
-
-def group_lag(settings: Settings, group_id: str, topics: Iterable[str],
-              timeout_s: float = 10.0) -> list[PartitionLag]:
-    """Committed offset, high watermark and lag of ``group_id`` on every partition of ``topics``."""
-    from confluent_kafka import TopicPartition
-
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": group_id,
-                         "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(timeout=timeout_s)
-        partitions = [TopicPartition(topic, p) for topic in topics
-                      if topic in metadata.topics for p in sorted(metadata.topics[topic].partitions)]
-        committed = consumer.committed(partitions, timeout=timeout_s) if partitions else []
-        watermarks = [consumer.get_watermark_offsets(tp, timeout=timeout_s) for tp in committed]
-    except KafkaException as exc:
-        raise translate(exc, f"cannot read the offsets of group {group_id}") from exc
-    finally:
-        consumer.close()
-    rows = []
-    for tp, (low, high) in zip(committed, watermarks, strict=True):
-        done = tp.offset if tp.offset >= 0 else None
-        rows.append(PartitionLag(tp.topic, tp.partition, done, high,
-                                 high - (done if done is not None else low)))
-    return rows
-
-
-def postroom_group_lag(settings: Settings) -> dict[str, list[PartitionLag]]:
-    """:func:`group_lag` of the sender group on what it reads and the recorder on the results."""
-    prefix = settings.topic_prefix
-    groups = {settings.sender_group: sender_topics(prefix, len(settings.retry_delays_s)),
-              settings.recorder_group: [results_topic(prefix)]}
-    return {group: group_lag(settings, group, topics) for group, topics in groups.items()}
-
-
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
     """The records among consumed messages; consumer errors are logged (partition EOF silently)."""
     for msg in messages:
@@ -228,3 +265,112 @@ def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
             yield Record.from_message(msg)
         elif err.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error: %s", err.str())
+
+
+def topic_retention_s(settings: Settings, topics: Iterable[str],
+                      timeout_s: float = 30.0) -> float | None:
+    """The longest ``retention.ms`` of ``topics``, in seconds; None when one keeps records forever."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+    admin = make_admin(settings)
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in topics]
+    longest = 0.0
+    try:
+        for future in admin.describe_configs(resources, request_timeout=timeout_s).values():
+            entry = future.result().get("retention.ms")
+            value = int(entry.value) if entry is not None and entry.value is not None else -1
+            if value < 0:
+                return None
+            longest = max(longest, value / 1000)
+    except KafkaException as exc:
+        raise translate(exc, "cannot read the topics' retention.ms") from exc
+    return longest
+
+
+def _binding(acl: Acl) -> Any:
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    kinds = {Resource.TOPIC: ResourceType.TOPIC, Resource.GROUP: ResourceType.GROUP,
+             Resource.CLUSTER: ResourceType.BROKER}
+    patterns = {Pattern.LITERAL: ResourcePatternType.LITERAL,
+                Pattern.PREFIXED: ResourcePatternType.PREFIXED}
+    return AclBinding(kinds[acl.resource], acl.name, patterns[acl.pattern], acl.principal, "*",
+                      AclOperation[acl.operation.name], AclPermissionType.ALLOW)
+
+
+def _binding_key(binding: Any) -> tuple[str, ...]:
+    return tuple(str(getattr(binding, field)) for field in (
+        "restype", "name", "resource_pattern_type", "principal", "host", "operation",
+        "permission_type"))
+
+
+def apply_acls(settings: Settings, acls: Sequence[Acl],
+               timeout_s: float = 30.0) -> list[tuple[Acl, str]]:
+    """Create each ACL the broker does not hold yet; return ``(acl, "created" | "exists")``.
+
+    The principal needs ALTER and DESCRIBE on the cluster.
+    """
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = make_admin(settings)
+    # None matches any name, principal and host (the stubs say str).
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,  # type: ignore[arg-type]
+                                  None, None, AclOperation.ANY, AclPermissionType.ALLOW)  # type: ignore[arg-type]
+    try:
+        held = {_binding_key(b) for b in admin.describe_acls(
+            everything, request_timeout=timeout_s).result()}
+    except KafkaException as exc:
+        raise translate(exc, "cannot read the broker's ACLs (needs DESCRIBE on the cluster)") from exc
+    bindings = {acl: _binding(acl) for acl in acls}
+    missing = [b for b in bindings.values() if _binding_key(b) not in held]
+    if missing:
+        for binding, future in admin.create_acls(missing, request_timeout=timeout_s).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                raise translate(exc, f"cannot create ACL {binding} "
+                                     "(needs ALTER on the cluster)") from exc
+    created = {_binding_key(b) for b in missing}
+    return [(acl, "created" if _binding_key(b) in created else "exists")
+            for acl, b in bindings.items()]
+
+
+def topic_access(settings: Settings, topics: Sequence[str],
+                 timeout_s: float = 10.0) -> list[TopicAccess]:
+    """Per topic: does it exist, and which operations (``READ``, ``WRITE``...) are authorized."""
+    from confluent_kafka import TopicCollection
+
+    admin = make_admin(settings)
+    futures = admin.describe_topics(TopicCollection(list(topics)),
+                                    include_authorized_operations=True,
+                                    request_timeout=timeout_s)
+    found = []
+    for topic in topics:
+        try:
+            description = futures[topic].result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                found.append(TopicAccess(topic, None, None))
+            elif code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                found.append(TopicAccess(topic, False, frozenset()))
+            else:
+                raise translate(exc, f"cannot describe topic {topic}") from exc
+            continue
+        operations = frozenset(op.name for op in description.authorized_operations or ())
+        found.append(TopicAccess(topic, True, operations))
+    admin.poll(0)  # served now, so the client is not destroyed with events queued
+    return found

@@ -1,93 +1,292 @@
-"""Process metrics: counters, gauges and a latency summary, served in Prometheus text format."""
+"""Process metrics through prometheus-client, and the HTTP endpoint that serves them with health.
+
+Call sites name a metric and its labels (``metrics.inc("outcomes_total", status="sent")``); the
+catalogue below gives each its type, HELP text and label names, so the exposition is documented.
+``/healthz`` answers while the process runs, ``/readyz`` runs the role's readiness checks.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
+# The *_created series double every counter and histogram; kafka-lag-exporter has none.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+NAMESPACE = "postroom"
+READY_CACHE_S = 5.0  # a probe every second must not mean a database round trip every second
+
+# Latency buckets in seconds: SMTP replies and ledger writes are milliseconds to a minute.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Retry lateness and publish delay: from a few milliseconds to minutes.
+DELAY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+
+
+class Kind(enum.StrEnum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSpec:
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = LATENCY_BUCKETS_S
+    namespaced: bool = True  # False: exported under the bare name (kafka-lag-exporter's)
+
+
+C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+LAG_LABELS = ("cluster_name", "group", "topic", "partition")
+
+# Every metric postroom exports. A name a call site uses that is missing here is still exported
+# (with a placeholder HELP), so a metric never stops a delivery; tests/unit/postroom/test_metrics.py
+# fails for it.
+CATALOGUE: dict[str, MetricSpec] = {
+    # relay
+    "relay_published_total": MetricSpec(C, "Rows published and acknowledged by the broker."),
+    "relay_unacknowledged_total": MetricSpec(
+        C, "Rows the broker did not acknowledge (their claim is released and retried)."),
+    "relay_publish_delay_seconds": MetricSpec(
+        H, "From a row's commit (available_at) to the broker's acknowledgement.",
+        buckets=DELAY_BUCKETS_S),
+    # sender
+    "outcomes_total": MetricSpec(C, "Results written, by status: sent, retrying, failed, dead.",
+                                 ("status",)),
+    "attempts_total": MetricSpec(C, "SMTP attempts by verdict.", ("verdict",)),
+    "server_faults_total": MetricSpec(
+        C, "Failures blamed on the server or our configuration, by SMTP stage.", ("stage",)),
+    "duplicates_suppressed_total": MetricSpec(
+        C, "Redelivered events the ledger stopped from being sent again."),
+    "poison_total": MetricSpec(C, "Unreadable records dead-lettered."),
+    "produce_failures_total": MetricSpec(C, "Failed writes to Kafka (retried).", ("topic",)),
+    "backlog": MetricSpec(G, "Records waiting on this sender's partitions of a priority.",
+                          ("priority",)),
+    "retry_lateness_seconds": MetricSpec(
+        H, "How late a retry started after its not_before.", buckets=DELAY_BUCKETS_S),
+    "smtp_reply_seconds": MetricSpec(
+        H, "Time from sending an SMTP transaction to the reply that ended it, by the stage "
+           "of that reply.", ("stage",)),
+    "ledger_mark_seconds": MetricSpec(
+        H, "Time to record a delivery in the ledger (mark sent or release).", ("operation",)),
+    # recorder
+    "recorded_total": MetricSpec(C, "Results applied to the outbox, by status.", ("status",)),
+    "undeliverable_total": MetricSpec(C, "Results that ended failed or dead.", ("status",)),
+    "recorder_unreadable_total": MetricSpec(C, "Results that could not be decoded (skipped)."),
+    # lag (postroom lag --watch), under kafka-lag-exporter's names and labels
+    "kafka_consumergroup_group_lag": MetricSpec(
+        G, "Messages a group has not committed yet, per partition.", LAG_LABELS, namespaced=False),
+    "kafka_consumergroup_group_lag_seconds": MetricSpec(
+        G, "Age of the first record the group has not committed (on a retry tier: how long the "
+           "first due record is overdue), per partition.", LAG_LABELS, namespaced=False),
+    "kafka_consumergroup_group_max_lag": MetricSpec(
+        G, "The largest lag of any partition of the group.", ("cluster_name", "group"),
+        namespaced=False),
+    "kafka_consumergroup_group_max_lag_seconds": MetricSpec(
+        G, "The largest lag in seconds of any partition of the group.",
+        ("cluster_name", "group"), namespaced=False),
+    "kafka_consumergroup_group_sum_lag": MetricSpec(
+        G, "The sum of the lag of every partition of the group.", ("cluster_name", "group"),
+        namespaced=False),
+    "consumergroup_status": MetricSpec(
+        G, "Burrow-style verdict of a group: 0 OK, 1 WARN, 2 STALL, 3 STOP.", ("group",)),
+    "consumergroup_members": MetricSpec(G, "Members of a consumer group.", ("group",)),
+    "retry_waiting": MetricSpec(G, "Records waiting on a retry tier partition.",
+                                ("topic", "partition")),
+    "retry_overdue": MetricSpec(G, "Records on a retry tier past their not_before, unconsumed.",
+                                ("topic", "partition")),
+    "retry_overdue_seconds": MetricSpec(
+        G, "How long the first overdue record of a retry tier partition is past its not_before.",
+        ("topic", "partition")),
+    "outbox_backlog": MetricSpec(G, "Outbox rows due and not yet published."),
+    "outbox_backlog_age_seconds": MetricSpec(G, "Age of the oldest due unpublished outbox row."),
+    # every role
+    "ready": MetricSpec(G, "1 when the role's last readiness check passed.", ("check",)),
+}
 
 
 class Metrics:
-    """Thread-safe named counters and gauges with optional labels, plus max/sum/count summaries."""
+    """Named counters, gauges and histograms of one registry (one per process role)."""
 
-    def __init__(self, namespace: str = "postroom") -> None:
-        self._namespace = namespace
+    def __init__(self, *, process: bool = False) -> None:
+        self.registry = CollectorRegistry()
+        if process:
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
         self._lock = threading.Lock()
-        self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self._gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self._summaries: dict[str, list[float]] = {}  # name -> [count, sum, max]
+        self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+        self._max: dict[str, float] = {}
+
+    def _metric(self, name: str, kind: Kind, labels: Mapping[str, str]) -> Counter | Gauge | Histogram:
+        with self._lock:
+            found = self._metrics.get(name)
+            if found is None:
+                spec = CATALOGUE.get(name) or MetricSpec(
+                    kind, f"{name} (not in postroom.metrics.CATALOGUE)", tuple(sorted(labels)))
+                full = f"{NAMESPACE}_{name}" if spec.namespaced else name
+                if spec.kind is Kind.COUNTER:
+                    # prometheus-client adds _total itself.
+                    found = Counter(full.removesuffix("_total"), spec.help, spec.labels,
+                                    registry=self.registry)
+                elif spec.kind is Kind.GAUGE:
+                    found = Gauge(full, spec.help, spec.labels, registry=self.registry)
+                else:
+                    found = Histogram(full, spec.help, spec.labels, buckets=spec.buckets,
+                                      registry=self.registry)
+                self._metrics[name] = found
+            return found.labels(**labels) if labels else found
+
+    def _typed(self, name: str, kind: Kind, labels: Mapping[str, str]) -> Any:
+        metric = self._metric(name, kind, labels)
+        wanted = {Kind.COUNTER: Counter, Kind.GAUGE: Gauge, Kind.HISTOGRAM: Histogram}[kind]
+        if not isinstance(metric, wanted):
+            raise TypeError(f"metric {name} is a {type(metric).__name__.lower()}, not a {kind}")
+        return metric
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        with self._lock:
-            self._counters[key] = self._counters.get(key, 0.0) + amount
+        self._typed(name, Kind.COUNTER, labels).inc(amount)
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        with self._lock:
-            self._gauges[(name, tuple(sorted(labels.items())))] = value
+        self._typed(name, Kind.GAUGE, labels).set(value)
 
-    def observe(self, name: str, value: float) -> None:
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self._typed(name, Kind.HISTOGRAM, labels).observe(value)
         with self._lock:
-            count, total, peak = self._summaries.get(name, [0.0, 0.0, float("-inf")])
-            self._summaries[name] = [count + 1, total + value, max(peak, value)]
+            self._max[name] = max(self._max.get(name, float("-inf")), value)
+
+    def remove(self, name: str, **labels: str) -> None:
+        """Drop one labelled series (a partition no longer reported)."""
+        with self._lock:
+            found = self._metrics.get(name)
+        if found is not None:
+            try:
+                found.remove(*(labels[k] for k in found._labelnames))
+            except KeyError:
+                pass
+
+    def _samples(self, name: str, suffix: str = "") -> list[tuple[dict[str, str], float]]:
+        with self._lock:
+            found = self._metrics.get(name)
+        if found is None:
+            return []
+        wanted = found._name + suffix
+        return [(s.labels, s.value) for family in found.collect() for s in family.samples
+                if s.name == wanted]
 
     def counter(self, name: str, **labels: str) -> float:
-        with self._lock:
-            return self._counters.get((name, tuple(sorted(labels.items()))), 0.0)
+        """The value of a counter (0 before its first increment)."""
+        for found, value in self._samples(name, "_total"):
+            if found == labels:
+                return value
+        return 0.0
 
     def counters(self, name: str) -> Mapping[tuple[tuple[str, str], ...], float]:
         """Every labelled value of counter ``name``."""
-        with self._lock:
-            return {labels: v for (n, labels), v in self._counters.items() if n == name}
+        return {tuple(sorted(labels.items())): value
+                for labels, value in self._samples(name, "_total")}
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        for found, value in self._samples(name):
+            if found == labels:
+                return value
+        return None
 
     def summary(self, name: str) -> tuple[int, float, float] | None:
-        """(count, sum, max) of an observed value, or None before the first observation."""
+        """(count, sum, max) of a histogram, or None before the first observation."""
+        count = sum(v for _, v in self._samples(name, "_count"))
+        if not count:
+            return None
+        total = sum(v for _, v in self._samples(name, "_sum"))
         with self._lock:
-            found = self._summaries.get(name)
-            return None if found is None else (int(found[0]), found[1], found[2])
+            return int(count), total, self._max[name]
 
     def render(self) -> str:
-        """Prometheus text exposition of everything recorded."""
-        lines: list[str] = []
+        """Prometheus text exposition (HELP and TYPE lines included)."""
+        return generate_latest(self.registry).decode()
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+
+
+Check = tuple[str, Callable[[], str]]  # name, and a call that returns a detail or raises
+
+
+class Readiness:
+    """Runs a role's checks (database, broker, SMTP) at most every READY_CACHE_S seconds."""
+
+    def __init__(self, checks: Sequence[Check], metrics: Metrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._checks = list(checks)
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: tuple[float, list[CheckResult]] | None = None
+
+    def results(self) -> list[CheckResult]:
         with self._lock:
-            for kind, table in (("counter", self._counters), ("gauge", self._gauges)):
-                for name in sorted({n for n, _ in table}):
-                    full = f"{self._namespace}_{name}"
-                    lines.append(f"# TYPE {full} {kind}")
-                    lines.extend(f"{full}{_labels(labels)} {value:g}"
-                                 for (n, labels), value in sorted(table.items()) if n == name)
-            for name, (count, total, peak) in sorted(self._summaries.items()):
-                full = f"{self._namespace}_{name}"
-                lines += [f"# TYPE {full} summary", f"{full}_count {count:g}",
-                          f"{full}_sum {total:g}", f"{self._namespace}_{name}_max {peak:g}"]
-        return "\n".join(lines) + "\n"
+            now = self._clock()
+            if self._last is not None and now - self._last[0] < READY_CACHE_S:
+                return self._last[1]
+            results = []
+            for name, check in self._checks:
+                try:
+                    results.append(CheckResult(name, True, check()))
+                except Exception as exc:  # noqa: BLE001 - any failure means not ready; said why
+                    results.append(CheckResult(name, False, str(exc).splitlines()[0] if str(exc)
+                                               else type(exc).__name__))
+                self._metrics.set("ready", 1.0 if results[-1].ok else 0.0, check=name)
+            self._last = (now, results)
+            return results
 
 
-def _labels(labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-    return "{" + inner + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serve ``/metrics`` on a daemon thread; call ``shutdown()`` on the result to stop."""
+def serve(metrics: Metrics, port: int, host: str = "127.0.0.1",
+          readiness: Readiness | None = None) -> ThreadingHTTPServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on a daemon thread; ``shutdown()`` stops."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.rstrip("/") not in ("/metrics", ""):
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path in ("/metrics", ""):
+                if readiness is not None:
+                    readiness.results()  # keeps postroom_ready current for alerts (cached)
+                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._reply(200, b"ok\n")
+            elif path == "/readyz":
+                results = readiness.results() if readiness is not None else []
+                text = "".join(f"{'ok' if r.ok else 'FAIL'} {r.name}: {r.detail}\n"
+                               for r in results) or "ok\n"
+                self._reply(200 if all(r.ok for r in results) else 503, text.encode())
+            else:
                 self.send_error(404)
-                return
-            body = metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+
+        def _reply(self, code: int, body: bytes, content_type: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -98,7 +297,5 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTP
     server = ThreadingHTTPServer((host, port), Handler)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
-    log.info("metrics on http://%s:%d/metrics", host, port)
+    log.info("metrics, /healthz and /readyz on http://%s:%d", host, port)
     return server
-
-

@@ -19,8 +19,8 @@ ENV_PREFIX = "POSTROOM_"
 # How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay
 # claim must outlast it, so a row is never claimed by two relays while one still waits.
 PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # librdkafka settings that carry secrets: masked when a config is shown.
 _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
                       "sasl.oauthbearer.client.secret", "ssl.key.pem")
@@ -60,10 +60,10 @@ class TlsMode(enum.StrEnum):
 
 
 def parse_duration_s(text: str) -> float:
-    """``"5m"`` -> 300.0. Units: ms, s (default), m, h."""
+    """``"5m"`` -> 300.0. Units: ms, s (default), m, h, d."""
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 2s, 5m, 1h)")
+        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 2s, 5m, 1h, 30d)")
     value = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
     if value <= 0:
         raise ValueError(f"a duration must be positive: {text!r}")
@@ -121,6 +121,10 @@ class Settings:
     kafka_bootstrap_servers: str | None = None
     topic_prefix: str = "postroom."
     kafka_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Only for producers, or only for consumers; each wins over kafka_config for its clients.
+    kafka_producer_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kafka_consumer_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kafka_cluster_name: str = "default"  # the cluster_name label of the lag metrics
     topic_partitions: int = 6
     topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
     topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -192,7 +196,7 @@ class Settings:
             value = getattr(self, field.name)
             if field.name in ("database_url", "schema_registry_url") and value:
                 value = mask_url(value)
-            elif field.name == "kafka_config":
+            elif field.name in ("kafka_config", "kafka_producer_config", "kafka_consumer_config"):
                 value = mask_kafka_config(value)
             elif field.name == "schema_registry_config":
                 value = mask_registry_config(value)
@@ -312,6 +316,9 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "KAFKA_BOOTSTRAP_SERVERS": ("kafka_bootstrap_servers", str.strip),
     ENV_PREFIX + "TOPIC_PREFIX": ("topic_prefix", _prefix),
     ENV_PREFIX + "KAFKA_CONFIG": ("kafka_config", parse_kafka_config),
+    ENV_PREFIX + "KAFKA_PRODUCER_CONFIG": ("kafka_producer_config", parse_kafka_config),
+    ENV_PREFIX + "KAFKA_CONSUMER_CONFIG": ("kafka_consumer_config", parse_kafka_config),
+    ENV_PREFIX + "KAFKA_CLUSTER_NAME": ("kafka_cluster_name", str.strip),
     ENV_PREFIX + "TOPIC_PARTITIONS": ("topic_partitions", _positive_int),
     ENV_PREFIX + "TOPIC_REPLICATION_FACTOR": ("topic_replication_factor", _replication_factor),
     ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),

@@ -13,6 +13,8 @@
 #   POSTROOM_DEV_DIR                    state dir (default: <repo>/.dev)
 #   POSTROOM_DEV_KAFKA_PORT             Kafka PLAINTEXT listener (default 19092)
 #   POSTROOM_DEV_KAFKA_CONTROLLER_PORT  KRaft controller listener (default 19093)
+#   POSTROOM_DEV_KAFKA_SECURE_PORT      Kafka SASL_SSL (SCRAM-SHA-512) listener (default: the
+#                                       PLAINTEXT port + 2, 19094)
 #   POSTROOM_DEV_PG_PORT                PostgreSQL (default 15432)
 #   POSTROOM_DEV_PG_BIN                 folder holding pg_ctl/initdb (default: found)
 #   POSTROOM_DEV_REGISTRY_PORT          Schema Registry HTTP (default 18081)
@@ -23,6 +25,14 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV_DIR=$(realpath -m "${POSTROOM_DEV_DIR:-$REPO/.dev}")
 KAFKA_PORT=${POSTROOM_DEV_KAFKA_PORT:-19092}
 CONTROLLER_PORT=${POSTROOM_DEV_KAFKA_CONTROLLER_PORT:-19093}
+# Beside the PLAINTEXT port by default, so stacks started with distinct ports stay distinct.
+if [[ -n ${POSTROOM_DEV_KAFKA_SECURE_PORT:-} ]]; then
+    SECURE_PORT=$POSTROOM_DEV_KAFKA_SECURE_PORT
+elif [[ $KAFKA_PORT =~ ^[0-9]+$ ]]; then
+    SECURE_PORT=$((10#$KAFKA_PORT + 2))
+else
+    SECURE_PORT=$KAFKA_PORT # refused by check_port in main, naming POSTROOM_DEV_KAFKA_PORT
+fi
 PG_PORT=${POSTROOM_DEV_PG_PORT:-15432}
 REGISTRY_PORT=${POSTROOM_DEV_REGISTRY_PORT:-18081}
 HOST=127.0.0.1
@@ -235,9 +245,9 @@ write_kafka_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SECURE_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT,SASL_SSL://$HOST:$SECURE_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 log.dirs=$KAFKA_DATA
@@ -322,6 +332,7 @@ EOF
 
 kafka_up() {
     mkdir -p "$KAFKA_DATA"
+    secure_restart_if_missing
     local pid
     if pid=$(kafka_pid); then
         if port_answers "$KAFKA_PORT"; then
@@ -331,15 +342,17 @@ kafka_up() {
         say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer yet; waiting"
     else
         local port
-        for port in "$KAFKA_PORT" "$CONTROLLER_PORT"; do
+        for port in "$KAFKA_PORT" "$CONTROLLER_PORT" "$SECURE_PORT"; do
             if port_answers "$port"; then
-                local hint="set POSTROOM_DEV_KAFKA_PORT / POSTROOM_DEV_KAFKA_CONTROLLER_PORT"
+                local hint="set POSTROOM_DEV_KAFKA_PORT / _CONTROLLER_PORT / _SECURE_PORT"
                 die "port $port is taken by another program ($hint to free ones)"
             fi
         done
         ensure_java_and_maven
         fetch_kafka
+        secure_make_certs
         write_kafka_config
+        write_secure_kafka_config
         format_kafka_storage
         say "kafka: starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (log: $KAFKA_LOG)"
         # A pid file left by a broker that died with the machine would be read below before
@@ -406,6 +419,11 @@ kafka_status() {
     local pid
     if pid=$(kafka_pid) && port_answers "$KAFKA_PORT"; then
         say "kafka: running (pid $pid, $HOST:$KAFKA_PORT, data $KAFKA_DATA)"
+        if port_answers "$SECURE_PORT"; then
+            say "kafka: SASL_SSL on $HOST:$SECURE_PORT"
+        else
+            say "kafka: SASL_SSL on $HOST:$SECURE_PORT does not answer"
+        fi
     elif [[ -n ${pid:-} ]]; then
         say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer"
         return 1
@@ -413,6 +431,164 @@ kafka_status() {
         say "kafka: stopped"
         return 1
     fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Kafka's secured listener: SASL_SSL with SCRAM-SHA-512, a throwaway CA, ACLs per role
+#
+# Everything here is made once: the CA and the broker's certificate once per $SECURE_DIR, the
+# SCRAM users and the admin's rights once per Kafka data dir (a stamp in the data dir says so).
+# The PLAINTEXT and CONTROLLER listeners authenticate nobody: their principal is User:ANONYMOUS,
+# which is a super user because the broker's own controller and inter-broker traffic uses it.
+# That also keeps everything allowed on the PLAINTEXT listener for the rest of the suite; the
+# listener binds 127.0.0.1 only. On SASL_SSL, only what the ACLs grant is allowed.
+
+SECURE_DIR="$DEV_DIR/secure"
+SECURE_ROLES=(relay sender recorder admin)
+SECURE_CERT_DAYS=825
+SCRAM_ITERATIONS=8192
+
+# secure_make_certs: a CA, and a broker certificate for 127.0.0.1/localhost signed by it, in a
+# PKCS12 keystore whose password lives in a file beside it.
+secure_make_certs() {
+    mkdir -p "$SECURE_DIR"
+    chmod 700 "$SECURE_DIR"
+    [[ -s $SECURE_DIR/broker.p12 && -s $SECURE_DIR/ca.crt ]] && return
+    command -v openssl >/dev/null || apt_install openssl
+    say "kafka: making a throwaway CA and broker certificate in $SECURE_DIR (once)"
+    local out="$SECURE_DIR/openssl.out"
+    (
+        set -e
+        cd "$SECURE_DIR"
+        umask 077
+        openssl rand -hex 24 >broker.p12.password
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt \
+            -days "$SECURE_CERT_DAYS" -subj "/CN=postroom dev CA" \
+            -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+        openssl req -newkey rsa:2048 -nodes -keyout broker.key -out broker.csr \
+            -subj "/CN=localhost"
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >broker.ext
+        openssl x509 -req -in broker.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -out broker.crt -days "$SECURE_CERT_DAYS" -extfile broker.ext
+        openssl pkcs12 -export -in broker.crt -inkey broker.key -certfile ca.crt \
+            -name broker -out broker.p12.partial -passout file:broker.p12.password
+        mv broker.p12.partial broker.p12
+        rm -f broker.csr broker.ext
+        chmod 644 ca.crt
+    ) >"$out" 2>&1 || die "kafka: making the dev certificates failed" "$out"
+}
+
+# The broker settings of the SASL_SSL listener, appended to server.properties at each start.
+write_secure_kafka_config() {
+    cat >>"$KAFKA_DIR/server.properties" <<EOF
+# ---- the SASL_SSL listener (scripts/services.sh: secure_* functions) ----
+listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location=$SECURE_DIR/broker.p12
+listener.name.sasl_ssl.ssl.keystore.password=$(cat "$SECURE_DIR/broker.p12.password")
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+# ANONYMOUS is the principal of the PLAINTEXT and CONTROLLER listeners (see services.sh).
+super.users=User:ANONYMOUS
+EOF
+    chmod 600 "$KAFKA_DIR/server.properties"
+}
+
+# A broker started by a services.sh from before the SASL_SSL listener: restart it with one.
+secure_restart_if_missing() {
+    local pid
+    if pid=$(kafka_pid) && port_answers "$KAFKA_PORT" && ! port_answers "$SECURE_PORT"; then
+        say "kafka: pid $pid has no SASL_SSL listener on $HOST:$SECURE_PORT yet; restarting it"
+        kafka_down
+    fi
+}
+
+# One password per role, each in the properties file that role's POSTROOM_KAFKA_CONFIG_FILE names.
+secure_make_passwords() {
+    local role file
+    for role in "${SECURE_ROLES[@]}"; do
+        file="$SECURE_DIR/$role.properties"
+        [[ -s $file ]] && continue
+        (umask 077 && printf '# postroom-%s on the dev broker (scripts/services.sh)\nsasl.password=%s\n' \
+            "$role" "$(openssl rand -hex 24)" >"$file")
+    done
+}
+
+write_secure_env_files() {
+    local role
+    for role in "${SECURE_ROLES[@]}"; do
+        cat >"$SECURE_DIR/$role.env" <<EOF
+# Written by scripts/services.sh up: postroom-$role on the SASL_SSL listener.
+# Source it after the stack's env: . $ENV_FILE && . $SECURE_DIR/$role.env
+export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$HOST:$SECURE_PORT
+export POSTROOM_KAFKA_CONFIG='security.protocol=SASL_SSL;sasl.mechanism=SCRAM-SHA-512;sasl.username=postroom-$role;ssl.ca.location=$SECURE_DIR/ca.crt'
+export POSTROOM_KAFKA_CONFIG_FILE=$SECURE_DIR/$role.properties
+EOF
+    done
+}
+
+# secure_bootstrap: the SCRAM users (upserted with the passwords from the files, so a new
+# password file takes effect) and the admin's right to manage ACLs, over the PLAINTEXT
+# listener; then the roles' ACLs for the default topic prefix, applied as the admin over
+# SASL_SSL. Skipped when the data dir's stamp matches the password files.
+secure_bootstrap() {
+    local stamp="$KAFKA_DATA/.postroom-secure" want out="$SECURE_DIR/bootstrap.out"
+    want=$(cat "$SECURE_DIR"/*.properties | sha256sum | cut -d' ' -f1)
+    [[ -f $stamp && $(cat "$stamp") == "$want" ]] && return
+    say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,admin} and their ACLs (once)"
+    "$VENV_PY" - "$HOST:$KAFKA_PORT" "$SECURE_DIR" "$SCRAM_ITERATIONS" "${SECURE_ROLES[@]}" \
+        >"$out" 2>&1 <<'EOF' || die "kafka: creating the SCRAM users failed" "$out"
+import sys
+from pathlib import Path
+from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+    ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism,
+    UserScramCredentialUpsertion)
+
+bootstrap, secure_dir, iterations, roles = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, iterations)
+upserts = []
+for role in roles:
+    lines = (secure_dir / f"{role}.properties").read_text().splitlines()
+    password = next(l.partition("=")[2] for l in lines if l.startswith("sasl.password="))
+    upserts.append(UserScramCredentialUpsertion(f"postroom-{role}", info, password.encode()))
+for user, future in admin.alter_user_scram_credentials(upserts).items():
+    future.result()
+    print(f"scram user {user}: set")
+# Only the admin manages ACLs (postroom acls apply); what it may do with topics is in its ACLs.
+bindings = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL,
+                       "User:postroom-admin", "*", op, AclPermissionType.ALLOW)
+            for op in (AclOperation.ALTER, AclOperation.DESCRIBE)]
+for binding, future in admin.create_acls(bindings).items():
+    future.result()
+    print(f"acl {binding}")
+EOF
+    # The roles' ACLs for the default prefix, so `. .dev/env && . .dev/secure/relay.env` works.
+    # The admin's new rights reach the broker's authorizer a moment after the controller took
+    # them: a refusal is asked again a few times.
+    local attempt
+    for attempt in 1 2 3 4 5; do
+        if (
+            # shellcheck disable=SC1091 # written above
+            . "$ENV_FILE" && . "$SECURE_DIR/admin.env" && "$VENV_PY" -m postroom.cli acls apply
+        ) >>"$out" 2>&1; then
+            break
+        fi
+        [[ $attempt -lt 5 ]] || die "kafka: postroom acls apply as postroom-admin failed" "$out"
+        sleep 1
+    done
+    printf '%s\n' "$want" >"$stamp"
+}
+
+secure_up() {
+    # The broker read its keystore at start; a CA removed since cannot be made again under it.
+    [[ -s $SECURE_DIR/ca.crt ]] || die "kafka: $SECURE_DIR/ca.crt is gone while the broker \
+runs; restart the stack (scripts/services.sh down, then up) to make new certificates"
+    secure_make_passwords
+    write_secure_env_files
+    secure_bootstrap
+    say "kafka: SASL_SSL on $HOST:$SECURE_PORT; role env files in $SECURE_DIR/{relay,sender,recorder,admin}.env"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -732,6 +908,7 @@ cmd_up() {
     kafka_up
     registry_up
     write_env_file
+    secure_up
     say "up: env in $ENV_FILE (. $ENV_FILE)"
 }
 
@@ -759,7 +936,7 @@ cmd_clean() {
     cmd_down
     say "clean: removing $KAFKA_DIR, $REGISTRY_DIR, $PG_ROOT and $ENV_FILE"
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
-    rm -rf "$PG_ROOT" "$KAFKA_DIR" "$REGISTRY_DIR"
+    rm -rf "$PG_ROOT" "$KAFKA_DIR" "$SECURE_DIR" "$REGISTRY_DIR"
     rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock"
     rmdir "$DEV_DIR" 2>/dev/null || true
 }
@@ -767,6 +944,7 @@ cmd_clean() {
 main() {
     check_port POSTROOM_DEV_KAFKA_PORT "$KAFKA_PORT"
     check_port POSTROOM_DEV_KAFKA_CONTROLLER_PORT "$CONTROLLER_PORT"
+    check_port POSTROOM_DEV_KAFKA_SECURE_PORT "$SECURE_PORT"
     check_port POSTROOM_DEV_PG_PORT "$PG_PORT"
     check_port POSTROOM_DEV_REGISTRY_PORT "$REGISTRY_PORT"
     case ${1:-} in

@@ -40,6 +40,7 @@ class SenderConsumer:
         self._priority_paused: set[TP] = set()
         self._start_offsets: dict[TP, int] = {}     # where reading began, until position is known
         self._priority_state = PriorityState()
+        self._stored: dict[TP, int] = {}            # stored since the last commit_stored()
 
     @property
     def consumer(self) -> Consumer:
@@ -72,8 +73,22 @@ class SenderConsumer:
             return
         try:
             self._consumer.store_offsets(offsets=[TopicPartition(tp[0], tp[1], point)])
+            self._stored[tp] = point
         except KafkaException as exc:
             log.debug("store_offsets %s failed: %s", tp, exc)
+
+    def commit_stored(self) -> None:
+        """Commit the offsets stored since the last call, now. The sender calls it when it falls
+        idle: librdkafka's auto-commit runs only every auto.commit.interval.ms (5 s), and until
+        then `postroom lag` counts mail already delivered as lag."""
+        stored, self._stored = self._stored, {}
+        offsets = [TopicPartition(t, p, point) for (t, p), point in stored.items()
+                   if (t, p) in self._assigned]
+        if offsets and self._consumer is not None:
+            try:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+            except KafkaException as exc:
+                log.debug("commit of stored offsets failed: %s", exc)
 
     # -- rebalances ----------------------------------------------------------------------------
 

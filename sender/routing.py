@@ -12,19 +12,20 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
+# The header names live in the base: the relay's redrive reads them too.
+from postroom.headers import (
+    ATTEMPT_BASE_HEADER,
+    DLQ_CLASS_HEADER,
+    DLQ_OFFSET_HEADER,
+    DLQ_PARTITION_HEADER,
+    DLQ_REASON_HEADER,
+    DLQ_TOPIC_HEADER,
+    ERROR_HEADER,
+)
 from postroom.topics import dead_letter_topic, retry_topic
 from schemas.codec import DeliveryStatus, EmailRequested, EmailResult
 from sender.outcome import Outcome, Verdict
 from sender.retry import Action, RetryDecision
-
-# One per failed attempt, oldest first: "attempt=<n> at=<iso time> <reason>".
-ERROR_HEADER = "postroom.error"
-# Where a dead letter was read, and why it is dead.
-DLQ_TOPIC_HEADER = "postroom.dlq.topic"
-DLQ_PARTITION_HEADER = "postroom.dlq.partition"
-DLQ_OFFSET_HEADER = "postroom.dlq.offset"
-DLQ_CLASS_HEADER = "postroom.dlq.classification"
-DLQ_REASON_HEADER = "postroom.dlq.reason"
 
 STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus.RETRYING,
              Action.FAIL: DeliveryStatus.FAILED, Action.DEAD: DeliveryStatus.DEAD}
@@ -108,8 +109,9 @@ def outcome_line(event: EmailRequested, decision: RetryDecision,
 
 
 def errors_of(headers: Sequence[tuple[str, str | bytes | None]]) -> Headers:
-    """The failed-attempt history a record carries."""
-    return tuple((k, v) for k, v in headers if k == ERROR_HEADER)
+    """The history a record carries along the retry chain: one error per failed attempt, and
+    the attempt base of a redriven email."""
+    return tuple((k, v) for k, v in headers if k in (ERROR_HEADER, ATTEMPT_BASE_HEADER))
 
 
 def dead_letter_headers(origin: Origin, classification: str, reason: str) -> Headers:

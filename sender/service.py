@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 from confluent_kafka import Message
 
+from postroom.headers import attempt_base
 from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
@@ -109,6 +111,8 @@ class Sender:
                     continue
                 messages = self._consumer.fetch(min(room, FETCH_MAX))
                 if not messages:
+                    if not self._tasks:
+                        self._consumer.commit_stored()
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
                 self._dispatch(messages, now)
@@ -215,17 +219,24 @@ class Sender:
     async def _send_and_record(self, record: Record, event: EmailRequested,
                                slot: SmtpSlot) -> Routing:
         key = event.idempotency_key
+        started = time.monotonic()
         reply, message_id = await self._delivery.send(event, slot, utcnow())
+        self.metrics.observe("smtp_reply_seconds", time.monotonic() - started,
+                             stage=reply.stage.value)
         outcome = classify_reply(reply)
         self.metrics.inc("attempts_total", verdict=outcome.verdict.value)
         if outcome.server_fault and outcome.verdict is not Verdict.SENT:
             self.metrics.inc("server_faults_total", stage=reply.stage.value)
         now = utcnow()
-        decision = self._policy.decide(outcome, event.attempt, now)
+        # A redriven email has a fresh budget: its retry tiers count from the redrive.
+        decision = self._policy.decide(outcome, event.attempt - attempt_base(record.headers), now)
+        started = time.monotonic()
         if decision.action is Action.DONE_SENT:
             await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key, message_id))
         else:
             await self._ledger_call("release", partial(self._ledger.release, key))
+        self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
+                             operation="sent" if decision.action is Action.DONE_SENT else "release")
         log.log(*outcome_line(event, decision, outcome.reason))
         return route(self._settings.topic_prefix, _origin(record), event, outcome, decision,
                      message_id, now)

@@ -1,4 +1,5 @@
-"""Fixtures for tests that need the local stack: a schema and a topic prefix of their own per test.
+"""Fixtures for tests that need the local stack: a schema, a topic prefix and consumer groups of
+their own per test (postroom.devkit.scratch, which the benchmarks and the demo use too).
 
 The stack is the one `scripts/services.sh up` starts (`make test` does it and sources `.dev/env`).
 A test that needs it and cannot reach it fails; nothing here skips.
@@ -7,17 +8,13 @@ A test that needs it and cannot reach it fails; nothing here skips.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
 
+from postroom.devkit.scratch import scratch, unique_name
 from postroom.settings import Settings
-
-
-def _unique(tag: str) -> str:
-    return f"{tag}{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture(scope="session")
@@ -35,15 +32,11 @@ def db_settings(stack_settings: Settings) -> Iterator[Settings]:
     """Settings whose connections use a fresh schema, migrated to head and dropped afterwards."""
     from relay.db import make_engine, upgrade
 
-    settings = dataclasses.replace(stack_settings, database_schema=_unique("t_"))
-    engine = make_engine(settings)
-    upgrade(engine, settings.database_schema)
-    engine.dispose()
-    yield settings
-    admin = make_engine(stack_settings)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{settings.database_schema}" CASCADE'))
-    admin.dispose()
+    with scratch(stack_settings, "t", kafka=False) as settings:
+        engine = make_engine(settings)
+        upgrade(engine, settings.database_schema)
+        engine.dispose()
+        yield settings
 
 
 @pytest.fixture
@@ -57,25 +50,20 @@ def engine(db_settings: Settings) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def kafka_settings(stack_settings: Settings) -> Iterator[Settings]:
-    """Settings with a topic prefix of this test's own, every topic created; deleted afterwards."""
-    from postroom.kafka import create_topics, make_admin
-    from postroom.topics import all_topics
-
-    settings = dataclasses.replace(stack_settings, topic_prefix=_unique("t") + ".",
-                                   retry_delays_s=(1.0, 2.0, 4.0, 8.0))
-    create_topics(settings)
-    yield settings
-    names = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    admin = make_admin(settings)  # held: a collected client cancels its own futures
-    for future in admin.delete_topics(names, operation_timeout=10).values():
-        future.result()
+    """Settings with a topic prefix and consumer groups of this test's own, every topic created;
+    topics and groups deleted afterwards."""
+    base = dataclasses.replace(stack_settings, retry_delays_s=(1.0, 2.0, 4.0, 8.0))
+    with scratch(base, "t", database=False) as settings:
+        yield settings
 
 
 @pytest.fixture
 def settings(db_settings: Settings, kafka_settings: Settings) -> Settings:
-    """Both: an own schema and an own topic prefix."""
+    """Both: an own schema, an own topic prefix and own consumer groups."""
     return dataclasses.replace(db_settings, topic_prefix=kafka_settings.topic_prefix,
-                               retry_delays_s=kafka_settings.retry_delays_s)
+                               retry_delays_s=kafka_settings.retry_delays_s,
+                               sender_group=kafka_settings.sender_group,
+                               recorder_group=kafka_settings.recorder_group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +84,7 @@ def consume_records(settings: Settings, topics: list[str], expected: int,
 
     from confluent_kafka import Consumer
 
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": _unique("test-"),
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": unique_name("test"),
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe(topics)
     records: list[Consumed] = []

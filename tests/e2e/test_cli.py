@@ -8,11 +8,8 @@ import datetime as dt
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,40 +18,35 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
+from postroom.devkit.ports import free_port
+from postroom.devkit.processes import run_postroom, start_postroom, stop_process
+from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.kafka import make_admin
-from postroom.settings import FIELDS, Settings
+from postroom.settings import Settings
 from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
 from relay.db import make_engine
 from relay.publisher import Relay
 
 pytestmark = pytest.mark.e2e
 
-COMMANDS = ["db", "topics", "schemas", "enqueue", "relay", "sender", "recorder", "check", "lag",
-            "devsmtp", "status"]
-SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["enqueue"],
-               ["relay"], ["sender"], ["recorder"], ["check"], ["lag"], ["devsmtp"], ["status"]]
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
-LAG_FIELDS = {"group", "topic", "partition", "committed", "high_watermark", "lag"}
+LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_seconds", "verdict",
+              "group_state", "group_members", "group_verdict"}
+RETRY_FIELDS = {"waiting", "overdue", "overdue_seconds"}
 RUN_TIMEOUT_S = 60
 STOP_WITHIN_S = 5.0
 
 
-def unique(tag: str) -> str:
-    return f"{tag}{uuid.uuid4().hex[:10]}"
-
-
 @dataclasses.dataclass(frozen=True)
 class Cli:
-    """Runs ``python -m postroom.cli`` with the stack's environment plus this test's names."""
+    """Runs `postroom` with the stack's environment plus this test's names."""
 
     env: dict[str, str]
 
     def __call__(self, *args: str, timeout: float = RUN_TIMEOUT_S,
                  **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "postroom.cli", *args],
-                              env={**self.env, **env}, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return run_postroom(*args, env={**self.env, **env}, timeout_s=timeout)
 
     def ok(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         proc = self(*args, **env)
@@ -66,10 +58,8 @@ class Cli:
         return [json.loads(line) for line in self.ok("status", "--key", key, "--json")
                 .stdout.splitlines()]
 
-    def start(self, *args: str, stderr: Path) -> subprocess.Popen[bytes]:
-        with stderr.open("wb") as sink:
-            return subprocess.Popen([sys.executable, "-m", "postroom.cli", *args],
-                                    env=self.env, stdout=subprocess.DEVNULL, stderr=sink)
+    def start(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
+        return start_postroom(*args, env=self.env, log=log)
 
 
 def cli_for(schema: str, prefix: str, **extra: str) -> Cli:
@@ -81,39 +71,28 @@ def cli_for(schema: str, prefix: str, **extra: str) -> Cli:
 def cli(db_settings: Settings) -> Cli:
     """A migrated schema of this test's own, and a topic prefix no topic has."""
     assert db_settings.database_schema
-    return cli_for(db_settings.database_schema, unique("e2e-none-") + ".")
+    return cli_for(db_settings.database_schema, unique_name("e2e_none") + ".")
 
 
 @pytest.fixture
 def stack_cli(settings: Settings) -> Cli:
-    """A schema and created topics of this test's own, and consumer groups of its own."""
-    assert settings.database_schema
-    return cli_for(settings.database_schema, settings.topic_prefix,
-                   POSTROOM_SENDER_GROUP=unique("e2e-sender-"),
-                   POSTROOM_RECORDER_GROUP=unique("e2e-recorder-"))
+    """A schema, created topics and consumer groups of this test's own."""
+    return Cli({**os.environ, **scratch_env(settings)})
 
 
 @pytest.fixture
 def new_schema(stack_settings: Settings) -> Iterator[str]:
     """A schema name nothing has created; dropped afterwards if a test created it."""
-    name = unique("e2e_")
-    yield name
-    engine = make_engine(stack_settings)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
-    engine.dispose()
+    with scratch(stack_settings, "e2e", kafka=False) as settings:
+        assert settings.database_schema
+        yield settings.database_schema
 
 
 @pytest.fixture
 def new_prefix(stack_settings: Settings) -> Iterator[str]:
     """A topic prefix no topic has; its topics are deleted afterwards."""
-    prefix = unique("e2e") + "."
-    yield prefix
-    admin = make_admin(stack_settings)
-    existing = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-    if existing:
-        for future in admin.delete_topics(existing, operation_timeout=10).values():
-            future.result()
+    with scratch(stack_settings, "e2e", database=False, create=False) as settings:
+        yield settings.topic_prefix
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -134,33 +113,11 @@ def outbox(db_settings: Settings, key: str) -> list[sa.RowMapping]:
         engine.dispose()
 
 
-# -- help --------------------------------------------------------------------------------------
-
-def test_help_lists_every_command_and_every_setting(cli: Cli) -> None:
-    proc = cli.ok("--help")
-    listed = re.findall(r"^    (\w+)\s", proc.stdout, flags=re.MULTILINE)
-    assert listed == COMMANDS
-    for name in [*FIELDS, "POSTROOM_SMTP_PASSWORD_FILE", "POSTROOM_KAFKA_CONFIG_FILE"]:
-        assert re.search(rf"^  {name}$", proc.stdout, flags=re.MULTILINE), name
-    assert cli.ok("--version").stdout.startswith("postroom ")
-
-
-@pytest.mark.parametrize("command", SUBCOMMANDS, ids=" ".join)
-def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
-    assert "usage:" in cli.ok(*command, "--help").stdout
-
-
-def test_no_command_is_a_usage_error(cli: Cli) -> None:
-    proc = cli()
-    assert proc.returncode == 2
-    assert "required: COMMAND" in proc.stderr
-
-
 # -- db upgrade and topics create ----------------------------------------------------------------
 
 def test_db_upgrade_creates_the_schema_and_is_idempotent(
         new_schema: str, stack_settings: Settings) -> None:
-    cli = cli_for(new_schema, unique("e2e-none-") + ".")
+    cli = cli_for(new_schema, unique_name("e2e_none") + ".")
     first = cli.ok("db", "upgrade")
     second = cli.ok("db", "upgrade")
     engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
@@ -172,7 +129,7 @@ def test_db_upgrade_creates_the_schema_and_is_idempotent(
 
 
 def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
-    cli = cli_for(unique("e2e_none_"), new_prefix)
+    cli = cli_for(unique_name("e2e_none"), new_prefix)
     expected = all_topics(new_prefix, 4)  # the default POSTROOM_RETRY_DELAYS has four tiers
     assert expected == [*(priority_topic(new_prefix, p) for p in ("high", "normal", "low")),
                         *(retry_topic(new_prefix, n) for n in (1, 2, 3, 4)),
@@ -188,7 +145,7 @@ def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
 
 
 def test_topics_create_follows_the_retry_tiers_setting(new_prefix: str) -> None:
-    cli = cli_for(unique("e2e_none_"), new_prefix)
+    cli = cli_for(unique_name("e2e_none"), new_prefix)
     lines = cli.ok("topics", "create", POSTROOM_RETRY_DELAYS="1m,1h").stdout.splitlines()
     assert [line.split()[1] for line in lines] == all_topics(new_prefix, 2)
 
@@ -241,18 +198,9 @@ def test_a_missing_body_file_is_a_clear_error(cli: Cli, tmp_path: Path) -> None:
     assert cli.status("k") == []
 
 
-def test_send_after_needs_a_timezone(cli: Cli, db_settings: Settings) -> None:
-    base = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]
-    proc = cli(*base, "--send-after", "2026-10-02T07:00:00")
-    assert proc.returncode == 2
-    assert "--send-after: '2026-10-02T07:00:00' has no timezone" in proc.stderr
-    assert "2026-10-02T07:00:00+00:00" in proc.stderr  # it says how to write it
-    proc = cli(*base, "--send-after", "tomorrow")
-    assert proc.returncode == 2
-    assert "not an ISO 8601 time: 'tomorrow'" in proc.stderr
-    assert cli.status("k") == []
-
-    cli.ok(*base, "--send-after", "2026-10-02T09:00:00+02:00")
+def test_send_after_is_stored_as_the_instant_it_names(cli: Cli, db_settings: Settings) -> None:
+    cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b",
+           "--send-after", "2026-10-02T09:00:00+02:00")
     [row] = outbox(db_settings, "k")
     assert row["available_at"] == dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 
@@ -314,7 +262,7 @@ def test_status_shows_one_line_per_recipient(cli: Cli) -> None:
 
 
 def test_status_on_a_schema_never_upgraded_says_to_upgrade(new_schema: str) -> None:
-    cli = cli_for(new_schema, unique("e2e-none-") + ".")
+    cli = cli_for(new_schema, unique_name("e2e_none") + ".")
     proc = cli("status")
     assert proc.returncode == 1
     assert "run `postroom db upgrade`" in error_line(proc)
@@ -391,7 +339,7 @@ def test_relay_publishes_and_stops_cleanly_on_sigterm(
     enqueue = ["enqueue", "--key", "k", "--subject", "S", "--body", "b", "--priority", "high"]
     stack_cli.ok(*enqueue, "--to", "before@example.com")  # waiting when the relay starts
     log = tmp_path / "relay.log"
-    relay = stack_cli.start("relay", stderr=log)
+    relay = stack_cli.start("relay", log=log)
     try:
         assert [r.key for r in consume(settings, [high], expected=1, timeout_s=30)] == [
             b"k|before@example.com"], log.read_text()
@@ -403,12 +351,8 @@ def test_relay_publishes_and_stops_cleanly_on_sigterm(
         assert all(r["published_at"] is not None for r in rows)
         assert relay.poll() is None, log.read_text()
     finally:
-        relay.send_signal(signal.SIGTERM)
         started = time.monotonic()
-        try:
-            code = relay.wait(timeout=15)
-        finally:
-            relay.kill()
+        code = stop_process(relay, timeout_s=15)  # SIGTERM; SIGKILL (status -9) after 15 s
         stopped_after = time.monotonic() - started
     stderr = log.read_text()
     assert code == 0, stderr
@@ -436,7 +380,9 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
     finally:
         committer.close()
 
-    rows = [json.loads(line) for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
+    started = time.time()
+    *rows, outbox_row = [json.loads(line)
+                         for line in stack_cli.ok("lag", "--json").stdout.splitlines()]
     partitions = int(os.environ.get("POSTROOM_TOPIC_PARTITIONS", "6"))
     sender_topics = [*(priority_topic(prefix, p) for p in Priority),
                      *(retry_topic(prefix, n) for n in range(1, 5))]
@@ -444,21 +390,41 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
         *((sender_group, t, p) for t in sender_topics for p in range(partitions)),
         *((recorder_group, results_topic(prefix), p) for p in range(partitions))]
     for row in rows:
-        assert set(row) == LAG_FIELDS
+        retry = row["topic"].startswith(f"{prefix}email.retry.")
+        assert set(row) == (LAG_FIELDS | RETRY_FIELDS if retry else LAG_FIELDS)
+        # Nobody consumes: the groups are empty, and a group with lag has stopped.
+        assert (row["group_state"], row["group_members"]) in {("empty", 0), ("dead", 0)}
         if (row["topic"], row["partition"]) == (high, first.partition):
             assert row["committed"] == first.offset + 1
-            assert row["lag"] == row["high_watermark"] - first.offset - 1
+            assert row["lag"] == row["end"] - first.offset - 1
         else:
             assert row["committed"] is None
-            assert row["lag"] == row["high_watermark"]
-    assert sum(r["high_watermark"] for r in rows if r["topic"] == high) == 3
+            assert row["lag"] == row["end"]
+        if row["lag"]:
+            # The first unconsumed record was published by the relay above, before `started`.
+            assert 0 < row["lag_seconds"] < time.time() - started + 60
+            assert row["verdict"] == "STOP"
+        else:
+            assert (row["lag_seconds"], row["verdict"]) == (0, "OK")
+    assert {r["group_verdict"] for r in rows if r["group"] == sender_group} == {"STOP"}
+    assert {r["group_verdict"] for r in rows if r["group"] == recorder_group} == {"OK"}
+    assert sum(r["end"] for r in rows if r["topic"] == high) == 3
     assert sum(r["lag"] for r in rows) == 2
+    assert outbox_row == {"outbox_backlog": 0, "outbox_oldest_age_seconds": None}
 
     text = stack_cli.ok("lag").stdout.splitlines()
-    assert f"{sender_group}: total lag 2" in text
-    assert f"{recorder_group}: total lag 0" in text
+    assert any(line.startswith(f"{sender_group}: STOP, state ") and line.endswith(
+        "total lag 2, max " + line.rsplit("max ", 1)[1]) for line in text), text
+    assert any(line.startswith(f"{recorder_group}: OK, state ") and "total lag 0" in line
+               for line in text), text
     assert any(line.startswith(f"  {high}[{first.partition}] committed={first.offset + 1} end=")
                for line in text), text
+    assert text[-1] == "outbox: 0 row(s) waiting for the relay"
+    only = stack_cli.ok("lag", "--group", recorder_group, "--json").stdout.splitlines()
+    assert {json.loads(line).get("group") for line in only[:-1]} == {recorder_group}
+    proc = stack_cli("lag", "--group", "nobody")
+    assert proc.returncode == 2
+    assert "'nobody' is not one of postroom's groups" in error_line(proc)
 
 
 def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
@@ -476,12 +442,104 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
 
 
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
-    proc = cli_for(new_schema, unique("e2e-none-") + ".")(
+    proc = cli_for(new_schema, unique_name("e2e_none") + ".")(
         "check", POSTROOM_SMTP_HOST="127.0.0.1", POSTROOM_SMTP_PORT="1")
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("FAIL  database: ") and "postroom db upgrade" in lines[0]
-    assert lines[1].startswith("FAIL  kafka: missing topics") and "email.high" in lines[1]
-    assert lines[2].startswith("ok    registry: none configured")
-    assert lines[3].startswith("FAIL  smtp: connect: refused")
+    # one line per topic under the kafka line
+    assert lines[1] == "FAIL  kafka: 9 of 9 topics not usable"
+    assert lines[2].endswith("email.high: missing (run `postroom topics create`)"), lines
+    assert all(line.endswith(": missing (run `postroom topics create`)") for line in lines[2:11])
+    assert lines[11].startswith("ok    registry: none configured")
+    assert lines[12].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr
+
+
+# -- metrics, health and readiness ------------------------------------------------------------------
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - localhost
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _wait_until_served(url: str, proc: subprocess.Popen[bytes], log: Path,
+                       ready: Callable[[str], bool] = lambda body: True) -> str:
+    """The body ``url`` serves once the process listens and ``ready(body)``; fails if the
+    process exits or 30 s pass first."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, body = _get(url)
+            if status == 200 and ready(body):
+                return body
+        except OSError:
+            pass  # not listening yet
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("role", ["relay", "recorder", "sender"])
+def test_every_role_serves_metrics_healthz_and_readyz(
+        stack_cli: Cli, role: str, tmp_path: Path) -> None:
+    port = free_port()
+    # No SMTP server listens on port 1: the sender runs, and says it is not ready.
+    cli = dataclasses.replace(stack_cli, env={
+        **stack_cli.env, "POSTROOM_METRICS_PORT": str(port), "POSTROOM_SMTP_HOST": "127.0.0.1",
+        "POSTROOM_SMTP_PORT": "1", "POSTROOM_SMTP_CONNECT_TIMEOUT": "1s"})
+    log = tmp_path / f"{role}.log"
+    proc = cli.start(role, log=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _wait_until_served(f"{base}/healthz", proc, log) == "ok\n"
+        status, text = _get(f"{base}/readyz")
+        lines = text.splitlines()
+        assert lines[0] == "ok database: schema at the newest revision"
+        assert lines[1] == "ok kafka: broker answers; all 9 topics exist"
+        if role == "sender":
+            assert status == 503
+            assert lines[2].startswith("FAIL smtp: connect"), text
+        else:
+            assert (status, len(lines)) == (200, 2), text
+        status, text = _get(f"{base}/metrics")
+        assert status == 200
+        assert "# TYPE process_cpu_seconds_total counter" in text
+        assert 'postroom_ready{check="database"} 1.0' in text
+    finally:
+        assert stop_process(proc) == 0, log.read_text()
+
+
+def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
+        stack_cli: Cli, settings: Settings, engine: sa.Engine, tmp_path: Path) -> None:
+    import socket
+
+    stack_cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b",
+                 "--priority", "high")
+    assert Relay(settings, engine).publish_once() == 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "POSTROOM_METRICS_PORT": str(port),
+                                              "POSTROOM_KAFKA_CLUSTER_NAME": "test-cluster"})
+    log = tmp_path / "lag.log"
+    proc = cli.start("lag", "--watch", "0.5", log=log)
+    group = stack_cli.env["POSTROOM_SENDER_GROUP"]
+    try:
+        sum_lag = f'kafka_consumergroup_group_sum_lag{{cluster_name="test-cluster",group="{group}"}}'
+        text = _wait_until_served(f"http://127.0.0.1:{port}/metrics", proc, log,
+                                  lambda body: sum_lag in body)
+        assert f"{sum_lag} 1.0" in text
+        assert "# TYPE kafka_consumergroup_group_lag_seconds gauge" in text
+        assert f'postroom_consumergroup_status{{group="{group}"}}' in text
+        assert "postroom_outbox_backlog 0.0" in text
+        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+    finally:
+        assert stop_process(proc) == 0, log.read_text()
+    assert "sampling every 0.5s until stopped" in log.read_text()

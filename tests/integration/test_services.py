@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from postroom.devkit.ports import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = REPO / "scripts" / "services.sh"
 HOST = "127.0.0.1"
@@ -40,17 +42,6 @@ def port_answers(port: int) -> bool:
     except OSError:
         return False
 
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on now, distinct from each other."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def processes() -> dict[int, tuple[str, str]]:
@@ -133,23 +124,31 @@ def test_registry_listens_on_loopback_only() -> None:
 @pytest.mark.timeout(300)  # three services started twice on a loaded 2-CPU machine
 def test_down_leaves_no_process(tmp_path: Path) -> None:
     dev_dir = tmp_path / "dev"
-    kafka_port, controller_port, pg_port, registry_port = free_ports(4)
+    kafka_port, controller_port, pg_port, secure_port, registry_port = free_ports(5)
     env = {k: v for k, v in os.environ.items() if not k.startswith("POSTROOM_DEV_")}
     env |= {
         "POSTROOM_DEV_DIR": str(dev_dir),
         "POSTROOM_DEV_KAFKA_PORT": str(kafka_port),
         "POSTROOM_DEV_KAFKA_CONTROLLER_PORT": str(controller_port),
         "POSTROOM_DEV_PG_PORT": str(pg_port),
+        "POSTROOM_DEV_KAFKA_SECURE_PORT": str(secure_port),
         "POSTROOM_DEV_REGISTRY_PORT": str(registry_port),
     }
     markers = [str(dev_dir)]
     roots: list[int] = []
     try:
-        run_services("up", env)
+        output = run_services("up", env)
         assert port_answers(kafka_port)
         assert port_answers(pg_port)
-        assert port_answers(registry_port)
+        assert port_answers(secure_port)
+        assert "creating the SCRAM users" in output, output
         assert f"{HOST}:{kafka_port}" in (dev_dir / "env").read_text()
+        for role in ("relay", "sender", "recorder", "admin"):
+            role_env = (dev_dir / "secure" / f"{role}.env").read_text()
+            assert f"POSTROOM_KAFKA_BOOTSTRAP_SERVERS={HOST}:{secure_port}" in role_env
+            assert "sasl.password" not in role_env  # it is in the file the env file names
+            assert (dev_dir / "secure" / f"{role}.properties").stat().st_mode & 0o077 == 0
+        assert port_answers(registry_port)
         assert f"{HOST}:{registry_port}/apis/ccompat/v7" in (dev_dir / "env").read_text()
 
         # PostgreSQL runs outside the state dir (see services.sh); dev/pg links to it.
@@ -173,7 +172,7 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
                      if before.get(pid, ("", ""))[0] == started}
         assert after == {}, f"processes of the stopped stack remain: {after}"
         assert survivors == {}, f"processes of the stopped stack remain: {survivors}"
-        for port in (kafka_port, controller_port, pg_port, registry_port):
+        for port in (kafka_port, controller_port, pg_port, secure_port, registry_port):
             assert not port_answers(port), f"port {port} still answers after down"
 
         # A machine that went down with the stack leaves the broker's pid file behind, naming a
@@ -183,7 +182,11 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
         (dev_dir / "kafka" / "kafka.pid").write_text(f"{dead.pid}\n")
         output = run_services("up", env)
         assert "kafka: ready" in output, output
+        # certificates and SCRAM users are made once per data dir
+        assert "creating the SCRAM users" not in output, output
+        assert "making a throwaway CA" not in output, output
         assert port_answers(kafka_port)
+        assert port_answers(secure_port)
         run_services("down", env)
         assert not port_answers(kafka_port)
     finally:

@@ -10,9 +10,11 @@ import subprocess
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from postroom.devkit.ports import free_port
 from postroom.settings import Secret, Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
 from sender.outcome import Failure, SmtpReply, Stage
@@ -39,21 +41,17 @@ def config(port: int, **changes: object) -> SmtpConfig:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def send_all(cfg: SmtpConfig, *recipients: str) -> list[SmtpReply]:
+def send_all(cfg: SmtpConfig, *recipients: str,
+             loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> list[SmtpReply]:
     """Send one message per recipient, one after the other, through one pool."""
 
     async def run() -> list[SmtpReply]:
         async with SmtpPool(cfg) as pool:
             return [await pool.send(make_message(r), SENDER, r) for r in recipients]
 
-    return asyncio.run(run())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(run())
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -203,8 +201,24 @@ def test_nothing_listening_is_refused_at_connect() -> None:
     assert (reply.stage, reply.code, reply.failure) == (Stage.CONNECT, None, Failure.REFUSED)
 
 
+class ResolverWithoutNames(asyncio.SelectorEventLoop):
+    """An event loop whose resolver answers every name as DNS answers a `.invalid` one (RFC 6761),
+    whatever resolver this host has, or none; it records the names it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    async def getaddrinfo(self, host: Any, *args: Any, **kwargs: Any) -> Any:
+        self.asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
 def test_unknown_host_is_unreachable_at_connect() -> None:
-    [reply] = send_all(config(25, host="no-such-host.invalid"), "finance@example.com")
+    loop = ResolverWithoutNames()
+    [reply] = send_all(config(25, host="no-such-host.invalid"), "finance@example.com",
+                       loop_factory=lambda: loop)
+    assert loop.asked == ["no-such-host.invalid"]
     assert (reply.stage, reply.code, reply.failure) == (Stage.CONNECT, None, Failure.UNREACHABLE)
 
 

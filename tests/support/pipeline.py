@@ -6,11 +6,11 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
+from postroom.metrics import Metrics
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from relay.publisher import Relay
@@ -64,19 +64,27 @@ class Pipeline:
 
     settings: Settings
     engine: sa.Engine
+    # Settings of one role where it differs from ``settings`` ("relay", "sender", "recorder"):
+    # its own Kafka credentials, say.
+    role_settings: dict[str, Settings] = dataclasses.field(default_factory=dict)
+    metrics: Metrics | None = None  # shared by the three, when given
     relay: Relay | None = None
     recorder: Recorder | None = None
     sender: SenderThread | None = None
     threads: list[threading.Thread] = dataclasses.field(default_factory=list)
 
     def start(self) -> Pipeline:
-        self.relay = Relay(self.settings, self.engine)
-        self.recorder = Recorder(self.settings, self.engine)
+        def settings_of(role: str) -> Settings:
+            return self.role_settings.get(role, self.settings)
+
+        self.relay = Relay(settings_of("relay"), self.engine, metrics=self.metrics)
+        self.recorder = Recorder(settings_of("recorder"), self.engine, metrics=self.metrics)
         for target in (self.relay.run, self.recorder.run):
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self.threads.append(thread)
-        self.sender = SenderThread(self.settings, self.engine).start()
+        self.sender = SenderThread(settings_of("sender"), self.engine,
+                                   metrics=self.metrics).start()
         return self
 
     def stop(self) -> None:
@@ -88,17 +96,6 @@ class Pipeline:
         for thread in self.threads:
             thread.join(30)
             assert not thread.is_alive(), "relay or recorder did not stop"
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def outbox_rows(engine: sa.Engine, message_key: str) -> list[sa.Row[Any]]:

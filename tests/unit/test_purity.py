@@ -10,7 +10,8 @@ import pytest
 
 PURE_MODULES = [
     "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
-    "sender.offsets", "sender.claims", "postroom.topics",
+    "sender.offsets", "sender.claims", "postroom.topics", "postroom.lagrules", "postroom.headers",
+    "postroom.acls",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 

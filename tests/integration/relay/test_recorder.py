@@ -16,12 +16,12 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay.publisher import Relay
 from relay.recorder import Recorder, RecorderStats
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
-from support.pipeline import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +156,7 @@ def until(engine: sa.Engine, row: Row, check: Callable[[sa.Row[Any]], bool],
     def done() -> sa.Row[Any] | None:
         state = row_state(engine, row)
         return state if check(state) else None
-    return wait_for(done, WAIT_S, what)
+    return wait_until(done, WAIT_S, what)
 
 
 def consumed(recorder: RecorderThread) -> int:
@@ -167,7 +167,7 @@ def consumed(recorder: RecorderThread) -> int:
 
 def until_consumed(recorder: RecorderThread, expected: int) -> None:
     # Results of different keys may sit on different partitions: no one of them comes last.
-    wait_for(lambda: consumed(recorder) >= expected, WAIT_S, f"{expected} results to be recorded")
+    wait_until(lambda: consumed(recorder) >= expected, WAIT_S, f"{expected} results to be recorded")
     assert consumed(recorder) == expected
 
 

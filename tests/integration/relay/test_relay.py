@@ -7,8 +7,6 @@ import datetime as dt
 import io
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,6 +20,9 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.processes import PostroomProcesses
+from postroom.devkit.scratch import scratch_env
+from postroom.devkit.wait import wait_until
 from postroom.kafka import make_producer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
@@ -252,39 +253,50 @@ def test_broker_outage_loses_nothing_and_releases_the_claims(
 
 def test_run_wakes_on_notify_and_stops_on_request(
         settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
-    slow_poll = dataclasses.replace(settings, relay_poll_interval_s=30.0)
-    relay = Relay(slow_poll, engine)
+    # Polling once an hour, the relay can publish a row enqueued after its first (empty) claim
+    # within this test's time only if the row's NOTIFY woke it.
+    slow_poll = dataclasses.replace(settings, relay_poll_interval_s=3600.0)
+    relay_engine = make_engine(slow_poll)
+    claims: list[float] = []
+
+    @sa.event.listens_for(relay_engine, "after_cursor_execute")
+    def count_claims(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+                     executemany: bool) -> None:
+        if getattr(context.compiled, "statement", None) is sql.CLAIM_DUE:
+            claims.append(time.monotonic())
+
+    relay = Relay(slow_poll, relay_engine)
     thread = threading.Thread(target=relay.run)
     thread.start()
     try:
-        time.sleep(0.5)  # let it reach its wait
+        wait_until(lambda: claims, 30, "the relay's first claim")
+        assert relay.stats.rounds == 0  # it found nothing and is waiting
         started = time.monotonic()
         with engine.begin() as conn:
             enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
-        records = consume(settings, topics(settings), expected=1, timeout_s=10)
+        records = consume(settings, topics(settings), expected=1, timeout_s=30)
         woke_after = time.monotonic() - started
+        claims_after_wake = len(claims)
     finally:
         relay.stop()
         thread.join(timeout=10)
+        relay_engine.dispose()
     assert not thread.is_alive()
     assert len(records) == 1
-    assert woke_after < 10, "a 30 s poll interval was waited out: NOTIFY did not wake the relay"
-
-
-def relay_process(settings: Settings) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema or "",
-           "POSTROOM_TOPIC_PREFIX": settings.topic_prefix, "POSTROOM_RELAY_BATCH_SIZE": "500",
-           "POSTROOM_LOG_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-m", "postroom.cli", "relay"], env=env,
-                            stderr=subprocess.PIPE)
+    assert claims_after_wake == 2, "one claim before the row, one after its NOTIFY"
+    assert woke_after < 30
 
 
 @pytest.mark.slow
 def test_two_relay_processes_publish_every_row_exactly_once(
-        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any], tmp_path: Path) -> None:
     total = 10_000
-    relays = [relay_process(settings), relay_process(settings)]
+    env = {**os.environ, **scratch_env(settings), "POSTROOM_RELAY_BATCH_SIZE": "500",
+           "POSTROOM_LOG_LEVEL": "WARNING"}
+    relays = PostroomProcesses(env, tmp_path)
     try:
+        relays.start("relay0", "relay")
+        relays.start("relay1", "relay")
         for batch in range(20):  # 20 transactions of 500, enqueued while both relays run
             with engine.begin() as conn:
                 enqueue(conn, key=f"bulk-{batch}", subject="S", body="b",
@@ -292,10 +304,8 @@ def test_two_relay_processes_publish_every_row_exactly_once(
                         priority=ALL_PRIORITIES[batch % 3])
         records = consume(settings, topics(settings), expected=total, timeout_s=90)
     finally:
-        for proc in relays:
-            proc.terminate()
-        errors = [proc.communicate(timeout=30)[1].decode() for proc in relays]
-    assert [proc.returncode for proc in relays] == [0, 0], errors
+        codes = relays.stop_all(timeout_s=30)
+    assert codes == {"relay0": 0, "relay1": 0}, {name: relays.log(name) for name in codes}
     counts = Counter(r.key for r in records)
     assert len(counts) == total
     assert max(counts.values()) == 1, counts.most_common(3)

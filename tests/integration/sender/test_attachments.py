@@ -9,9 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,8 +27,8 @@ def run_one(settings: Settings, engine: sa.Engine, attachment: Path, wanted: str
                 attachments=[attachment])
     pipeline = Pipeline(smtp, engine).start()
     try:
-        rows = wait_for(lambda: [r for r in outbox_rows(engine, "k") if r.status == wanted], 30,
-                        f"the row to be {wanted}")
+        rows = wait_until(lambda: [r for r in outbox_rows(engine, "k") if r.status == wanted], 30,
+                          f"the row to be {wanted}")
     finally:
         pipeline.stop()
         server.stop()

@@ -4,21 +4,21 @@ except the ones the documented window allows (accepted by the server, not yet in
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.processes import PostroomProcesses
+from postroom.devkit.scratch import scratch_env
+from postroom.devkit.wait import wait_until
+from postroom.lag import LagReader, postroom_groups
 from postroom.settings import Settings
 from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,12 +26,10 @@ TOTAL = 400
 CONCURRENCY = 4
 
 
-def start_sender(settings: Settings, group: str, port: int) -> subprocess.Popen[bytes]:
-    env = {
+def sender_env(settings: Settings, port: int) -> dict[str, str]:
+    return {
         **os.environ,
-        "POSTROOM_DATABASE_SCHEMA": settings.database_schema or "",
-        "POSTROOM_TOPIC_PREFIX": settings.topic_prefix,
-        "POSTROOM_SENDER_GROUP": group,
+        **scratch_env(settings),
         "POSTROOM_SMTP_HOST": "127.0.0.1",
         "POSTROOM_SMTP_PORT": str(port),
         "POSTROOM_SMTP_TLS": "none",
@@ -45,8 +43,6 @@ def start_sender(settings: Settings, group: str, port: int) -> subprocess.Popen[
         # A killed member's partitions move after the session timeout; keep it short here.
         "POSTROOM_KAFKA_CONFIG": "session.timeout.ms=6000;heartbeat.interval.ms=1000",
     }
-    return subprocess.Popen([sys.executable, "-m", "postroom.cli", "sender"], env=env,
-                            stderr=subprocess.PIPE)
 
 
 def in_doubt_keys(engine: sa.Engine) -> set[str]:
@@ -57,7 +53,7 @@ def in_doubt_keys(engine: sa.Engine) -> set[str]:
 
 @pytest.mark.timeout(300)
 def test_killed_and_added_senders_deliver_everything_once(
-        settings: Settings, engine: sa.Engine) -> None:
+        settings: Settings, engine: sa.Engine, tmp_path: Path) -> None:
     server = DevSmtpServer(port=0, latency_ms=50)
     server.start()
     recipients = [f"user{i}@example.com" for i in range(TOTAL)]
@@ -66,35 +62,38 @@ def test_killed_and_added_senders_deliver_everything_once(
     relay = Relay(settings, engine)
     while relay.publish_once():
         pass
-    group = f"crash-{uuid.uuid4().hex[:8]}"
-    processes: list[subprocess.Popen[bytes]] = []
+    senders = PostroomProcesses(sender_env(settings, server.port), tmp_path)
     try:
-        first = start_sender(settings, group, server.port)
-        processes.append(first)
+        first = senders.start("first", "sender")
         started = time.monotonic()
-        wait_for(lambda: server.count() >= 60, 60, "the first sender to deliver 60 emails")
+        wait_until(lambda: server.count() >= 60, 60, "the first sender to deliver 60 emails")
         print(f"first sender delivered 60 after {time.monotonic() - started:.1f}s")
-        first.send_signal(signal.SIGKILL)
-        first.communicate(timeout=10)
+        first.kill()
+        first.wait(10)
         received_at_kill = server.count()
         doubtful = in_doubt_keys(engine)
         print(f"killed after {time.monotonic() - started:.1f}s with {received_at_kill} received, "
               f"{len(doubtful)} in doubt")
         assert received_at_kill < TOTAL, "the first sender finished before it was killed"
 
-        processes.append(start_sender(settings, group, server.port))
-        wait_for(lambda: server.count() >= received_at_kill + 80, 90,
-                 "the restarted sender to make progress")
-        processes.append(start_sender(settings, group, server.port))  # joins mid-stream
-        wait_for(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
-                 "every recipient to receive the email")
-        time.sleep(2)  # anything sent twice would arrive now
+        senders.start("restarted", "sender")
+        wait_until(lambda: server.count() >= received_at_kill + 80, 90,
+                   "the restarted sender to make progress")
+        senders.start("joined", "sender")  # joins mid-stream
+        wait_until(lambda: {m.rcpt for m in server.messages} >= set(recipients), 120,
+                   "every recipient to receive the email")
+        # Every record processed and committed: a copy sent again would have been sent by now.
+        reader = LagReader(settings, postroom_groups(settings, settings.sender_group))
+        try:
+            wait_until(lambda: sum(g.sum_lag for g in reader.sample()) == 0, 60,
+                       "the sender group's committed offsets to reach the end of every topic")
+        finally:
+            reader.close()
     finally:
-        for proc in processes[1:]:
-            proc.send_signal(signal.SIGTERM)
-        outputs = [proc.communicate(timeout=60)[1].decode() for proc in processes[1:]]
+        codes = senders.stop_all(timeout_s=60)
         server.stop()
-    assert [proc.returncode for proc in processes[1:]] == [0, 0], outputs
+    assert (codes["restarted"], codes["joined"]) == (0, 0), {
+        name: senders.log(name) for name in ("restarted", "joined")}
 
     ids = Counter(m.message_id for m in server.messages)
     by_id = {m.message_id: m.rcpt for m in server.messages}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -62,15 +63,32 @@ def test_an_expired_lease_can_be_taken_over(engine: sa.Engine, db_settings: Sett
     asyncio.run(scenario())
 
 
+class CountingLedger(Ledger):
+    """A ledger that counts the statements it sends to the server: every one goes through
+    ``_run``, one round trip each."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.statements = 0
+
+    async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        self.statements += 1
+        return await super()._run(query, params)
+
+
 def test_many_concurrent_claims_share_round_trips(engine: sa.Engine, db_settings: Settings) -> None:
-    async def scenario() -> list[Claim]:
-        one = ledger(engine, db_settings, "one")
+    async def scenario() -> tuple[list[Claim], int]:
+        one = CountingLedger(libpq_conninfo(engine), "one", 30, db_settings.database_schema)
         try:
             results = await asyncio.gather(*(one.claim(f"k{i % 50}", 1) for i in range(200)))
         finally:
             await one.close()
-        return [r.claim for r in results]
+        return [r.claim for r in results], one.statements
 
-    claims = asyncio.run(scenario())
+    claims, statements = asyncio.run(scenario())
     assert claims.count(Claim.MINE) == 50  # each key once; its copies wait
     assert claims.count(Claim.BUSY) == 150
+    # Claimed one at a time, 200 claims take 200 statements and more (the state of a busy key
+    # is a second one). Batched, the 200 that arrive together share a claim and a state query;
+    # a second batch may form while the first is in flight.
+    assert statements <= 4, statements

@@ -14,13 +14,14 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
 from relay.publisher import Relay
 from schemas.codec import SCHEMA_HEADER, load_schema
 from sender.devsmtp import DevSmtpServer
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
-from support.pipeline import Pipeline, SenderThread, outbox_rows, wait_for
+from support.pipeline import Pipeline, SenderThread, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,8 +52,8 @@ def test_poison_records_are_dead_lettered_and_the_rest_delivered(
                 body="b")
     pipeline = Pipeline(smtp(settings, server), engine).start()
     try:
-        wait_for(lambda: all(r.status == "sent" for r in outbox_rows(engine, "fine")), 60,
-                 "the readable email to be delivered")
+        wait_until(lambda: all(r.status == "sent" for r in outbox_rows(engine, "fine")), 60,
+                   "the readable email to be delivered")
         dead = consume(settings, [dead_letter_topic(prefix)], expected=3, timeout_s=30)
     finally:
         pipeline.stop()
@@ -89,7 +90,7 @@ def test_a_high_priority_backlog_goes_out_first(
         pass
     sender = SenderThread(smtp(settings, server, smtp_concurrency=1), engine).start()
     try:
-        wait_for(lambda: server.count() >= 3 * per_priority, 60, "every email to be delivered")
+        wait_until(lambda: server.count() >= 3 * per_priority, 60, "every email to be delivered")
     finally:
         sender.stop()
         server.stop()

@@ -11,12 +11,13 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import results_topic
 from relay.publisher import Relay
 from schemas.codec import DeliveryStatus, EmailResult, decode
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, SenderThread, outbox_rows, wait_for
+from support.pipeline import Pipeline, SenderThread, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -45,8 +46,8 @@ def test_a_row_published_twice_is_mailed_once(
     server.start()
     pipeline = Pipeline(smtp(settings, server), engine).start()
     try:
-        wait_for(lambda: all(r.status == "sent" for r in outbox_rows(engine, "twice")), 30,
-                 "every row to be sent")
+        wait_until(lambda: all(r.status == "sent" for r in outbox_rows(engine, "twice")), 30,
+                   "every row to be sent")
         results = consume(settings, [results_topic(settings.topic_prefix)], expected=6)
     finally:
         pipeline.stop()
@@ -71,7 +72,7 @@ def test_a_graceful_stop_finishes_in_flight_sends(
         pass
     sender = SenderThread(smtp(settings, server, smtp_concurrency=4), engine).start()
     try:
-        wait_for(lambda: _sending(engine) == 4, 30, "four sends in flight")
+        wait_until(lambda: _sending(engine) == 4, 30, "four sends in flight")
     finally:
         with caplog.at_level(logging.WARNING, logger="sender.service"):
             sender.stop()

@@ -8,7 +8,6 @@ import pytest
 
 from postroom.topics import Priority
 from sender.priority import (
-    PRIORITY_ORDER,
     PriorityState,
     choose_active,
     partition_backlog,
@@ -146,11 +145,6 @@ def test_negative_counts_are_rejected() -> None:
         PriorityState({L: -1})
     with pytest.raises(ValueError, match="backlog cannot be negative"):
         PriorityState().advance(backlog(low=-2), frozenset())
-
-
-def test_order_names_every_priority_most_urgent_first() -> None:
-    assert PRIORITY_ORDER == (H, N, L)
-    assert set(PRIORITY_ORDER) == set(Priority)
 
 
 @pytest.mark.parametrize(("position", "low", "high", "start", "backlog"), [

@@ -1,0 +1,1 @@
+"""Designs postroom is measured against that run outside postroom's own venv."""

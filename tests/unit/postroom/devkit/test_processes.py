@@ -1,0 +1,44 @@
+"""postroom commands as subprocesses, with commands that need no service: --version and --help."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from postroom import __version__
+from postroom.devkit.processes import PostroomProcesses, run_postroom, start_postroom, stop_process
+
+
+def test_run_postroom_returns_what_the_command_printed() -> None:
+    done = run_postroom("--version", env=os.environ, timeout_s=60)
+    assert (done.returncode, done.stdout) == (0, f"postroom {__version__}\n")
+    refused = run_postroom("no-such-command", env=os.environ, timeout_s=60)
+    assert refused.returncode == 2
+    assert "invalid choice: 'no-such-command'" in refused.stderr
+
+
+def test_start_postroom_appends_both_streams_to_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "version.log"
+    log.write_text("earlier run\n")
+    assert start_postroom("--version", env=os.environ, log=log).wait(60) == 0
+    finished = start_postroom("nothing", env=os.environ, log=log)
+    finished.wait(60)
+    assert stop_process(finished) == 2  # exited already: its status, no signal
+    text = log.read_text()
+    assert text.startswith(f"earlier run\npostroom {__version__}\n")
+    assert "invalid choice: 'nothing'" in text  # stderr, in the same file
+
+
+def test_an_exited_process_is_reported_with_the_end_of_its_log(tmp_path: Path) -> None:
+    processes = PostroomProcesses(os.environ, tmp_path, {"bad": ["status", "--limit", "x"]})
+    with processes:
+        processes.processes["bad"].wait(60)
+        with pytest.raises(ChildProcessError, match=r"postroom bad exited with status 2:\n"
+                                                    r"(.|\n)*invalid int value: 'x'"):
+            processes.check_alive()
+        with pytest.raises(ChildProcessError):
+            processes.wait_logged("never printed", timeout_s=60)
+    assert processes.stop_all() == {"bad": 2}
+    assert "invalid int value" in processes.log("bad")  # still readable once stopped

@@ -1,0 +1,74 @@
+"""The `postroom` command line as argparse reads it: commands, help, and arguments refused before
+any setting is read or any service is touched."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from postroom.cli import build_parser, main
+from postroom.settings import FIELDS
+
+COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "check", "lag", "dlq",
+            "requeue", "report", "purge", "devsmtp", "status"]
+SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["acls"],
+               ["enqueue"], ["relay"],
+               ["sender"], ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"],
+               ["requeue"], ["report", "failures"], ["purge"], ["status"]]
+ENQUEUE = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]
+
+
+def parse_exit(argv: list[str]) -> int | str | None:
+    """The exit code argparse stops with for ``argv``; fails if it parses."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    return exited.value.code
+
+
+@pytest.fixture(autouse=True)
+def _fixed_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    # argparse wraps help to the terminal's width; the tests read it at a known one.
+    monkeypatch.setenv("COLUMNS", "100")
+
+
+def test_help_lists_every_command_and_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_exit(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r"^    (\w+)\s", out, flags=re.MULTILINE)
+    assert listed == COMMANDS
+    for name in [*FIELDS, "POSTROOM_SMTP_PASSWORD_FILE", "POSTROOM_KAFKA_CONFIG_FILE"]:
+        assert re.search(rf"^  {name}$", out, flags=re.MULTILINE), name
+    assert parse_exit(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("postroom ")
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS, ids=" ".join)
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    assert parse_exit([*command, "--help"]) == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_devsmtp_has_help_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    # `postroom devsmtp` hands its arguments to the dev server's parser, settings unread.
+    with pytest.raises(SystemExit) as exited:
+        main(["devsmtp", "--help"])
+    assert exited.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_exit([]) == 2
+    assert "required: COMMAND" in capsys.readouterr().err
+
+
+def test_send_after_needs_a_timezone(capsys: pytest.CaptureFixture[str]) -> None:
+    # Refused by the parser, so before the command could write anything.
+    assert parse_exit([*ENQUEUE, "--send-after", "2026-10-02T07:00:00"]) == 2
+    err = capsys.readouterr().err
+    assert "--send-after: '2026-10-02T07:00:00' has no timezone" in err
+    assert "2026-10-02T07:00:00+00:00" in err  # it says how to write it
+    assert parse_exit([*ENQUEUE, "--send-after", "tomorrow"]) == 2
+    assert "not an ISO 8601 time: 'tomorrow'" in capsys.readouterr().err
+    args = build_parser().parse_args([*ENQUEUE, "--send-after", "2026-10-02T09:00:00+02:00"])
+    assert args.send_after.isoformat() == "2026-10-02T09:00:00+02:00"
