@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
+import support.registry
 from postroom.settings import Settings
-from postroom.topics import topic_schemas, value_subject
 from schemas.codec import load_schema
 from sender.devsmtp import DevSmtpServer
 
@@ -24,17 +23,11 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def env(settings: Settings) -> Iterator[dict[str, str]]:
-    url = os.environ.get("POSTROOM_DEV_REGISTRY_URL")
-    if not url:
-        pytest.fail("POSTROOM_DEV_REGISTRY_URL is not set: run the tests with `make test`")
+    url = support.registry.registry_url()
     assert settings.database_schema
     yield {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema,
            "POSTROOM_TOPIC_PREFIX": settings.topic_prefix, "POSTROOM_SCHEMA_REGISTRY_URL": url}
-    with SchemaRegistryClient({"url": url}) as client:
-        existing = set(client.get_subjects())
-        for topic in topic_schemas(settings.topic_prefix, len(settings.retry_delays_s)):
-            if value_subject(topic) in existing:
-                client.delete_subject(value_subject(topic))
+    support.registry.delete_subjects(url, settings)
 
 
 def postroom(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

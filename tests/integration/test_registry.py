@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+import support.registry
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import priority_topic, results_topic, topic_schemas, value_subject
 from relay.publisher import Relay
@@ -31,18 +32,14 @@ from schemas.registry import (
     register_contract,
 )
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
 def registry_url() -> str:
-    url = os.environ.get("POSTROOM_DEV_REGISTRY_URL")
-    if not url:
-        pytest.fail("POSTROOM_DEV_REGISTRY_URL is not set: run the tests with `make test` "
-                    "(scripts/services.sh starts the registry and writes it into .dev/env)")
-    return url
+    return support.registry.registry_url()
 
 
 def with_registry(settings: Settings, url: str) -> Settings:
@@ -54,11 +51,7 @@ def registry_settings(kafka_settings: Settings, registry_url: str) -> Iterator[S
     """This test's own topics, hence its own subjects; they are deleted afterwards."""
     settings = with_registry(kafka_settings, registry_url)
     yield settings
-    with SchemaRegistryClient({"url": registry_url}) as client:
-        existing = set(client.get_subjects())
-        for topic in topic_schemas(settings.topic_prefix, len(settings.retry_delays_s)):
-            if value_subject(topic) in existing:
-                client.delete_subject(value_subject(topic))
+    support.registry.delete_subjects(registry_url, settings)
 
 
 def foreign_read(url: str, topic: str, value: bytes) -> dict[str, Any]:
@@ -166,9 +159,9 @@ def test_the_pipeline_on_a_registry_reads_both_framings(
                                    smtp_tls=TlsMode.NONE)
         pipeline = Pipeline(smtp, engine).start()
         try:
-            wait_for(lambda: all(r.status == "sent" for r in outbox_rows(engine, "new")), 60,
+            wait_until(lambda: all(r.status == "sent" for r in outbox_rows(engine, "new")), 60,
                      "both new emails to be recorded as sent")
-            wait_for(lambda: len(server.messages) >= 3, 30, "all three emails at the server")
+            wait_until(lambda: len(server.messages) >= 3, 30, "all three emails at the server")
             requested = consume(settings, [priority_topic(prefix, "normal")], expected=3)
             results = consume(settings, [results_topic(prefix)], expected=3)
         finally:

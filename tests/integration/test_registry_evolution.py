@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
+import support.registry
 from postroom.settings import Settings
-from postroom.topics import retry_topic, topic_schemas, value_subject
+from postroom.topics import retry_topic, value_subject
 from schemas.codec import (
     EmailRequested,
     confluent_prefix,
@@ -40,19 +40,13 @@ EVENT = EmailRequested(
 @pytest.fixture
 def settings_v1(tmp_path: Path, stack_settings: Settings) -> Iterator[tuple[Settings, Path]]:
     """A prefix of this test's own whose subjects hold version 1, as before the upgrade."""
-    url = os.environ.get("POSTROOM_DEV_REGISTRY_URL")
-    if not url:
-        pytest.fail("POSTROOM_DEV_REGISTRY_URL is not set: run the tests with `make test`")
+    url = support.registry.registry_url()
     settings = dataclasses.replace(stack_settings, schema_registry_url=url,
                                    topic_prefix=f"evo{os.urandom(5).hex()}.")
     (tmp_path / "email_requested.avsc").write_text(V1.text)
     (tmp_path / "email_result.avsc").write_text(load_schema("email_result").text)
     yield settings, tmp_path
-    with SchemaRegistryClient({"url": url}) as client:
-        existing = set(client.get_subjects())
-        for topic in topic_schemas(settings.topic_prefix, len(settings.retry_delays_s)):
-            if value_subject(topic) in existing:
-                client.delete_subject(value_subject(topic))
+    support.registry.delete_subjects(url, settings)
 
 
 def test_version_2_registers_over_version_1_and_both_readers_read_both(

@@ -12,9 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows, wait_for
+from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def test_an_html_report_arrives_as_alternative_related_and_mixed(
                                smtp_tls=TlsMode.NONE, attachments_root=tmp_path)
     pipeline = Pipeline(smtp, engine).start()
     try:
-        wait_for(lambda: [r.status for r in outbox_rows(engine, "html-report")] == ["sent"], 60,
+        wait_until(lambda: [r.status for r in outbox_rows(engine, "html-report")] == ["sent"], 60,
                  "the report to be sent")
     finally:
         pipeline.stop()

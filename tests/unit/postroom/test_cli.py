@@ -10,8 +10,8 @@ import pytest
 from postroom.cli import build_parser, main
 from postroom.settings import FIELDS
 
-COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "check", "lag", "dlq",
-            "requeue", "report", "purge", "devsmtp", "status"]
+COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "check",
+            "lag", "dlq", "requeue", "report", "purge", "devsmtp", "status"]
 SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["acls"],
                ["enqueue"], ["relay"],
                ["sender"], ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"],
