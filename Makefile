@@ -1,6 +1,6 @@
 # postroom's everyday commands. `make` alone lists them.
-# The local stack (Kafka, PostgreSQL) comes from scripts/services.sh; its state lives in .dev
-# (POSTROOM_DEV_DIR overrides it), the venv in .venv (scripts/bootstrap.sh).
+# The local stack (Kafka, PostgreSQL, a Schema Registry) comes from scripts/services.sh; its state
+# lives in .dev (POSTROOM_DEV_DIR overrides it), the venv in .venv (scripts/bootstrap.sh).
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -21,7 +21,7 @@ help: ## list the targets
 venv: ## create .venv and install postroom with its test, lint and demo extras
 	@scripts/bootstrap.sh
 
-services: venv ## start the local Kafka and PostgreSQL (idempotent); writes .dev/env
+services: venv ## start the local Kafka, PostgreSQL and Schema Registry (idempotent); writes .dev/env
 	@scripts/services.sh up
 
 services-down: ## stop the local stack (data is kept)

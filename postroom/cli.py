@@ -23,6 +23,7 @@ from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
 from postroom.topics import Priority
+from schemas.registry import COMPATIBILITY_LEVELS
 
 log = logging.getLogger("postroom")
 
@@ -139,13 +140,14 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     from relay.outbox import enqueue
 
     body = args.body if args.body is not None else _read_body(args.body_file)
+    html = _read_body(args.html_file, "--html-file") if args.html_file is not None else None
     engine = make_engine(settings)
     check_schema(engine)
     with engine.begin() as conn:
         queued = enqueue(conn, key=args.key, recipients=args.to, subject=args.subject, body=body,
                          attachments=args.attach, priority=args.priority,
                          send_after=args.send_after, sender=args.sender,
-                         limits=settings.size_limits())
+                         limits=settings.size_limits(), html=html, inline=args.inline)
     if args.json:
         print(json.dumps({"queued": queued, "recipients": len(args.to),
                           "key": args.key if args.key is not None else args.subject}))
@@ -154,11 +156,11 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _read_body(path: Path) -> str:
+def _read_body(path: Path, option: str = "--body-file") -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PostroomError(f"cannot read --body-file {path}: {exc}") from exc
+        raise PostroomError(f"cannot read {option} {path}: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -268,6 +270,7 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
     from postroom.kafka import check_topics
     from relay.db import check_database
+    from schemas.registry import check_registry
     from sender.smtp import check_smtp
 
     role = Role(args.role) if args.role else None
@@ -276,7 +279,8 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
         return check_topics(settings, role)
 
     failed = 0
-    for name, check in (("database", check_database), ("kafka", kafka), ("smtp", check_smtp)):
+    for name, check in (("database", check_database), ("kafka", kafka),
+                        ("registry", check_registry), ("smtp", check_smtp)):
         try:
             print(f"ok    {name}: {check(settings)}")
         except (PostroomError, sa_errors.OperationalError) as exc:
@@ -284,6 +288,18 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
             # Our own errors may list one problem per line (the kafka check, per topic).
             print(f"FAIL  {name}: {exc if isinstance(exc, PostroomError) else first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def cmd_schemas_register(settings: Settings, args: argparse.Namespace) -> int:
+    from schemas.registry import register_contract
+
+    print(f"registering the contract for prefix {settings.topic_prefix!r} at "
+          f"{settings.require('schema_registry_url')} with compatibility {args.compatibility} ...",
+          file=sys.stderr)
+    for done in register_contract(settings, args.compatibility, schema_dir=args.schema_dir):
+        print(f"{'new' if done.new else 'exists':8} {done.subject} {done.schema_name} "
+              f"id={done.schema_id} version={done.version}")
+    return EXIT_OK
 
 
 def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
@@ -528,6 +544,20 @@ def build_parser() -> argparse.ArgumentParser:
         "create", help="create every topic postroom uses (idempotent; partitions, replication "
                        "and configs from POSTROOM_TOPIC_*)").set_defaults(handler=cmd_topics_create)
 
+    schemas = commands.add_parser("schemas", help="manage the contract in the Schema Registry")
+    schema_commands = schemas.add_subparsers(dest="schemas_command", required=True,
+                                             metavar="SUBCOMMAND")
+    register = schema_commands.add_parser(
+        "register", help="register schemas/*.avsc under each topic's subject <topic>-value at "
+                         "POSTROOM_SCHEMA_REGISTRY_URL and set its compatibility (idempotent; "
+                         "a schema the rule rejects is refused with the registry's message)")
+    register.add_argument("--compatibility", default="BACKWARD", choices=COMPATIBILITY_LEVELS,
+                          help="compatibility level of every subject (default BACKWARD)")
+    register.add_argument("--schema-dir", type=Path, metavar="DIR",
+                          help="register the .avsc files in DIR instead of this version's "
+                               "(e.g. a contract prepared for the next release)")
+    register.set_defaults(handler=cmd_schemas_register)
+
     acls = commands.add_parser(
         "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, admin); "
                      "`acls apply` creates them (idempotent)")
@@ -554,6 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
     body.add_argument("--body-file", type=Path, metavar="FILE", help="read the body from FILE")
     enqueue.add_argument("--attach", action="append", default=[], metavar="PATH",
                          help="file to attach (stored as a path); repeat for several")
+    enqueue.add_argument("--html-file", type=Path, metavar="FILE",
+                         help="an HTML body (UTF-8) sent beside the text body")
+    enqueue.add_argument("--inline", action="append", default=[], metavar="PATH",
+                         help="an image the HTML shows as cid:<file name> (stored as a path); "
+                              "repeat for several")
     enqueue.add_argument("--priority", default="normal", choices=[p.value for p in Priority])
     enqueue.add_argument("--send-after", type=_iso_datetime, metavar="ISO8601",
                          help="not before this time, e.g. 2026-10-02T07:00:00+00:00")
@@ -572,8 +607,9 @@ def build_parser() -> argparse.ArgumentParser:
         "recorder", help="write delivery results back into the outbox rows"
     ).set_defaults(handler=cmd_recorder)
     check = commands.add_parser(
-        "check", help="is everything ready? database schema, broker and topics, SMTP server "
-                      "(exit code 0 when all are)")
+        "check", help="is everything ready? database schema, broker and topics, the schema "
+                      "registry's subjects (when one is set), SMTP server (exit code 0 when all "
+                      "are)")
     check.add_argument("--role", choices=[r.value for r in Role],
                        help="also check that this client's principal may do on each topic what "
                             "this role needs (its ACLs, see `postroom acls`)")

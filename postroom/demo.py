@@ -9,6 +9,8 @@ mail server down, queues October, brings the server back and shows October deliv
 from __future__ import annotations
 
 import dataclasses
+import email
+import email.policy
 import json
 import os
 import shlex
@@ -32,6 +34,7 @@ from postroom.devkit.story import (
     SEPTEMBER,
     TEAM,
     Report,
+    make_html_summary,
     make_workbook,
 )
 from postroom.devkit.wait import wait_until
@@ -109,11 +112,20 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
               f"{row['last_error'] or ''}")
 
 
-def enqueue_args(report: Report, attachment: Path) -> list[str]:
-    """`postroom enqueue` as the report job calls it for ``report``."""
+def enqueue_args(report: Report, attachment: Path, html: Path | None = None) -> list[str]:
+    """`postroom enqueue` as the report job calls it for ``report`` (with an HTML summary)."""
     return ["enqueue", "--key", report.key, "--subject", report.subject, "--body", report.body,
-            "--attach", str(attachment),
+            "--attach", str(attachment), *(["--html-file", str(html)] if html else []),
             *[arg for address in report.recipients for arg in ("--to", address)]]
+
+
+def mime_outline(raw: bytes) -> str:
+    """A received message's MIME structure on one line, e.g. mixed(alternative(plain, html), ...)."""
+    def outline(part: Any) -> str:
+        if part.is_multipart():
+            return f"{part.get_content_subtype()}({', '.join(map(outline, part.iter_parts()))})"
+        return str(part.get_content_subtype())
+    return outline(email.message_from_bytes(raw, policy=email.policy.default))
 
 
 def run() -> int:
@@ -145,9 +157,10 @@ def run() -> int:
             demo.start("sender", "sender")
             demo.start("recorder", "recorder")
 
-            say("The report job: build the September workbook and queue it for four recipients")
+            say("The report job: build the September workbook and an HTML summary, and queue "
+                "them for four recipients")
             workbook = make_workbook(workdir)
-            enqueue = enqueue_args(SEPTEMBER, workbook)
+            enqueue = enqueue_args(SEPTEMBER, workbook, make_html_summary(workdir))
             demo.postroom(*enqueue)
             say("The job runs again by mistake: nothing is queued twice")
             demo.postroom(*enqueue)
@@ -175,11 +188,16 @@ def run() -> int:
             print_table(rows)
 
             say("What the mail server received (Maildir), and the consumer groups' lag")
-            received = Counter(m.rcpt for m in read_maildir(workdir / "maildir"))
+            messages = read_maildir(workdir / "maildir")
+            received = Counter(m.rcpt for m in messages)
             for address in TEAM:
                 print(f"   {address:<26} {received.get(address, 0)} message(s)")
             print(f"   {sum(received.values())} in all: September to three recipients, "
                   "October to finance@, nothing twice")
+            september = next(m for m in messages
+                             if m.rcpt == "ceo@example.com" and b"September" in m.raw)
+            print(f"   ceo@'s September email: {mime_outline(september.raw)} "
+                  "(text and HTML summary, the workbook attached)")
             demo.postroom("lag")
             say("Done. The whole run is on the local stack; logs are in " + str(workdir))
         finally:

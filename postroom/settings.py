@@ -27,6 +27,9 @@ _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.passwor
                       "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "ssl.key.pem")
 # Query parameters of a libpq URL that carry secrets.
 _SECRET_URL_PARAMS = ("password", "sslpassword")
+# Schema Registry client settings (confluent-kafka's SchemaRegistryClient) that carry secrets.
+_SECRET_REGISTRY_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret",
+                         "ssl.key.password")
 
 
 class Secret:
@@ -120,6 +123,12 @@ def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("********" if k in _SECRET_KAFKA_KEYS else v) for k, v in config.items()}
 
 
+def mask_registry_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Schema Registry client config safe to print: secrets (and credentials in the url) starred."""
+    return {k: ("********" if k in _SECRET_REGISTRY_KEYS else mask_url(v) if k == "url" else v)
+            for k, v in config.items()}
+
+
 def mask_url(url: str) -> str:
     """``scheme://user:secret@host/db?password=x`` -> ``scheme://user:********@host/db?password=********``.
 
@@ -145,6 +154,9 @@ class Settings:
     topic_partitions: int = 6
     topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
     topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # None: schemaless Avro with a fingerprint header; set: the Confluent wire format
+    schema_registry_url: str | None = None
+    schema_registry_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # enqueue
     mail_from: str = "postroom@localhost"
     attachment_max_bytes: int = rules.DEFAULT_ATTACHMENT_MAX_BYTES
@@ -219,10 +231,12 @@ class Settings:
         shown = []
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name == "database_url" and value:
+            if field.name in ("database_url", "schema_registry_url") and value:
                 value = mask_url(value)
             elif field.name in ("kafka_config", "kafka_producer_config", "kafka_consumer_config"):
                 value = mask_kafka_config(value)
+            elif field.name == "schema_registry_config":
+                value = mask_registry_config(value)
             shown.append(f"{field.name}={value!r}")
         return f"Settings({', '.join(shown)})"
 
@@ -253,6 +267,11 @@ class Settings:
         bootstrap = self.require("kafka_bootstrap_servers")
         return {"bootstrap.servers": bootstrap, **self.kafka_config}
 
+    def registry_client_config(self) -> dict[str, str]:
+        """confluent-kafka SchemaRegistryClient settings: the url plus the extras."""
+        url = self.require("schema_registry_url")
+        return {**self.schema_registry_config, "url": url}
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -273,6 +292,21 @@ def _port(text: str) -> int:
     if not 0 < value < 65536:
         raise ValueError(f"not a TCP port: {value}")
     return value
+
+
+def _http_url(text: str) -> str:
+    text = text.strip().rstrip("/")
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
+        raise ValueError("expected an http(s) URL such as http://registry:8081 "
+                         "(Apicurio: http://host:8080/apis/ccompat/v7)")
+    return text
+
+
+def _registry_config(text: str) -> dict[str, str]:
+    config = parse_kafka_config(text)
+    if "url" in config:
+        raise ValueError("the url goes in POSTROOM_SCHEMA_REGISTRY_URL, not here")
+    return config
 
 
 def _database_url(text: str) -> str:
@@ -383,6 +417,8 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "TOPIC_PARTITIONS": ("topic_partitions", _positive_int),
     ENV_PREFIX + "TOPIC_REPLICATION_FACTOR": ("topic_replication_factor", _replication_factor),
     ENV_PREFIX + "TOPIC_CONFIG": ("topic_config", parse_kafka_config),
+    ENV_PREFIX + "SCHEMA_REGISTRY_URL": ("schema_registry_url", _http_url),
+    ENV_PREFIX + "SCHEMA_REGISTRY_CONFIG": ("schema_registry_config", _registry_config),
     ENV_PREFIX + "MAIL_FROM": ("mail_from", _mail_from),
     ENV_PREFIX + "ATTACHMENT_MAX_BYTES": ("attachment_max_bytes", _positive_int),
     ENV_PREFIX + "ATTACHMENTS_TOTAL_MAX_BYTES": ("attachments_total_max_bytes", _positive_int),

@@ -73,3 +73,16 @@ def sender_topics(prefix: str, retry_tiers: int) -> list[str]:
 def all_topics(prefix: str, retry_tiers: int) -> list[str]:
     """Every topic postroom needs, in a stable order."""
     return [*sender_topics(prefix, retry_tiers), dead_letter_topic(prefix), results_topic(prefix)]
+
+
+def topic_schemas(prefix: str, retry_tiers: int) -> dict[str, str]:
+    """Each topic postroom writes Avro to, and the contract schema (``schemas/<name>.avsc``) of
+    its values: email_requested on the priority, retry and dead-letter topics, email_result on
+    the results topic. The registry subject of a topic is ``<topic>-value``."""
+    return {topic: ("email_result" if topic == results_topic(prefix) else "email_requested")
+            for topic in all_topics(prefix, retry_tiers)}
+
+
+def value_subject(topic: str) -> str:
+    """The registry subject of a topic's values under the topic name strategy."""
+    return f"{topic}-value"

@@ -37,15 +37,20 @@ def enqueue(
     sender: str | None = None,
     attachment_max_bytes: int | None = None,
     limits: SizeLimits | None = None,
+    html: str | None = None,
+    inline: Sequence[str | Path] = (),
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
 
     ``key`` names the message (e.g. ``sales-report-2026-09``); with the recipient it makes the
     idempotency key, so a rerun of the job queues nothing twice and returns 0. Without a key the
-    subject plays its part. Everything is checked before the insert: a bad input (None included)
-    raises :class:`~relay.errors.EnqueueError` and writes nothing. ``limits`` caps the body, the
-    attachments and the encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides
-    its per-file cap). The caller commits (or rolls back).
+    subject plays its part. ``html`` adds an HTML body beside the text one (which clients that
+    show no HTML, and senders of an older release, send alone); ``inline`` are images the HTML
+    shows as ``<img src="cid:<file name>">``, checked like attachments. Everything is checked
+    before the insert: a bad input (None included) raises :class:`~relay.errors.EnqueueError`
+    and writes nothing. ``limits`` caps the body, the attachments and inline images, and the
+    encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides its per-file cap).
+    The caller commits (or rolls back).
     """
     limits = limits or SizeLimits()
     if attachment_max_bytes is not None:
@@ -57,12 +62,15 @@ def enqueue(
     chosen = validation.check_priority(priority)
     files = validation.check_attachments(attachments, limits.attachment_max_bytes,
                                          limits.attachments_total_max_bytes)
+    html = validation.check_html(html)
+    images = validation.check_inline(inline, html, limits.attachment_max_bytes)
     from_address = validation.check_address(sender, what="sender") if sender is not None else None
     if send_after is not None and (not isinstance(send_after, dt.datetime)
                                    or send_after.tzinfo is None):
         raise InvalidEmailError("send_after must be a timezone-aware datetime "
                                 "(e.g. 2026-10-02T07:00:00+00:00)")
-    validation.check_headers(from_address or "postroom@localhost", addresses[0], subject, files)
+    validation.check_headers(from_address or "postroom@localhost", addresses[0], subject,
+                             [*files, *images])
     rows = [
         {
             "idempotency_key": validation.idempotency_key(message_key, address),
@@ -72,6 +80,8 @@ def enqueue(
             "subject": subject,
             "body": body,
             "attachments": files,
+            "html": html,
+            "inline": images,
             "priority": chosen.value,
             **({"available_at": send_after} if send_after is not None else {}),
         }
@@ -79,8 +89,8 @@ def enqueue(
     ]
     _check_event_size(max(rows, key=lambda row: len(row["idempotency_key"])), limits)
     inserted = conn.execute(sql.INSERT_ROWS, rows).scalars().all()
-    log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s",
-             message_key, len(inserted), len(rows), chosen.value)
+    log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
+             message_key, len(inserted), len(rows), chosen.value, html is not None, len(images))
     return len(inserted)
 
 

@@ -31,7 +31,8 @@ from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import libpq_conninfo
-from schemas.codec import EmailRequested, SchemaError, encode_values, headers_for, load_schema
+from schemas.codec import EmailRequested, Framing, SchemaError, encode_values, load_schema
+from schemas.registry import framing_for
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,10 @@ class Relay:
 
     def __init__(self, settings: Settings, engine: sa.Engine,
                  producer_factory: Callable[[], Producer] | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, framing: Framing | None = None) -> None:
         self._settings = settings
+        # None: from the settings (and the registry, when one is set) at the first round.
+        self._framing = framing
         self._engine = engine
         self._producer_factory = producer_factory or (lambda: kafka.make_producer(
             settings, **{"delivery.report.only.error": True}))
@@ -109,6 +112,12 @@ class Relay:
         if self._producer is None:
             self._producer = self._producer_factory()
         return self._producer
+
+    @property
+    def framing(self) -> Framing:
+        if self._framing is None:
+            self._framing = framing_for(self._settings)
+        return self._framing
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,7 +152,10 @@ class Relay:
         producer = self.producer
         topics = {p.value: priority_topic(self._settings.topic_prefix, p) for p in Priority}
         schema = load_schema(EmailRequested.SCHEMA_NAME)
-        schema_header = headers_for(EmailRequested)[0]
+        framing = self.framing
+        schema_headers = framing.headers(schema)
+        # b"" without a registry: b"" + body is the body itself, no copy.
+        prefixes = {priority: framing.prefix(topic) for priority, topic in topics.items()}
         if rows and rows[0]._fields != schema.field_names:
             raise SchemaError(f"the claim returns {rows[0]._fields}, not the fields of "
                               f"{schema.name} {schema.field_names}")
@@ -156,11 +168,12 @@ class Relay:
         max_bytes = self._settings.event_max_bytes
         for index, row in enumerate(rows):
             headers: list[tuple[str, str | bytes | None]] = [
-                schema_header, (ROW_ID_HEADER, str(row[id_at]).encode())]
+                *schema_headers, (ROW_ID_HEADER, str(row[id_at]).encode())]
             if row[attempt_at] > 1:
                 # A redriven row: its attempts so far, so the sender gives it a fresh budget.
                 headers.append((ATTEMPT_BASE_HEADER, str(row[attempt_at] - 1).encode()))
-            value = encode_values(schema, row)
+            priority = row[priority_at]
+            value = prefixes[priority] + encode_values(schema, row)
             if len(value) > max_bytes:
                 # Written before the cap or by hand: it can never be published, and retrying it
                 # would stall the relay. It ends as a recorded permanent failure.
@@ -169,7 +182,7 @@ class Relay:
                           "(%d); marked failed", row[id_at], len(value), max_bytes)
                 continue
             try:
-                self._produce(producer, topics[row[priority_at]], row[key_at], value, headers,
+                self._produce(producer, topics[priority], row[key_at], value, headers,
                               on_delivery)
             except BufferError:
                 produced = index
@@ -268,6 +281,8 @@ class Relay:
         failures = 0
         last_stats = time.monotonic()
         self._stop.clear()
+        log.info("relay writes %s", "the Confluent wire format" if self.framing.uses_registry
+                 else "schemaless Avro")
         # Created now, the producer connects to the brokers while the relay waits for rows,
         # instead of when the first rows are already waiting.
         self.producer.poll(0)

@@ -23,7 +23,8 @@ from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay import sql
-from schemas.codec import DeliveryStatus, EmailResult, SchemaError, decode
+from schemas.codec import DeliveryStatus, EmailResult, SchemaById, SchemaError, decode
+from schemas.registry import reader_for
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,11 @@ class Recorder:
     """Consumes ``<prefix>email.results`` as group POSTROOM_RECORDER_GROUP until stop()."""
 
     def __init__(self, settings: Settings, engine: sa.Engine, *, metrics: Metrics | None = None,
-                 consumer_factory: Callable[[], Consumer] | None = None) -> None:
+                 consumer_factory: Callable[[], Consumer] | None = None,
+                 schema_by_id: SchemaById | None = None) -> None:
         self._settings = settings
+        # None: the registry's lookup when one is set (see run()), else none.
+        self._schema_by_id = schema_by_id
         self._engine = engine
         self.metrics = metrics or Metrics()
         self._consumer_factory = consumer_factory or (lambda: kafka.make_consumer(
@@ -98,8 +102,10 @@ class Recorder:
         self._stop.set()
 
     def run(self) -> None:
-        consumer = self._consumer_factory()
         topic = results_topic(self._settings.topic_prefix)
+        if self._schema_by_id is None:
+            self._schema_by_id = reader_for(self._settings, [topic])
+        consumer = self._consumer_factory()
         consumer.subscribe([topic])
         log.info("recorder consuming %s as group %s", topic, self._settings.recorder_group)
         try:
@@ -117,7 +123,8 @@ class Recorder:
         results: list[EmailResult] = []
         for record in readable_records(messages):
             try:
-                result = decode(EmailResult, record.value, record.headers)
+                result = decode(EmailResult, record.value, record.headers,
+                                schema_by_id=self._schema_by_id)
             except SchemaError as exc:
                 # A result we cannot read cannot be applied; skip it loudly rather than stall.
                 self.stats.unreadable += 1

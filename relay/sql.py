@@ -28,6 +28,8 @@ outbox = sa.Table(
     sa.Column("subject", sa.Text, nullable=False),
     sa.Column("body", sa.Text, nullable=False),
     sa.Column("attachments", pg.ARRAY(sa.Text), nullable=False, server_default="{}"),
+    sa.Column("html", sa.Text),
+    sa.Column("inline", pg.ARRAY(sa.Text), nullable=False, server_default="{}"),
     sa.Column("priority", sa.Text, nullable=False),
     sa.Column("status", sa.Text, nullable=False, server_default="pending"),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
@@ -69,7 +71,7 @@ CLAIM_DUE = sa.text("""
     SELECT o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
            COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
            CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS created_at,
-           o.attempts + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before
+           o.attempts + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before, o.html, o.inline
     FROM outbox AS o
     WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
 """)

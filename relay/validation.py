@@ -7,6 +7,7 @@ every event it reads; here they raise the EnqueueError the caller documents.
 from __future__ import annotations
 
 import contextlib
+import mimetypes
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,6 +18,9 @@ from postroom.errors import InvalidContentError
 from postroom.mime import check_composable
 from postroom.topics import Priority
 from relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
+
+# Text and HTML travel inside the Kafka record, whose default limit (message.max.bytes) is 1 MB.
+MAX_HTML_BYTES = 512 * 1024
 
 
 @contextlib.contextmanager
@@ -75,6 +79,38 @@ def check_headers(sender: str, recipient: str, subject: str, attachments: Sequen
         check_composable(sender, recipient, subject, [Path(p).name for p in attachments])
 
 
+def check_html(html: str | None) -> str | None:
+    """The HTML body as given: its size is checked, not its markup."""
+    if html is None:
+        return None
+    if "\x00" in html:
+        raise InvalidEmailError("html contains a NUL character")
+    size = len(html.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_HTML_BYTES:
+        raise InvalidEmailError(f"html is {size} bytes, over the limit of {MAX_HTML_BYTES}")
+    return html
+
+
+def check_inline(paths: Sequence[str | Path], html: str | None, max_bytes: int) -> list[str]:
+    """Absolute paths of inline images, checked like attachments; each must be an image and
+    have a file name of its own, which the HTML refers to as ``cid:<file name>``."""
+    files = check_attachments(paths, max_bytes, what="inline image")
+    if files and html is None:
+        raise InvalidEmailError("inline images need an html body that shows them")
+    names: set[str] = set()
+    for path in files:
+        name = Path(path).name
+        guessed, _ = mimetypes.guess_type(name, strict=False)
+        if not (guessed or "").startswith("image/"):
+            raise InvalidAttachmentError(f"inline image {path} is not an image file "
+                                         "(.png, .jpg, .gif, .svg, ...)")
+        if name in names:
+            raise InvalidAttachmentError(f"two inline images are named {name}: the HTML "
+                                         f"could not tell cid:{name} apart")
+        names.add(name)
+    return files
+
+
 def check_priority(priority: str | Priority) -> Priority:
     try:
         return Priority.parse(str(priority))
@@ -83,13 +119,13 @@ def check_priority(priority: str | Priority) -> Priority:
 
 
 def check_attachments(paths: Sequence[str | Path], max_bytes: int,
-                      total_max_bytes: int | None = None) -> list[str]:
-    """Absolute paths of attachments that exist, are regular files and are small enough, one
-    by one (``max_bytes``) and together (``total_max_bytes``)."""
+                      total_max_bytes: int | None = None, *, what: str = "attachment") -> list[str]:
+    """Absolute paths of attachments (or inline images: ``what``) that exist, are regular files
+    and are small enough, one by one (``max_bytes``) and together (``total_max_bytes``)."""
     if isinstance(paths, (str, Path)):
-        raise InvalidEmailError("attachments must be a list of paths, not one path")
+        raise InvalidEmailError(f"{what}s must be a list of paths, not one path")
     if isinstance(paths, bytes | bytearray) or not isinstance(paths, Iterable):
-        raise InvalidEmailError(f"attachments must be a list of paths, not {type(paths).__name__}")
+        raise InvalidEmailError(f"{what}s must be a list of paths, not {type(paths).__name__}")
     paths = list(paths)
     with _as_enqueue_error():
         rules.check_attachment_count(len(paths))
@@ -109,15 +145,15 @@ def check_attachments(paths: Sequence[str | Path], max_bytes: int,
         try:
             info = path.stat()
         except FileNotFoundError:
-            raise InvalidAttachmentError(f"attachment {shown} does not exist") from None
+            raise InvalidAttachmentError(f"{what} {shown} does not exist") from None
         except OSError as exc:
-            raise InvalidAttachmentError(f"attachment {shown} cannot be read: {exc.strerror}") \
+            raise InvalidAttachmentError(f"{what} {shown} cannot be read: {exc.strerror}") \
                 from None
         if not stat.S_ISREG(info.st_mode):
-            raise InvalidAttachmentError(f"attachment {shown} is not a regular file")
+            raise InvalidAttachmentError(f"{what} {shown} is not a regular file")
         if info.st_size > max_bytes:
             raise InvalidAttachmentError(
-                f"attachment {shown} is {info.st_size} bytes, over the limit of {max_bytes}")
+                f"{what} {shown} is {info.st_size} bytes, over the limit of {max_bytes}")
         total += info.st_size
         if total_max_bytes is not None and total > total_max_bytes:
             raise InvalidAttachmentError(

@@ -1,7 +1,9 @@
-"""The Avro contract between relay, sender and recorder: events as frozen values, bytes as schemaless Avro.
+"""The Avro contract between relay, sender and recorder: events as frozen values, bytes as Avro.
 
-Each Kafka record carries its writer schema's CRC-64-AVRO fingerprint in the ``postroom.schema``
-header; a reader decodes with the writer schema it knows by that fingerprint, resolved to its own.
+A record is framed one of two ways (:class:`Framing`): schemaless Avro with the writer schema's
+CRC-64-AVRO fingerprint in the ``postroom.schema`` header, or the Confluent wire format (magic
+byte 0, the registry's 4-byte schema id, the same Avro body). A reader takes either, decoding with
+the writer schema (known by fingerprint, or fetched by id) resolved to its own. Pure.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import datetime as dt
 import enum
 import io
 import json
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib import resources
@@ -20,10 +23,12 @@ from typing import Any, TypeVar
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from postroom.errors import PostroomError
+
 SCHEMA_HEADER = "postroom.schema"
 
 
-class SchemaError(Exception):
+class SchemaError(PostroomError):
     """A record could not be encoded or decoded against the contract."""
 
 
@@ -39,6 +44,7 @@ class Schema:
     name: str
     parsed: Any
     fingerprint: str  # hex CRC-64-AVRO of the parsing canonical form
+    text: str = dataclasses.field(default="", compare=False, repr=False)  # the .avsc as written
     # The record's own writer when every field has a type compile_writer() knows, else None.
     writer: RecordWriter | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -58,7 +64,8 @@ def parse_schema_text(text: str, name: str) -> Schema:
         fp = fingerprint(canonical, "CRC-64-AVRO")
     except (ValueError, fastavro.schema.SchemaParseException) as exc:
         raise SchemaError(f"{name}: invalid Avro schema: {exc}") from exc
-    return Schema(name=name, parsed=parsed, fingerprint=fp, writer=compile_writer(parsed))
+    return Schema(name=name, parsed=parsed, fingerprint=fp, text=text,
+                  writer=compile_writer(parsed))
 
 
 # -- the compiled writer -----------------------------------------------------------------------
@@ -321,6 +328,9 @@ class EmailRequested:
     created_at: dt.datetime
     attempt: int = 1
     not_before: dt.datetime | None = None
+    # version 2 of the contract
+    html: str | None = None
+    inline: tuple[str, ...] = ()
 
     SCHEMA_NAME = "email_requested"
 
@@ -369,6 +379,7 @@ def _to_record(event: EmailRequested | EmailResult) -> dict[str, Any]:
     record = {name: getattr(event, name) for name in _FIELD_NAMES[type(event)]}
     if isinstance(event, EmailRequested):
         record["attachments"] = list(event.attachments)
+        record["inline"] = list(event.inline)
         _require_aware(event.created_at, event.not_before)
     else:
         record["status"] = event.status.value
@@ -410,8 +421,9 @@ def event_size(event: EmailRequested | EmailResult) -> int:
 
 def headers_for(event: EmailRequested | EmailResult | type[EmailRequested] | type[EmailResult],
                 ) -> list[tuple[str, bytes]]:
-    """The header that names the writer schema (of an event or event type); callers add theirs."""
-    return [(SCHEMA_HEADER, load_schema(event.SCHEMA_NAME).fingerprint.encode())]
+    """The schemaless framing's header that names the writer schema (of an event or event type);
+    callers add theirs."""
+    return SCHEMALESS.headers(load_schema(event.SCHEMA_NAME))
 
 
 HeaderList = Sequence[tuple[str, str | bytes | None]]
@@ -426,10 +438,87 @@ def header_value(headers: HeaderList | None, name: str) -> bytes | None:
     return found
 
 
+# -- framing ------------------------------------------------------------------------------------
+
+CONFLUENT_MAGIC = 0
+_CONFLUENT_PREFIX = struct.Struct(">BI")  # magic byte, schema id (big-endian, unsigned 32 bits)
+
+SchemaById = Callable[[int], Schema]
+
+
+def confluent_prefix(schema_id: int) -> bytes:
+    """The 5 bytes the Confluent wire format puts before the Avro body."""
+    if not 0 <= schema_id < 1 << 32:
+        raise SchemaError(f"schema id {schema_id} does not fit the wire format's 4 bytes")
+    return _CONFLUENT_PREFIX.pack(CONFLUENT_MAGIC, schema_id)
+
+
+def split_confluent(payload: bytes) -> tuple[int, bytes] | None:
+    """(schema id, Avro body) of a record in the Confluent wire format, else None."""
+    if len(payload) < _CONFLUENT_PREFIX.size or payload[0] != CONFLUENT_MAGIC:
+        return None
+    _, schema_id = _CONFLUENT_PREFIX.unpack_from(payload)
+    return schema_id, payload[_CONFLUENT_PREFIX.size:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Framing:
+    """How a writer frames its records on each topic.
+
+    Without ``schema_ids``: schemaless Avro, the writer schema's fingerprint in the
+    ``postroom.schema`` header. With them (topic -> the id the registry holds for the writer
+    schema under the subject ``<topic>-value``): the Confluent wire format, and no
+    ``postroom.schema`` header, so a reader that knows only fingerprints refuses the record
+    instead of misreading it.
+    """
+
+    schema_ids: Mapping[str, int] | None = None
+
+    @property
+    def uses_registry(self) -> bool:
+        return self.schema_ids is not None
+
+    def prefix(self, topic: str) -> bytes:
+        """What goes before the Avro body of a record on ``topic``."""
+        if self.schema_ids is None:
+            return b""
+        try:
+            return confluent_prefix(self.schema_ids[topic])
+        except KeyError:
+            raise SchemaError(f"no registry schema id for topic {topic} "
+                              "(run `postroom schemas register`)") from None
+
+    def headers(self, schema: Schema) -> list[tuple[str, bytes]]:
+        """The headers that name the writer schema; callers add theirs."""
+        return [] if self.schema_ids is not None else [(SCHEMA_HEADER, schema.fingerprint.encode())]
+
+    def frame(self, topic: str, event: EmailRequested | EmailResult,
+              ) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """The value and schema headers of ``event`` as a record on ``topic``."""
+        schema = load_schema(event.SCHEMA_NAME)
+        return self.prefix(topic) + encode(event, schema), self.headers(schema)
+
+
+SCHEMALESS = Framing()
+
+
+@cache
+def earlier_versions(name: str) -> tuple[Schema, ...]:
+    """The contract's earlier versions of ``schemas/<name>.avsc``, kept in ``schemas/history/``
+    as ``<name>_v<n>.avsc``, oldest first."""
+    history = resources.files("schemas").joinpath("history")
+    found = sorted((int(entry.name.removeprefix(f"{name}_v").removesuffix(".avsc")), entry)
+                   for entry in history.iterdir()
+                   if entry.name.startswith(f"{name}_v") and entry.name.endswith(".avsc"))
+    return tuple(parse_schema_text(entry.read_text(encoding="utf-8"), f"history/{entry.name}")
+                 for _, entry in found)
+
+
 def known_writer_schemas(name: str, extra: Sequence[Schema] = ()) -> Mapping[str, Schema]:
-    """Writer schemas a reader accepts, by fingerprint: today's plus any ``extra`` versions."""
+    """Writer schemas a reader accepts, by fingerprint: today's, its earlier versions (records
+    of them wait on retry tiers through an upgrade), and any ``extra`` ones."""
     current = load_schema(name)
-    return {s.fingerprint: s for s in (current, *extra)}
+    return {s.fingerprint: s for s in (current, *earlier_versions(name), *extra)}
 
 
 def decode(
@@ -439,17 +528,34 @@ def decode(
     *,
     writers: Mapping[str, Schema] | None = None,
     reader: Schema | None = None,
+    schema_by_id: SchemaById | None = None,
 ) -> Event:
-    """Decode a Kafka record value into ``cls``; SchemaError says why a record is unreadable."""
+    """Decode a Kafka record value, in either framing, into ``cls``.
+
+    A record with a ``postroom.schema`` header is schemaless, its writer one of ``writers``
+    (today's schema by default); one without is in the Confluent wire format, its writer
+    schema looked up with ``schema_by_id`` (None: no registry, so such records are refused).
+    SchemaError says why a record is unreadable.
+    """
     if payload is None:
         raise SchemaError("record has no value")
     raw_fp = header_value(headers, SCHEMA_HEADER)
     if raw_fp is None:
-        raise SchemaError(f"record has no {SCHEMA_HEADER} header")
-    writers = writers if writers is not None else known_writer_schemas(cls.SCHEMA_NAME)
-    writer = writers.get(raw_fp.decode(errors="replace"))
-    if writer is None:
-        raise SchemaError(f"unknown writer schema fingerprint {raw_fp.decode(errors='replace')}")
+        framed = split_confluent(payload)
+        if framed is None:
+            raise SchemaError(f"record has no {SCHEMA_HEADER} header and is not in the "
+                              "Confluent wire format")
+        schema_id, payload = framed
+        if schema_by_id is None:
+            raise SchemaError(f"record is in the Confluent wire format (schema id {schema_id}) "
+                              "but no schema registry is configured (POSTROOM_SCHEMA_REGISTRY_URL)")
+        writer = schema_by_id(schema_id)
+    else:
+        writers = writers if writers is not None else known_writer_schemas(cls.SCHEMA_NAME)
+        found = writers.get(raw_fp.decode(errors="replace"))
+        if found is None:
+            raise SchemaError(f"unknown writer schema fingerprint {raw_fp.decode(errors='replace')}")
+        writer = found
     reader = reader or load_schema(cls.SCHEMA_NAME)
     try:
         record = fastavro.schemaless_reader(io.BytesIO(payload), writer.parsed, reader.parsed)
@@ -465,8 +571,9 @@ def from_record(cls: type[Event], record: Mapping[str, Any]) -> Event:
     """Build ``cls`` from a decoded Avro record, ignoring fields it does not know."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in record.items() if k in names}
-    if "attachments" in values:
-        values["attachments"] = tuple(values["attachments"])
+    for name in ("attachments", "inline"):
+        if name in values:
+            values[name] = tuple(values[name])
     if cls is EmailResult and "status" in values:
         values["status"] = DeliveryStatus(values["status"])
     try:

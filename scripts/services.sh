@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The local stack postroom's tests, demo and benchmarks run against: a single-node Kafka
-# (KRaft, broker+controller in one JVM) and a throwaway PostgreSQL cluster, both on 127.0.0.1.
+# (KRaft, broker+controller in one JVM), a throwaway PostgreSQL cluster and an Apicurio Schema
+# Registry (in-memory storage), all on 127.0.0.1.
 #
-#   scripts/services.sh up       start both (idempotent), write $POSTROOM_DEV_DIR/env
-#   scripts/services.sh down     stop both; data is kept
-#   scripts/services.sh status   what runs; exit 0 when both run, 3 otherwise
+#   scripts/services.sh up       start all three (idempotent), write $POSTROOM_DEV_DIR/env
+#   scripts/services.sh down     stop them; Kafka and PostgreSQL data is kept
+#   scripts/services.sh status   what runs; exit 0 when all run, 3 otherwise
 #   scripts/services.sh env      print the env file (source it: . .dev/env)
 #   scripts/services.sh clean    down, then delete all data
 #   scripts/services.sh kill-kafka        SIGKILL this stack's broker (fault injection; `up` restarts it)
@@ -18,6 +19,8 @@
 #                                       PLAINTEXT port + 2, 19094)
 #   POSTROOM_DEV_PG_PORT                PostgreSQL (default 15432)
 #   POSTROOM_DEV_PG_BIN                 folder holding pg_ctl/initdb (default: found)
+#   POSTROOM_DEV_REGISTRY_PORT          Schema Registry HTTP (default 18081)
+#   POSTROOM_DEV_REGISTRY_JAVA          a java 21+ for the registry (default: found)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,6 +36,7 @@ else
     SECURE_PORT=$KAFKA_PORT # refused by check_port in main, naming POSTROOM_DEV_KAFKA_PORT
 fi
 PG_PORT=${POSTROOM_DEV_PG_PORT:-15432}
+REGISTRY_PORT=${POSTROOM_DEV_REGISTRY_PORT:-18081}
 HOST=127.0.0.1
 
 KAFKA_POM="$REPO/dev/kafka/pom.xml"
@@ -56,6 +60,17 @@ PG_DATA="$PG_ROOT/data"
 PG_SOCKETS="$PG_ROOT/run"
 PG_LOG="$PG_ROOT/postgres.log"
 PG_START_TIMEOUT_S=60
+
+# Apicurio Registry: a Quarkus application from Maven Central, unpacked once per version.
+REGISTRY_VERSION=3.3.3
+REGISTRY_ARTIFACT="io.apicurio:apicurio-registry-app:$REGISTRY_VERSION:tar.gz:all"
+REGISTRY_CACHE="$REPO/.cache/apicurio-registry-$REGISTRY_VERSION"
+REGISTRY_APP="$REGISTRY_CACHE/app"
+REGISTRY_DIR="$DEV_DIR/registry"
+REGISTRY_PIDFILE="$REGISTRY_DIR/registry.pid"
+REGISTRY_OUT="$REGISTRY_DIR/registry.out"
+REGISTRY_START_TIMEOUT_S=120
+REGISTRY_JAVA_MIN=21
 
 VENV_PY="$REPO/.venv/bin/python"
 ENV_FILE="$DEV_DIR/env"
@@ -710,6 +725,161 @@ pg_status() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Schema Registry (Apicurio, Confluent-compatible API at /apis/ccompat/v7)
+
+java_major() {
+    "$1" -XshowSettings:properties -version 2>&1 \
+        | sed -n 's/^ *java\.specification\.version = \([0-9]*\).*/\1/p'
+}
+
+# Sets REGISTRY_JAVA to a java of version 21 or newer: POSTROOM_DEV_REGISTRY_JAVA, the one on
+# PATH, or the newest under /usr/lib/jvm (Kafka keeps running on the default Java 17).
+find_registry_java() {
+    local candidate major
+    if [[ -n ${POSTROOM_DEV_REGISTRY_JAVA:-} ]]; then
+        major=$(java_major "$POSTROOM_DEV_REGISTRY_JAVA")
+        [[ ${major:-0} -ge $REGISTRY_JAVA_MIN ]] || die "POSTROOM_DEV_REGISTRY_JAVA=$POSTROOM_DEV_REGISTRY_JAVA is Java ${major:-?}; Apicurio Registry needs $REGISTRY_JAVA_MIN or newer"
+        REGISTRY_JAVA=$POSTROOM_DEV_REGISTRY_JAVA
+        return
+    fi
+    local candidates=()
+    if command -v java >/dev/null; then candidates+=("$(command -v java)"); fi
+    # newest first
+    mapfile -t -O "${#candidates[@]}" candidates < <(ls -d /usr/lib/jvm/*/bin/java 2>/dev/null | sort -rV)
+    for candidate in "${candidates[@]}"; do
+        [[ -x $candidate ]] || continue
+        major=$(java_major "$candidate")
+        if [[ ${major:-0} -ge $REGISTRY_JAVA_MIN ]]; then
+            REGISTRY_JAVA=$candidate
+            return
+        fi
+    done
+    die "Apicurio Registry $REGISTRY_VERSION needs Java $REGISTRY_JAVA_MIN or newer; none on PATH or under /usr/lib/jvm (install one, e.g. temurin-25-jdk, or set POSTROOM_DEV_REGISTRY_JAVA to its bin/java)"
+}
+
+# Fetch the registry once per version: downloaded and unpacked aside, made complete by a rename,
+# so a fetch cut short is never taken for a complete one.
+fetch_registry() {
+    [[ -f $REGISTRY_APP/quarkus-run.jar ]] && return
+    say "fetching Apicurio Registry $REGISTRY_VERSION with Maven into ${REGISTRY_CACHE#"$REPO"/} (first run only)"
+    mkdir -p "$REGISTRY_CACHE"
+    local tmp="$REGISTRY_CACHE/download.partial" mvn_log="$REGISTRY_CACHE/maven.log"
+    rm -rf "$tmp"
+    if ! mvn -q -B -Dstyle.color=never \
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy \
+        -Dartifact="$REGISTRY_ARTIFACT" -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
+        die "Maven could not fetch $REGISTRY_ARTIFACT (is Maven Central reachable?)" "$mvn_log"
+    fi
+    mkdir -p "$tmp/app"
+    tar -xzf "$tmp"/apicurio-registry-app-*.tar.gz -C "$tmp/app" \
+        || die "could not unpack the Apicurio Registry archive in $tmp"
+    [[ -f $tmp/app/quarkus-run.jar ]] || die "the Apicurio Registry archive holds no quarkus-run.jar"
+    rm -rf "$REGISTRY_APP"
+    mv "$tmp/app" "$REGISTRY_APP"
+    rm -rf "$tmp"
+}
+
+registry_pid() {
+    local pid
+    pid=$(cat "$REGISTRY_PIDFILE" 2>/dev/null) || return 1
+    # A recycled pid would belong to some other program: check it is our registry.
+    pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+        | grep -qF -- "-Dquarkus.http.port=$REGISTRY_PORT " && echo "$pid"
+}
+
+registry_url() { echo "http://$HOST:$REGISTRY_PORT/apis/ccompat/v7"; }
+
+# Waits until the Confluent-compatible API lists subjects, or gives up when it died or took too long.
+wait_for_registry() {
+    "$VENV_PY" - "$(registry_url)/subjects" "$1" "$REGISTRY_START_TIMEOUT_S" <<'EOF'
+import os, sys, time, urllib.request
+
+url, pid, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + timeout_s
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(2)
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            if reply.status == 200:
+                sys.exit(0)
+    except OSError:  # not up yet: ask again
+        time.sleep(0.5)
+sys.exit(1)
+EOF
+}
+
+registry_up() {
+    mkdir -p "$REGISTRY_DIR"
+    local pid
+    if pid=$(registry_pid); then
+        say "registry: already running (pid $pid, $(registry_url))"
+        return
+    fi
+    if port_answers "$REGISTRY_PORT"; then
+        die "port $REGISTRY_PORT is taken by another program (set POSTROOM_DEV_REGISTRY_PORT to a free one)"
+    fi
+    find_registry_java
+    fetch_registry
+    say "registry: starting Apicurio Registry $REGISTRY_VERSION on $(registry_url) (log: $REGISTRY_OUT)"
+    rm -f "$REGISTRY_PIDFILE"
+    # Both HTTP servers on loopback only: the API on its port, Quarkus's management interface
+    # (0.0.0.0:9000 by default) on a free port. Storage is in memory: a restart forgets every
+    # schema, as a throwaway stack should. Quick start over peak speed: serial GC, C1 only.
+    # shellcheck disable=SC2016 # $$, $1 and $2 belong to the inner shell
+    setsid bash -c 'echo $$ >"$1"; cd "$2"; shift 2; exec "$@"' _ "$REGISTRY_PIDFILE" "$REGISTRY_DIR" \
+        "$REGISTRY_JAVA" -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+        -Djava.awt.headless=true -Dquarkus.http.host="$HOST" -Dquarkus.http.port="$REGISTRY_PORT" \
+        -Dquarkus.management.host="$HOST" -Dquarkus.management.port=0 \
+        -jar "$REGISTRY_APP/quarkus-run.jar" </dev/null >"$REGISTRY_OUT" 2>&1 9>&- &
+    local waited=0
+    until [[ -s $REGISTRY_PIDFILE ]] && pid=$(cat "$REGISTRY_PIDFILE"); do
+        sleep 0.1
+        waited=$((waited + 1))
+        [[ $waited -lt 100 ]] || die "registry: no pid file after 10 s" "$REGISTRY_OUT"
+    done
+    local started=$SECONDS rc=0
+    wait_for_registry "$pid" || rc=$?
+    case $rc in
+        0) say "registry: ready in $((SECONDS - started)) s (pid $pid)" ;;
+        2) die "registry: Apicurio Registry exited during startup" "$REGISTRY_OUT" ;;
+        *)
+            stop_pid "$pid" registry
+            die "registry: no answer on $(registry_url) within $REGISTRY_START_TIMEOUT_S s; stopped it" \
+                "$REGISTRY_OUT"
+            ;;
+    esac
+}
+
+registry_down() {
+    local pid
+    if pid=$(registry_pid); then
+        say "registry: stopping pid $pid"
+        stop_pid "$pid" registry
+        pid_alive "$pid" && die "registry: pid $pid survived SIGKILL" "$REGISTRY_OUT"
+        say "registry: stopped"
+    else
+        say "registry: not running"
+    fi
+    rm -f "$REGISTRY_PIDFILE"
+}
+
+registry_status() {
+    local pid
+    if pid=$(registry_pid) && port_answers "$REGISTRY_PORT"; then
+        say "registry: running (pid $pid, $(registry_url), in-memory storage)"
+    elif [[ -n ${pid:-} ]]; then
+        say "registry: pid $pid runs but $HOST:$REGISTRY_PORT does not answer"
+        return 1
+    else
+        say "registry: stopped"
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
 
 write_env_file() {
     cat >"$ENV_FILE" <<EOF
@@ -718,6 +888,9 @@ export POSTROOM_DATABASE_URL=postgresql+psycopg://postroom@$HOST:$PG_PORT/postro
 export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$HOST:$KAFKA_PORT
 export POSTROOM_TOPIC_REPLICATION_FACTOR=1
 export POSTROOM_TOPIC_PARTITIONS=3
+# The local Schema Registry. postroom uses a registry only when POSTROOM_SCHEMA_REGISTRY_URL
+# is set (to this, say); otherwise it writes schemaless Avro.
+export POSTROOM_DEV_REGISTRY_URL=$(registry_url)
 EOF
 }
 
@@ -735,6 +908,7 @@ cmd_up() {
     ensure_smtp_sink
     pg_up
     kafka_up
+    registry_up
     write_env_file
     secure_up
     say "up: env in $ENV_FILE (. $ENV_FILE)"
@@ -742,6 +916,7 @@ cmd_up() {
 
 cmd_down() {
     take_lock
+    registry_down
     kafka_down
     pg_down
 }
@@ -750,6 +925,7 @@ cmd_status() {
     local rc=0
     kafka_status || rc=3
     pg_status || rc=3
+    registry_status || rc=3
     return $rc
 }
 
@@ -780,9 +956,9 @@ cmd_restart_postgres() {
 
 cmd_clean() {
     cmd_down
-    say "clean: removing $KAFKA_DIR, $PG_ROOT and $ENV_FILE"
+    say "clean: removing $KAFKA_DIR, $REGISTRY_DIR, $PG_ROOT and $ENV_FILE"
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
-    rm -rf "$PG_ROOT" "$KAFKA_DIR" "$SECURE_DIR"
+    rm -rf "$PG_ROOT" "$KAFKA_DIR" "$SECURE_DIR" "$REGISTRY_DIR"
     rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock"
     rmdir "$DEV_DIR" 2>/dev/null || true
 }
@@ -792,6 +968,7 @@ main() {
     check_port POSTROOM_DEV_KAFKA_CONTROLLER_PORT "$CONTROLLER_PORT"
     check_port POSTROOM_DEV_KAFKA_SECURE_PORT "$SECURE_PORT"
     check_port POSTROOM_DEV_PG_PORT "$PG_PORT"
+    check_port POSTROOM_DEV_REGISTRY_PORT "$REGISTRY_PORT"
     case ${1:-} in
         up) cmd_up ;;
         down) cmd_down ;;

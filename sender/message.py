@@ -110,7 +110,7 @@ MESSAGE_POLICY = email.policy.SMTP.clone(header_factory=_CachedHeaderRegistry())
 def attachments_refusal(event: EmailRequested, root: Path | None) -> str | None:
     """Why ``event``'s attachments may not be read at all, or None. Reading whatever path the
     process can read is not on: without a root chosen by the operator, no attachment is sent."""
-    if event.attachments and root is None:
+    if (event.attachments or event.inline) and root is None:
         return "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"
     return None
 
@@ -119,7 +119,9 @@ def build_message(
     event: EmailRequested, *, attachments_root: Path | None, now: datetime,
     limits: SizeLimits = DEFAULT_LIMITS,
 ) -> EmailMessage:
-    """The message for ``event``, dated ``now``, with its attachments read from disk.
+    """The message for ``event``, dated ``now``, with its attachments (and inline images) read
+    from disk: text alone, or text and HTML as multipart/alternative, inside multipart/mixed
+    when there are attachments.
 
     Raises UnsafeHeaderError for a line break in the recipient, sender, subject or an
     attachment's file name, also one an RFC 2047 encoded word would decode to, and
@@ -148,6 +150,8 @@ def build_message(
     message["Date"] = email.utils.format_datetime(now)
     message["Message-ID"] = message_id_for(event.idempotency_key, _domain_of(event.sender))
     message.set_content(event.body, charset="utf-8")
+    if event.html is not None:
+        add_html(message, event, attachments_root, limits)
     total = 0
     for raw_path in event.attachments:
         name, data = read_attachment(raw_path, attachments_root,
@@ -164,6 +168,21 @@ def build_message(
             raise UnsafeHeaderError(f"attachment file name {name!r}: {exc}") from None
     check_decoded_headers(message)
     return message
+
+
+def add_html(message: EmailMessage, event: EmailRequested, attachments_root: Path | None,
+             limits: SizeLimits = DEFAULT_LIMITS) -> None:
+    """The HTML body after the text one (multipart/alternative), with its inline images as
+    multipart/related parts whose Content-ID is ``<file name>``, so ``cid:<file name>`` in
+    the HTML shows them. Inline files are read like attachments: below the root only."""
+    message.add_alternative(event.html, subtype="html", charset="utf-8")
+    *_, html_part = message.iter_parts()  # add_alternative made the message text, then html
+    for raw_path in event.inline:
+        name, data = read_attachment(raw_path, attachments_root,
+                                     max_bytes=limits.attachment_max_bytes)
+        maintype, _, subtype = mime_type_for(name).partition("/")
+        html_part.add_related(data, maintype=maintype, subtype=subtype, cid=f"<{name}>",
+                              filename=name, disposition="inline")
 
 
 def mime_type_for(filename: str) -> str:

@@ -24,7 +24,8 @@ from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, results_topic, tier_of_retry_topic
-from schemas.codec import EmailRequested, SchemaError, decode, encode, headers_for
+from schemas.codec import EmailRequested, EmailResult, Framing, SchemaById, SchemaError, decode
+from schemas.registry import framing_for, reader_for
 from sender.admission import Admission, Refusal, record_size, refuse_event, refuse_record
 from sender.claims import busy_wait_s, send_deadline_s
 from sender.consumer import SenderConsumer
@@ -68,8 +69,12 @@ def utcnow() -> dt.datetime:
 class Sender:
     """One member of the sender group. ``await run()`` until ``stop()``."""
 
-    def __init__(self, settings: Settings, *, ledger: Ledger, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, *, ledger: Ledger, metrics: Metrics | None = None,
+                 framing: Framing | None = None, schema_by_id: SchemaById | None = None) -> None:
         self._settings = settings
+        # None: from the settings (and the registry, when one is set) when run() starts.
+        self._framing = framing
+        self._schema_by_id = schema_by_id
         self._ledger = ledger
         self.metrics = metrics or Metrics()
         self._pool = SmtpPool(SmtpConfig.from_settings(settings))
@@ -88,11 +93,21 @@ class Sender:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
+    @property
+    def framing(self) -> Framing:
+        if self._framing is None:
+            self._framing = framing_for(self._settings)
+        return self._framing
+
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
         """Consume and deliver until stop(); then finish in-flight work, commit and leave."""
+        if self._schema_by_id is None:
+            self._schema_by_id = reader_for(self._settings, self._consumer.topics)
+        log.info("sender writes %s", "the Confluent wire format" if self.framing.uses_registry
+                 else "schemaless Avro")
         self._consumer.start()
         self._producer.start()
         log.info("sender %s consuming %s as group %s (concurrency %d, tiers %s)",
@@ -162,7 +177,8 @@ class Sender:
                 self._spawn(self._dead_letter_poison(record, refusal), record)
                 continue
             try:
-                event = decode(EmailRequested, record.value, record.headers)
+                event = decode(EmailRequested, record.value, record.headers,
+                               schema_by_id=self._schema_by_id)
             except SchemaError as exc:
                 self._spawn(self._dead_letter_poison(record, Refusal(str(exc))), record)
                 continue
@@ -300,10 +316,10 @@ class Sender:
                 log.warning("ledger %s failed (%s); retrying in %.0fs", what, exc, LEDGER_RETRY_S)
                 await asyncio.sleep(LEDGER_RETRY_S)
 
-    async def _publish(self, topic: str, key: str, event: Any,
+    async def _publish(self, topic: str, key: str, event: EmailRequested | EmailResult,
                        extra_headers: Sequence[tuple[str, str | bytes | None]] = ()) -> None:
-        await self._producer.produce(topic, key, encode(event),
-                                     [*headers_for(event), *extra_headers])
+        value, schema_headers = self.framing.frame(topic, event)
+        await self._producer.produce(topic, key, value, [*schema_headers, *extra_headers])
 
     async def _forward(self, record: Record, event: EmailRequested, forward: Forward) -> None:
         """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a

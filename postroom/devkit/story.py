@@ -26,6 +26,9 @@ SEPTEMBER = Report("sales-report-2026-09", "Sales report — September 2026",
 OCTOBER = Report("sales-report-2026-10", "Sales report — October 2026",
                  "The October sales report is attached.", ("finance@example.com",))
 WORKBOOK_NAME = "sales_2026-09.xlsx"
+SUMMARY_NAME = "summary_2026-09.html"
+# region, orders, revenue: the month's figures, in the workbook and the HTML summary
+FIGURES = (("north", 412, 51_230.50), ("south", 388, 47_915.00), ("west", 290, 36_004.25))
 FINAL_STATUSES = frozenset({"sent", "failed", "dead"})
 # recipient -> (status, attempts) once every September row is final.
 SEPTEMBER_ENDS = {
@@ -44,8 +47,24 @@ def make_workbook(directory: Path) -> Path:
     sheet = book.active
     sheet.title = "September 2026"
     sheet.append(["region", "orders", "revenue"])
-    for row in (["north", 412, 51_230.50], ["south", 388, 47_915.00], ["west", 290, 36_004.25]):
-        sheet.append(row)
+    for row in FIGURES:
+        sheet.append(list(row))
     path = directory / WORKBOOK_NAME
     book.save(path)
+    return path
+
+
+def make_html_summary(directory: Path) -> Path:
+    """Write the report owners' HTML summary, a small table of the month's figures, into
+    ``directory``."""
+    rows = "".join(f"<tr><td>{region}</td><td>{orders}</td><td>{revenue:,.2f}</td></tr>"
+                   for region, orders, revenue in FIGURES)
+    orders = sum(o for _, o, _ in FIGURES)
+    revenue = sum(r for _, _, r in FIGURES)
+    path = directory / SUMMARY_NAME
+    path.write_text(
+        "<html><body><h2>Sales — September 2026</h2>"
+        '<table border="1"><tr><th>region</th><th>orders</th><th>revenue</th></tr>'
+        f"{rows}<tr><th>total</th><th>{orders}</th><th>{revenue:,.2f}</th></tr></table>"
+        "<p>The workbook is attached.</p></body></html>", encoding="utf-8")
     return path

@@ -435,8 +435,10 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
                          POSTROOM_SMTP_PORT=str(server.port), POSTROOM_SMTP_TLS="auto")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka", "ok    smtp"]
+    assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka",
+                                                      "ok    registry", "ok    smtp"]
     assert "all 9 topics exist" in lines[1]
+    assert "none configured" in lines[2] and "schemaless" in lines[2]
 
 
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
@@ -449,7 +451,8 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     assert lines[1] == "FAIL  kafka: 9 of 9 topics not usable"
     assert lines[2].endswith("email.high: missing (run `postroom topics create`)"), lines
     assert all(line.endswith(": missing (run `postroom topics create`)") for line in lines[2:11])
-    assert lines[11].startswith("FAIL  smtp: connect: refused")
+    assert lines[11].startswith("ok    registry: none configured")
+    assert lines[12].startswith("FAIL  smtp: connect: refused")
     assert "Traceback" not in proc.stderr
 
 

@@ -89,22 +89,42 @@ def stack_processes(markers: list[str], roots: list[int]) -> dict[int, tuple[str
     return ours
 
 
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses of every TCP socket ``pid`` listens on (from ``ss``)."""
+    result = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True,
+                            timeout=10)
+    return [line.split()[3] for line in result.stdout.splitlines() if f"pid={pid}," in line]
+
+
 def test_up_twice_reports_already_running() -> None:
     kafka_port = int(os.environ.get("POSTROOM_DEV_KAFKA_PORT", "19092"))
     pg_port = int(os.environ.get("POSTROOM_DEV_PG_PORT", "15432"))
+    registry_port = int(os.environ.get("POSTROOM_DEV_REGISTRY_PORT", "18081"))
 
     output = run_services("up")
 
     assert "kafka: already running" in output, output
     assert "postgres: already running" in output, output
+    assert "registry: already running" in output, output
     assert port_answers(kafka_port), f"Kafka does not answer on {HOST}:{kafka_port}"
     assert port_answers(pg_port), f"PostgreSQL does not answer on {HOST}:{pg_port}"
+    assert port_answers(registry_port), f"the registry does not answer on {HOST}:{registry_port}"
+
+
+def test_registry_listens_on_loopback_only() -> None:
+    dev_dir = Path(os.environ.get("POSTROOM_DEV_DIR", REPO / ".dev"))
+    pid = int((dev_dir / "registry" / "registry.pid").read_text())
+    addresses = listening_addresses(pid)
+    # its API and Quarkus's management interface, which binds 0.0.0.0:9000 unless told
+    assert len(addresses) >= 2, addresses
+    assert all(a.rpartition(":")[0] in (HOST, "[::ffff:127.0.0.1]") for a in addresses), addresses
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three services started twice on a loaded 2-CPU machine
 def test_down_leaves_no_process(tmp_path: Path) -> None:
     dev_dir = tmp_path / "dev"
-    kafka_port, controller_port, pg_port, secure_port = free_ports(4)
+    kafka_port, controller_port, pg_port, secure_port, registry_port = free_ports(5)
     env = {k: v for k, v in os.environ.items() if not k.startswith("POSTROOM_DEV_")}
     env |= {
         "POSTROOM_DEV_DIR": str(dev_dir),
@@ -112,6 +132,7 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
         "POSTROOM_DEV_KAFKA_CONTROLLER_PORT": str(controller_port),
         "POSTROOM_DEV_PG_PORT": str(pg_port),
         "POSTROOM_DEV_KAFKA_SECURE_PORT": str(secure_port),
+        "POSTROOM_DEV_REGISTRY_PORT": str(registry_port),
     }
     markers = [str(dev_dir)]
     roots: list[int] = []
@@ -127,18 +148,22 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
             assert f"POSTROOM_KAFKA_BOOTSTRAP_SERVERS={HOST}:{secure_port}" in role_env
             assert "sasl.password" not in role_env  # it is in the file the env file names
             assert (dev_dir / "secure" / f"{role}.properties").stat().st_mode & 0o077 == 0
+        assert port_answers(registry_port)
+        assert f"{HOST}:{registry_port}/apis/ccompat/v7" in (dev_dir / "env").read_text()
 
         # PostgreSQL runs outside the state dir (see services.sh); dev/pg links to it.
         pg_root = os.path.realpath(dev_dir / "pg")
         kafka_pid = int((dev_dir / "kafka" / "kafka.pid").read_text())
         postmaster_pid = int((Path(pg_root) / "data" / "postmaster.pid").read_text().split()[0])
+        registry_pid = int((dev_dir / "registry" / "registry.pid").read_text())
         markers.append(pg_root)
-        roots += [kafka_pid, postmaster_pid]
+        roots += [kafka_pid, postmaster_pid, registry_pid]
         before = stack_processes(markers, roots)
         # the scan must see the stack while it runs, or its empty answer below proves nothing
         assert kafka_pid in before
         assert postmaster_pid in before
-        assert len(before) > 2, before
+        assert registry_pid in before
+        assert len(before) > 3, before
 
         run_services("down", env)
 
@@ -147,7 +172,7 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
                      if before.get(pid, ("", ""))[0] == started}
         assert after == {}, f"processes of the stopped stack remain: {after}"
         assert survivors == {}, f"processes of the stopped stack remain: {survivors}"
-        for port in (kafka_port, controller_port, pg_port, secure_port):
+        for port in (kafka_port, controller_port, pg_port, secure_port, registry_port):
             assert not port_answers(port), f"port {port} still answers after down"
 
         # A machine that went down with the stack leaves the broker's pid file behind, naming a

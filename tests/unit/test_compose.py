@@ -51,7 +51,7 @@ def postroom_env(compose: dict[str, Any]) -> dict[str, str]:
 
 
 def test_every_service_postroom_needs_is_there(services: dict[str, dict[str, Any]]) -> None:
-    assert {"postgres", "kafka", "mailpit", *POSTROOM_SERVICES} <= services.keys()
+    assert {"postgres", "kafka", "registry", "mailpit", *POSTROOM_SERVICES} <= services.keys()
 
 
 def test_kafka_is_the_official_image_in_kraft_mode(services: dict[str, dict[str, Any]]) -> None:
@@ -69,7 +69,15 @@ def test_kafka_never_creates_topics_by_itself(services: dict[str, dict[str, Any]
     assert services["kafka"]["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
 
 
-@pytest.mark.parametrize("name", ["postgres", "kafka", "mailpit"])
+def test_the_registry_is_apicurio_with_its_heap_capped(
+        services: dict[str, dict[str, Any]]) -> None:
+    registry = services["registry"]
+    assert registry["image"].startswith("apicurio/apicurio-registry:3.")
+    assert "-Xmx256m" in registry["environment"]["JAVA_OPTS_APPEND"]
+    assert "/apis/ccompat/v7" in " ".join(registry["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("name", ["postgres", "kafka", "registry", "mailpit"])
 def test_backing_services_have_healthchecks(services: dict[str, dict[str, Any]], name: str) -> None:
     assert services[name]["healthcheck"]["test"]
 
@@ -80,8 +88,9 @@ def test_init_migrates_and_creates_topics_once_backing_services_are_healthy(
     runs = " ".join([*init.get("entrypoint", []), *init.get("command", [])])
     assert "postroom db upgrade" in runs
     assert "postroom topics create" in runs
+    assert "postroom schemas register" in runs
     assert init.get("restart", "no") == "no", "a one-shot must not be restarted"
-    for backing in ("postgres", "kafka"):
+    for backing in ("postgres", "kafka", "registry"):
         assert init["depends_on"][backing]["condition"] == "service_healthy"
 
 
@@ -145,6 +154,10 @@ def test_settings_point_at_services_in_the_file(services: dict[str, dict[str, An
     advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert f"//{kafka_host}:{kafka_port}" in advertised
     assert postroom_env["POSTROOM_SMTP_HOST"] in services
+    registry = urlsplit(postroom_env["POSTROOM_SCHEMA_REGISTRY_URL"])
+    assert registry.hostname in services
+    assert f":{registry.port}" in " ".join(services["registry"]["ports"])
+    assert registry.path == "/apis/ccompat/v7"
 
 
 def test_attachments_root_is_mounted_where_the_settings_say(

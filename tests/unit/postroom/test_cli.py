@@ -10,9 +10,10 @@ import pytest
 from postroom.cli import build_parser, main
 from postroom.settings import FIELDS
 
-COMMANDS = ["db", "topics", "acls", "enqueue", "relay", "sender", "recorder", "check", "lag", "dlq",
-            "requeue", "report", "purge", "devsmtp", "status"]
-SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["acls"], ["enqueue"], ["relay"],
+COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "check",
+            "lag", "dlq", "requeue", "report", "purge", "devsmtp", "status"]
+SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["acls"],
+               ["enqueue"], ["relay"],
                ["sender"], ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"],
                ["requeue"], ["report", "failures"], ["purge"], ["status"]]
 ENQUEUE = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,12 @@ ROUND_TRIPS = [
     ("EVENT_MAX_BYTES", "900000", "event_max_bytes", 900000),
     ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "true", "smtp_insecure_auth_without_tls", True),
     ("SMTP_INSECURE_AUTH_WITHOUT_TLS", "No", "smtp_insecure_auth_without_tls", False),
+    ("SCHEMA_REGISTRY_URL", " http://registry:8081/ ", "schema_registry_url",
+     "http://registry:8081"),
+    ("SCHEMA_REGISTRY_URL", "https://sr.example.com/apis/ccompat/v7", "schema_registry_url",
+     "https://sr.example.com/apis/ccompat/v7"),
+    ("SCHEMA_REGISTRY_CONFIG", "basic.auth.user.info=u:p;ssl.ca.location=/ca.pem",
+     "schema_registry_config", {"basic.auth.user.info": "u:p", "ssl.ca.location": "/ca.pem"}),
 ]
 
 
@@ -378,3 +385,37 @@ def test_parse_durations_s(text: str, expected: tuple[float, ...]) -> None:
 def test_parse_durations_s_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_durations_s(text)
+
+
+@pytest.mark.parametrize(("name", "raw", "problem"), [
+    ("SCHEMA_REGISTRY_URL", "registry:8081", "expected an http(s) URL"),
+    ("SCHEMA_REGISTRY_URL", "ftp://registry", "expected an http(s) URL"),
+    ("SCHEMA_REGISTRY_CONFIG", "url=http://x", "goes in POSTROOM_SCHEMA_REGISTRY_URL"),
+    ("SCHEMA_REGISTRY_CONFIG", "no pair", "not of the form key=value"),
+])
+def test_registry_settings_refuse(name: str, raw: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+        Settings.from_env({P + name: raw})
+    assert caught.value.setting == P + name
+
+
+@pytest.mark.parametrize("render", [repr, str])
+def test_registry_secrets_never_show(render: Any) -> None:
+    settings = Settings.from_env({
+        P + "SCHEMA_REGISTRY_URL": f"https://reports:{PASSWORD}@sr.example.com",
+        P + "SCHEMA_REGISTRY_CONFIG": f"basic.auth.user.info=reports:{PASSWORD};"
+                                      "basic.auth.credentials.source=USER_INFO"})
+    shown = render(settings)
+    assert PASSWORD not in shown
+    assert "https://reports:********@sr.example.com" in shown
+    assert "'basic.auth.user.info': '********'" in shown
+    assert "'basic.auth.credentials.source': 'USER_INFO'" in shown
+    # the client gets the real values
+    assert settings.registry_client_config() == {
+        "url": f"https://reports:{PASSWORD}@sr.example.com",
+        "basic.auth.user.info": f"reports:{PASSWORD}", "basic.auth.credentials.source": "USER_INFO"}
+
+
+def test_registry_client_config_needs_the_url() -> None:
+    with pytest.raises(ConfigError, match="POSTROOM_SCHEMA_REGISTRY_URL: is not set"):
+        Settings().registry_client_config()

@@ -70,7 +70,7 @@ def claimed_rows(count: int) -> list[Any]:
     """Rows shaped as the claim returns them: the email-requested fields, in order, by name."""
     row = collections.namedtuple("Claimed", load_schema("email_requested").field_names)  # type: ignore[misc]
     return [row(f"k|r{n}@example.com", "k", n, f"r{n}@example.com", "", "S", "b", [], "normal",
-                CREATED, 1, None) for n in range(1, count + 1)]
+                CREATED, 1, None, None, []) for n in range(1, count + 1)]
 
 
 def relay_with(producer: StandInProducer) -> Relay:

@@ -26,6 +26,7 @@ from schemas.codec import (
     Schema,
     SchemaError,
     decode,
+    earlier_versions,
     encode,
     encode_values,
     header_value,
@@ -502,9 +503,14 @@ def test_an_unknown_priority_from_a_newer_writer_falls_back_to_the_enum_default(
 
 
 def test_known_writer_schemas_keeps_todays_first_and_adds_extras() -> None:
+    earlier = earlier_versions("email_requested")
     writers = known_writer_schemas("email_requested", extra=[V2])
-    assert list(writers) == [V1.fingerprint, V2.fingerprint]
-    assert known_writer_schemas("email_requested") == {V1.fingerprint: V1}
+    assert list(writers) == [V1.fingerprint, *(e.fingerprint for e in earlier), V2.fingerprint]
+    assert known_writer_schemas("email_requested") == {
+        V1.fingerprint: V1, **{e.fingerprint: e for e in earlier}}
+    assert known_writer_schemas("email_result") == {
+        load_schema("email_result").fingerprint: load_schema("email_result")}
+
 @pytest.mark.parametrize("millis", [2**62, -(2**62), 10**15])
 def test_an_out_of_range_timestamp_raises_schema_error(millis: int) -> None:
     raw = json.loads(resources.files("schemas").joinpath("email_result.avsc").read_text())
