@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from postroom import rules
 from postroom.errors import InvalidContentError
-from schemas.codec import EmailRequested
+from postroom.headers import attempt_base
+from schemas.codec import EmailRequested, SchemaById, SchemaError, decode
 
 # Senders' clocks may differ a little: a not_before this far past the longest delay is refused.
 CLOCK_SKEW_ALLOWANCE_S = 300.0
@@ -96,3 +97,19 @@ def _check_content(event: EmailRequested, limits: rules.SizeLimits) -> None:
     rules.check_attachment_count(len(event.attachments))
     for path in event.attachments:
         rules.check_attachment_path(path)
+
+
+def admit(value: bytes | None, headers: Sequence[tuple[str, str | bytes | None]], *,
+          on_retry_topic: bool, now: dt.datetime, admission: Admission,
+          schema_by_id: SchemaById | None = None) -> EmailRequested | Refusal:
+    """The event a record holds, or why it is poison: too large, unreadable, or breaking the
+    rules (its attempts counted from its ``postroom.attempt_base`` header)."""
+    refusal = refuse_record(record_size(value, headers), admission)
+    if refusal is not None:
+        return refusal
+    try:
+        event = decode(EmailRequested, value, list(headers), schema_by_id=schema_by_id)
+    except SchemaError as exc:
+        return Refusal(str(exc))
+    return refuse_event(event, on_retry_topic=on_retry_topic, now=now, admission=admission,
+                        attempt_base=attempt_base(list(headers))) or event

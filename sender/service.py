@@ -23,28 +23,25 @@ from postroom.headers import attempt_base
 from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
-from postroom.topics import dead_letter_topic, results_topic, tier_of_retry_topic
-from schemas.codec import EmailRequested, EmailResult, Framing, SchemaById, SchemaError, decode
+from postroom.topics import tier_of_retry_topic
+from schemas.codec import EmailRequested, SchemaById
 from schemas.registry import framing_for, reader_for
-from sender.admission import Admission, Refusal, record_size, refuse_event, refuse_record
+from sender.admission import Admission, Refusal, admit
 from sender.claims import busy_wait_s, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
 from sender.destinations import DestinationGate
-from sender.errors import LedgerUnavailableError, RecordTooLargeError
+from sender.errors import LedgerUnavailableError
 from sender.ledger import Claim, Ledger
 from sender.outcome import Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
+from sender.publishing import OutcomePublisher, origin_of
 from sender.retry import Action, RetryPolicy, due_in_s, lateness_s
 from sender.routing import (
-    Forward,
-    Origin,
     Routing,
     already_sent,
-    dead_letter_headers,
     outcome_line,
     route,
-    too_large_to_forward,
 )
 from sender.smtp import SmtpConfig, SmtpPool, SmtpSlot
 from sender.throttle import DestinationBy, ThrottleLimits, destination_of, is_throttling
@@ -69,12 +66,9 @@ def utcnow() -> dt.datetime:
 class Sender:
     """One member of the sender group. ``await run()`` until ``stop()``."""
 
-    def __init__(self, settings: Settings, *, ledger: Ledger, metrics: Metrics | None = None,
-                 framing: Framing | None = None, schema_by_id: SchemaById | None = None) -> None:
+    def __init__(self, settings: Settings, *, ledger: Ledger, metrics: Metrics | None = None) -> None:
         self._settings = settings
-        # None: from the settings (and the registry, when one is set) when run() starts.
-        self._framing = framing
-        self._schema_by_id = schema_by_id
+        self._schema_by_id: SchemaById | None = None  # from the registry, when run() starts
         self._ledger = ledger
         self.metrics = metrics or Metrics()
         self._pool = SmtpPool(SmtpConfig.from_settings(settings))
@@ -85,6 +79,7 @@ class Sender:
         self._max_in_flight = settings.smtp_concurrency * IN_FLIGHT_PER_CONNECTION
         self._consumer = SenderConsumer(settings, self.metrics)
         self._producer = AcknowledgedProducer(settings, self.metrics)
+        self._publisher = OutcomePublisher(settings.topic_prefix, self._producer, self.metrics)
         self._gate = DestinationGate(ThrottleLimits(
             settings.destination_concurrency, settings.destination_rate_per_s,
             settings.throttle_pause_s))
@@ -93,20 +88,14 @@ class Sender:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
-    @property
-    def framing(self) -> Framing:
-        if self._framing is None:
-            self._framing = framing_for(self._settings)
-        return self._framing
-
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
         """Consume and deliver until stop(); then finish in-flight work, commit and leave."""
-        if self._schema_by_id is None:
-            self._schema_by_id = reader_for(self._settings, self._consumer.topics)
-        log.info("sender writes %s", "the Confluent wire format" if self.framing.uses_registry
+        self._schema_by_id = reader_for(self._settings, self._consumer.topics)
+        self._publisher.framing = framing = framing_for(self._settings)
+        log.info("sender writes %s", "the Confluent wire format" if framing.uses_registry
                  else "schemaless Avro")
         self._consumer.start()
         self._producer.start()
@@ -172,23 +161,12 @@ class Sender:
         for record in readable_records(messages):
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
-            refusal = refuse_record(record_size(record.value, record.headers), self._admission)
-            if refusal is not None:
-                self._spawn(self._dead_letter_poison(record, refusal), record)
-                continue
-            try:
-                event = decode(EmailRequested, record.value, record.headers,
-                               schema_by_id=self._schema_by_id)
-            except SchemaError as exc:
-                self._spawn(self._dead_letter_poison(record, Refusal(str(exc))), record)
-                continue
             on_retry_topic = tier_of_retry_topic(self._settings.topic_prefix,
                                                  record.topic) is not None
-            refusal = refuse_event(event, on_retry_topic=on_retry_topic, now=now,
-                                   admission=self._admission,
-                                   attempt_base=attempt_base(record.headers))
-            if refusal is not None:
-                self._spawn(self._dead_letter_poison(record, refusal), record)
+            event = admit(record.value, record.headers, on_retry_topic=on_retry_topic, now=now,
+                          admission=self._admission, schema_by_id=self._schema_by_id)
+            if isinstance(event, Refusal):
+                self._spawn(self._publisher.poison(record, event), record)
                 continue
             if on_retry_topic:
                 if due_in_s(event.not_before, now) > 0:
@@ -221,9 +199,9 @@ class Sender:
         if routing is None:
             return
         key = event.idempotency_key
-        pending = [self._publish(results_topic(self._settings.topic_prefix), key, routing.result)]
+        pending = [self._publisher.result(key, routing.result)]
         if routing.forward is not None:
-            pending.append(self._forward(record, event, routing.forward))
+            pending.append(self._publisher.forward(record, event, routing.forward, utcnow()))
         await asyncio.gather(*pending)
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
@@ -265,8 +243,7 @@ class Sender:
             if claim.claim is Claim.SENT:
                 self.metrics.inc("duplicates_suppressed_total")
                 log.info("key=%s already accepted by the server; not sending again", key)
-                await self._publish(results_topic(self._settings.topic_prefix), key,
-                                    already_sent(event, claim.message_id, utcnow()))
+                await self._publisher.result(key, already_sent(event, claim.message_id, utcnow()))
                 return None
             wait_s = busy_wait_s(claim.lease_until, utcnow())
             log.log(logging.INFO if waits == 0 else logging.DEBUG,
@@ -304,7 +281,7 @@ class Sender:
         self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
                              operation="sent" if decision.action is Action.DONE_SENT else "release")
         log.log(*outcome_line(event, decision, outcome.reason))
-        return route(self._settings.topic_prefix, _origin(record), event, outcome, decision,
+        return route(self._settings.topic_prefix, origin_of(record), event, outcome, decision,
                      message_id, now)
 
     async def _ledger_call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -315,35 +292,3 @@ class Sender:
             except LedgerUnavailableError as exc:
                 log.warning("ledger %s failed (%s); retrying in %.0fs", what, exc, LEDGER_RETRY_S)
                 await asyncio.sleep(LEDGER_RETRY_S)
-
-    async def _publish(self, topic: str, key: str, event: EmailRequested | EmailResult,
-                       extra_headers: Sequence[tuple[str, str | bytes | None]] = ()) -> None:
-        value, schema_headers = self.framing.frame(topic, event)
-        await self._producer.produce(topic, key, value, [*schema_headers, *extra_headers])
-
-    async def _forward(self, record: Record, event: EmailRequested, forward: Forward) -> None:
-        """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a
-        recorded permanent failure (a value-less dead letter saying why), never a stuck partition."""
-        key = event.idempotency_key
-        try:
-            await self._publish(forward.topic, key, forward.event, forward.headers)
-        except RecordTooLargeError as exc:
-            result = too_large_to_forward(event, forward.topic, utcnow())
-            log.error("key=%s: %s; failed permanently", key, exc)  # noqa: TRY400 - expected
-            prefix = self._settings.topic_prefix
-            await self._producer.produce(dead_letter_topic(prefix), key, None, dead_letter_headers(
-                _origin(record), "permanent", result.error or ""))
-            await self._publish(results_topic(prefix), key, result)
-
-    async def _dead_letter_poison(self, record: Record, refusal: Refusal) -> None:
-        self.metrics.inc("poison_total")
-        log.error("poison record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
-                  record.offset, refusal.reason)
-        value, headers = ((record.value, record.headers) if refusal.copy_record else (None, []))
-        await self._producer.produce(dead_letter_topic(self._settings.topic_prefix), record.key,
-                                     value, [*headers, *dead_letter_headers(
-                                         _origin(record), "poison", refusal.reason)])
-
-
-def _origin(record: Record) -> Origin:
-    return Origin(record.topic, record.partition, record.offset, tuple(record.headers))

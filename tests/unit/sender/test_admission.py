@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from postroom.rules import SizeLimits
-from schemas.codec import EmailRequested
+from schemas.codec import EmailRequested, encode, headers_for
 from sender.admission import (
     HEADERS_ALLOWANCE_BYTES,
     Admission,
+    Refusal,
+    admit,
     record_size,
     refuse_event,
     refuse_record,
@@ -92,3 +94,23 @@ def test_a_redriven_events_attempts_count_from_its_base(
     refusal = refuse_event(event(attempt=attempt), on_retry_topic=on_retry, now=NOW,
                            admission=ADMISSION, attempt_base=base)
     assert (refusal.reason if refusal else None) == reason
+
+
+def test_admit_returns_the_event_or_why_it_is_poison() -> None:
+    good = event(attempt=2, not_before=NOW)
+    value = encode(good)
+    assert admit(value, headers_for(good), on_retry_topic=True, now=NOW,
+                 admission=ADMISSION) == good
+    first = event()
+    refused = admit(encode(first), headers_for(first), on_retry_topic=True, now=NOW,
+                    admission=ADMISSION)
+    assert isinstance(refused, Refusal) and "on a retry topic" in refused.reason
+    redriven = admit(value, [*headers_for(good), ("postroom.attempt_base", b"3")],
+                     on_retry_topic=True, now=NOW, admission=ADMISSION)
+    assert isinstance(redriven, Refusal) and "outside 4..6" in redriven.reason
+    unreadable = admit(b"\x00garbage", headers_for(good), on_retry_topic=False, now=NOW,
+                       admission=ADMISSION)
+    assert isinstance(unreadable, Refusal) and unreadable.copy_record
+    size = ADMISSION.limits.event_max_bytes + HEADERS_ALLOWANCE_BYTES + 1
+    too_large = admit(b"x" * size, [], on_retry_topic=False, now=NOW, admission=ADMISSION)
+    assert isinstance(too_large, Refusal) and not too_large.copy_record

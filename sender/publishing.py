@@ -1,0 +1,70 @@
+"""Writes what the sender's deliveries produce to Kafka: results, retries and dead letters, in the
+platform's framing (schemaless, or the Confluent wire format with a registry); each write waits
+for the broker's acknowledgement."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+
+from postroom.kafka import Record
+from postroom.metrics import Metrics
+from postroom.topics import dead_letter_topic, results_topic
+from schemas.codec import EmailRequested, EmailResult, Framing
+from sender.admission import Refusal
+from sender.errors import RecordTooLargeError
+from sender.producer import AcknowledgedProducer
+from sender.routing import Forward, Origin, dead_letter_headers, too_large_to_forward
+
+log = logging.getLogger(__name__)
+
+
+def origin_of(record: Record) -> Origin:
+    return Origin(record.topic, record.partition, record.offset, tuple(record.headers))
+
+
+class OutcomePublisher:
+    """The sender's writes. ``framing`` is set before the first (it may need the registry)."""
+
+    def __init__(self, prefix: str, producer: AcknowledgedProducer, metrics: Metrics) -> None:
+        self._prefix = prefix
+        self._producer = producer
+        self._metrics = metrics
+        self.framing: Framing | None = None
+
+    async def publish(self, topic: str, key: str, event: EmailRequested | EmailResult,
+                      extra_headers: Sequence[tuple[str, str | bytes | None]] = ()) -> None:
+        if self.framing is None:
+            raise RuntimeError("the publisher has no framing yet")
+        value, schema_headers = self.framing.frame(topic, event)
+        await self._producer.produce(topic, key, value, [*schema_headers, *extra_headers])
+
+    async def result(self, key: str, result: EmailResult) -> None:
+        await self.publish(results_topic(self._prefix), key, result)
+
+    async def forward(self, record: Record, event: EmailRequested, forward: Forward,
+                      now: dt.datetime) -> None:
+        """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a
+        recorded permanent failure (a value-less dead letter saying why), never a stuck
+        partition."""
+        key = event.idempotency_key
+        try:
+            await self.publish(forward.topic, key, forward.event, forward.headers)
+        except RecordTooLargeError as exc:
+            result = too_large_to_forward(event, forward.topic, now)
+            log.error("key=%s: %s; failed permanently", key, exc)  # noqa: TRY400 - expected
+            await self._producer.produce(dead_letter_topic(self._prefix), key, None,
+                                         dead_letter_headers(origin_of(record), "permanent",
+                                                             result.error or ""))
+            await self.result(key, result)
+
+    async def poison(self, record: Record, refusal: Refusal) -> None:
+        """Dead-letter a record no enqueue or sender of ours could have written, as it was read
+        (or without its value when it is too large to copy)."""
+        self._metrics.inc("poison_total")
+        log.error("poison record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
+                  record.offset, refusal.reason)
+        value, headers = ((record.value, record.headers) if refusal.copy_record else (None, []))
+        await self._producer.produce(dead_letter_topic(self._prefix), record.key, value, [
+            *headers, *dead_letter_headers(origin_of(record), "poison", refusal.reason)])
