@@ -404,17 +404,22 @@ stop_pid() {
     done
 }
 
-kafka_down() {
-    local pid
-    if pid=$(kafka_pid); then
-        say "kafka: stopping pid $pid"
-        stop_pid "$pid" kafka
-        pid_alive "$pid" && die "kafka: pid $pid survived SIGKILL" "$KAFKA_LOG"
-        say "kafka: stopped"
+# stop_service NAME PID PIDFILE LOG: stop a JVM of the stack (PID empty: it is not running).
+stop_service() {
+    local name=$1 pid=$2 pidfile=$3 log=$4
+    if [[ -n $pid ]]; then
+        say "$name: stopping pid $pid"
+        stop_pid "$pid" "$name"
+        pid_alive "$pid" && die "$name: pid $pid survived SIGKILL" "$log"
+        say "$name: stopped"
     else
-        say "kafka: not running"
+        say "$name: not running"
     fi
-    rm -f "$KAFKA_PIDFILE"
+    rm -f "$pidfile"
+}
+
+kafka_down() {
+    stop_service kafka "$(kafka_pid || true)" "$KAFKA_PIDFILE" "$KAFKA_LOG"
 }
 
 kafka_status() {
@@ -854,16 +859,7 @@ registry_up() {
 }
 
 registry_down() {
-    local pid
-    if pid=$(registry_pid); then
-        say "registry: stopping pid $pid"
-        stop_pid "$pid" registry
-        pid_alive "$pid" && die "registry: pid $pid survived SIGKILL" "$REGISTRY_OUT"
-        say "registry: stopped"
-    else
-        say "registry: not running"
-    fi
-    rm -f "$REGISTRY_PIDFILE"
+    stop_service registry "$(registry_pid || true)" "$REGISTRY_PIDFILE" "$REGISTRY_OUT"
 }
 
 registry_status() {
