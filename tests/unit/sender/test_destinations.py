@@ -1,0 +1,71 @@
+"""The destination gate: a finished send wakes only the sends that may start, and a cancelled
+waiter passes its wake-up on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sender.destinations import DestinationGate
+from sender.throttle import ThrottleLimits
+
+WAITERS = 50
+
+
+class CountingClock:
+    """A clock that counts how often the gate looks at a destination."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+
+    def __call__(self) -> float:
+        self.looks += 1
+        return 0.0
+
+
+def test_each_release_wakes_one_waiter_not_all_of_them() -> None:
+    clock = CountingClock()
+    gate = DestinationGate(ThrottleLimits(1, 0.0, 1.0), clock)
+    order: list[int] = []
+
+    async def send(n: int) -> None:
+        await gate.acquire("example.com")
+        order.append(n)
+        await asyncio.sleep(0)
+        await gate.release("example.com", throttled=False)
+
+    async def run() -> None:
+        await asyncio.gather(*(send(n) for n in range(WAITERS)))
+
+    asyncio.run(run())
+    assert sorted(order) == list(range(WAITERS))
+    # Each send looks once or twice when it starts and once when it ends; waking every waiter
+    # on every release made it about WAITERS * WAITERS / 2.
+    assert clock.looks <= 4 * WAITERS
+
+
+def test_other_destinations_do_not_wait() -> None:
+    gate = DestinationGate(ThrottleLimits(1, 0.0, 1.0))
+
+    async def run() -> bool:
+        await gate.acquire("busy.example")
+        other = asyncio.ensure_future(gate.acquire("free.example"))
+        await asyncio.wait_for(other, 1.0)
+        return other.done()
+
+    assert asyncio.run(run())
+
+
+def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
+    gate = DestinationGate(ThrottleLimits(1, 0.0, 1.0))
+
+    async def run() -> bool:
+        await gate.acquire("example.com")
+        first = asyncio.ensure_future(gate.acquire("example.com"))
+        second = asyncio.ensure_future(gate.acquire("example.com"))
+        await asyncio.sleep(0.01)
+        await gate.release("example.com", throttled=False)  # meant for `first`...
+        first.cancel()                                       # ...which goes away meanwhile
+        await asyncio.wait_for(second, 1.0)
+        return second.done() and not second.cancelled()
+
+    assert asyncio.run(run())
