@@ -4,8 +4,9 @@ Wiring only. The decisions are pure modules (outcome: what a reply means; retry:
 routing: what to publish where; claims: leases and waits; offsets: what may be committed;
 priority: which topics to read; admission: what is poison; throttle: when a destination may take
 a send); the adapters talk to Kafka (consumer, producer, publishing), SMTP (smtp, delivery,
-destinations) and PostgreSQL (ledger). A record's offset is stored only when everything it caused (result, retry or
-dead letter) is acknowledged by Kafka; librdkafka commits stored offsets in the background.
+destinations) and PostgreSQL (ledger). A record's offset is stored only when everything it caused
+(result, retry or dead letter) is acknowledged by Kafka; librdkafka commits stored offsets in the
+background.
 """
 
 from __future__ import annotations
