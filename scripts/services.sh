@@ -368,12 +368,7 @@ kafka_up() {
             -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
             -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
             </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
-        local waited=0
-        until [[ -s $KAFKA_PIDFILE ]] && pid=$(cat "$KAFKA_PIDFILE"); do
-            sleep 0.1
-            waited=$((waited + 1))
-            [[ $waited -lt 100 ]] || die "kafka: no pid file after 10 s" "$KAFKA_OUT"
-        done
+        pid=$(pid_from_file kafka "$KAFKA_PIDFILE" "$KAFKA_OUT")
     fi
     local started=$SECONDS rc=0
     wait_for_kafka "$pid" || rc=$?
@@ -402,6 +397,17 @@ stop_pid() {
             break
         fi
     done
+}
+
+# pid_from_file NAME PIDFILE LOG: the pid a JVM just started writes to PIDFILE, within 10 s.
+pid_from_file() {
+    local name=$1 pidfile=$2 log=$3 waited=0
+    until [[ -s $pidfile ]]; do
+        sleep 0.1
+        waited=$((waited + 1))
+        [[ $waited -lt 100 ]] || die "$name: no pid file after 10 s" "$log"
+    done
+    cat "$pidfile"
 }
 
 # stop_service NAME PID PIDFILE LOG: stop a JVM of the stack (PID empty: it is not running).
@@ -839,12 +845,7 @@ registry_up() {
         -Djava.awt.headless=true -Dquarkus.http.host="$HOST" -Dquarkus.http.port="$REGISTRY_PORT" \
         -Dquarkus.management.host="$HOST" -Dquarkus.management.port=0 \
         -jar "$REGISTRY_APP/quarkus-run.jar" </dev/null >"$REGISTRY_OUT" 2>&1 9>&- &
-    local waited=0
-    until [[ -s $REGISTRY_PIDFILE ]] && pid=$(cat "$REGISTRY_PIDFILE"); do
-        sleep 0.1
-        waited=$((waited + 1))
-        [[ $waited -lt 100 ]] || die "registry: no pid file after 10 s" "$REGISTRY_OUT"
-    done
+    pid=$(pid_from_file registry "$REGISTRY_PIDFILE" "$REGISTRY_OUT")
     local started=$SECONDS rc=0
     wait_for_registry "$pid" || rc=$?
     case $rc in
