@@ -38,10 +38,14 @@ class Delivery:
         if refusal is not None:
             return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""
         try:
-            # Reading attachments blocks: a worker thread does it, never the event loop.
-            message = await asyncio.to_thread(build_message, event, now=now,
-                                              attachments_root=self.attachments_root,
-                                              limits=self.limits)
+            if event.attachments or event.inline:
+                # Reading files blocks: a worker thread does it, never the event loop.
+                message = await asyncio.to_thread(build_message, event, now=now,
+                                                  attachments_root=self.attachments_root,
+                                                  limits=self.limits)
+            else:  # no file to read: a thread hop per email would only cost
+                message = build_message(event, now=now, attachments_root=self.attachments_root,
+                                        limits=self.limits)
         except (AttachmentError, ValueError) as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
         message_id = str(message["Message-ID"])

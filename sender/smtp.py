@@ -288,9 +288,11 @@ class SmtpPool:
                              Failure.BAD_MESSAGE), True
         eight_bit = smtp.supports_extension("8bitmime")
         try:
-            # A worker thread: a message with large attachments takes about 50 ms per MiB to
-            # serialise and as long again to check (10 MiB: 0.5 s each), too long for the loop.
-            content = await asyncio.to_thread(_serialise, message, utf8, eight_bit)
+            # A worker thread for a message with parts (attachments): about 50 ms per MiB to
+            # serialise and as long again to check (10 MiB: 0.5 s each), too long for the loop;
+            # a single-part text message is a few KiB, where the thread hop would cost more.
+            content = (await asyncio.to_thread(_serialise, message, utf8, eight_bit)
+                       if message.is_multipart() else _serialise(message, utf8, eight_bit))
         except UnsafeHeaderError as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), True
         except (ValueError, TypeError, LookupError, UnicodeError) as exc:
