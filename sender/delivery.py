@@ -1,5 +1,8 @@
 """Builds one event's message and sends it through a held SMTP slot within the send's deadline.
 
+An email without files whose To and Message-ID lines are plain ASCII is rendered from its
+report's template (:mod:`sender.render`); any other is built in full.
+
 Every way an attempt can end comes back as an :class:`~sender.outcome.SmtpReply`: the server's,
 or a local one standing in for it (no attachments root, an unreadable attachment, a header that
 would be unsafe, the deadline passed).
@@ -15,8 +18,9 @@ from pathlib import Path
 from postroom.rules import SizeLimits
 from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
-from sender.message import attachments_refusal, build_message
+from sender.message import attachments_refusal, build_message, check_header_values
 from sender.outcome import Failure, SmtpReply, Stage
+from sender.render import Built, Payload, TemplateCache, Templated, plain_lines
 from sender.smtp import SmtpSlot
 
 
@@ -28,6 +32,7 @@ class Delivery:
     attachments_root: Path | None
     deadline_s: float
     limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
+    templates: TemplateCache = dataclasses.field(default_factory=TemplateCache)
 
     async def send(self, event: EmailRequested, slot: SmtpSlot,
                    now: dt.datetime) -> tuple[SmtpReply, str]:
@@ -38,20 +43,29 @@ class Delivery:
         if refusal is not None:
             return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""
         try:
-            if event.attachments or event.inline:
-                # Reading files blocks: a worker thread does it, never the event loop.
-                message = await asyncio.to_thread(build_message, event, now=now,
-                                                  attachments_root=self.attachments_root,
-                                                  limits=self.limits)
-            else:  # no file to read: a thread hop per email would only cost
-                message = build_message(event, now=now, attachments_root=self.attachments_root,
-                                        limits=self.limits)
+            message = await self._payload(event, now)
         except (AttachmentError, ValueError) as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
-        message_id = str(message["Message-ID"])
+        message_id = message.message_id
         try:
             async with asyncio.timeout(self.deadline_s):
                 return await slot.send(message, sender, event.recipient), message_id
         except TimeoutError:
             return SmtpReply(Stage.LOCAL, None, f"the send took longer than its deadline of "
                              f"{self.deadline_s:.0f}s", Failure.TIMEOUT), message_id
+
+    async def _payload(self, event: EmailRequested, now: dt.datetime) -> Payload:
+        if event.attachments or event.inline:
+            # Reading files blocks: a worker thread does it, never the event loop.
+            return Built(await asyncio.to_thread(build_message, event, now=now,
+                                                 attachments_root=self.attachments_root,
+                                                 limits=self.limits))
+        lines = plain_lines(event, now)
+        if lines is None:  # no file to read: a thread hop per email would only cost
+            return Built(build_message(event, now=now, attachments_root=self.attachments_root,
+                                       limits=self.limits))
+        check_header_values(event)
+        # Built, serialised and checked now when it is not cached, so a bad subject fails here
+        # as in a full build; the variant a server needs (7-bit, SMTPUTF8) at the send.
+        self.templates.get(event, utf8=False, eight_bit=True)
+        return Templated(event, lines, self.templates)

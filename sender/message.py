@@ -129,14 +129,7 @@ def build_message(
     large, or outside ``attachments_root`` (such a file is never opened). Blocking file I/O:
     call it off the event loop.
     """
-    for what, value in (("recipient", event.recipient), ("sender", event.sender),
-                        ("subject", event.subject)):
-        _refuse_unsafe(what, value)
-    try:
-        check_address(event.recipient)
-        check_mailbox(event.sender)
-    except InvalidContentError as exc:
-        raise UnsafeHeaderError(str(exc)) from None
+    check_header_values(event)
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     message = EmailMessage(policy=MESSAGE_POLICY)
@@ -148,7 +141,7 @@ def build_message(
     except (ValueError, IndexError, HeaderParseError) as exc:  # the library's parser gave up
         raise UnsafeHeaderError(f"cannot make headers of these values: {exc!r}") from None
     message["Date"] = email.utils.format_datetime(now)
-    message["Message-ID"] = message_id_for(event.idempotency_key, _domain_of(event.sender))
+    message["Message-ID"] = message_id_for(event.idempotency_key, sender_domain(event.sender))
     message.set_content(event.body, charset="utf-8")
     if event.html is not None:
         add_html(message, event, attachments_root, limits)
@@ -168,6 +161,19 @@ def build_message(
             raise UnsafeHeaderError(f"attachment file name {name!r}: {exc}") from None
     check_decoded_headers(message)
     return message
+
+
+def check_header_values(event: EmailRequested) -> None:
+    """UnsafeHeaderError for a line break or control character in the recipient, sender or
+    subject, or a recipient or sender that is not one address."""
+    for what, value in (("recipient", event.recipient), ("sender", event.sender),
+                        ("subject", event.subject)):
+        _refuse_unsafe(what, value)
+    try:
+        check_address(event.recipient)
+        check_mailbox(event.sender)
+    except InvalidContentError as exc:
+        raise UnsafeHeaderError(str(exc)) from None
 
 
 def add_html(message: EmailMessage, event: EmailRequested, attachments_root: Path | None,
@@ -308,6 +314,8 @@ def _refuse_unsafe(what: str, value: str) -> None:
             f"{what} {value!r} contains a line break or control character")
 
 
-def _domain_of(address: str) -> str:
+@functools.lru_cache(maxsize=1024)
+def sender_domain(address: str) -> str:
+    """The domain of the sender's address: the Message-ID's right-hand side."""
     _, addr_spec = email.utils.parseaddr(address)
     return (addr_spec or address).rpartition("@")[2] or "localhost"

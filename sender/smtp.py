@@ -9,23 +9,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import email.policy
 import errno
 import logging
 import socket
 import ssl
 from collections.abc import AsyncIterator
 from email.message import EmailMessage
+from functools import partial
 from pathlib import Path
 
 import aiosmtplib
 from aiosmtplib.email import parse_address
 
 from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
-from postroom.mime import check_serialized
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
+from sender.render import Payload, payload_of
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +92,10 @@ class SmtpSlot:
     def __init__(self, pool: SmtpPool) -> None:
         self._pool = pool
 
-    async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
+    async def send(self, message: EmailMessage | Payload, sender: str,
+                   recipient: str) -> SmtpReply:
         """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
-        return await self._pool._send_in_slot(message, sender, recipient)
+        return await self._pool._send_in_slot(payload_of(message), sender, recipient)
 
 
 class SmtpPool:
@@ -123,12 +124,13 @@ class SmtpPool:
         async with self._slots:
             yield SmtpSlot(self)
 
-    async def send(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
+    async def send(self, message: EmailMessage | Payload, sender: str,
+                   recipient: str) -> SmtpReply:
         """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
         async with self.slot() as slot:
             return await slot.send(message, sender, recipient)
 
-    async def _send_in_slot(self, message: EmailMessage, sender: str, recipient: str) -> SmtpReply:
+    async def _send_in_slot(self, message: Payload, sender: str, recipient: str) -> SmtpReply:
         if self._closed:
             raise RuntimeError("SmtpPool is closed")
         problem = _envelope_problem(sender) or _envelope_problem(recipient)
@@ -278,7 +280,7 @@ class SmtpPool:
             raise _Failed(SmtpReply(Stage.AUTH, None, exc.message, Failure.CONFIG)) from exc
 
     async def _transaction(
-        self, smtp: aiosmtplib.SMTP, message: EmailMessage, sender: str, recipient: str,
+        self, smtp: aiosmtplib.SMTP, message: Payload, sender: str, recipient: str,
     ) -> tuple[SmtpReply, bool]:
         """MAIL, RCPT, DATA: the final reply, and whether the connection can be reused."""
         utf8 = not (sender.isascii() and recipient.isascii())
@@ -288,11 +290,9 @@ class SmtpPool:
                              Failure.BAD_MESSAGE), True
         eight_bit = smtp.supports_extension("8bitmime")
         try:
-            # A worker thread for a message with parts (attachments): about 50 ms per MiB to
-            # serialise and as long again to check (10 MiB: 0.5 s each), too long for the loop;
-            # a single-part text message is a few KiB, where the thread hop would cost more.
-            content = (await asyncio.to_thread(_serialise, message, utf8, eight_bit)
-                       if message.is_multipart() else _serialise(message, utf8, eight_bit))
+            content = (await asyncio.to_thread(partial(message.serialise, utf8=utf8,
+                                                       eight_bit=eight_bit))
+                       if message.heavy else message.serialise(utf8=utf8, eight_bit=eight_bit))
         except UnsafeHeaderError as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), True
         except (ValueError, TypeError, LookupError, UnicodeError) as exc:
@@ -367,21 +367,6 @@ def _discard(smtp: aiosmtplib.SMTP) -> None:
 def _stale(reply: SmtpReply) -> bool:
     return reply.stage is Stage.MAIL_FROM and (
         reply.failure is Failure.RESET or reply.code == SERVICE_UNAVAILABLE)
-
-
-def _serialise(message: EmailMessage, utf8: bool, eight_bit: bool) -> bytes:
-    """The bytes to send; UnsafeHeaderError unless they carry exactly the headers that were set
-    (the last gate before the server)."""
-    content = _flatten(message, utf8=utf8, eight_bit=eight_bit)
-    check_serialized(message, content)
-    return content
-
-
-def _flatten(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
-    policy = email.policy.SMTPUTF8 if utf8 else email.policy.SMTP
-    if not eight_bit:
-        policy = policy.clone(cte_type="7bit")  # re-encodes 8bit parts for a 7-bit server
-    return message.as_bytes(policy=policy)
 
 
 def check_smtp(settings: Settings) -> str:

@@ -1,0 +1,223 @@
+"""sender.render: an email filled into its report's template is byte for byte the email the email
+package builds in full; the template's cut, its cache and which recipients may take it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from postroom.errors import UnsafeHeaderError
+from schemas.codec import EmailRequested
+from sender.delivery import Delivery
+from sender.message import build_message
+from sender.render import (
+    Built,
+    Template,
+    TemplateCache,
+    Templated,
+    TemplateError,
+    plain_lines,
+    serialise,
+)
+
+NOW = dt.datetime(2026, 10, 2, 7, 0, 5, tzinfo=dt.UTC)
+FLAGS = [(utf8, eight_bit) for utf8 in (False, True) for eight_bit in (True, False)]
+_BOUNDARY = re.compile(rb"={15}\d+==")
+
+
+def event(**changes: Any) -> EmailRequested:
+    values: dict[str, Any] = {
+        "idempotency_key": "sales-report-2026-09|finance@example.com",
+        "message_key": "sales-report-2026-09",
+        "outbox_id": 1,
+        "recipient": "finance@example.com",
+        "sender": "Reports <reports@example.com>",
+        "subject": "Sales report — September 2026",
+        "body": "The September sales report.\nGrüße\n.a line with a dot\n",
+        "attachments": (),
+        "priority": "normal",
+        "created_at": NOW,
+    }
+    values.update(changes)
+    return EmailRequested(**values)
+
+
+def full_build(e: EmailRequested, utf8: bool, eight_bit: bool) -> bytes:
+    message = build_message(e, attachments_root=None, now=NOW)
+    return _BOUNDARY.sub(b"BOUNDARY", serialise(message, utf8=utf8, eight_bit=eight_bit))
+
+
+def templated(e: EmailRequested, utf8: bool, eight_bit: bool,
+              cache: TemplateCache | None = None) -> bytes:
+    lines = plain_lines(e, NOW)
+    assert lines is not None
+    content = Templated(e, lines, TemplateCache() if cache is None else cache).serialise(utf8=utf8,
+                                                                     eight_bit=eight_bit)
+    return _BOUNDARY.sub(b"BOUNDARY", content)
+
+
+CASES = {
+    "plain": event(),
+    "ascii body": event(body="hello\n", subject="Report"),
+    "html": event(html="<p>Grüße, <b>September</b></p>"),
+    "long folded subject": event(subject="Quarterly sales — " * 12),
+    "subject with an encoded-word lookalike": event(subject="=?utf-8?q?not_one?= really"),
+    "bare sender": event(sender="reports@example.com"),
+    "sender with an IDNA domain": event(sender="Berichte <berichte@bücher.example>"),
+    "sender with a non-ASCII name": event(sender="Résumé Team <team@example.com>"),
+    "long recipient": event(recipient="a." * 30 + "b@example.com"),
+    "empty body": event(body=""),
+    "long body lines": event(body=("x" * 990 + "\n") * 3),
+    "a body line that looks like a header": event(body="To: someone@else.example\n"),
+}
+
+
+@pytest.mark.parametrize(("utf8", "eight_bit"), FLAGS)
+@pytest.mark.parametrize("name", CASES)
+def test_templated_bytes_equal_the_full_build(name: str, utf8: bool, eight_bit: bool) -> None:
+    e = CASES[name]
+    assert templated(e, utf8, eight_bit) == full_build(e, utf8, eight_bit)
+
+
+_ATOM = st.text("abcxyzABC019_+-", min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(local=st.lists(_ATOM, min_size=1, max_size=3).map(".".join),
+       domain=st.lists(st.text("abz09-", min_size=1, max_size=10).filter(
+           lambda label: not label.startswith("-") and not label.endswith("-")),
+           min_size=1, max_size=3).map(lambda labels: ".".join([*labels, "example"])),
+       subject=st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")),
+                       min_size=1, max_size=120).filter(str.strip),
+       body=st.text(max_size=300).map(lambda text: text.replace("\r", "")),
+       key=st.text(min_size=1, max_size=40),
+       flags=st.sampled_from(FLAGS))
+def test_every_plain_recipient_gets_the_bytes_of_a_full_build(
+        local: str, domain: str, subject: str, body: str, key: str,
+        flags: tuple[bool, bool]) -> None:
+    e = event(recipient=f"{local}@{domain}", subject=subject, body=body, idempotency_key=key)
+    if plain_lines(e, NOW) is None:
+        return  # too long for one line: built in full, as the next test shows
+    try:
+        expected = full_build(e, *flags)
+    except ValueError:
+        with pytest.raises(ValueError):
+            templated(e, *flags)
+        return
+    assert templated(e, *flags) == expected
+
+
+@pytest.mark.parametrize("recipient", [
+    "o'brien@example.com",          # atext the email package may quote
+    "a=?utf-8?q?x?=@example.com",   # an encoded-word lookalike
+    "jürgen@example.com",           # SMTPUTF8
+    "finance@bücher.example",       # IDNA
+    "x" * 64 + "@" + "y" * 10 + ".example",  # too long for one unfolded line
+    "a..b@example.com",
+    ".a@example.com",
+])
+def test_other_recipients_are_built_in_full(recipient: str) -> None:
+    assert plain_lines(event(recipient=recipient), NOW) is None
+
+
+def test_a_long_message_id_domain_is_built_in_full() -> None:
+    assert plain_lines(event(sender="r@" + "d" * 60 + ".example"), NOW) is None
+
+
+def test_a_naive_time_is_refused() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        plain_lines(event(), NOW.replace(tzinfo=None))
+
+
+def test_the_message_id_is_the_one_a_full_build_gives() -> None:
+    e = event()
+    lines = plain_lines(e, NOW)
+    assert lines is not None
+    assert Templated(e, lines, TemplateCache()).message_id == Built(
+        build_message(e, attachments_root=None, now=NOW)).message_id
+
+
+def test_an_encoded_line_break_in_the_subject_is_refused_by_the_template() -> None:
+    with pytest.raises(UnsafeHeaderError):
+        TemplateCache().get(event(subject="=?utf-8?q?Hi=0D=0ABcc:_all@example.com?="),
+                            utf8=False, eight_bit=True)
+
+
+CONTENT = b"From: a@example.com\r\nTo: b@example.com\r\nSubject: s\r\nDate: d\r\nMessage-ID: <m>\r\n"
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (CONTENT + b"\r\nbody", None),
+    (CONTENT, "no end of the header block"),
+    (CONTENT.replace(b"To: b@example.com\r\n", b"To: b@example.com,\r\n c@example.com\r\n")
+     + b"\r\n", "folded"),
+    (CONTENT + b"To: c@example.com\r\n\r\n", "2 lines start with b'To: '"),
+    (CONTENT.replace(b"Date: d\r\n", b"") + b"\r\n", "0 lines start with b'Date: '"),
+    (b"Date: d\r\nTo: b@example.com\r\nMessage-ID: <m>\r\n\r\n", "out of order"),
+])
+def test_the_cut_needs_one_unfolded_line_of_each(content: bytes, problem: str | None) -> None:
+    if problem is None:
+        template = Template.cut(content)
+        assert template.fill(b"To: x@y", b"Date: D", b"Message-ID: <M>") == (
+            b"From: a@example.com\r\nTo: x@y\r\nSubject: s\r\nDate: D\r\nMessage-ID: <M>\r\n\r\nbody")
+        return
+    with pytest.raises(TemplateError, match=re.escape(problem)):
+        Template.cut(content)
+
+
+def test_the_cache_builds_once_per_report_and_flags() -> None:
+    cache = TemplateCache()
+    for n in range(5):
+        templated(event(recipient=f"user{n}@example.com"), False, True, cache)
+    templated(event(), False, False, cache)
+    assert (cache.hits, cache.misses, len(cache)) == (4, 2, 2)
+
+
+def test_the_cache_keeps_to_its_budget_least_recent_out() -> None:
+    measure = TemplateCache()
+    measure.get(event(subject="Report 0"), utf8=False, eight_bit=True)
+    one = measure.size  # every "Report n" costs the same
+    cache = TemplateCache(max_bytes=one * 8 + one // 2)
+    subjects = [f"Report {n}" for n in range(9)]
+    for subject in subjects:
+        cache.get(event(subject=subject), utf8=False, eight_bit=True)
+    assert (len(cache), cache.size) == (8, one * 8)
+    cache.get(event(subject=subjects[8]), utf8=False, eight_bit=True)
+    assert (cache.hits, cache.misses) == (1, 9)
+    cache.get(event(subject=subjects[0]), utf8=False, eight_bit=True)  # dropped first: rebuilt
+    assert (cache.hits, cache.misses) == (1, 10)
+
+
+def test_a_template_over_its_share_of_the_cache_is_not_kept() -> None:
+    cache = TemplateCache(max_bytes=8 * 1024)
+    big = event(body="x" * 2000)
+    for _ in range(2):
+        cache.get(big, utf8=False, eight_bit=True)
+    assert (len(cache), cache.misses) == (0, 2)
+
+
+@pytest.mark.parametrize(("changes", "kind"), [
+    ({}, Templated),
+    ({"html": "<p>hi</p>"}, Templated),
+    ({"recipient": "o'brien@example.com"}, Built),
+    ({"attachments": ("report.csv",)}, Built),
+    ({"inline": ("logo.png",)}, Built),
+])
+def test_the_delivery_templates_only_plain_emails_without_files(
+        tmp_path: Path, changes: dict[str, Any], kind: type) -> None:
+    for name in ("report.csv", "logo.png"):
+        (tmp_path / name).write_bytes(b"a,b\n")
+    delivery = Delivery("reports@example.com", tmp_path, 30.0)
+    e = event(**({"html": "<p><img src='cid:logo.png'></p>"} if "inline" in changes else {}),
+              **changes)
+    payload = asyncio.run(delivery._payload(e, NOW))
+    assert type(payload) is kind
+    assert payload.message_id == Built(build_message(
+        e, attachments_root=tmp_path, now=NOW)).message_id
