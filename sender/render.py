@@ -165,11 +165,17 @@ class Lines:
     message_id: bytes
 
 
+def is_plain_address(address: str) -> bool:
+    """Whether ``address`` is a dot-atom of ASCII letters, digits and ``._+-`` at an ASCII
+    domain: written as it is on a header line and on an SMTP command line."""
+    return _PLAIN_ADDRESS.fullmatch(address) is not None
+
+
 def plain_lines(event: EmailRequested, now: dt.datetime) -> Lines | None:
     """``event``'s own lines, when each is a short line of plain ASCII; None otherwise (the
     caller builds the message in full). ``event.sender`` is the sender that will be used."""
     recipient = event.recipient
-    if len(recipient) > MAX_LINE - len(_HOLES[0]) or not _PLAIN_ADDRESS.fullmatch(recipient):
+    if len(recipient) > MAX_LINE - len(_HOLES[0]) or not is_plain_address(recipient):
         return None
     message_id = message_id_for(event.idempotency_key, sender_domain(event.sender))
     if len(message_id) > MAX_LINE - len(_HOLES[2]):

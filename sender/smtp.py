@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import socket
 import ssl
@@ -25,11 +26,13 @@ from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
-from sender.render import Payload, payload_of
+from sender.render import Payload, is_plain_address, payload_of
 
 logger = logging.getLogger(__name__)
 
 QUIT_TIMEOUT_S = 5.0
+SMTP_OK = 250
+SMTP_WILL_FORWARD = 251
 SERVICE_UNAVAILABLE = 421  # the server is closing the connection
 _UNREACHABLE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETDOWN,
                        errno.EADDRNOTAVAIL}
@@ -133,12 +136,12 @@ class SmtpPool:
     async def _send_in_slot(self, message: Payload, sender: str, recipient: str) -> SmtpReply:
         if self._closed:
             raise RuntimeError("SmtpPool is closed")
-        problem = _envelope_problem(sender) or _envelope_problem(recipient)
+        (sender_at, sender_problem), (recipient_at, recipient_problem) = (
+            envelope(sender), envelope(recipient))
+        problem = sender_problem or recipient_problem
         if problem:
             return _log(SmtpReply(Stage.LOCAL, None, problem, Failure.BAD_MESSAGE), recipient)
-        # A non-ASCII domain travels as IDNA; only a non-ASCII local part needs SMTPUTF8.
-        sender = ascii_domain_address(parse_address(sender))
-        recipient = ascii_domain_address(parse_address(recipient))
+        sender, recipient = sender_at, recipient_at
         smtp = self._take_idle()
         reused = smtp is not None
         try:
@@ -308,9 +311,12 @@ class SmtpPool:
         encoding = "utf-8" if utf8 else "ascii"
         stage = Stage.MAIL_FROM
         try:
-            await smtp.mail(sender, options=options, encoding=encoding)
+            # Not smtp.mail() and smtp.rcpt(): they parse and quote the checked addresses again.
+            await _command(smtp, (SMTP_OK,), b"MAIL", b"FROM:<" + sender.encode(encoding) + b">",
+                           *(option.encode("ascii") for option in options))
             stage = Stage.RCPT_TO
-            await smtp.rcpt(recipient, encoding=encoding)
+            await _command(smtp, (SMTP_OK, SMTP_WILL_FORWARD),
+                           b"RCPT", b"TO:<" + recipient.encode(encoding) + b">")
             stage = Stage.DATA
             response = await smtp.data(content)
         except aiosmtplib.SMTPResponseException as exc:
@@ -326,6 +332,13 @@ class SmtpPool:
                 raise
             return failure, False
         return SmtpReply(Stage.DATA, response.code, response.message), True
+
+
+async def _command(smtp: aiosmtplib.SMTP, accepted: tuple[int, ...], *args: bytes) -> None:
+    """One command; SMTPResponseException unless its reply's code is one of ``accepted``."""
+    response = await smtp.execute_command(*args)
+    if response.code not in accepted:
+        raise aiosmtplib.SMTPResponseException(response.code, response.message)
 
 
 async def _greet(smtp: aiosmtplib.SMTP) -> None:
@@ -396,15 +409,23 @@ def _tls_context(config: SmtpConfig) -> ssl.SSLContext:
     return context
 
 
-def _envelope_problem(address: str) -> str | None:
-    """Why ``address`` cannot go on a MAIL or RCPT line, if it cannot."""
+def envelope(address: str) -> tuple[str, str | None]:
+    """The address to put on a MAIL or RCPT line for ``address`` (a bare address or a
+    ``Name <address>``), a non-ASCII domain in its IDNA form (only a non-ASCII local part needs
+    SMTPUTF8); and why it cannot go there, if it cannot."""
+    if is_plain_address(address):
+        return address, None  # the recipient, almost always: nothing to parse
+    return _parsed_envelope(address)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_envelope(address: str) -> tuple[str, str | None]:
     if not address or any(ord(c) < 32 or ord(c) == 127 for c in address):
-        return f"address {address!r} is empty or holds control characters"
+        return address, f"address {address!r} is empty or holds control characters"
     try:
-        parse_address(address)
+        return ascii_domain_address(parse_address(address)), None
     except ValueError as exc:
-        return str(exc)
-    return None
+        return address, str(exc)
 
 
 def _code_reply(stage: Stage, exc: aiosmtplib.SMTPResponseException) -> SmtpReply:
@@ -471,7 +492,8 @@ def _one_line(text: str) -> str:
 
 def _log(reply: SmtpReply, recipient: str) -> SmtpReply:
     domain = recipient.rpartition("@")[2].lower()
-    level = logging.INFO if reply.code is not None and 200 <= reply.code < 300 else logging.WARNING
+    # An accepted email's line is the sender's outcome line; this one is for debugging.
+    level = logging.DEBUG if reply.code is not None and 200 <= reply.code < 300 else logging.WARNING
     logger.log(level, "smtp %s %s %s: %s", domain, reply.stage.value,
                reply.code if reply.code is not None else reply.failure, _one_line(reply.text),
                extra={"recipient_domain": domain, "stage": reply.stage.value,
