@@ -237,7 +237,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import libpq_conninfo
     from sender.claims import lease_s
     from sender.ledger import Ledger, sender_identity
-    from sender.service import Sender
+    from sender.service import Sender, event_loop_factory
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender(settings, ledger=ledger, metrics=metrics)
@@ -254,7 +254,8 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     with service_start(settings, smtp=True) as (engine, metrics):
         ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
-        asyncio.run(run(ledger, metrics))
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            runner.run(run(ledger, metrics))
     return EXIT_OK
 
 

@@ -191,6 +191,7 @@ class Settings:
     attachments_root: Path | None = None
     metrics_port: int | None = None
     log_level: str = "INFO"
+    event_loop: str = "auto"  # the sender's asyncio loop: "uvloop", "asyncio", or uvloop if installed
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -405,6 +406,13 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _event_loop(text: str) -> str:
+    loop = text.strip().lower()
+    if loop not in {"auto", "uvloop", "asyncio"}:
+        raise ValueError("expected auto, uvloop or asyncio")
+    return loop
+
+
 FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "DATABASE_URL": ("database_url", _database_url),
     ENV_PREFIX + "DATABASE_SCHEMA": ("database_schema", _identifier),
@@ -448,6 +456,7 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "ATTACHMENTS_ROOT": ("attachments_root", _attachments_root),
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
     ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),
+    ENV_PREFIX + "EVENT_LOOP": ("event_loop", _event_loop),
 }
 
 

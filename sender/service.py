@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Message
 
+from postroom.errors import ConfigError
 from postroom.headers import attempt_base
 from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
@@ -64,6 +65,22 @@ T = TypeVar("T")
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The loop the sender runs on (POSTROOM_EVENT_LOOP): uvloop's, asyncio's, or for ``auto``
+    uvloop's when it is installed. ConfigError for ``uvloop`` when it is not."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise ConfigError("POSTROOM_EVENT_LOOP", "uvloop is not installed") from None
+        else:
+            log.info("sender runs on uvloop")
+            return uvloop.new_event_loop
+    log.info("sender runs on asyncio's event loop")
+    return asyncio.new_event_loop
 
 
 class Sender:

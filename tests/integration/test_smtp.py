@@ -7,12 +7,13 @@ import dataclasses
 import socket
 import ssl
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+import uvloop
 
 from postroom.devkit.ports import free_port
 from postroom.settings import Secret, Settings, TlsMode
@@ -22,6 +23,29 @@ from sender.smtp import SmtpConfig, SmtpPool
 
 pytestmark = pytest.mark.integration
 
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+_client_loop: list[Callable[[], asyncio.AbstractEventLoop]] = [asyncio.new_event_loop]
+
+
+@pytest.fixture(autouse=True, params=list(LOOPS))
+def event_loop_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test's client on both loops the sender runs on (POSTROOM_EVENT_LOOP): TLS,
+    timeouts and dropped connections behave alike. The servers keep asyncio's."""
+    _client_loop[0] = LOOPS[request.param]
+    try:
+        yield request.param
+    finally:
+        _client_loop[0] = asyncio.new_event_loop
+
+
+def run_client(coro: Coroutine[Any, Any, T]) -> T:
+    with asyncio.Runner(loop_factory=_client_loop[0]) as runner:
+        return runner.run(coro)
+
+
+T = TypeVar("T")
 SENDER = "reports@example.com"
 
 
@@ -49,7 +73,7 @@ def send_all(cfg: SmtpConfig, *recipients: str,
         async with SmtpPool(cfg) as pool:
             return [await pool.send(make_message(r), SENDER, r) for r in recipients]
 
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory or _client_loop[0]) as runner:
         return runner.run(run())
 
 
@@ -134,7 +158,7 @@ def test_concurrency_bounds_the_open_connections() -> None:
                 return await asyncio.gather(*(
                     pool.send(make_message(), SENDER, f"user{i}@example.com") for i in range(9)))
 
-        replies = asyncio.run(run())
+        replies = run_client(run())
         assert [r.code for r in replies] == [250] * 9
         assert server.peak_connections == 3
         assert server.connections == 3
@@ -157,7 +181,7 @@ def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
                     reply = await first.send(make_message(), SENDER, "held@example.com")
                 return was_blocked, [reply.code, (await blocked).code]
 
-        was_blocked, codes = asyncio.run(run())
+        was_blocked, codes = run_client(run())
     finally:
         server.stop()
     assert was_blocked
@@ -186,7 +210,7 @@ def test_a_cancelled_send_discards_its_connection() -> None:
                         pool.send(make_message(), SENDER, "finance@example.com"), 0.2)
                 return await pool.send(make_message(), SENDER, "ceo@example.com")
 
-        reply = asyncio.run(run())
+        reply = run_client(run())
     finally:
         server.stop()
     assert (reply.stage, reply.code) == (Stage.DATA, 250)
@@ -242,7 +266,7 @@ def test_silent_server_is_a_timeout_waiting_for_the_greeting() -> None:
             silent.close()
             await silent.wait_closed()
 
-    reply = asyncio.run(run())
+    reply = run_client(run())
     assert (reply.stage, reply.code, reply.failure) == (Stage.GREETING, None, Failure.TIMEOUT)
 
 
@@ -335,7 +359,7 @@ def run_scripted(script: Script, recipients: list[str], greeting: str = "220 scr
             server.close()
             await server.wait_closed()
 
-    return asyncio.run(run()), connections
+    return run_client(run()), connections
 
 
 def ordinary(command: str) -> str:
@@ -544,7 +568,7 @@ def test_control_characters_in_an_address_never_reach_the_server(dev: DevSmtpSer
             return await pool.send(make_message(), SENDER,
                                    "finance@example.com\r\nRCPT TO:<x@evil.test>")
 
-    reply = asyncio.run(run())
+    reply = run_client(run())
     assert (reply.stage, reply.code, reply.failure) == (Stage.LOCAL, None, Failure.BAD_MESSAGE)
     assert dev.connections == 0
 
@@ -605,7 +629,7 @@ def send_built(port: int, recipient: str, sender: str = SENDER) -> SmtpReply:
         async with SmtpPool(config(port, tls=TlsMode.NONE)) as pool:
             return await pool.send(message, sender, recipient)
 
-    return asyncio.run(run())
+    return run_client(run())
 
 
 @pytest.mark.parametrize("smtputf8", [True, False])
