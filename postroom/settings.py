@@ -178,6 +178,7 @@ class Settings:
     smtp_password: Secret | None = None
     # Sending the AUTH password over an unencrypted connection; named so nobody sets it by accident.
     smtp_insecure_auth_without_tls: bool = False
+    smtp_pipelining: bool = True  # RFC 2920 command groups where the server offers them
     smtp_connect_timeout_s: float = 30.0
     smtp_timeout_s: float = 60.0
     smtp_concurrency: int = 20
@@ -444,6 +445,7 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "SMTP_USERNAME": ("smtp_username", str),
     ENV_PREFIX + "SMTP_PASSWORD": ("smtp_password", Secret),
     ENV_PREFIX + "SMTP_INSECURE_AUTH_WITHOUT_TLS": ("smtp_insecure_auth_without_tls", _bool),
+    ENV_PREFIX + "SMTP_PIPELINING": ("smtp_pipelining", _bool),
     ENV_PREFIX + "SMTP_CONNECT_TIMEOUT": ("smtp_connect_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_TIMEOUT": ("smtp_timeout_s", parse_duration_s),
     ENV_PREFIX + "SMTP_CONCURRENCY": ("smtp_concurrency", _positive_int),

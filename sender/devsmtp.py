@@ -69,7 +69,9 @@ class _Handler:
         maildir: Path | None,
         max_kept: int = DEFAULT_MAX_KEPT,
         max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
+        pipelining: bool = True,
     ) -> None:
+        self.pipelining = pipelining
         self.max_kept = max_kept
         self.max_kept_bytes = max_kept_bytes
         self.kept_bytes = 0
@@ -138,6 +140,10 @@ class _Handler:
     ) -> list[str]:
         session.host_name = hostname
         self._greeted(server)
+        if self.pipelining:
+            # aiosmtpd reads each command from its buffer in turn, so a group works; it just
+            # does not say so.
+            responses.insert(len(responses) - 1, "250-PIPELINING")
         return responses
 
     async def handle_HELO(
@@ -262,7 +268,8 @@ class DevSmtpServer:
     ``reject``: RCPT TO gets ``550 5.1.1``. ``defer``: RCPT TO gets ``451 4.3.0`` for the first N
     tries of each address. ``drop``: the connection is closed after the message content, with no
     reply. ``latency_ms``: delay before replying to the message content. ``tls_context``: offer
-    STARTTLS with this server context. ``port=0`` picks a free port (read ``.port`` after start).
+    STARTTLS with this server context. ``pipelining``: offer PIPELINING (RFC 2920). ``port=0``
+    picks a free port (read ``.port`` after start).
     """
 
     def __init__(
@@ -278,12 +285,13 @@ class DevSmtpServer:
         tls_context: ssl.SSLContext | None = None,
         max_kept: int = DEFAULT_MAX_KEPT,
         max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
+        pipelining: bool = True,
     ) -> None:
         self.host = host
         self._port = port
         self._handler = _Handler(reject=reject, defer=defer or {}, drop=drop,
                                  latency_ms=latency_ms, maildir=maildir, max_kept=max_kept,
-                                 max_kept_bytes=max_kept_bytes)
+                                 max_kept_bytes=max_kept_bytes, pipelining=pipelining)
         self._tls_context = tls_context
         self._controller: _Controller | None = None
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import aiosmtplib
 from aiosmtplib.email import parse_address
@@ -26,6 +27,7 @@ from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
+from sender.pipelining import Pipeline
 from sender.render import Payload, is_plain_address, payload_of
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class SmtpConfig:
     local_hostname: str | None = None  # the EHLO name; None: this host's FQDN, looked up once
     tls_ca_file: Path | None = None    # extra CA certificates trusted besides the system's
     insecure_auth_without_tls: bool = Settings.smtp_insecure_auth_without_tls
+    pipelining: bool = Settings.smtp_pipelining  # MAIL, RCPT, DATA as one group when offered
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SmtpConfig:
@@ -69,6 +72,7 @@ class SmtpConfig:
             concurrency=settings.smtp_concurrency,
             tls_ca_file=settings.smtp_tls_ca_file,
             insecure_auth_without_tls=settings.smtp_insecure_auth_without_tls,
+            pipelining=settings.smtp_pipelining,
         )
 
 
@@ -79,6 +83,10 @@ def starttls_required(config: SmtpConfig) -> bool:
         return True
     return (config.tls is TlsMode.AUTO and config.username is not None
             and not config.insecure_auth_without_tls)
+
+
+# A connection of the pool: aiosmtplib's, or taken over from it to pipeline.
+Connection = aiosmtplib.SMTP | Pipeline
 
 
 class _Failed(Exception):  # internal control flow; never escapes this module
@@ -112,7 +120,7 @@ class SmtpPool:
             raise ValueError("concurrency must be at least 1")
         self.config = config
         self._slots = asyncio.Semaphore(config.concurrency)
-        self._idle: list[aiosmtplib.SMTP] = []
+        self._idle: list[Connection] = []
         self._tls_context = _tls_context(config) if config.tls is not TlsMode.NONE else None
         self._local_hostname = config.local_hostname
         self._closed = False
@@ -146,14 +154,14 @@ class SmtpPool:
         reused = smtp is not None
         try:
             if smtp is None:
-                smtp = await self._open()
+                smtp = await self._open_for_sending()
             reply, healthy = await self._transaction(smtp, message, sender, recipient)
             if reused and _stale(reply):
                 # The server dropped the idle connection before we spoke; nothing was sent.
                 logger.debug("smtp idle connection went stale; reconnecting",
                              extra={"stage": reply.stage.value, "code": reply.code})
                 _discard(smtp)
-                smtp = await self._open()
+                smtp = await self._open_for_sending()
                 reply, healthy = await self._transaction(smtp, message, sender, recipient)
         except _Failed as failed:
             if smtp is not None:
@@ -199,13 +207,25 @@ class SmtpPool:
     async def __aexit__(self, *_exc_info: object) -> None:
         await self.close()
 
-    def _take_idle(self) -> aiosmtplib.SMTP | None:
+    def _take_idle(self) -> Connection | None:
         while self._idle:
             smtp = self._idle.pop()
             if smtp.is_connected:
                 return smtp
             _discard(smtp)
         return None
+
+    async def _open_for_sending(self) -> Connection:
+        """A connection as _open makes it, pipelining when the server offers it and
+        POSTROOM_SMTP_PIPELINING allows."""
+        smtp = await self._open()
+        if not (self.config.pipelining and smtp.supports_extension("pipelining")):
+            return smtp
+        try:
+            return Pipeline.take_over(smtp, self.config.timeout_s)
+        except aiosmtplib.SMTPServerDisconnected as exc:
+            _discard(smtp)
+            raise _Failed(SmtpReply(Stage.EHLO, None, str(exc), Failure.RESET)) from exc
 
     async def _open(self) -> aiosmtplib.SMTP:
         """A connected, greeted, TLS-upgraded and logged-in client, or _Failed."""
@@ -283,7 +303,7 @@ class SmtpPool:
             raise _Failed(SmtpReply(Stage.AUTH, None, exc.message, Failure.CONFIG)) from exc
 
     async def _transaction(
-        self, smtp: aiosmtplib.SMTP, message: Payload, sender: str, recipient: str,
+        self, smtp: Connection, message: Payload, sender: str, recipient: str,
     ) -> tuple[SmtpReply, bool]:
         """MAIL, RCPT, DATA: the final reply, and whether the connection can be reused."""
         utf8 = not (sender.isascii() and recipient.isascii())
@@ -309,17 +329,23 @@ class SmtpPool:
         if utf8:
             options.append("SMTPUTF8")
         encoding = "utf-8" if utf8 else "ascii"
+        # Not smtp.mail() and smtp.rcpt(): they parse and quote the checked addresses again.
+        mail = b" ".join([b"MAIL", b"FROM:<" + sender.encode(encoding) + b">",
+                          *(option.encode("ascii") for option in options)])
+        rcpt = b"RCPT TO:<" + recipient.encode(encoding) + b">"
         stage = Stage.MAIL_FROM
         try:
-            # Not smtp.mail() and smtp.rcpt(): they parse and quote the checked addresses again.
-            await _command(smtp, (SMTP_OK,), b"MAIL", b"FROM:<" + sender.encode(encoding) + b">",
-                           *(option.encode("ascii") for option in options))
-            stage = Stage.RCPT_TO
-            await _command(smtp, (SMTP_OK, SMTP_WILL_FORWARD),
-                           b"RCPT", b"TO:<" + recipient.encode(encoding) + b">")
-            stage = Stage.DATA
-            response = await smtp.data(content)
+            if isinstance(smtp, Pipeline):
+                response = await smtp.transaction(mail, rcpt, content)
+            else:
+                await _command(smtp, (SMTP_OK,), mail)
+                stage = Stage.RCPT_TO
+                await _command(smtp, (SMTP_OK, SMTP_WILL_FORWARD), rcpt)
+                stage = Stage.DATA
+                response = await smtp.data(content)
         except aiosmtplib.SMTPResponseException as exc:
+            if isinstance(smtp, Pipeline):
+                stage = smtp.stage
             reply = _code_reply(stage, exc)
             if reply.code is None or reply.code == SERVICE_UNAVAILABLE or not smtp.is_connected:
                 _discard(smtp)
@@ -327,16 +353,16 @@ class SmtpPool:
             return reply, await _reset(smtp)
         except Exception as exc:
             _discard(smtp)
-            failure = _error_reply(stage, exc)
+            failure = _error_reply(smtp.stage if isinstance(smtp, Pipeline) else stage, exc)
             if failure is None:
                 raise
             return failure, False
         return SmtpReply(Stage.DATA, response.code, response.message), True
 
 
-async def _command(smtp: aiosmtplib.SMTP, accepted: tuple[int, ...], *args: bytes) -> None:
+async def _command(smtp: aiosmtplib.SMTP, accepted: tuple[int, ...], command: bytes) -> None:
     """One command; SMTPResponseException unless its reply's code is one of ``accepted``."""
-    response = await smtp.execute_command(*args)
+    response = await smtp.execute_command(command)
     if response.code not in accepted:
         raise aiosmtplib.SMTPResponseException(response.code, response.message)
 
@@ -351,7 +377,7 @@ async def _greet(smtp: aiosmtplib.SMTP) -> None:
         await smtp.helo()
 
 
-async def _reset(smtp: aiosmtplib.SMTP) -> bool:
+async def _reset(smtp: Connection) -> bool:
     """RSET after a refused command; False when the connection is no longer usable."""
     try:
         await smtp.rset()
@@ -361,7 +387,7 @@ async def _reset(smtp: aiosmtplib.SMTP) -> bool:
     return smtp.is_connected
 
 
-async def _quit(smtp: aiosmtplib.SMTP) -> None:
+async def _quit(smtp: Connection) -> None:
     if smtp.is_connected:
         with contextlib.suppress(aiosmtplib.SMTPException, OSError):
             # Not smtp.quit(): that closes TLS gracefully, waiting on the server's close_notify.
@@ -369,11 +395,12 @@ async def _quit(smtp: aiosmtplib.SMTP) -> None:
     _discard(smtp)
 
 
-def _discard(smtp: aiosmtplib.SMTP) -> None:
+def _discard(smtp: Connection) -> None:
     """Close at once, without a TLS shutdown round trip that could outlive the event loop."""
     transport = smtp.transport
-    if isinstance(transport, asyncio.WriteTransport) and not transport.is_closing():
-        transport.abort()
+    # Not isinstance(transport, asyncio.WriteTransport): uvloop's transports are not subclasses.
+    if transport is not None and not transport.is_closing():
+        cast(asyncio.WriteTransport, transport).abort()
     smtp.close()
 
 

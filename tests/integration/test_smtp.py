@@ -27,17 +27,25 @@ pytestmark = pytest.mark.integration
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 _client_loop: list[Callable[[], asyncio.AbstractEventLoop]] = [asyncio.new_event_loop]
+_servers_pipeline = [True]
 
 
-@pytest.fixture(autouse=True, params=list(LOOPS))
-def event_loop_kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test's client on both loops the sender runs on (POSTROOM_EVENT_LOOP): TLS,
-    timeouts and dropped connections behave alike. The servers keep asyncio's."""
-    _client_loop[0] = LOOPS[request.param]
+@pytest.fixture(autouse=True, params=[(loop, pipelining) for loop in LOOPS
+                                      for pipelining in ("pipelining", "one-by-one")],
+                ids="-".join)
+def client_kind(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """Every test's client on both loops the sender runs on (POSTROOM_EVENT_LOOP), against
+    servers that offer PIPELINING and servers that do not (the client then waits for each
+    reply): TLS, timeouts, refusals and dropped connections behave alike. The servers keep
+    asyncio's loop."""
+    loop, pipelining = request.param
+    _client_loop[0] = LOOPS[loop]
+    _servers_pipeline[0] = pipelining == "pipelining"
     try:
         yield request.param
     finally:
         _client_loop[0] = asyncio.new_event_loop
+        _servers_pipeline[0] = True
 
 
 def run_client(coro: Coroutine[Any, Any, T]) -> T:
@@ -81,7 +89,8 @@ def send_all(cfg: SmtpConfig, *recipients: str,
 @pytest.fixture
 def dev() -> Iterator[DevSmtpServer]:
     server = DevSmtpServer("127.0.0.1", 0, reject={"old.manager@example.com"},
-                           defer={"ops@example.com": 1}, drop={"flaky@example.com"})
+                           defer={"ops@example.com": 1}, drop={"flaky@example.com"},
+                           pipelining=_servers_pipeline[0])
     server.start()
     yield server
     server.stop()
@@ -106,7 +115,7 @@ def tls_dev(certificate: tuple[Path, Path]) -> Iterator[DevSmtpServer]:
     """A dev server offering STARTTLS with the self-signed certificate."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(*certificate)
-    server = DevSmtpServer("127.0.0.1", 0, tls_context=context)
+    server = DevSmtpServer("127.0.0.1", 0, tls_context=context, pipelining=_servers_pipeline[0])
     server.start()
     yield server
     server.stop()
@@ -150,7 +159,7 @@ def test_one_connection_is_reused_for_several_sends(dev: DevSmtpServer) -> None:
 
 
 def test_concurrency_bounds_the_open_connections() -> None:
-    server = DevSmtpServer("127.0.0.1", 0, latency_ms=200)
+    server = DevSmtpServer("127.0.0.1", 0, latency_ms=200, pipelining=_servers_pipeline[0])
     server.start()
     try:
         async def run() -> list[SmtpReply]:
@@ -168,7 +177,7 @@ def test_concurrency_bounds_the_open_connections() -> None:
 
 def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
     """The sender holds a slot around its ledger claim and send: one limit, not two."""
-    server = DevSmtpServer("127.0.0.1", 0)
+    server = DevSmtpServer("127.0.0.1", 0, pipelining=_servers_pipeline[0])
     server.start()
     try:
         async def run() -> tuple[bool, list[int | None]]:
@@ -190,7 +199,7 @@ def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
 
 
 def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
-    server = DevSmtpServer("127.0.0.1", 0, latency_ms=2000)
+    server = DevSmtpServer("127.0.0.1", 0, latency_ms=2000, pipelining=_servers_pipeline[0])
     server.start()
     try:
         [reply] = send_all(config(server.port, timeout_s=0.3), "finance@example.com")
@@ -200,7 +209,7 @@ def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
 
 
 def test_a_cancelled_send_discards_its_connection() -> None:
-    server = DevSmtpServer("127.0.0.1", 0, latency_ms=500)
+    server = DevSmtpServer("127.0.0.1", 0, latency_ms=500, pipelining=_servers_pipeline[0])
     server.start()
     try:
         async def run() -> SmtpReply:
@@ -364,8 +373,8 @@ def run_scripted(script: Script, recipients: list[str], greeting: str = "220 scr
 
 def ordinary(command: str) -> str:
     verb = command.split(" ", 1)[0].upper()
-    return {"EHLO": "250-scripted\r\n250 8BITMIME", "<content>": "250 2.0.0 queued"}.get(
-        verb, "250 2.1.0 Ok")
+    ehlo = "250-scripted\r\n" + ("250-PIPELINING\r\n" if _servers_pipeline[0] else "") + "250 8BITMIME"
+    return {"EHLO": ehlo, "<content>": "250 2.0.0 queued"}.get(verb, "250 2.1.0 Ok")
 
 
 def test_421_at_mail_from_is_reported_and_the_connection_dropped() -> None:
@@ -657,3 +666,58 @@ def test_a_non_ascii_local_part_is_refused_clearly_without_smtputf8() -> None:
     assert (reply.failure, reply.text) == (
         Failure.BAD_MESSAGE, "a non-ASCII address needs SMTPUTF8, which the server does not offer")
     assert server.received == []
+
+
+def send_to_a_server_that_answers_groups(**changes: object) -> SmtpReply:
+    """Send one email to a server that answers MAIL, RCPT and DATA only once it holds all three:
+    only a pipelining client gets through; one that waits for each reply times out at MAIL."""
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        offer = "250-PIPELINING\r\n" if _servers_pipeline[0] else ""
+        writer.write(b"220 groups ESMTP\r\n")
+        held: list[str] = []
+        try:
+            while line := await reader.readline():
+                command = line.decode().strip().upper()
+                if command.startswith("EHLO"):
+                    writer.write(f"250-groups\r\n{offer}250 8BITMIME\r\n".encode())
+                elif command.startswith(("MAIL", "RCPT")):
+                    held.append("250 2.1.0 Ok\r\n")
+                elif command == "DATA":
+                    writer.write("".join([*held, "354 go ahead\r\n"]).encode())
+                    held.clear()
+                    while await reader.readline() != b".\r\n":
+                        pass
+                    writer.write(b"250 2.0.0 queued as G1\r\n")
+                elif command == "QUIT":
+                    writer.write(b"221 bye\r\n")
+                    break
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def run() -> SmtpReply:
+        server = await asyncio.start_server(session, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            cfg = config(port, **{"tls": TlsMode.NONE, "timeout_s": 1.0, **changes})
+            async with SmtpPool(cfg) as pool:
+                return await pool.send(make_message(), SENDER, "finance@example.com")
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return run_client(run())
+
+
+def test_pipelining_is_used_exactly_when_the_server_offers_it() -> None:
+    reply = send_to_a_server_that_answers_groups()
+    if _servers_pipeline[0]:
+        assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    else:
+        assert (reply.stage, reply.failure) == (Stage.MAIL_FROM, Failure.TIMEOUT)
+
+
+def test_pipelining_off_waits_for_each_reply_even_when_offered() -> None:
+    reply = send_to_a_server_that_answers_groups(pipelining=False)
+    assert (reply.stage, reply.failure) == (Stage.MAIL_FROM, Failure.TIMEOUT)

@@ -1,0 +1,213 @@
+"""An SMTP connection taken over from aiosmtplib after its greeting, STARTTLS and AUTH, to send
+MAIL, RCPT and DATA as one group where the server offers PIPELINING (RFC 2920).
+
+aiosmtplib writes each command and waits for its reply: four writes and four reply wake-ups per
+email, the largest share of the sender's CPU left on a fast server (docs/benchmarks.md). Its
+protocol keeps one reply at a time and drops data that arrives while one is waiting to be read,
+so pipelined replies need a protocol of their own: this one. aiosmtplib stays the client for
+connecting, TLS and login; the pool (sender/smtp.py) hands a connection over with
+:meth:`Pipeline.take_over` and from then on talks to it only through this class, which offers the
+few aiosmtplib calls the pool makes (``execute_command``, ``rset``, ``supports_extension``,
+``close``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import cast
+
+import aiosmtplib
+from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
+from aiosmtplib.response import SMTPResponse
+
+from sender.outcome import Stage
+
+MAX_REPLY_BYTES = 64 * 1024
+SMTP_OK = 250
+SMTP_WILL_FORWARD = 251
+START_MAIL_INPUT = 354
+SERVICE_UNAVAILABLE = 421
+
+
+class Pipeline(asyncio.Protocol):
+    """One greeted (and, as configured, encrypted and logged-in) connection that pipelines."""
+
+    def __init__(self, transport: asyncio.Transport, extensions: dict[str, str],
+                 timeout_s: float) -> None:
+        self.transport: asyncio.Transport | None = transport
+        self._extensions = extensions
+        self._timeout_s = timeout_s
+        self._buffer = bytearray()
+        self._replies: collections.deque[SMTPResponse] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._lost: aiosmtplib.SMTPException | None = None
+        self.stage = Stage.MAIL_FROM  # whose reply the last transaction waited for
+
+    @classmethod
+    def take_over(cls, smtp: aiosmtplib.SMTP, timeout_s: float) -> Pipeline:
+        """The connection of ``smtp`` (idle: every reply read), which must not be used again."""
+        transport = smtp.transport
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
+        if transport is None or transport.is_closing():
+            raise aiosmtplib.SMTPServerDisconnected("Connection lost")
+        pipeline = cls(cast(asyncio.Transport, transport), dict(smtp.esmtp_extensions), timeout_s)
+        transport.set_protocol(pipeline)
+        return pipeline
+
+    # -- what the pool calls, as it calls aiosmtplib's ------------------------------------------
+
+    @property
+    def is_connected(self) -> bool:
+        return self._lost is None and self.transport is not None and not self.transport.is_closing()
+
+    def supports_extension(self, extension: str) -> bool:
+        return extension.lower() in self._extensions
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self._set_lost(aiosmtplib.SMTPServerDisconnected("Connection closed"))
+
+    async def execute_command(self, *args: bytes,
+                              timeout: float | None = None) -> SMTPResponse:  # noqa: ASYNC109 - as aiosmtplib's
+        """One command and its reply (RSET, QUIT)."""
+        self._write(b" ".join(args) + b"\r\n")
+        reply = await self._reply(self._timeout_s if timeout is None else timeout)
+        if reply.code == SERVICE_UNAVAILABLE:
+            self.close()
+        return reply
+
+    async def rset(self) -> SMTPResponse:
+        reply = await self.execute_command(b"RSET")
+        if reply.code != SMTP_OK:
+            raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
+        return reply
+
+    # -- the transaction -----------------------------------------------------------------------
+
+    async def transaction(self, mail: bytes, rcpt: bytes, content: bytes) -> SMTPResponse:
+        """MAIL, RCPT and DATA in one write, then the message: the final reply. A refusal raises
+        aiosmtplib.SMTPResponseException, a lost connection or a timeout what aiosmtplib raises;
+        ``stage`` says whose reply it was. Every reply of the group is read before a refusal is
+        raised, so the connection is ready for RSET."""
+        self.stage = Stage.MAIL_FROM
+        self._write(mail + b"\r\n" + rcpt + b"\r\n" + b"DATA\r\n")
+        replies = []
+        for stage in (Stage.MAIL_FROM, Stage.RCPT_TO, Stage.DATA):
+            self.stage = stage
+            reply = await self._reply(self._timeout_s)
+            if reply.code == SERVICE_UNAVAILABLE:  # the server closes: no more replies come
+                self.close()
+                raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
+            replies.append(reply)
+        mail_reply, rcpt_reply, data_reply = replies
+        refused = _refusal(mail_reply, rcpt_reply, data_reply)
+        if refused is not None:
+            self.stage, reply = refused
+            if data_reply.code == START_MAIL_INPUT:
+                # A server that said 354 anyway gets an empty message with no recipient.
+                self._write(b".\r\n")
+                await self._reply(self._timeout_s)
+            raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
+        self._write(PERIOD_REGEX.sub(b"..", normalize_message_line_endings(content)) + b".\r\n")
+        final = await self._reply(self._timeout_s)
+        if final.code == SERVICE_UNAVAILABLE:
+            self.close()
+        if final.code != SMTP_OK:
+            raise aiosmtplib.SMTPResponseException(final.code, final.message)
+        return final
+
+    def _write(self, data: bytes) -> None:
+        if not self.is_connected or self.transport is None:
+            raise self._lost or aiosmtplib.SMTPServerDisconnected("Connection lost")
+        self.transport.write(data)
+
+    async def _reply(self, timeout_s: float) -> SMTPResponse:
+        while not self._replies:
+            if self._lost is not None:
+                raise self._lost
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await waiter
+            except TimeoutError:
+                # The late reply would be read as the next command's: the connection is done.
+                self.close()
+                raise aiosmtplib.SMTPReadTimeoutError(
+                    "Timed out waiting for server response") from None
+            finally:
+                self._waiter = None
+        return self._replies.popleft()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer.extend(data)
+        try:
+            while (reply := _take_reply(self._buffer)) is not None:
+                self._replies.append(reply)
+        except aiosmtplib.SMTPResponseException as exc:
+            self._buffer.clear()
+            self.close()
+            self._set_lost(exc, replace=True)
+        if len(self._buffer) > MAX_REPLY_BYTES:
+            self._buffer.clear()
+            self.close()
+            self._set_lost(aiosmtplib.SMTPResponseException(-1, "Response too long"),
+                           replace=True)
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._set_lost(aiosmtplib.SMTPServerDisconnected("Unexpected EOF received"))
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        lost = aiosmtplib.SMTPServerDisconnected("Connection lost")
+        lost.__cause__ = exc
+        self._set_lost(lost)
+        self.transport = None
+
+    def _set_lost(self, exc: aiosmtplib.SMTPException, *, replace: bool = False) -> None:
+        if self._lost is None or replace:
+            self._lost = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+def _refusal(mail: SMTPResponse, rcpt: SMTPResponse,
+             data: SMTPResponse) -> tuple[Stage, SMTPResponse] | None:
+    """The first reply of the group that refused, with its stage; None when all went on."""
+    if mail.code != SMTP_OK:
+        return Stage.MAIL_FROM, mail
+    if rcpt.code not in (SMTP_OK, SMTP_WILL_FORWARD):
+        return Stage.RCPT_TO, rcpt
+    if data.code != START_MAIL_INPUT:
+        return Stage.DATA, data
+    return None
+
+
+def _take_reply(buffer: bytearray) -> SMTPResponse | None:
+    """The first complete reply in ``buffer``, removed from it; None when it is not all there.
+    Multi-line replies (``250-...``) are joined with newlines, as aiosmtplib joins them."""
+    offset = 0
+    lines: list[bytes] = []
+    while True:
+        end = buffer.find(b"\n", offset)
+        if end < 0:
+            return None
+        line = bytes(buffer[offset:end + 1])
+        offset = end + 1
+        try:
+            code = int(line[:3])
+        except ValueError:
+            text = line.decode("utf-8", errors="replace").strip()
+            raise aiosmtplib.SMTPResponseException(
+                -1, f"Malformed SMTP response line: {text}") from None
+        lines.append(line[4:].strip(b" \t\r\n"))
+        if line[3:4] != b"-":
+            del buffer[:offset]
+            return SMTPResponse(code, b"\n".join(lines).decode("utf-8", "surrogateescape"))
