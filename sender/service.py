@@ -37,7 +37,7 @@ from sender.delivery import Delivery
 from sender.destinations import DestinationGate
 from sender.errors import LedgerUnavailableError
 from sender.ledger import Claim, Ledger
-from sender.outcome import Verdict, classify_reply
+from sender.outcome import SmtpReply, Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
 from sender.publishing import OutcomePublisher, origin_of
 from sender.retry import Action, RetryPolicy, due_in_s, lateness_s
@@ -241,7 +241,10 @@ class Sender:
         deferred_since: float | None = None
         waits = 0
         while True:
+            may_defer = (deferred_since is None
+                         or time.monotonic() - deferred_since < self._settings.throttle_max_wait_s)
             await self._gate.acquire(destination)
+            sent: tuple[SmtpReply, str] | None = None
             throttled = False
             try:
                 # The claim is taken inside a sending slot, so its lease starts when the send
@@ -250,15 +253,16 @@ class Sender:
                     claim = await self._ledger_call("claim", partial(self._ledger.claim, key,
                                                                      event.attempt))
                     if claim.claim is Claim.MINE:
-                        may_defer = (deferred_since is None or time.monotonic() - deferred_since
-                                     < self._settings.throttle_max_wait_s)
-                        routing = await self._send_and_record(record, event, slot, may_defer)
-                        if routing is not None:
-                            return routing
-                        throttled = True
+                        sent = await self._send(event, slot)
+                        throttled = may_defer and is_throttling(sent[0])
             finally:
                 await self._gate.release(destination, throttled=throttled)
-            if throttled:
+            if sent is not None:
+                # The slot and the destination are free again: the next send need not wait
+                # for this one's ledger write.
+                routing = await self._record(record, event, *sent, throttled=throttled)
+                if routing is not None:
+                    return routing
                 deferred_since = deferred_since or time.monotonic()
                 self.metrics.inc("throttled_total")
                 self.metrics.set("destinations_paused", self._gate.paused())
@@ -278,16 +282,19 @@ class Sender:
             waits += 1
             await asyncio.sleep(wait_s)
 
-    async def _send_and_record(self, record: Record, event: EmailRequested,
-                               slot: SmtpSlot, may_defer: bool) -> Routing | None:
-        """Send and route; None when the reply throttles and the send may be deferred (the
-        ledger claim is released, nothing is published)."""
-        key = event.idempotency_key
+    async def _send(self, event: EmailRequested, slot: SmtpSlot) -> tuple[SmtpReply, str]:
         started = time.monotonic()
         reply, message_id = await self._delivery.send(event, slot, utcnow())
         self.metrics.observe("smtp_reply_seconds", time.monotonic() - started,
                              stage=reply.stage.value)
-        if may_defer and is_throttling(reply):
+        return reply, message_id
+
+    async def _record(self, record: Record, event: EmailRequested, reply: SmtpReply,
+                      message_id: str, *, throttled: bool) -> Routing | None:
+        """Write the send's outcome to the ledger and route it; None for a throttling reply
+        whose send is deferred (the ledger claim is released, nothing is published)."""
+        key = event.idempotency_key
+        if throttled:
             await self._ledger_call("release", partial(self._ledger.release, key))
             return None
         outcome = classify_reply(reply)
