@@ -83,7 +83,8 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A consumer that commits only what the caller stores as done, rebalancing cooperatively.
+    """A consumer that commits only what the caller stores as done, rebalancing cooperatively
+    unless the caller overrides the assignment (the sender divides each topic: range).
 
     POSTROOM_KAFKA_CONSUMER_CONFIG may change the tuning (session.timeout.ms,
     auto.commit.interval.ms, fetch sizes, ...) but not how offsets are stored and committed.
