@@ -21,6 +21,7 @@ import dataclasses
 import datetime as dt
 import email.policy
 import email.utils
+import functools
 import re
 from email.message import EmailMessage
 
@@ -182,9 +183,19 @@ def plain_lines(event: EmailRequested, now: dt.datetime) -> Lines | None:
         return None
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    return Lines(b"To: " + recipient.encode("ascii"),
-                 b"Date: " + email.utils.format_datetime(now).encode("ascii"),
+    return Lines(b"To: " + recipient.encode("ascii"), date_line(now),
                  b"Message-ID: " + message_id.encode("ascii"))
+
+
+@functools.lru_cache(maxsize=4)
+def _date_line_of_second(second: dt.datetime) -> bytes:
+    return b"Date: " + email.utils.format_datetime(second).encode("ascii")
+
+
+def date_line(now: dt.datetime) -> bytes:
+    """The Date line for ``now``: whole seconds, as the email package writes it; built once per
+    second (every email of that second shares it)."""
+    return _date_line_of_second(now.replace(microsecond=0))
 
 
 @dataclasses.dataclass(frozen=True)

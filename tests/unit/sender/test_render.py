@@ -27,7 +27,7 @@ from sender.render import (
     serialise,
 )
 
-NOW = dt.datetime(2026, 10, 2, 7, 0, 5, tzinfo=dt.UTC)
+NOW = dt.datetime(2026, 10, 2, 7, 0, 5, 734512, tzinfo=dt.UTC)  # the Date line drops the fraction
 FLAGS = [(utf8, eight_bit) for utf8 in (False, True) for eight_bit in (True, False)]
 _BOUNDARY = re.compile(rb"={15}\d+==")
 
