@@ -285,8 +285,8 @@ class Sender:
         key = event.idempotency_key
         started = time.monotonic()
         reply, message_id = await self._delivery.send(event, slot, utcnow())
-        self.metrics.observe("smtp_reply_seconds", time.monotonic() - started,
-                             stage=reply.stage.value)
+        read_at = time.monotonic()
+        self.metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
         if may_defer and is_throttling(reply):
             await self._ledger_call("release", partial(self._ledger.release, key))
             return None
@@ -299,9 +299,11 @@ class Sender:
         decision = self._policy.decide(outcome, event.attempt - attempt_base(record.headers), now)
         started = time.monotonic()
         if decision.action is Action.DONE_SENT:
-            # The duplicate window (ledger_mark_seconds{operation="sent"}): a crash before the
+            # The duplicate window, from the reply read to the mark's commit: a crash before the
             # mark commits sends the key again.
-            await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key, message_id))
+            committed_at = await self._ledger_call(
+                "mark sent", partial(self._ledger.mark_sent, key, message_id))
+            self.metrics.observe("sent_mark_window_seconds", committed_at - read_at)
         else:
             await self._ledger_call("release", partial(self._ledger.release, key))
         self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from typing import Any
 
 import pytest
@@ -41,6 +42,22 @@ def test_claims(engine: sa.Engine, db_settings: Settings) -> None:
             assert (await b.claim("k2", 2)).claim is Claim.MINE
             await a.release("k2")  # not a's any more: nothing changes
             assert (await a.claim("k2", 2)).claim is Claim.BUSY
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_mark_says_when_its_commit_returned(engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a, b = ledger(engine, db_settings, "a"), ledger(engine, db_settings, "b")
+        try:
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            before = time.monotonic()
+            committed_at = await a.mark_sent("k", "<k@example.com>")
+            assert before < committed_at <= time.monotonic()
+            assert (await b.claim("k", 2)).claim is Claim.SENT
         finally:
             await a.close()
             await b.close()
