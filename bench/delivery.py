@@ -1,7 +1,8 @@
 """Delivery benchmark: the seed's design, django-post-office, postroom end to end and a bare
 aiosmtplib client, side by side, to smtp-sink (no latency) and devsmtp at 100 ms per message;
 postroom runs as `postroom relay|sender|recorder` subprocesses, timed from enqueue commit to the
-last row recorded sent."""
+last row recorded sent; its senders' duplicate window (the final reply read to the sent mark's
+commit) comes from their own histogram, scraped from their metrics port."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from bench.peers import postoffice
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
+from postroom.devkit.histograms import Buckets, parse_histogram, scrape
 from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses, postroom_command, stop_process
 from postroom.devkit.scratch import scratch_env
@@ -52,6 +54,7 @@ WARMUP_TIMEOUT_S = 120.0
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 SMTP_TIMEOUT_S = 30.0
+WINDOW_METRIC = "postroom_sent_mark_window_seconds"
 
 SEED, POSTOFFICE, BARE = "seed", "post-office", "bare"
 POSTROOM, POSTROOM_WIDE, POSTROOM_TWO = "postroom", "postroom-64", "postroom-2"
@@ -108,6 +111,7 @@ class Timed:
     cpu: CpuUsage | None
     note: str = ""
     rss_mib: tuple[float, float] | None = None  # the sender's resident memory at start and end
+    window: Buckets | None = None  # postroom: its senders' duplicate window over the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,25 +259,37 @@ def _wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, e
     raise BenchError(f"timed out after {timeout_s:.0f}s with {sent} of {emails} rows sent")
 
 
+def _window(ports: Mapping[str, int]) -> Buckets:
+    """The senders' duplicate-window histograms, summed."""
+    window = Buckets(())
+    for port in ports.values():
+        window += parse_histogram(scrape(port), WINDOW_METRIC)
+    return window
+
+
 def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,
                  senders: int = 1) -> Timed:
-    """From the enqueue commit to the last row recorded sent; notes what the logs complained of
-    and the first sender's resident memory once a tenth of the rows are sent (its caches and
-    buffers warm) and once the last one is."""
-    roles = {"relay": "relay", "recorder": "recorder",
-             **{("sender" if n == 0 else f"sender-{n + 1}"): "sender" for n in range(senders)}}
+    """From the enqueue commit to the last row recorded sent; notes what the logs complained of,
+    the first sender's resident memory once a tenth of the rows are sent (its caches and
+    buffers warm) and once the last one is, and the senders' duplicate window over the run."""
+    sender_ports = {("sender" if n == 0 else f"sender-{n + 1}"): free_port()
+                    for n in range(senders)}
+    roles = ", ".join(["relay", "recorder", *sender_ports])
     with scratch(base, "delivery") as settings, \
             tempfile.TemporaryDirectory(prefix="bench-postroom-") as tmp:
         engine = make_engine(settings)
         try:
-            progress(f"delivery: starting postroom {', '.join(roles)} (SMTP concurrency "
-                     f"{concurrency})")
+            progress(f"delivery: starting postroom {roles} (SMTP concurrency {concurrency})")
             with PostroomProcesses(component_env(settings, server.port, concurrency), Path(tmp),
-                                   roles) as components:
+                                   {"relay": "relay", "recorder": "recorder"}) as components:
+                for name, port in sender_ports.items():
+                    components.start(name, "sender",
+                                     env={ENV_PREFIX + "METRICS_PORT": str(port)})
                 pids = {**components.pids, "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
                 _wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
+                window_before = _window(sender_ports)
                 progress(f"delivery: postroom is up (one warm-up email went through); "
                          f"enqueueing {emails:,} rows in one transaction")
                 warm_rss: list[float | None] = []
@@ -289,6 +305,7 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                                       watch_rss)
                 seconds, after = last.timestamp() - committed_at, sample(pids)
                 rss_after = rss_mib(pids["sender"])
+                window = _window(sender_ports) - window_before
             complaints = components.complaints()
         finally:
             engine.dispose()
@@ -297,7 +314,7 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
     note = "; ".join(f"{name}: {len(lines)} warnings/errors" for name, lines in complaints.items())
     rss_before = warm_rss[0] if warm_rss else None
     rss = (rss_before, rss_after) if rss_before is not None and rss_after is not None else None
-    return Timed(seconds, usage(before, after), note, rss)
+    return Timed(seconds, usage(before, after), note, rss, window)
 
 
 # -- (c) django-post-office ------------------------------------------------------------------------
@@ -388,6 +405,15 @@ def _label(design: str, concurrency: int) -> str:
     return label
 
 
+def _window_ms(window: Buckets | None) -> str:
+    """p50 / p99 of a duplicate window as the bounds of the buckets that hold them."""
+    p50, p99 = (None, None) if window is None else (window.quantile_bound(0.5),
+                                                    window.quantile_bound(0.99))
+    if p50 is None or p99 is None:
+        return "-"
+    return f"<= {p50 * 1000:g} / <= {p99 * 1000:g}"
+
+
 def _ms_per_email(cpu: CpuUsage | None, emails: int, *names: str) -> str:
     if cpu is None:
         return "-"
@@ -411,7 +437,8 @@ def _section(runs: list[Run], concurrency: int) -> Section:
                   *(_ms_per_email(r.timed.cpu, r.emails, role) for role in ROLES),
                   _ms_per_email(r.timed.cpu, r.emails, *ROLES),
                   "-" if r.timed.rss_mib is None else
-                  f"{r.timed.rss_mib[0]:.0f} -> {r.timed.rss_mib[1]:.0f}"]
+                  f"{r.timed.rss_mib[0]:.0f} -> {r.timed.rss_mib[1]:.0f}",
+                  _window_ms(r.timed.window)]
                  for r in runs if r.design in POSTROOM_DESIGNS]
     sink, slow = "smtp-sink", "devsmtp"
     ceiling = concurrency * 1000 / DEVSMTP_LATENCY_MS
@@ -433,8 +460,11 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         "PostgreSQL not counted); machine busy: all CPUs, every process.",
         "",
         "postroom per role (CPU ms/email; sender RSS MiB when a tenth of the rows were sent -> "
-        "after the last):",
-        *table(["server", "design", *ROLES, "all three", "sender RSS MiB"], role_rows),
+        "after the last; the duplicate window, from a sender reading the final 250 to its "
+        "sent mark's commit, over every email of the run, p50 / p99 as the upper bounds of the "
+        "histogram buckets that hold them):",
+        *table(["server", "design", *ROLES, "all three", "sender RSS MiB",
+                "duplicate window p50 / p99 ms"], role_rows),
         *(f"postroom logs on {r.server.label}, {r.design}: {r.timed.note}" for r in runs
           if r.design in POSTROOM_DESIGNS and r.timed.note),
         "",

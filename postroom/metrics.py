@@ -37,6 +37,10 @@ READY_CACHE_S = 5.0  # a probe every second must not mean a database round trip 
 
 # Latency buckets in seconds: SMTP replies and ledger writes are milliseconds to a minute.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# The duplicate window: fractions of a millisecond to tens of milliseconds, fine enough that a
+# bucket bound reads as a p50 or p99 in ms; the tail up to a ledger retry (2 s) and beyond.
+WINDOW_BUCKETS_S = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02,
+                    0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Retry lateness and publish delay: from a few milliseconds to minutes.
 DELAY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
@@ -92,6 +96,10 @@ CATALOGUE: dict[str, MetricSpec] = {
            "of that reply.", ("stage",)),
     "ledger_mark_seconds": MetricSpec(
         H, "Time to record a delivery in the ledger (mark sent or release).", ("operation",)),
+    "sent_mark_window_seconds": MetricSpec(
+        H, "The duplicate window: from the final reply of an accepted email being read to the "
+           "commit of its sent mark (a crash in between sends it again).",
+        buckets=WINDOW_BUCKETS_S),
     "throttled_total": MetricSpec(
         C, "Sends a server throttled, deferred without counting as an attempt."),
     "destinations_paused": MetricSpec(G, "Destinations paused by a throttling reply."),

@@ -244,7 +244,7 @@ class Sender:
             may_defer = (deferred_since is None
                          or time.monotonic() - deferred_since < self._settings.throttle_max_wait_s)
             await self._gate.acquire(destination)
-            sent: tuple[SmtpReply, str] | None = None
+            sent: tuple[SmtpReply, str, float] | None = None
             throttled = False
             try:
                 # The claim is taken inside a sending slot, so its lease starts when the send
@@ -282,17 +282,19 @@ class Sender:
             waits += 1
             await asyncio.sleep(wait_s)
 
-    async def _send(self, event: EmailRequested, slot: SmtpSlot) -> tuple[SmtpReply, str]:
+    async def _send(self, event: EmailRequested,
+                    slot: SmtpSlot) -> tuple[SmtpReply, str, float]:
         started = time.monotonic()
         reply, message_id = await self._delivery.send(event, slot, utcnow())
-        self.metrics.observe("smtp_reply_seconds", time.monotonic() - started,
-                             stage=reply.stage.value)
-        return reply, message_id
+        read_at = time.monotonic()
+        self.metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
+        return reply, message_id, read_at
 
     async def _record(self, record: Record, event: EmailRequested, reply: SmtpReply,
-                      message_id: str, *, throttled: bool) -> Routing | None:
-        """Write the send's outcome to the ledger and route it; None for a throttling reply
-        whose send is deferred (the ledger claim is released, nothing is published)."""
+                      message_id: str, read_at: float, *, throttled: bool) -> Routing | None:
+        """Write the send's outcome to the ledger and route it (``read_at``: when the reply was
+        read); None for a throttling reply whose send is deferred (the ledger claim is released,
+        nothing is published)."""
         key = event.idempotency_key
         if throttled:
             await self._ledger_call("release", partial(self._ledger.release, key))
@@ -306,9 +308,11 @@ class Sender:
         decision = self._policy.decide(outcome, event.attempt - attempt_base(record.headers), now)
         started = time.monotonic()
         if decision.action is Action.DONE_SENT:
-            # The duplicate window (ledger_mark_seconds{operation="sent"}): a crash before the
+            # The duplicate window, from the reply read to the mark's commit: a crash before the
             # mark commits sends the key again.
-            await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key, message_id))
+            committed_at = await self._ledger_call(
+                "mark sent", partial(self._ledger.mark_sent, key, message_id))
+            self.metrics.observe("sent_mark_window_seconds", committed_at - read_at)
         else:
             await self._ledger_call("release", partial(self._ledger.release, key))
         self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,

@@ -77,11 +77,14 @@ class PostroomProcesses:
     def __exit__(self, *_exc_info: object) -> None:
         self.stop_all()
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        """Start ``postroom ARGS`` as ``name`` (a name stopped before may start again)."""
+    def start(self, name: str, *args: str,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``postroom ARGS`` as ``name`` (a name stopped before may start again); ``env``
+        adds to or overrides the shared environment for this one (its metrics port, say)."""
         if name in self.processes and self.processes[name].poll() is None:
             raise ValueError(f"postroom {name} is running already")
-        process = start_postroom(*args, env=self._env, log=self.log_path(name))
+        process = start_postroom(*args, env={**self._env, **(env or {})},
+                                 log=self.log_path(name))
         self.processes[name] = process
         return process
 

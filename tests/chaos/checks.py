@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from chaos.harness import TIERS, Run
 from chaos.mailserver import Reply, planned_deferrals
+from postroom.devkit.histograms import Buckets
 from postroom.topics import dead_letter_topic, results_topic
 from relay.db import make_engine, upgrade
 from relay.recorder import apply_results
@@ -22,6 +23,28 @@ from schemas.codec import EmailResult, SchemaError, decode
 # A server may still read a killed client's last message from its socket buffer.
 KILL_SLACK_S = 0.5
 COMPARED = ("status", "attempts", "message_id", "smtp_code", "enhanced_code", "last_error")
+
+
+@dataclasses.dataclass(frozen=True)
+class KillOutcome:
+    """What one sender kill left: keys in doubt, duplicates, how long the in-doubt keys waited."""
+
+    in_doubt: int        # keys the killed sender's ledger rows held as `sending`
+    others_sending: int  # keys the other senders' processes held as `sending` at the kill
+    duplicates_before: int  # duplicates whose first 250 the server wrote before the SIGKILL
+    duplicates_after: int   # ... after it, to a transaction the dead process had sent in full
+    first_resent_s: float | None  # the first in-doubt key's wait for the server's next reply
+    resent_s: float | None  # the longest such wait
+    not_resent: int      # in-doubt keys the server never heard of again (a mark in flight)
+    reaped_s: float
+
+    def line(self) -> str:
+        resent = ("-" if self.first_resent_s is None or self.resent_s is None
+                  else f"{self.first_resent_s:.1f}-{self.resent_s:.1f}")
+        more = f", {self.not_resent} not resent" if self.not_resent else ""
+        return (f"{self.in_doubt} in doubt (other {self.others_sending}), duplicates "
+                f"{self.duplicates_before}+{self.duplicates_after}, resent within {resent} s"
+                f"{more}, reaped in {self.reaped_s * 1000:.0f} ms")
 
 
 @dataclasses.dataclass
@@ -34,6 +57,7 @@ class Outcome:
     wrong_state: list[str] = dataclasses.field(default_factory=list)
     duplicates: int = 0
     in_window: int = 0
+    answered_after_kill: int = 0  # of in_window: the first 250 came after the SIGKILL
     late_reply: int = 0
     unexplained: list[str] = dataclasses.field(default_factory=list)
     bad_attempts: list[str] = dataclasses.field(default_factory=list)
@@ -41,19 +65,21 @@ class Outcome:
     poison_dead_lettered: int = 0
     unreadable_results: int = 0
     crashed: list[str] = dataclasses.field(default_factory=list)
+    idle_kills: list[str] = dataclasses.field(default_factory=list)  # at full load: none in doubt
     kills: int = 0
     in_doubt: int = 0  # keys the killed senders' ledger rows held as sending
     poisoned: int = 0  # poison() calls: one record each on a priority, a retry, the results topic
     window_s: list[float] = dataclasses.field(default_factory=list)
     accepted_before_kill_s: list[float] = dataclasses.field(default_factory=list)
-    mark_in_process: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
+    # the last senders' own histogram of it, from the reply read to the mark's commit
+    mark_window: Buckets = dataclasses.field(default_factory=lambda: Buckets(()))
     takeover_s: float | None = None  # the longest a killed sender's in-doubt key waited
-    per_kill: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # in doubt, resent
+    per_kill: list[KillOutcome] = dataclasses.field(default_factory=list)
 
     def problems(self) -> list[str]:
         found = []
         for what in ("lost", "wrong_state", "unexplained", "bad_attempts", "recorder_mismatch",
-                     "crashed"):
+                     "crashed", "idle_kills"):
             items = getattr(self, what)
             if items:
                 found.append(f"{self.scenario}: {what} ({len(items)}): {sorted(items)[:5]}")
@@ -120,8 +146,11 @@ def replay(run: Run, results: list[EmailResult]) -> dict[str, tuple[Any, ...]]:
     return {row[0]: tuple(row[1:]) for row in rows}
 
 
-def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float) -> Outcome:
-    """Compare the three sources with the input; see Outcome.problems() for what must be empty."""
+def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
+          kills_at_full_load: bool = False) -> Outcome:
+    """Compare the three sources with the input; see Outcome.problems() for what must be empty.
+    ``kills_at_full_load``: a sender kill that found no key in doubt is a problem (it proved
+    nothing about the window)."""
     outcome = Outcome(run.name, len(run.expected), run.faults, drain_s, kills=len(run.kills),
                       poisoned=run.poisoned, in_doubt=sum(len(k.in_doubt) for k in run.kills))
     rows = {r.recipient: r for r in run.query(
@@ -141,8 +170,12 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
         elif row.status != expected:
             outcome.wrong_state.append(f"{rcpt}={row.status}")
 
-    # 2. duplicates at the server, each explained by a kill's window or a reply too late
+    # 2. duplicates at the server, each explained by a kill's window or a reply too late: in a
+    # kill's window when the key was `sending` under the killed process and its first 250 was
+    # written before the SIGKILL (received, or on its way) or just after it (the server finished
+    # a transaction the dead process had sent in full)
     ids = Counter(r.message_id for r in run.mail.replies if r.code == 250)
+    by_kill: Counter[tuple[int, bool]] = Counter()
     for rcpt, got in replies.items():
         accepted = [r for r in got if r.code == 250]
         if len(accepted) < 2:
@@ -151,11 +184,15 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
         outcome.duplicates += extra
         first = accepted[0]
         key = rows[rcpt].idempotency_key if rcpt in rows else ""
-        before_kill = [kill.at - first.at for kill in run.kills
-                       if key in kill.in_doubt and first.at <= kill.at + KILL_SLACK_S]
-        if before_kill:
+        killed = [n for n, kill in enumerate(run.kills)
+                  if key in kill.in_doubt and first.at <= kill.at + KILL_SLACK_S]
+        if killed:
+            kill = run.kills[killed[0]]
             outcome.in_window += extra
-            outcome.accepted_before_kill_s.append(min(before_kill))
+            outcome.accepted_before_kill_s.append(kill.at - first.at)
+            after = first.at > kill.at
+            outcome.answered_after_kill += extra if after else 0
+            by_kill[killed[0], after] += extra
         elif first.late_s > smtp_timeout_s:
             outcome.late_reply += extra
         else:
@@ -200,15 +237,23 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
                 outcome.poison_dead_lettered += 1
 
     # takeover: from a kill to the server's next reply for each key the killed sender held
-    for kill in run.kills:
-        longest = 0.0
+    for n, kill in enumerate(run.kills):
+        waits = []
         for key in kill.in_doubt:
             rcpt = key.split("|", 1)[1]
             after = [r.at for r in replies[rcpt] if r.at > kill.at + KILL_SLACK_S]
-            longest = max(longest, (min(after) if after else float("inf")) - kill.at)
-        outcome.per_kill.append((len(kill.in_doubt), longest))
-        if kill.in_doubt:
-            outcome.takeover_s = max(outcome.takeover_s or 0.0, longest)
+            if after:
+                waits.append(min(after) - kill.at)
+        resent_s = max(waits) if waits else None
+        outcome.per_kill.append(KillOutcome(
+            len(kill.in_doubt), kill.others_sending, by_kill[n, False], by_kill[n, True],
+            min(waits) if waits else None, resent_s, len(kill.in_doubt) - len(waits),
+            kill.reaped_s))
+        if resent_s is not None:
+            outcome.takeover_s = max(outcome.takeover_s or 0.0, resent_s)
+        if kills_at_full_load and not kill.in_doubt:
+            outcome.idle_kills.append(f"kill {n + 1} (pid {kill.owner_pid}) at {kill.at:.1f}: "
+                                      "no key in doubt")
 
     # the window: the 250 on its way back (after the server's latency) to the sent mark
     for rcpt, row in rows.items():
@@ -222,9 +267,9 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float)
 
 def table(outcomes: list[Outcome]) -> str:
     """One line per scenario, as docs/reliability.md shows it."""
-    head = ("| scenario | emails | faults | lost | wrong state | duplicates (in window / "
-            "late reply / unexplained) | window p50 / p99 ms | in doubt at kills, resent within s "
-            "| drain after last fault s |")
+    head = ("| scenario | emails | faults | lost | wrong state | duplicates (in window: 250 "
+            "before + after the kill / late reply / unexplained) | window p50 / p99 ms | in doubt "
+            "at kills, resent within s | drain after last fault s |")
     lines = [head, "|---|---:|---:|---:|---:|---|---|---|---:|"]
     for o in outcomes:
         p50, p99 = o.window_ms(50), o.window_ms(99)
@@ -232,6 +277,7 @@ def table(outcomes: list[Outcome]) -> str:
         takeover = "-" if o.takeover_s is None else f"{o.in_doubt}, {o.takeover_s:.1f}"
         lines.append(
             f"| {o.scenario} | {o.emails} | {o.faults} | {len(o.lost)} | {len(o.wrong_state)} "
-            f"| {o.duplicates} ({o.in_window} / {o.late_reply} / {len(o.unexplained)}) "
+            f"| {o.duplicates} ({o.in_window - o.answered_after_kill} + {o.answered_after_kill} "
+            f"/ {o.late_reply} / {len(o.unexplained)}) "
             f"| {window} | {takeover} | {o.drain_s:.1f} |")
     return "\n".join(lines)

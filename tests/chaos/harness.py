@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from confluent_kafka import Producer
 
 from chaos.mailserver import ChaosMailServer
 from postroom import enqueue
+from postroom.devkit.histograms import Buckets, parse_histogram, scrape
 from postroom.devkit.ports import free_port
 from postroom.kafka import create_topics, make_admin
 from postroom.settings import Settings
@@ -41,11 +41,16 @@ FEED_CHUNK = 50
 
 @dataclasses.dataclass
 class Kill:
-    """A sender killed with SIGKILL: when, and the keys its ledger rows held as `sending`."""
+    """A sender killed with SIGKILL: when, the keys its ledger rows held as `sending`, and how
+    many the other senders' processes held as `sending` at that moment."""
 
-    at: float
+    at: float          # time.time() just before the SIGKILL
     owner_pid: int
     in_doubt: frozenset[str]
+    others_sending: int = 0
+    # From the SIGKILL to the process reaped. The kernel frees a process's memory before it
+    # closes its sockets, so for this long a server may still answer the dead process.
+    reaped_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -57,10 +62,11 @@ class Role:
     metrics_port: int | None = None
 
 
-def recipients_for(count: int, tag: str) -> list[str]:
-    """The known input set: 75% accepted, 15% deferred once or twice, 5% rejected, 5% never."""
+def recipients_for(count: int, tag: str, start: int = 0) -> list[str]:
+    """The known input set: 75% accepted, 15% deferred once or twice, 5% rejected, 5% never;
+    ``start`` continues a set where an earlier call ended."""
     kinds = ["reject", "never", "defer1", "defer1", "defer2"] + ["accept"] * 15
-    return [f"{kinds[i % len(kinds)]}-{tag}-{i}@example.com" for i in range(count)]
+    return [f"{kinds[i % len(kinds)]}-{tag}-{i}@example.com" for i in range(start, start + count)]
 
 
 def expected_status(recipient: str) -> str:
@@ -96,6 +102,7 @@ class Run:
         self.expected: dict[str, str] = {}  # recipient -> expected final status
         self._feeder: threading.Thread | None = None
         self.feed_error: BaseException | None = None
+        self.faults_done = threading.Event()  # set when the scenario has injected its faults
 
     # -- set-up and processes ------------------------------------------------------------------
 
@@ -147,34 +154,15 @@ class Run:
         self.wait_until(lambda: all(assigned(n) for n in ("sender1", "sender2")), timeout_s,
                         "both senders to be assigned partitions")
 
-    def sent_mark_summaries(self) -> list[tuple[float, float, float]]:
-        """(count, sum, bucket bound of the 99th percentile) of each running sender's
-        ledger_mark_seconds{operation="sent"} histogram, read from its /metrics."""
-        found = []
+    def sent_mark_window(self) -> Buckets:
+        """The running senders' sent_mark_window_seconds histograms (reply read to the mark's
+        commit), summed: the processes started last, as a killed one's went with it."""
+        window = Buckets(())
         for role in self.roles.values():
             if role.metrics_port is None or role.proc is None or role.proc.poll() is not None:
                 continue
-            url = f"http://127.0.0.1:{role.metrics_port}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as response:
-                text = response.read().decode()
-            count = total = 0.0
-            buckets: list[tuple[float, float]] = []
-            for line in text.splitlines():
-                if not line.startswith("postroom_ledger_mark_seconds") or \
-                        'operation="sent"' not in line:
-                    continue
-                name, value = line.rsplit(" ", 1)
-                if name.startswith("postroom_ledger_mark_seconds_count"):
-                    count = float(value)
-                elif name.startswith("postroom_ledger_mark_seconds_sum"):
-                    total = float(value)
-                elif name.startswith("postroom_ledger_mark_seconds_bucket"):
-                    bound = name.split('le="', 1)[1].split('"', 1)[0]
-                    buckets.append((float(bound), float(value)))
-            if count:
-                p99 = min(b for b, n in buckets if n >= 0.99 * count)
-                found.append((count, total, p99))
-        return found
+            window += parse_histogram(scrape(role.metrics_port), "postroom_sent_mark_window_seconds")
+        return window
 
     def alive(self) -> list[str]:
         return [n for n, r in self.roles.items() if r.proc is not None and r.proc.poll() is None]
@@ -208,16 +196,30 @@ class Run:
 
     # -- input -----------------------------------------------------------------------------------
 
-    def feed(self, recipients: list[str], rate_per_s: float) -> None:
-        """Enqueue ``recipients`` on a thread, FEED_CHUNK per transaction, at about this rate."""
+    def feed(self, recipients: list[str], rate_per_s: float, backlog: int = 0) -> None:
+        """Enqueue ``recipients`` on a thread, FEED_CHUNK per transaction, at about this rate.
+        With a ``backlog``, go on with more of the same set until ``faults_done`` is set, keeping
+        at least that many rows unfinished: the senders never run dry while faults come."""
         for rcpt in recipients:
             self.expected[rcpt] = expected_status(rcpt)
 
         def run() -> None:
             try:
-                for n, start in enumerate(range(0, len(recipients), FEED_CHUNK)):
+                chunks = range(0, len(recipients), FEED_CHUNK)
+                for n, start in enumerate(chunks):
                     chunk = recipients[start:start + FEED_CHUNK]
                     self._enqueue(f"feed-{n}", chunk)
+                    time.sleep(len(chunk) / rate_per_s)
+                n = len(chunks)
+                while backlog and not self.faults_done.is_set():
+                    if len(self.expected) - self.finished() >= backlog:
+                        time.sleep(0.2)
+                        continue
+                    chunk = recipients_for(FEED_CHUNK, self.tag, start=len(self.expected))
+                    for rcpt in chunk:
+                        self.expected[rcpt] = expected_status(rcpt)
+                    self._enqueue(f"feed-{n}", chunk)
+                    n += 1
                     time.sleep(len(chunk) / rate_per_s)
             except BaseException as exc:  # noqa: BLE001 - reported by wait_fed()
                 self.feed_error = exc
@@ -261,6 +263,29 @@ class Run:
     def accepted(self) -> int:
         return sum(1 for r in self.mail.replies if r.code == 250)
 
+    def sending(self) -> dict[str, int]:
+        """How many keys each sender's current process holds as `sending` in the ledger."""
+        pids = {str(r.proc.pid): n for n, r in self.roles.items()
+                if r.command == "sender" and r.proc is not None}
+        counts = dict.fromkeys(pids.values(), 0)
+        for pid, n in self.query("SELECT split_part(owner, ':', 2), count(*) FROM sender_ledger "
+                                 "WHERE state = 'sending' GROUP BY 1"):
+            if pid in pids:
+                counts[pids[pid]] = n
+        return counts
+
+    def busy_senders(self, share: float, timeout_s: float) -> list[str]:
+        """The senders whose current process holds at least ``share`` of its SMTP concurrency as
+        `sending` (partitions with a backlog on them), once there is one; none after
+        ``timeout_s``, so the kill that follows shows it."""
+        wanted = share * self.settings.smtp_concurrency
+        deadline = time.monotonic() + timeout_s
+        while True:
+            busy = [name for name, n in self.sending().items() if n >= wanted]
+            if busy or time.monotonic() > deadline:
+                return busy
+            time.sleep(0.1)
+
     def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
@@ -288,15 +313,17 @@ class Run:
         role = self.roles[name]
         assert role.proc is not None
         pid = role.proc.pid
+        at = time.time()
         role.proc.send_signal(signal.SIGKILL)
         role.proc.wait()
-        at = time.time()
+        reaped_s = time.time() - at
         if role.command == "sender":
             # The dead process changes nothing any more; no one takes its claims before
             # its partitions move, seconds from now.
             rows = self.query("SELECT idempotency_key FROM sender_ledger WHERE state = 'sending' "
                               "AND split_part(owner, ':', 2) = :pid", pid=str(pid))
-            self.kills.append(Kill(at, pid, frozenset(r[0] for r in rows)))
+            others = sum(n for other, n in self.sending().items() if other != name)
+            self.kills.append(Kill(at, pid, frozenset(r[0] for r in rows), others, reaped_s))
         if restart:
             self.start_role(name)
         self._fault()

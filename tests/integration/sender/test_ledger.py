@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ import sqlalchemy as sa
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from sender.errors import LedgerUnavailableError
-from sender.ledger import Claim, ClaimResult, Ledger
+from sender.ledger import MARK_SWITCH_INTERVAL_S, Claim, ClaimResult, Ledger
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +48,40 @@ def test_claims(engine: sa.Engine, db_settings: Settings) -> None:
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_mark_says_when_its_commit_returned(engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a, b = ledger(engine, db_settings, "a"), ledger(engine, db_settings, "b")
+        try:
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            before = time.monotonic()
+            committed_at = await a.mark_sent("k", "<k@example.com>")
+            assert before < committed_at <= time.monotonic()
+            assert (await b.claim("k", 2)).claim is Claim.SENT
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_marker_thread_gets_the_gil_within_its_switch_interval(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        try:
+            await a.mark_sent("k", "<k@example.com>")
+        finally:
+            await a.close()
+
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        asyncio.run(scenario())
+        assert sys.getswitchinterval() == pytest.approx(MARK_SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(default)
 
 
 def test_an_expired_lease_can_be_taken_over(engine: sa.Engine, db_settings: Settings) -> None:

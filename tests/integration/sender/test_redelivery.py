@@ -57,7 +57,10 @@ def test_a_row_published_twice_is_mailed_once(
     statuses = [decode(EmailResult, r.value, r.headers).status for r in results]
     assert set(statuses) == {DeliveryStatus.SENT}
     assert pipeline.sender is not None
-    assert pipeline.sender.sender.metrics.counter("duplicates_suppressed_total") == 1
+    metrics = pipeline.sender.sender.metrics
+    assert metrics.counter("duplicates_suppressed_total") == 1
+    window = metrics.summary("sent_mark_window_seconds")  # one per email sent, not the copy
+    assert window is not None and window[0] == 5
 
 
 def test_a_graceful_stop_finishes_in_flight_sends(

@@ -42,3 +42,15 @@ def test_an_exited_process_is_reported_with_the_end_of_its_log(tmp_path: Path) -
             processes.wait_logged("never printed", timeout_s=60)
     assert processes.stop_all() == {"bad": 2}
     assert "invalid int value" in processes.log("bad")  # still readable once stopped
+
+
+def test_a_process_started_with_its_own_env_gets_it_on_top_of_the_shared_one(
+        tmp_path: Path) -> None:
+    shared = {k: v for k, v in os.environ.items() if not k.startswith("POSTROOM_")}
+    with PostroomProcesses(shared, tmp_path) as processes:
+        processes.start("plain", "status")
+        processes.start("own", "status", env={"POSTROOM_METRICS_PORT": "notaport"})
+        for name in ("plain", "own"):
+            processes.processes[name].wait(60)
+    assert "POSTROOM_DATABASE_URL: is not set" in processes.log("plain")
+    assert "POSTROOM_METRICS_PORT: invalid literal" in processes.log("own")
