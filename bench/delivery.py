@@ -51,6 +51,7 @@ WIDE_CONCURRENCY = 64
 POSTOFFICE_THREADS = 20
 SERVER_START_TIMEOUT_S = 15.0
 WARMUP_TIMEOUT_S = 120.0
+ROUNDS = 3  # runs of each design per server (the backlog: one); the median is reported
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 SMTP_TIMEOUT_S = 30.0
@@ -116,10 +117,17 @@ class Timed:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
+    """A design's runs against one server: its figures are the median run's (by duration)."""
+
     server: ServerPlan
     design: str
     emails: int
-    timed: Timed
+    timings: tuple[Timed, ...]
+
+    @property
+    def timed(self) -> Timed:
+        ordered = sorted(self.timings, key=lambda t: t.seconds)
+        return ordered[(len(ordered) - 1) // 2]
 
     @property
     def seconds(self) -> float:
@@ -128,6 +136,14 @@ class Run:
     @property
     def per_s(self) -> float:
         return per_s(self.emails, self.seconds)
+
+    @property
+    def spread(self) -> str:
+        """The slowest and the fastest run, in emails/s; empty for a single run."""
+        if len(self.timings) < 2:
+            return ""
+        rates = sorted(per_s(self.emails, t.seconds) for t in self.timings)
+        return f"{fmt_rate(rates[0])}-{fmt_rate(rates[-1])}"
 
 
 # -- servers ---------------------------------------------------------------------------------------
@@ -386,13 +402,21 @@ def _run_design(base: Settings, server: Server, design: str, emails: int,
 def run(base: Settings, options: Options) -> Section:
     concurrency = Settings().smtp_concurrency
     runs: list[Run] = []
+    rounds = 1 if options.quick else ROUNDS
     for plan in QUICK if options.quick else FULL:
+        timings: dict[str, list[Timed]] = collections.defaultdict(list)
         with smtp_server(plan) as server:
-            for design, emails in plan.emails.items():
-                progress(f"delivery: {_label(design, concurrency)}, {emails:,} emails to "
-                         f"{plan.label}")
-                runs.append(Run(plan, design, emails,
-                                _run_design(base, server, design, emails, concurrency)))
+            # Round by round, every design once per round, so a slow patch of a shared machine
+            # falls on all of them; the backlog run once.
+            for round_no in range(rounds):
+                for design, emails in plan.emails.items():
+                    if design == BACKLOG and round_no > 0:
+                        continue
+                    progress(f"delivery: round {round_no + 1}/{rounds}: "
+                             f"{_label(design, concurrency)}, {emails:,} emails to {plan.label}")
+                    timings[design].append(_run_design(base, server, design, emails, concurrency))
+        runs += [Run(plan, design, emails, tuple(timings[design]))
+                 for design, emails in plan.emails.items()]
     return _section(runs, concurrency)
 
 
@@ -429,7 +453,7 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         cpu = r.timed.cpu
         client = sum(s for name, s in cpu.processes.items() if name != "server") if cpu else None
         rows.append([r.server.label if first else "", _label(r.design, concurrency),
-                     f"{r.emails:,}", f"{r.seconds:.2f}", fmt_rate(r.per_s),
+                     f"{r.emails:,}", f"{r.seconds:.2f}", fmt_rate(r.per_s), r.spread or "-",
                      "-" if client is None else f"{client * 1000 / r.emails:.2f}",
                      _ms_per_email(cpu, r.emails, "server"),
                      "-" if cpu is None else f"{cpu.busy_fraction:.0%}"])
@@ -447,8 +471,13 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         "500-byte plain-text body, one recipient per email, N distinct recipients; every server "
         "and every design in a process of its own",
         "",
-        *table(["server", "design", "emails", "seconds", "emails/s", "client CPU ms/email",
-                "server CPU ms/email", "machine busy"], rows),
+        *table(["server", "design", "emails", "seconds", "emails/s", "slowest-fastest",
+                "client CPU ms/email", "server CPU ms/email", "machine busy"], rows),
+        "",
+        (f"emails/s, seconds and CPU: the median of {rounds} runs per design (the backlog: "
+         "one), taken round by round; slowest-fastest: the range of those runs."
+         if (rounds := max(len(r.timings) for r in runs)) > 1 else
+         "one run per design (--quick): no median, no spread."),
         "",
         "seed: enqueue commit -> deliver_due() returned with every row 'sent'.",
         "post-office: its send phase only, send_queued_mail until nothing is queued (queueing "
