@@ -29,7 +29,8 @@ def claimed_row() -> tuple[Any, ...]:
     """A row as the relay's claim returns it for one recipient of a report."""
     return ("report-2026-09/r12345@example.com", "report-2026-09", 123_456, "r12345@example.com",
             MAIL_FROM, SUBJECT, BODY, ["/srv/reports/2026-09.xlsx"], "normal",
-            dt.datetime(2026, 9, 30, 22, 0, 1, 123_000, tzinfo=dt.UTC), 1, None)
+            dt.datetime(2026, 9, 30, 22, 0, 1, 123_000, tzinfo=dt.UTC), 1, None,
+            None, [])  # version 2 of the contract: no HTML body, no inline images
 
 
 def writers() -> dict[str, Callable[[Sequence[Any]], bytes]]:
