@@ -274,17 +274,22 @@ class Run:
                 counts[pids[pid]] = n
         return counts
 
-    def busy_senders(self, share: float, timeout_s: float) -> list[str]:
-        """The senders whose current process holds at least ``share`` of its SMTP concurrency as
-        `sending` (partitions with a backlog on them), once there is one; none after
+    def busy_senders(self, share: float, timeout_s: float, samples: int = 5,
+                     every_s: float = 0.2) -> list[str]:
+        """The senders whose current process held at least ``share`` of its SMTP concurrency as
+        `sending` at each of the last ``samples`` looks, ``every_s`` apart (a backlog on its
+        partitions, not a burst of retries coming due), once there is one; none after
         ``timeout_s``, so the kill that follows shows it."""
         wanted = share * self.settings.smtp_concurrency
         deadline = time.monotonic() + timeout_s
+        seen: list[dict[str, int]] = []
         while True:
-            busy = [name for name, n in self.sending().items() if n >= wanted]
+            seen = [*seen, self.sending()][-samples:]
+            busy = [name for name in seen[-1]
+                    if len(seen) == samples and all(s.get(name, 0) >= wanted for s in seen)]
             if busy or time.monotonic() > deadline:
                 return busy
-            time.sleep(0.1)
+            time.sleep(every_s)
 
     def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
