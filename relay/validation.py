@@ -138,7 +138,11 @@ def check_attachments(paths: Sequence[str | Path], max_bytes: int,
         shown = str(raw)  # errors show the path as given
         with _as_enqueue_error(InvalidAttachmentError):
             rules.check_attachment_path(shown)
-        path = Path(raw).expanduser().absolute()
+        try:
+            path = Path(raw).expanduser().absolute()
+        except RuntimeError:  # "~name" of a user this host does not know
+            raise InvalidAttachmentError(
+                f"{what} {shown} names the home of an unknown user") from None
         with _as_enqueue_error(InvalidAttachmentError):
             rules.check_attachment_path(os.path.normpath(path))
             rules.check_attachment_path(str(path.resolve()))

@@ -224,3 +224,11 @@ def test_a_large_recipient_list_is_one_call(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         assert enqueue(conn, key="all-staff", recipients=recipients, subject="S", body="b") == 0
     assert count(engine) == 10_000
+
+
+def test_the_home_of_an_unknown_user_is_refused(engine: sa.Engine) -> None:
+    # Path.expanduser raises RuntimeError for "~name" when no such user exists.
+    with pytest.raises(InvalidAttachmentError, match="unknown user"), engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b",
+                attachments=["~no-such-user-of-postroom/report.xlsx"])
+    assert count(engine) == 0
