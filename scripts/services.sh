@@ -428,21 +428,27 @@ kafka_down() {
     stop_service kafka "$(kafka_pid || true)" "$KAFKA_PIDFILE" "$KAFKA_LOG"
 }
 
-kafka_status() {
-    local pid
-    if pid=$(kafka_pid) && port_answers "$KAFKA_PORT"; then
-        say "kafka: running (pid $pid, $HOST:$KAFKA_PORT, data $KAFKA_DATA)"
-        if port_answers "$SECURE_PORT"; then
-            say "kafka: SASL_SSL on $HOST:$SECURE_PORT"
-        else
-            say "kafka: SASL_SSL on $HOST:$SECURE_PORT does not answer"
-        fi
+# service_status NAME PID_FUNCTION PORT DETAIL: says whether NAME runs and answers on PORT;
+# fails unless it does.
+service_status() {
+    local name=$1 pid_of=$2 port=$3 detail=$4 pid
+    if pid=$("$pid_of") && port_answers "$port"; then
+        say "$name: running (pid $pid, $detail)"
     elif [[ -n ${pid:-} ]]; then
-        say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer"
+        say "$name: pid $pid runs but $HOST:$port does not answer"
         return 1
     else
-        say "kafka: stopped"
+        say "$name: stopped"
         return 1
+    fi
+}
+
+kafka_status() {
+    service_status kafka kafka_pid "$KAFKA_PORT" "$HOST:$KAFKA_PORT, data $KAFKA_DATA" || return 1
+    if port_answers "$SECURE_PORT"; then
+        say "kafka: SASL_SSL on $HOST:$SECURE_PORT"
+    else
+        say "kafka: SASL_SSL on $HOST:$SECURE_PORT does not answer"
     fi
 }
 
@@ -723,16 +729,7 @@ pg_down() {
 }
 
 pg_status() {
-    local pid
-    if pid=$(pg_pid) && port_answers "$PG_PORT"; then
-        say "postgres: running (pid $pid, $HOST:$PG_PORT, data $PG_DATA)"
-    elif [[ -n ${pid:-} ]]; then
-        say "postgres: pid $pid runs but $HOST:$PG_PORT does not answer"
-        return 1
-    else
-        say "postgres: stopped"
-        return 1
-    fi
+    service_status postgres pg_pid "$PG_PORT" "$HOST:$PG_PORT, data $PG_DATA"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -864,16 +861,7 @@ registry_down() {
 }
 
 registry_status() {
-    local pid
-    if pid=$(registry_pid) && port_answers "$REGISTRY_PORT"; then
-        say "registry: running (pid $pid, $(registry_url), in-memory storage)"
-    elif [[ -n ${pid:-} ]]; then
-        say "registry: pid $pid runs but $HOST:$REGISTRY_PORT does not answer"
-        return 1
-    else
-        say "registry: stopped"
-        return 1
-    fi
+    service_status registry registry_pid "$REGISTRY_PORT" "$(registry_url), in-memory storage"
 }
 
 # ---------------------------------------------------------------------------------------------
