@@ -27,7 +27,7 @@ MAX_REPLY_BYTES = 64 * 1024
 SMTP_OK = 250
 SMTP_WILL_FORWARD = 251
 START_MAIL_INPUT = 354
-SERVICE_UNAVAILABLE = 421
+SERVICE_UNAVAILABLE = 421  # the server is closing the connection
 
 
 class Pipeline(asyncio.Protocol):

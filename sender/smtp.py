@@ -27,15 +27,12 @@ from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
-from sender.pipelining import Pipeline
+from sender.pipelining import SERVICE_UNAVAILABLE, SMTP_OK, SMTP_WILL_FORWARD, Pipeline
 from sender.render import Payload, is_plain_address, payload_of
 
 logger = logging.getLogger(__name__)
 
 QUIT_TIMEOUT_S = 5.0
-SMTP_OK = 250
-SMTP_WILL_FORWARD = 251
-SERVICE_UNAVAILABLE = 421  # the server is closing the connection
 _UNREACHABLE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETDOWN,
                        errno.EADDRNOTAVAIL}
 _REFUSED_TEXT = "Connection refused"
