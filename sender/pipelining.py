@@ -28,6 +28,9 @@ SMTP_OK = 250
 SMTP_WILL_FORWARD = 251
 START_MAIL_INPUT = 354
 SERVICE_UNAVAILABLE = 421  # the server is closing the connection
+# The replies that let a transaction go on, whether pipelined or not (sender/smtp.py).
+MAIL_ACCEPTED = (SMTP_OK,)
+RCPT_ACCEPTED = (SMTP_OK, SMTP_WILL_FORWARD)
 
 
 class Pipeline(asyncio.Protocol):
@@ -181,9 +184,9 @@ class Pipeline(asyncio.Protocol):
 def _refusal(mail: SMTPResponse, rcpt: SMTPResponse,
              data: SMTPResponse) -> tuple[Stage, SMTPResponse] | None:
     """The first reply of the group that refused, with its stage; None when all went on."""
-    if mail.code != SMTP_OK:
+    if mail.code not in MAIL_ACCEPTED:
         return Stage.MAIL_FROM, mail
-    if rcpt.code not in (SMTP_OK, SMTP_WILL_FORWARD):
+    if rcpt.code not in RCPT_ACCEPTED:
         return Stage.RCPT_TO, rcpt
     if data.code != START_MAIL_INPUT:
         return Stage.DATA, data

@@ -27,7 +27,7 @@ from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
-from sender.pipelining import SERVICE_UNAVAILABLE, SMTP_OK, SMTP_WILL_FORWARD, Pipeline
+from sender.pipelining import MAIL_ACCEPTED, RCPT_ACCEPTED, SERVICE_UNAVAILABLE, Pipeline
 from sender.render import Payload, is_plain_address, payload_of
 
 logger = logging.getLogger(__name__)
@@ -335,9 +335,9 @@ class SmtpPool:
             if isinstance(smtp, Pipeline):
                 response = await smtp.transaction(mail, rcpt, content)
             else:
-                await _command(smtp, (SMTP_OK,), mail)
+                await _command(smtp, MAIL_ACCEPTED, mail)
                 stage = Stage.RCPT_TO
-                await _command(smtp, (SMTP_OK, SMTP_WILL_FORWARD), rcpt)
+                await _command(smtp, RCPT_ACCEPTED, rcpt)
                 stage = Stage.DATA
                 response = await smtp.data(content)
         except aiosmtplib.SMTPResponseException as exc:
