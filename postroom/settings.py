@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -20,6 +21,9 @@ ENV_PREFIX = "POSTROOM_"
 # How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay
 # claim must outlast it, so a row is never claimed by two relays while one still waits.
 PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
+# How long one Schema Registry request may wait for an answer (the client's ``timeout``); the
+# client then retries it (``max.retries``, 3 by default) before postroom reports the registry down.
+REGISTRY_TIMEOUT_S = 10
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # librdkafka settings that carry secrets: masked when a config is shown.
@@ -156,7 +160,7 @@ class Settings:
     topic_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # None: schemaless Avro with a fingerprint header; set: the Confluent wire format
     schema_registry_url: str | None = None
-    schema_registry_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    schema_registry_config: Mapping[str, str | float] = dataclasses.field(default_factory=dict)
     # enqueue
     mail_from: str = "postroom@localhost"
     attachment_max_bytes: int = rules.DEFAULT_ATTACHMENT_MAX_BYTES
@@ -269,10 +273,12 @@ class Settings:
         bootstrap = self.require("kafka_bootstrap_servers")
         return {"bootstrap.servers": bootstrap, **self.kafka_config}
 
-    def registry_client_config(self) -> dict[str, str]:
-        """confluent-kafka SchemaRegistryClient settings: the url plus the extras."""
+    def registry_client_config(self) -> dict[str, str | float]:
+        """confluent-kafka SchemaRegistryClient settings: the url plus the extras. A request
+        that gets no answer gives up after REGISTRY_TIMEOUT_S unless the extras say otherwise
+        (the client's own default waits for ever), and the client retries it."""
         url = self.require("schema_registry_url")
-        return {**self.schema_registry_config, "url": url}
+        return {"timeout": REGISTRY_TIMEOUT_S, **self.schema_registry_config, "url": url}
 
 
 def _positive_int(text: str) -> int:
@@ -304,10 +310,25 @@ def _http_url(text: str) -> str:
     return text
 
 
-def _registry_config(text: str) -> dict[str, str]:
-    config = parse_kafka_config(text)
+# The registry client's settings it wants as numbers; the env gives text.
+_REGISTRY_NUMBERS = ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms",
+                     "cache.capacity", "cache.latest.ttl.sec")
+
+
+def _registry_config(text: str) -> dict[str, str | float]:
+    config: dict[str, str | float] = dict(parse_kafka_config(text))
     if "url" in config:
         raise ValueError("the url goes in POSTROOM_SCHEMA_REGISTRY_URL, not here")
+    for key in _REGISTRY_NUMBERS:
+        if key in config:
+            raw = config[key]
+            try:
+                number = float(raw)
+            except ValueError:
+                number = math.nan
+            if not (math.isfinite(number) and number >= 0):
+                raise ValueError(f"{key} must be a number of at least 0, got {raw!r}")
+            config[key] = int(number) if number.is_integer() else number
     return config
 
 

@@ -74,7 +74,7 @@ class Registry:
 
     def __init__(self, settings: Settings) -> None:
         self._config = settings.registry_client_config()
-        self._url = mask_url(self._config["url"])
+        self._url = mask_url(settings.require("schema_registry_url"))
         self._client: Any = None  # confluent_kafka.schema_registry.SchemaRegistryClient
         self._by_id: dict[int, Schema] = {}
         self._lock = threading.RLock()

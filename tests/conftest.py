@@ -8,7 +8,7 @@ A test that needs it and cannot reach it fails; nothing here skips.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -112,3 +112,17 @@ def consume_records(settings: Settings, topics: list[str], expected: int,
 def consume() -> Callable[..., list[Consumed]]:
     """``consume(settings, topics, expected, timeout_s=30)`` -> list of records."""
     return consume_records
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+        item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that used the registry reports what the registry process was doing."""
+    report = yield
+    if report.failed and "registry_url" in getattr(item, "fixturenames", ()):
+        import support.registry
+
+        report.sections.append(("the schema registry when the test failed",
+                                support.registry.diagnosis()))
+    return report

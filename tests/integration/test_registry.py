@@ -4,16 +4,17 @@ and postroom's records read by confluent-kafka's own deserializer, as a foreign 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -56,7 +57,7 @@ def registry_settings(kafka_settings: Settings, registry_url: str) -> Iterator[S
 
 def foreign_read(url: str, topic: str, value: bytes) -> dict[str, Any]:
     """What a consumer with confluent-kafka's AvroDeserializer and no postroom code reads."""
-    with SchemaRegistryClient({"url": url}) as client:
+    with support.registry.client(url) as client:
         record = AvroDeserializer(client)(value, SerializationContext(topic, MessageField.VALUE))
     assert isinstance(record, dict)
     return record
@@ -79,6 +80,28 @@ def test_register_is_idempotent_and_sets_the_compatibility(registry_settings: Se
     assert {registry.compatibility(d.subject) for d in first} == {"BACKWARD"}
     assert "all 9 subjects hold today's contract (compatibility BACKWARD)" in check_registry(
         registry_settings)
+
+
+def test_a_registry_that_never_answers_is_an_error_not_a_hang(kafka_settings: Settings) -> None:
+    """A registry that takes the connection and says nothing (a stalled JVM, a half-open proxy):
+    each request gives up after the timeout, is retried, and then names the registry. Without a
+    timeout the client would wait for ever, and so would the relay starting on it."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        settings = dataclasses.replace(
+            kafka_settings, schema_registry_url=f"http://127.0.0.1:{port}",
+            schema_registry_config={"timeout": 0.3, "max.retries": 1, "retries.wait.ms": 10})
+        with pytest.raises(RegistryError, match=rf"no answer from the schema registry at "
+                                                rf"http://127.0.0.1:{port}: ReadTimeout"):
+            Registry(settings).subjects()
+        accepted = 0
+        silent.settimeout(0)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                conn, _ = silent.accept()
+                conn.close()
+                accepted += 1
+    assert accepted == 2, "one request and one retry"
 
 
 def test_a_schema_the_rule_rejects_is_refused_with_the_registrys_message(
@@ -112,7 +135,7 @@ def test_our_bytes_are_the_avro_serializers(registry_settings: Settings, registr
         recipient="anna@example.com", sender="reports@example.com", subject="Umsätze 📈",
         body="Hallo", attachments=("/srv/a.xlsx",), priority="normal",
         created_at=dt.datetime(2026, 9, 30, tzinfo=dt.UTC))
-    with SchemaRegistryClient({"url": registry_url}) as client:
+    with support.registry.client(registry_url) as client:
         serializer = AvroSerializer(client, load_schema("email_requested").text,
                                     conf={"auto.register.schemas": False,
                                           "subject.name.strategy.type": "TOPIC"})

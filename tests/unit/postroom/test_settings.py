@@ -12,6 +12,7 @@ import pytest
 from postroom.errors import ConfigError
 from postroom.settings import (
     FIELDS,
+    REGISTRY_TIMEOUT_S,
     Secret,
     Settings,
     TlsMode,
@@ -395,6 +396,9 @@ def test_parse_durations_s_rejects(text: str) -> None:
     ("SCHEMA_REGISTRY_URL", "ftp://registry", "expected an http(s) URL"),
     ("SCHEMA_REGISTRY_CONFIG", "url=http://x", "goes in POSTROOM_SCHEMA_REGISTRY_URL"),
     ("SCHEMA_REGISTRY_CONFIG", "no pair", "not of the form key=value"),
+    ("SCHEMA_REGISTRY_CONFIG", "timeout=soon", "timeout must be a number of at least 0, got 'soon'"),
+    ("SCHEMA_REGISTRY_CONFIG", "max.retries=-1", "max.retries must be a number of at least 0"),
+    ("SCHEMA_REGISTRY_CONFIG", "timeout=inf", "timeout must be a number of at least 0"),
 ])
 def test_registry_settings_refuse(name: str, raw: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
@@ -415,8 +419,19 @@ def test_registry_secrets_never_show(render: Any) -> None:
     assert "'basic.auth.credentials.source': 'USER_INFO'" in shown
     # the client gets the real values
     assert settings.registry_client_config() == {
-        "url": f"https://reports:{PASSWORD}@sr.example.com",
+        "url": f"https://reports:{PASSWORD}@sr.example.com", "timeout": REGISTRY_TIMEOUT_S,
         "basic.auth.user.info": f"reports:{PASSWORD}", "basic.auth.credentials.source": "USER_INFO"}
+
+
+def test_registry_numbers_reach_the_client_as_numbers() -> None:
+    """The registry client refuses '5' where it wants 5; a request waits REGISTRY_TIMEOUT_S
+    unless told otherwise."""
+    url = {P + "SCHEMA_REGISTRY_URL": "http://sr:8081"}
+    assert Settings.from_env(url).registry_client_config()["timeout"] == REGISTRY_TIMEOUT_S
+    settings = Settings.from_env({**url, P + "SCHEMA_REGISTRY_CONFIG":
+                                  "timeout=2.5;max.retries=1;retries.wait.ms=50"})
+    assert settings.registry_client_config() == {
+        "url": "http://sr:8081", "timeout": 2.5, "max.retries": 1, "retries.wait.ms": 50}
 
 
 def test_registry_client_config_needs_the_url() -> None:
