@@ -10,11 +10,10 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import email.parser
-import email.policy
 import ipaddress
 import logging
 import mailbox
+import re
 import os
 import signal
 import ssl
@@ -389,10 +388,20 @@ def read_maildir(path: Path) -> list[ReceivedMessage]:
     return found
 
 
+# A Message-ID header line and its folded continuations, in the header block.
+_MESSAGE_ID = re.compile(rb"^message-id[ \t]*:(.*(?:\r?\n[ \t].*)*)", re.IGNORECASE | re.MULTILINE)
+_HEADER_END = re.compile(rb"\r?\n\r?\n")
+
+
 def _message_id(raw: bytes) -> str | None:
-    headers = email.parser.BytesHeaderParser(policy=email.policy.default).parsebytes(raw)
-    value = headers.get("Message-ID")
-    return str(value).strip() if value is not None else None
+    """The Message-ID, unfolded. Found with a regular expression over the header block: parsing
+    every header with the ``email`` package was a fifth of this server's CPU at full load, CPU that
+    a benchmark's client on the same machine then lacks."""
+    end = _HEADER_END.search(raw)
+    match = _MESSAGE_ID.search(raw, 0, end.start() if end else len(raw))
+    if match is None:
+        return None
+    return " ".join(match.group(1).decode("utf-8", "replace").split()) or None
 
 
 def _norm(address: str) -> str:

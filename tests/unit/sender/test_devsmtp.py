@@ -1,4 +1,5 @@
-"""The dev SMTP server's command line: flags, their environment variables, and bad values."""
+"""The dev SMTP server's command line (flags, their environment variables, and bad values) and how
+it reads a message's Message-ID."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import argparse
 
 import pytest
 
-from sender.devsmtp import parse_args, parse_defer
+import email.message
+import email.policy
+
+from sender.devsmtp import _message_id, parse_args, parse_defer
 
 
 def test_defer_flag_syntax() -> None:
@@ -31,3 +35,27 @@ def test_bad_defer_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
         parse_args(["--defer", "ops@example.com"], {})
     assert exited.value.code == 2
     assert "ADDRESS:COUNT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (b"Subject: x\r\nMessage-ID: <a@b>\r\n\r\nbody", "<a@b>"),
+    (b"message-id:<a@b>\n\nbody", "<a@b>"),
+    (b"Message-Id : \r\n <folded@b>\r\nTo: x\r\n\r\n", "<folded@b>"),
+    (b"Subject: x\r\n\r\nMessage-ID: <in-the-body@b>\r\n", None),
+    (b"X-Message-ID: <other@b>\r\n\r\n", None),
+    (b"Message-ID-Copy: <other@b>\r\n\r\n", None),
+    (b"Message-ID: \r\n\r\n", None),
+    (b"Message-ID: <only-headers@b>", "<only-headers@b>"),
+])
+def test_the_message_id_is_read_from_the_header_block(raw: bytes, expected: str | None) -> None:
+    assert _message_id(raw) == expected
+
+
+def test_the_message_id_is_what_the_email_package_reads() -> None:
+    message = email.message.EmailMessage(policy=email.policy.SMTP)
+    message["Subject"] = "Umsätze " * 20  # long and encoded: folded before the Message-ID
+    message["Message-ID"] = "<20260930.0123456789abcdef.sales-report-september@reports.example.com>"
+    message.set_content("Hallo")
+    raw = message.as_bytes()
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    assert _message_id(raw) == str(parsed["Message-ID"]).strip()
