@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sender.offsets import OffsetBook, PartitionProgress
 
@@ -27,8 +29,27 @@ def test_commit_point(taken: list[int], finished: list[int], point: int | None) 
     for offset in taken:
         progress.take(offset)
     for offset in finished:
-        progress.in_flight.discard(offset)
+        progress.finish(offset)
     assert progress.commit_point() == point
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=200))
+def test_the_commit_point_is_the_lowest_offset_in_flight(steps: list[tuple[bool, int]]) -> None:
+    """Takes and finishes in any order, rewinds and doubled finishes included: the point is the
+    lowest offset in flight, or one past the highest taken."""
+    progress = PartitionProgress()
+    in_flight: set[int] = set()
+    highest: int | None = None
+    for take, offset in steps:
+        if take:
+            progress.take(offset)
+            in_flight.add(offset)
+            highest = max(highest if highest is not None else offset, offset)
+        else:
+            progress.finish(offset)
+            in_flight.discard(offset)
+        expected = min(in_flight) if in_flight else (None if highest is None else highest + 1)
+        assert progress.commit_point() == expected
 
 
 @pytest.mark.parametrize(("taken", "finishes"), [
