@@ -91,6 +91,29 @@ def test_a_metric_used_as_the_wrong_kind_is_a_clear_error() -> None:
         metrics.set("outcomes_total", 1, status="sent")
 
 
+def test_a_metric_used_as_the_wrong_kind_is_refused_after_its_first_use_too() -> None:
+    metrics = Metrics()
+    metrics.inc("outcomes_total", status="sent")
+    metrics.inc("outcomes_total", status="sent")
+    with pytest.raises(TypeError, match="outcomes_total is a counter, not a gauge"):
+        metrics.set("outcomes_total", 1, status="sent")
+    assert metrics.counter("outcomes_total", status="sent") == 2
+
+
+def test_a_removed_series_starts_again_from_zero() -> None:
+    metrics = Metrics()
+    metrics.set("backlog", 5, priority="high")
+    metrics.set("backlog", 7, priority="low")
+    metrics.remove("backlog", priority="high")
+    assert 'priority="high"' not in metrics.render()
+    metrics.inc("outcomes_total", status="sent")
+    metrics.remove("outcomes_total", status="sent")
+    metrics.inc("outcomes_total", status="sent")
+    rendered = metrics.render()
+    assert 'postroom_outcomes_total{status="sent"} 1.0' in rendered
+    assert 'postroom_backlog{priority="low"} 7.0' in rendered
+
+
 def test_process_metrics_are_there_when_asked_for() -> None:
     assert "process_cpu_seconds_total" in Metrics(process=True).render()
     assert "process_cpu_seconds_total" not in Metrics().render()
