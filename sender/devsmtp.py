@@ -13,8 +13,8 @@ import contextlib
 import ipaddress
 import logging
 import mailbox
-import re
 import os
+import re
 import signal
 import ssl
 import sys

@@ -4,11 +4,10 @@ it reads a message's Message-ID."""
 from __future__ import annotations
 
 import argparse
-
-import pytest
-
 import email.message
 import email.policy
+
+import pytest
 
 from sender.devsmtp import _message_id, parse_args, parse_defer
 
