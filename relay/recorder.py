@@ -66,11 +66,13 @@ def result_problem(result: EmailResult) -> str | None:
 
 
 def apply_results(conn: sa.Connection, results: Sequence[EmailResult], max_attempt: int) -> int:
-    """Apply results in order; returns how many moved a row forward."""
-    changed = 0
-    for result in results:
-        changed += conn.execute(sql.RECORD_RESULT, result_params(result, max_attempt)).rowcount
-    return changed
+    """Apply results in order; returns how many moved a row forward. One statement per result
+    (a later one for the same row sees what an earlier one did), all sent at once: psycopg's
+    executemany pipelines them, so a batch waits for one round trip, not one per result."""
+    if not results:
+        return 0
+    return conn.execute(sql.RECORD_RESULT,
+                        [result_params(result, max_attempt) for result in results]).rowcount
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay.publisher import Relay
-from relay.recorder import Recorder, RecorderStats
+from relay.recorder import Recorder, RecorderStats, apply_results
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
 
 pytestmark = pytest.mark.integration
@@ -325,3 +325,26 @@ def test_results_that_do_not_fit_their_row_change_nothing(
     produce(recorder_settings, [sent(a, 1)])
     with running(recorder_settings, engine) as recorder:
         until(engine, a, lambda state: state.status == "sent", "the genuine result")
+
+
+def test_one_batch_applies_its_results_in_order(
+        recorder_settings: Settings, engine: sa.Engine) -> None:
+    """The results of one batch go to the database together, yet each sees what the ones before
+    it did: a deferral then a delivery of one row, a late copy of the deferral after them, a
+    rejection of a second row, a result for a row that does not exist."""
+    rows = enqueue_and_publish(recorder_settings, engine, "batch",
+                               ["anna@example.com", "ben@example.com"])
+    anna, ben = rows["anna@example.com"], rows["ben@example.com"]
+    missing = Row(anna.id + 1000, "nobody|x@example.com", "x@example.com")
+    with engine.begin() as conn:
+        changed = apply_results(conn, [deferred(anna, 1), sent(anna, 2, minutes=5),
+                                       deferred(anna, 1), rejected(ben, 1), sent(missing, 1)],
+                                max_attempt=5)
+    assert changed == 3
+    state = row_state(engine, anna)
+    assert (state.status, state.attempts, state.message_id) == ("sent", 2,
+                                                                f"<{anna.id}.2@postroom.test>")
+    assert state.last_error == "451 4.7.1 greylisted (attempt 1)"
+    assert (row_state(engine, ben).status, row_state(engine, ben).smtp_code) == ("failed", 550)
+    with engine.begin() as conn:
+        assert apply_results(conn, [], max_attempt=5) == 0
