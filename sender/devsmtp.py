@@ -336,11 +336,18 @@ class DevSmtpServer:
 
     def stop(self) -> None:
         if self._controller is not None:
-            # aiosmtpd's stop() cancels sessions but may close the loop before their sockets.
-            closing = asyncio.run_coroutine_threadsafe(
-                self._handler.close_connections(STOP_TIMEOUT_S), self._controller.loop)
+            # aiosmtpd's stop() cancels sessions but may close the loop before their sockets;
+            # and a client may connect again while the others close, so stop listening first.
+            controller = self._controller
+
+            async def close_all() -> None:
+                if isinstance(controller.server, asyncio.Server):
+                    controller.server.close()
+                await self._handler.close_connections(STOP_TIMEOUT_S)
+
+            closing = asyncio.run_coroutine_threadsafe(close_all(), controller.loop)
             closing.result(STOP_TIMEOUT_S + 1)
-            self._controller.stop()
+            controller.stop()
             self._controller = None
 
     def __enter__(self) -> DevSmtpServer:

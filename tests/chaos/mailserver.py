@@ -53,6 +53,11 @@ class _Handler(devsmtp._Handler):
         self.replies: list[Reply] = []
         self.drop_data = False
         self.slow_s = 0.0
+        self.stopping = False  # down() began: no more mail is taken
+
+    async def close_connections(self, timeout_s: float) -> None:
+        self.stopping = True
+        await super().close_connections(timeout_s)
 
     def _log(self, reply: Reply) -> None:
         with self.lock:
@@ -92,6 +97,12 @@ class _Handler(devsmtp._Handler):
             # Like a server that scans the content, then queues it and answers at once: a
             # client gone during the scan leaves nothing delivered.
             await asyncio.sleep(LATENCY_S)
+            if self.stopping:
+                # Going down: the connection is closing and the reply could not reach the client,
+                # so, like a server that stops taking mail when it shuts down, nothing is queued.
+                # (Queued and never answered would be a duplicate the server made, which the
+                # slow-reply fault covers.)
+                return "421 4.3.2 shutting down"
             replied_at = time.time()
             for rcpt in rcpts:
                 self._log(Reply(replied_at, rcpt, 250, message_id, 0.0, replied_at))
@@ -121,6 +132,7 @@ class ChaosMailServer:
 
     def up(self) -> None:
         server = devsmtp.DevSmtpServer(port=self.port)
+        self._handler.stopping = False
         server._handler = self._handler
         server.start()
         self._server = server
