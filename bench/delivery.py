@@ -31,7 +31,7 @@ from bench.peers import postoffice
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
-from postroom.devkit.histograms import Buckets, parse_histogram, scrape
+from postroom.devkit.histograms import SENT_MARK_WINDOW, Buckets, scrape_histogram
 from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses, postroom_command, stop_process
 from postroom.devkit.scratch import scratch_env
@@ -55,7 +55,6 @@ ROUNDS = 3  # runs of each design per server (the backlog: one); the median is r
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 SMTP_TIMEOUT_S = 30.0
-WINDOW_METRIC = "postroom_sent_mark_window_seconds"
 
 SEED, POSTOFFICE, BARE = "seed", "post-office", "bare"
 POSTROOM, POSTROOM_WIDE, POSTROOM_TWO = "postroom", "postroom-64", "postroom-2"
@@ -278,14 +277,6 @@ def _wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, e
     raise BenchError(f"timed out after {timeout_s:.0f}s with {sent} of {emails} rows sent")
 
 
-def _window(ports: Mapping[str, int]) -> Buckets:
-    """The senders' duplicate-window histograms, summed."""
-    window = Buckets(())
-    for port in ports.values():
-        window += parse_histogram(scrape(port), WINDOW_METRIC)
-    return window
-
-
 def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,
                  senders: int = 1) -> Timed:
     """From the enqueue commit to the last row recorded sent; notes what the logs complained of,
@@ -308,7 +299,7 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
                 _wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
-                window_before = _window(sender_ports)
+                window_before = scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
                 progress(f"delivery: postroom is up (one warm-up email went through); "
                          f"enqueueing {emails:,} rows in one transaction")
                 warm_rss: list[float | None] = []
@@ -324,7 +315,8 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                                       watch_rss)
                 seconds, after = last.timestamp() - committed_at, sample(pids)
                 rss_after = rss_mib(pids["sender"])
-                window = _window(sender_ports) - window_before
+                window = (scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
+                          - window_before)
             complaints = components.complaints()
         finally:
             engine.dispose()

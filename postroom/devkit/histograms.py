@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import urllib.request
+from collections.abc import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
 HOST = "127.0.0.1"
 SCRAPE_TIMEOUT_S = 10.0
+# The senders' duplicate window (postroom.metrics' sent_mark_window_seconds), as exported.
+SENT_MARK_WINDOW = "postroom_sent_mark_window_seconds"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,3 +87,11 @@ def scrape(port: int, host: str = HOST) -> str:
                                 timeout=SCRAPE_TIMEOUT_S) as response:
         text: str = response.read().decode()
     return text
+
+
+def scrape_histogram(ports: Iterable[int], name: str) -> Buckets:
+    """Histogram ``name`` of the processes serving /metrics on ``ports``, summed."""
+    total = Buckets(())
+    for port in ports:
+        total += parse_histogram(scrape(port), name)
+    return total

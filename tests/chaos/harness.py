@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 
 from chaos.mailserver import ChaosMailServer
 from postroom import enqueue
-from postroom.devkit.histograms import Buckets, parse_histogram, scrape
+from postroom.devkit.histograms import SENT_MARK_WINDOW, Buckets, scrape_histogram
 from postroom.devkit.ports import free_port
 from postroom.kafka import create_topics, make_admin
 from postroom.settings import Settings
@@ -157,12 +157,9 @@ class Run:
     def sent_mark_window(self) -> Buckets:
         """The running senders' sent_mark_window_seconds histograms (reply read to the mark's
         commit), summed: the processes started last, as a killed one's went with it."""
-        window = Buckets(())
-        for role in self.roles.values():
-            if role.metrics_port is None or role.proc is None or role.proc.poll() is not None:
-                continue
-            window += parse_histogram(scrape(role.metrics_port), "postroom_sent_mark_window_seconds")
-        return window
+        return scrape_histogram([role.metrics_port for role in self.roles.values()
+                                 if role.metrics_port is not None and role.proc is not None
+                                 and role.proc.poll() is None], SENT_MARK_WINDOW)
 
     def alive(self) -> list[str]:
         return [n for n, r in self.roles.items() if r.proc is not None and r.proc.poll() is None]

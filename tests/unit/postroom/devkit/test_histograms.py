@@ -7,10 +7,9 @@ import math
 
 import pytest
 
-from postroom.devkit.histograms import Buckets, parse_histogram, scrape
+from postroom.devkit.histograms import SENT_MARK_WINDOW as WINDOW
+from postroom.devkit.histograms import Buckets, parse_histogram, scrape, scrape_histogram
 from postroom.metrics import WINDOW_BUCKETS_S, Metrics, serve
-
-WINDOW = "postroom_sent_mark_window_seconds"
 
 
 def window_of(*observations: float) -> Buckets:
@@ -73,3 +72,20 @@ def test_scrape_reads_a_served_page() -> None:
         server.shutdown()
         server.server_close()
     assert (window.count, window.quantile_bound(0.5)) == (1, 0.004)
+
+
+def test_the_histograms_of_several_processes_are_summed() -> None:
+    first, second = Metrics(), Metrics()
+    first.observe("sent_mark_window_seconds", 0.004)
+    second.observe("sent_mark_window_seconds", 0.02)
+    second.observe("sent_mark_window_seconds", 0.02)
+    servers = [serve(first, 0), serve(second, 0)]
+    try:
+        window = scrape_histogram([s.server_address[1] for s in servers], WINDOW)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    assert (window.count, window.quantile_bound(0.3), window.quantile_bound(0.5)) == (3, 0.004,
+                                                                                      0.02)
+    assert scrape_histogram([], WINDOW) == Buckets(())
