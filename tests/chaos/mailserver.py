@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.parser
-import email.policy
 import re
 import time
 from typing import Any
@@ -88,9 +86,7 @@ class _Handler(devsmtp._Handler):
             if isinstance(server.transport, asyncio.Transport):
                 server.transport.abort()
             await asyncio.Event().wait()  # aiosmtpd cancels the session on the lost connection
-        raw: bytes = envelope.original_content or b""
-        headers = email.parser.BytesHeaderParser(policy=email.policy.default).parsebytes(raw)
-        message_id = str(headers.get("Message-ID", "")).strip() or None
+        message_id = devsmtp._message_id(envelope.original_content or b"")
         slow_s = self.slow_s
         received_at = time.time()
         if not slow_s:

@@ -54,10 +54,11 @@ SENDERS = ["sender1", "sender2"]
 
 def kill_senders(times: int, gap_s: tuple[float, float], at_full_load: bool = False) -> Inject:
     """``times`` SIGKILLs of a sender drawn at random, ``gap_s`` apart. ``at_full_load``: drawn
-    from the ones busy for a second (BUSY_SHARE) after the gap, killed AFTER_BUSY_S later. The
-    group's cooperative-sticky assignment balances partition counts, not topics, and tends to
-    leave all the priority partitions with one sender and only retry tiers with the other, which
-    is busy only in bursts: a kill of that one would say little about a sender at full load."""
+    from the ones busy for a second (BUSY_SHARE) after the gap, killed AFTER_BUSY_S later. A
+    sender whose partitions hold only retry tiers, or whose backlog ran out, is busy only in
+    bursts: a kill of that one would say little about a sender at full load. (Under the
+    cooperative-sticky assignment the senders had before range, one of two often held no
+    priority partition at all.)"""
     def inject(run: Run, rng: random.Random) -> None:
         for _ in range(times):
             time.sleep(rng.uniform(*gap_s))
