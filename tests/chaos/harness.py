@@ -30,8 +30,8 @@ from postroom.kafka import create_topics, make_admin
 from postroom.settings import Settings
 from postroom.topics import all_topics, priority_topic, results_topic, retry_topic
 from relay.db import make_engine, upgrade
+from support.stack import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SERVICES = REPO / "scripts" / "services.sh"
 # Short tiers so a scenario drains in seconds; 5 attempts in all.
 RETRY_DELAYS = "500ms,1s,2s,4s"

@@ -16,16 +16,15 @@ from pathlib import Path
 import pytest
 
 from chaos.checks import Outcome, table
-from chaos.harness import REPO
 from chaos.scenarios import FULL, SHORT, Scenario, random_mix, run_scenario
 from postroom.settings import Settings
+from support.stack import dev_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def log_dir() -> Path:
-    return Path(os.environ.get("POSTROOM_DEV_DIR", REPO / ".dev")) / "chaos" / time.strftime(
-        "%Y%m%dT%H%M%S")
+    return dev_dir() / "chaos" / time.strftime("%Y%m%dT%H%M%S")
 
 
 def run_all(settings: Settings, scenarios: list[Scenario], seed: int) -> list[Outcome]:

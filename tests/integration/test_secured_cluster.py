@@ -53,11 +53,11 @@ from postroom.topics import Priority, all_topics, priority_topic
 from relay.publisher import Relay
 from support.pipeline import Pipeline
 from support.seed import check_september, enqueue_september, seed_server
+from support.stack import dev_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-DEV_DIR = Path(os.environ.get("POSTROOM_DEV_DIR") or REPO / ".dev").resolve()
+DEV_DIR = dev_dir()
 SECURE_DIR = DEV_DIR / "secure"
 SERVICE_ROLES = ["relay", "sender", "recorder"]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from postroom.devkit.ports import free_ports
+from support.stack import REPO, dev_dir
 
-REPO = Path(__file__).resolve().parents[2]
 SERVICES = REPO / "scripts" / "services.sh"
 HOST = "127.0.0.1"
 
@@ -112,8 +112,7 @@ def test_up_twice_reports_already_running() -> None:
 
 
 def test_registry_listens_on_loopback_only() -> None:
-    dev_dir = Path(os.environ.get("POSTROOM_DEV_DIR", REPO / ".dev"))
-    pid = int((dev_dir / "registry" / "registry.pid").read_text())
+    pid = int((dev_dir() / "registry" / "registry.pid").read_text())
     addresses = listening_addresses(pid)
     # its API and Quarkus's management interface, which binds 0.0.0.0:9000 unless told
     assert len(addresses) >= 2, addresses

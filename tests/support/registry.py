@@ -10,6 +10,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from postroom.settings import REGISTRY_TIMEOUT_S, Settings
 from postroom.topics import topic_schemas, value_subject
+from support.stack import dev_dir
 
 
 def registry_url() -> str:
@@ -39,8 +40,7 @@ def delete_subjects(url: str, settings: Settings) -> None:
 def diagnosis() -> str:
     """What the local registry process is doing, for the report of a test that failed on it:
     alive or not, its CPU time and memory (busy in GC, or idle and stuck?), its last log lines."""
-    registry_dir = Path(os.environ.get("POSTROOM_DEV_DIR", Path(__file__).parents[2] / ".dev"),
-                        "registry")
+    registry_dir = dev_dir() / "registry"
     lines = []
     try:
         pid = int((registry_dir / "registry.pid").read_text())
