@@ -86,11 +86,15 @@ def send_all(cfg: SmtpConfig, *recipients: str,
 
 
 
+def dev_server(**options: Any) -> DevSmtpServer:
+    """A dev server on a free loopback port, offering PIPELINING or not as this test runs."""
+    return DevSmtpServer("127.0.0.1", 0, pipelining=_servers_pipeline[0], **options)
+
+
 @pytest.fixture
 def dev() -> Iterator[DevSmtpServer]:
-    server = DevSmtpServer("127.0.0.1", 0, reject={"old.manager@example.com"},
-                           defer={"ops@example.com": 1}, drop={"flaky@example.com"},
-                           pipelining=_servers_pipeline[0])
+    server = dev_server(reject={"old.manager@example.com"}, defer={"ops@example.com": 1},
+                        drop={"flaky@example.com"})
     server.start()
     yield server
     server.stop()
@@ -115,7 +119,7 @@ def tls_dev(certificate: tuple[Path, Path]) -> Iterator[DevSmtpServer]:
     """A dev server offering STARTTLS with the self-signed certificate."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(*certificate)
-    server = DevSmtpServer("127.0.0.1", 0, tls_context=context, pipelining=_servers_pipeline[0])
+    server = dev_server(tls_context=context)
     server.start()
     yield server
     server.stop()
@@ -159,7 +163,7 @@ def test_one_connection_is_reused_for_several_sends(dev: DevSmtpServer) -> None:
 
 
 def test_concurrency_bounds_the_open_connections() -> None:
-    server = DevSmtpServer("127.0.0.1", 0, latency_ms=200, pipelining=_servers_pipeline[0])
+    server = dev_server(latency_ms=200)
     server.start()
     try:
         async def run() -> list[SmtpReply]:
@@ -177,7 +181,7 @@ def test_concurrency_bounds_the_open_connections() -> None:
 
 def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
     """The sender holds a slot around its ledger claim and send: one limit, not two."""
-    server = DevSmtpServer("127.0.0.1", 0, pipelining=_servers_pipeline[0])
+    server = dev_server()
     server.start()
     try:
         async def run() -> tuple[bool, list[int | None]]:
@@ -199,7 +203,7 @@ def test_a_held_slot_counts_against_the_same_limit_as_sends() -> None:
 
 
 def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
-    server = DevSmtpServer("127.0.0.1", 0, latency_ms=2000, pipelining=_servers_pipeline[0])
+    server = dev_server(latency_ms=2000)
     server.start()
     try:
         [reply] = send_all(config(server.port, timeout_s=0.3), "finance@example.com")
@@ -209,7 +213,7 @@ def test_slow_reply_to_data_is_a_timeout_at_data() -> None:
 
 
 def test_a_cancelled_send_discards_its_connection() -> None:
-    server = DevSmtpServer("127.0.0.1", 0, latency_ms=500, pipelining=_servers_pipeline[0])
+    server = dev_server(latency_ms=500)
     server.start()
     try:
         async def run() -> SmtpReply:
