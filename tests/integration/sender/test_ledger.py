@@ -8,13 +8,22 @@ import sys
 import time
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
+from psycopg.conninfo import conninfo_to_dict
 
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from sender.errors import LedgerUnavailableError
-from sender.ledger import MARK_SWITCH_INTERVAL_S, Claim, ClaimResult, Ledger
+from sender.ledger import (
+    MARK_SENT,
+    MARK_SWITCH_INTERVAL_S,
+    Claim,
+    ClaimResult,
+    Ledger,
+    ledger_conninfo,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +222,6 @@ def test_an_owner_whose_session_was_terminated_takes_its_lock_again(
 
 def test_a_reopened_session_waits_for_an_older_session_holding_the_owner_lock(
         engine: sa.Engine, db_settings: Settings) -> None:
-    import psycopg
 
     from sender.ledger import LOCK_NAMESPACE, TAKE_OWNER_LOCK
 
@@ -238,7 +246,6 @@ def test_a_reopened_session_waits_for_an_older_session_holding_the_owner_lock(
 
 
 def test_a_mark_does_not_wait_behind_a_claim(engine: sa.Engine, db_settings: Settings) -> None:
-    import psycopg
 
     async def scenario() -> None:
         a = ledger(engine, db_settings, "a")
@@ -286,3 +293,67 @@ def test_a_mark_whose_session_was_terminated_fails_and_the_next_reconnects(
             await a.close()
 
     asyncio.run(scenario())
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[str]:
+    return [plan["Node Type"], *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
+
+
+def test_marks_read_the_ledger_by_its_key_before_it_is_analyzed(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """A mark is a prepared statement, planned once for all its keys. Planned on a new ledger,
+    which has no statistics and few rows, the plan joins the keys to a seq scan of the whole
+    table, and it is kept as the ledger grows: each mark then reads all of it. The ledger's
+    connections plan it on the primary key."""
+    schema = db_settings.database_schema
+    prepared = MARK_SENT.replace("%(keys)s", "$1").replace("%(message_ids)s", "$2")
+
+    def prepare(conninfo: str) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(conninfo, autocommit=True)
+        conn.execute(f"SET search_path = {schema}")
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as after five executions
+        conn.execute(f"PREPARE mark (text[], text[]) AS {prepared}")
+        return conn
+
+    def plan_of(conn: psycopg.Connection[Any]) -> list[str]:
+        row = conn.execute("EXPLAIN (FORMAT JSON) EXECUTE mark "
+                           "('{k1,k2,k3}', '{<1@x>,<2@x>,<3@x>}')").fetchone()
+        assert row is not None
+        return _plan_nodes(row[0][0]["Plan"])
+
+    with prepare(libpq_conninfo(engine)) as plain, \
+            prepare(ledger_conninfo(libpq_conninfo(engine), schema)) as pinned:
+        plain.execute("ALTER TABLE sender_ledger SET (autovacuum_enabled = false)")
+        plain.execute("""
+            INSERT INTO sender_ledger (idempotency_key, state, owner, lease_until, attempt)
+            SELECT 'k' || i, 'sending', 'a', now() + interval '1 minute', 1
+            FROM generate_series(1, 3000) AS i""")
+        assert "Seq Scan" in plan_of(plain)  # the hazard is there without the settings
+        nodes = plan_of(pinned)
+    assert "Seq Scan" not in nodes and "Index Scan" in nodes, nodes
+
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        try:
+            assert (await a.claim("fresh", 1)).claim is Claim.MINE
+            await a.mark_sent("fresh", "<fresh@x>")
+            claims = a._claiming._conn
+            marks = a._marker._conn
+            assert claims is not None and marks is not None
+            row = await (await claims.execute("SHOW enable_seqscan")).fetchone()
+            assert row == ("off",)
+            assert marks.execute("SHOW enable_seqscan").fetchone() == ("off",)
+        finally:
+            await a.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_ledger_keeps_the_options_its_url_brings() -> None:
+    conninfo = ledger_conninfo("host=db dbname=postroom options='-c statement_timeout=5000'",
+                               "tenant_a")
+    options = conninfo_to_dict(conninfo)["options"]
+    assert "-c statement_timeout=5000" in options
+    assert "-c enable_seqscan=off" in options
+    assert "-c search_path=tenant_a" in options
+    assert conninfo_to_dict(conninfo)["host"] == "db"
