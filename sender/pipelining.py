@@ -44,6 +44,13 @@ class Pipeline(asyncio.Protocol):
         self._buffer = bytearray()
         self._replies: collections.deque[SMTPResponse] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        # The wait for a reply ends at _deadline. One timer serves every wait: it is armed when
+        # none is, and when it fires early (the reply it was armed for came long ago) it is armed
+        # again for the wait then in progress, if any. A fast server's connection arms about one
+        # per timeout period, not one per reply (asyncio.timeout's was 5% of the sender's CPU).
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._lost: aiosmtplib.SMTPException | None = None
         self.stage = Stage.MAIL_FROM  # whose reply the last transaction waited for
 
@@ -71,6 +78,9 @@ class Pipeline(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self._set_lost(aiosmtplib.SMTPServerDisconnected("Connection closed"))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def execute_command(self, *args: bytes,
                               timeout: float | None = None) -> SMTPResponse:  # noqa: ASYNC109 - as aiosmtplib's
@@ -130,11 +140,14 @@ class Pipeline(asyncio.Protocol):
         while not self._replies:
             if self._lost is not None:
                 raise self._lost
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            self._deadline = loop.time() + timeout_s
+            if self._timer is None or self._timer_at > self._deadline:
+                self._arm(loop)
             try:
-                async with asyncio.timeout(timeout_s):
-                    await waiter
-            except TimeoutError:
+                await waiter
+            except _ReplyTimedOut:
                 # The late reply would be read as the next command's: the connection is done.
                 self.close()
                 raise aiosmtplib.SMTPReadTimeoutError(
@@ -142,6 +155,22 @@ class Pipeline(asyncio.Protocol):
             finally:
                 self._waiter = None
         return self._replies.popleft()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = self._deadline
+        self._timer = loop.call_at(self._deadline, self._on_timer, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one arms a timer
+        if loop.time() >= self._deadline:
+            waiter.set_exception(_ReplyTimedOut())
+        else:
+            self._arm(loop)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -179,6 +208,10 @@ class Pipeline(asyncio.Protocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class _ReplyTimedOut(Exception):
+    """The timer's word to the wait it ended."""
 
 
 def _refusal(mail: SMTPResponse, rcpt: SMTPResponse,

@@ -1,14 +1,18 @@
-"""sender.pipelining's pure parts: reading replies out of a buffer, and which reply of a group
-refused."""
+"""sender.pipelining's pure parts: reading replies out of a buffer, which reply of a group
+refused, and the wait for a reply (on an event loop, over a transport that answers as told)."""
 
 from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, cast
 
 import aiosmtplib
 import pytest
 from aiosmtplib.response import SMTPResponse
 
 from sender.outcome import Stage
-from sender.pipelining import _refusal, _take_reply
+from sender.pipelining import Pipeline, _refusal, _take_reply
 
 
 def replies_in(data: bytes) -> tuple[list[SMTPResponse], bytes]:
@@ -64,3 +68,84 @@ def test_the_first_refusal_of_a_group_is_the_one_reported(
         assert found is not None
         assert found[0] is refused
         assert found[1] is {Stage.MAIL_FROM: mail, Stage.RCPT_TO: rcpt, Stage.DATA: data}[refused]
+
+
+class ScriptedTransport:
+    """Answers each write with the next scripted reply (None: no answer, ever)."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers = collections.deque(answers)
+        self.pipeline: Pipeline | None = None
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        answer = self.answers.popleft()
+        if answer is not None and self.pipeline is not None:
+            asyncio.get_running_loop().call_soon(self.pipeline.data_received, answer)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        super().__init__()
+        self.timers = 0
+
+    def call_at(self, when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        self.timers += 1
+        return super().call_at(when, callback, *args, **kwargs)
+
+
+def pipeline_answering(answers: list[bytes | None], timeout_s: float) -> Pipeline:
+    transport = ScriptedTransport(answers)
+    pipeline = Pipeline(cast(asyncio.Transport, transport), {}, timeout_s)
+    transport.pipeline = pipeline
+    return pipeline
+
+
+def test_replies_that_come_at_once_share_one_timer() -> None:
+    loop = CountingLoop()
+    pipeline = pipeline_answering([b"250 Ok\r\n"] * 200, timeout_s=30)
+
+    async def run() -> list[int]:
+        return [(await pipeline.execute_command(b"NOOP")).code for _ in range(200)]
+
+    try:
+        assert loop.run_until_complete(run()) == [250] * 200
+    finally:
+        loop.close()
+    assert loop.timers == 1
+
+
+def test_a_reply_that_never_comes_times_out_and_closes_the_connection() -> None:
+    pipeline = pipeline_answering([b"250 Ok\r\n", None], timeout_s=0.2)
+
+    async def run() -> float:
+        await pipeline.execute_command(b"NOOP")  # its timer fires 0.2 s from now
+        await asyncio.sleep(0.1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(aiosmtplib.SMTPReadTimeoutError):
+            await asyncio.wait_for(pipeline.execute_command(b"NOOP"), 5)
+        return loop.time() - start
+
+    waited = asyncio.run(run())
+    # The first wait's timer fired 0.1 s into the second: it was armed again for the second's
+    # own deadline, not taken as the second's.
+    assert waited >= 0.2
+    assert not pipeline.is_connected
+
+
+def test_a_shorter_timeout_is_not_held_to_an_earlier_longer_one() -> None:
+    pipeline = pipeline_answering([b"250 Ok\r\n", None], timeout_s=60)
+
+    async def run() -> None:
+        await pipeline.execute_command(b"NOOP")  # arms a timer for a minute from now
+        with pytest.raises(aiosmtplib.SMTPReadTimeoutError):
+            await asyncio.wait_for(pipeline.execute_command(b"QUIT", timeout=0.1), 5)
+
+    asyncio.run(run())
