@@ -357,6 +357,7 @@ Event = TypeVar("Event", EmailRequested, EmailResult)
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (EmailRequested, EmailResult)}
+_FIELD_SETS = {cls: frozenset(names) for cls, names in _FIELD_NAMES.items()}
 
 
 def encode_values(schema: Schema, values: Sequence[Any], label: str | None = None) -> bytes:
@@ -569,7 +570,7 @@ def decode(
 
 def from_record(cls: type[Event], record: Mapping[str, Any]) -> Event:
     """Build ``cls`` from a decoded Avro record, ignoring fields it does not know."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _FIELD_SETS[cls]
     values = {k: v for k, v in record.items() if k in names}
     for name in ("attachments", "inline"):
         if name in values:
