@@ -47,7 +47,10 @@ class DestinationGate:
                         self.waiting += 1
                         counted = True
                     try:
-                        await asyncio.wait_for(changed.wait(), timeout=delay)
+                        if delay is None:  # until a send ends
+                            await changed.wait()
+                        else:
+                            await asyncio.wait_for(changed.wait(), timeout=delay)
                     except TimeoutError:
                         pass  # the pause or the rate gap is over: look again
                     except asyncio.CancelledError:

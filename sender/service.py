@@ -225,10 +225,11 @@ class Sender:
         if routing is None:
             return
         key = event.idempotency_key
-        pending = [self._publisher.result(key, routing.result)]
-        if routing.forward is not None:
-            pending.append(self._publisher.forward(record, event, routing.forward, utcnow()))
-        await asyncio.gather(*pending)
+        if routing.forward is None:
+            await self._publisher.result(key, routing.result)  # no gather: it is a task per call
+        else:
+            await asyncio.gather(self._publisher.result(key, routing.result),
+                                 self._publisher.forward(record, event, routing.forward, utcnow()))
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
     async def _claim_and_send(self, record: Record, event: EmailRequested) -> Routing | None:
