@@ -462,6 +462,15 @@ def split_confluent(payload: bytes) -> tuple[int, bytes] | None:
     return schema_id, payload[_CONFLUENT_PREFIX.size:]
 
 
+def confluent_schema_id(payload: bytes | None, headers: HeaderList | None) -> int | None:
+    """The registry id of the writer schema of a record ``decode`` reads in the Confluent wire
+    format; None for any other record (schemaless, or unreadable)."""
+    if payload is None or header_value(headers, SCHEMA_HEADER) is not None:
+        return None
+    framed = split_confluent(payload)
+    return None if framed is None else framed[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class Framing:
     """How a writer frames its records on each topic.

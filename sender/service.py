@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-from confluent_kafka import Message
-
 from postroom.errors import ConfigError
 from postroom.headers import attempt_base
 from postroom.kafka import Record, readable_records
@@ -49,6 +47,7 @@ from sender.routing import (
 )
 from sender.smtp import SmtpConfig, SmtpPool, SmtpSlot
 from sender.throttle import DestinationBy, ThrottleLimits, destination_of, is_throttling
+from sender.writers import WriterSchemas
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class Sender:
 
     def __init__(self, settings: Settings, *, ledger: Ledger, metrics: Metrics | None = None) -> None:
         self._settings = settings
-        self._schema_by_id: SchemaById | None = None  # from the registry, when run() starts
+        self._writers: WriterSchemas | None = None  # from the registry, when run() starts
         self._ledger = ledger
         self.metrics = metrics or Metrics()
         self._pool = SmtpPool(SmtpConfig.from_settings(settings))
@@ -114,7 +113,8 @@ class Sender:
 
     async def run(self) -> None:
         """Consume and deliver until stop(); then finish in-flight work, commit and leave."""
-        self._schema_by_id = reader_for(self._settings, self._consumer.topics)
+        lookup = reader_for(self._settings, self._consumer.topics)
+        self._writers = WriterSchemas(lookup) if lookup is not None else None
         self._publisher.framing = framing = framing_for(self._settings)
         log.info("sender writes %s", "the Confluent wire format" if framing.uses_registry
                  else "schemaless Avro")
@@ -151,7 +151,10 @@ class Sender:
                         self._consumer.commit_stored()
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
-                self._dispatch(messages, now)
+                records = list(readable_records(messages))
+                schema_by_id = (await self._writers.for_batch(records)
+                                if self._writers is not None else None)
+                self._dispatch(records, now, schema_by_id)
         finally:
             await self._shutdown()
 
@@ -181,15 +184,16 @@ class Sender:
 
     # -- per record ----------------------------------------------------------------------------
 
-    def _dispatch(self, messages: Sequence[Message], now: dt.datetime) -> None:
+    def _dispatch(self, records: Sequence[Record], now: dt.datetime,
+                  schema_by_id: SchemaById | None) -> None:
         held_back: set[tuple[str, int]] = set()
-        for record in readable_records(messages):
+        for record in records:
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
             on_retry_topic = tier_of_retry_topic(self._settings.topic_prefix,
                                                  record.topic) is not None
             event = admit(record.value, record.headers, on_retry_topic=on_retry_topic, now=now,
-                          admission=self._admission, schema_by_id=self._schema_by_id)
+                          admission=self._admission, schema_by_id=schema_by_id)
             if isinstance(event, Refusal):
                 self._spawn(self._publisher.poison(record, event), record)
                 continue
