@@ -10,6 +10,7 @@ import logging
 import sys
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_CALLER_FIELDS = ("pathname", "filename", "module", "funcName", "lineno")
 
 
 def escape_unprintable(text: str) -> str:
@@ -34,7 +35,17 @@ class EscapingFilter(logging.Filter):
 
 
 def configure_logging(level: str | int, fmt: str = LOG_FORMAT) -> None:
-    """Log to stderr at ``level``, every message escaped; the one place logging is set up."""
+    """Log to stderr at ``level``, every message escaped; the one place logging is set up.
+
+    A record does not gather what ``fmt`` does not show: where it was logged from (a walk up the
+    stack), its thread and its process. That is the logging HOWTO's "Optimization" section; a
+    sender logs a line per email, and the walk alone was 0.5% of its CPU.
+    """
+    if not any(f"%({field})" in fmt for field in _CALLER_FIELDS):
+        logging._srcfile = None
+    logging.logThreads = "%(thread" in fmt
+    logging.logProcesses = "%(process)" in fmt
+    logging.logMultiprocessing = "%(processName)" in fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(fmt))
     handler.addFilter(EscapingFilter())

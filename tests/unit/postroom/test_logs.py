@@ -6,6 +6,7 @@ import io
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,25 @@ def test_the_cli_logging_escapes_every_record() -> None:
                           check=True, timeout=60)
     assert len(done.stderr.splitlines()) == 1
     assert "INFO sender.service: key=k\\n2026-10-02" in done.stderr
+
+
+
+@pytest.mark.parametrize(("fmt", "gathered"), [
+    (None, "(unknown file) 0 None None"),  # the default format shows none of them
+    ("%(filename)s:%(lineno)d %(threadName)s %(process)d %(message)s", "probe.py 4 MainThread pid"),
+])
+def test_a_record_gathers_only_what_the_format_shows(tmp_path: Path, fmt: str | None,
+                                                     gathered: str) -> None:
+    probe = tmp_path / "probe.py"
+    configure = "configure_logging('INFO')" if fmt is None else f"configure_logging('INFO', {fmt!r})"
+    probe.write_text(
+        f"import logging, os; from postroom.logs import configure_logging; {configure}\n"
+        "seen = []; logging.getLogger().handlers[0].addFilter(lambda r: seen.append(r) or True)\n"
+        "log = logging.getLogger('probe')\n"
+        "log.info('probe')\n"
+        "r = seen[0]; pid = 'pid' if r.process == os.getpid() else r.process\n"
+        "print(os.path.basename(r.pathname), r.lineno, r.threadName, pid)\n")
+    done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == gathered
