@@ -189,9 +189,11 @@ def _one_line(text: str, *, code: int | None) -> str:
     """Reply text as one printable line: lines joined, a repeated leading code dropped."""
     lines: list[str] = []
     first_enhanced: str | None = None
+    code_text = str(code)
     for raw in text.splitlines():
-        line = "".join(c if c.isprintable() else " " for c in raw).strip()
-        if code is not None:
+        line = (raw if raw.isprintable() else
+                "".join(c if c.isprintable() else " " for c in raw)).strip()
+        if code is not None and line.startswith(code_text):
             # An adapter may hand over whole reply lines, "550-5.1.1 ..." included.
             line = re.sub(rf"^{code}(?:[ -]|$)", "", line).strip()
         if lines and first_enhanced and parse_enhanced_code(line) == first_enhanced:

@@ -95,8 +95,10 @@ def wait_s(dest: Destination, now_s: float) -> float | None:
 
 def started(dest: Destination, limits: ThrottleLimits, now_s: float) -> Destination:
     gap = 1.0 / limits.rate_per_s if limits.rate_per_s else 0.0
-    return dataclasses.replace(dest, in_flight=dest.in_flight + 1,
-                               next_start_s=max(now_s, dest.next_start_s) + gap)
+    # Built whole rather than by dataclasses.replace, which lists the fields each time: this and
+    # finished() run for every email.
+    return Destination(dest.limit, dest.in_flight + 1, max(now_s, dest.next_start_s) + gap,
+                       dest.paused_until_s, dest.pause_s)
 
 
 def finished(dest: Destination, limits: ThrottleLimits, now_s: float,
@@ -110,6 +112,5 @@ def finished(dest: Destination, limits: ThrottleLimits, now_s: float,
             dest, in_flight=in_flight, limit=max(1, dest.limit // 2),
             paused_until_s=max(dest.paused_until_s, now_s + dest.pause_s),
             pause_s=min(dest.pause_s * PAUSE_GROWTH, limits.pause_s * MAX_PAUSE_FACTOR))
-    return dataclasses.replace(dest, in_flight=in_flight,
-                               limit=min(limits.concurrency, dest.limit + 1),
-                               pause_s=limits.pause_s)
+    return Destination(min(limits.concurrency, dest.limit + 1), in_flight, dest.next_start_s,
+                       dest.paused_until_s, limits.pause_s)
