@@ -58,13 +58,16 @@ STATES = """
     FROM sender_ledger WHERE idempotency_key = ANY(%(keys)s)
 """
 # Whoever holds the claim now: a server accepted the key, so no one may send it again.
+# Prepared once per connection and run by libpq directly ($1 the keys, $2 their Message-IDs, as
+# text arrays): psycopg's query conversion and parameter adaptation were most of a mark's CPU.
 MARK_SENT = """
     UPDATE sender_ledger AS l
     SET state = 'sent', lease_until = NULL, message_id = t.message_id,
         updated_at = clock_timestamp()
-    FROM unnest(%(keys)s::text[], %(message_ids)s::text[]) AS t(k, message_id)
+    FROM unnest($1::text[], $2::text[]) AS t(k, message_id)
     WHERE l.idempotency_key = t.k
 """
+MARK_SENT_NAME = b"postroom_mark_sent"
 RELEASE = """
     UPDATE sender_ledger SET state = 'released', lease_until = NULL, updated_at = now()
     WHERE idempotency_key = ANY(%(keys)s) AND owner = %(owner)s AND state = 'sending'
@@ -219,6 +222,7 @@ class _Marker:
         self._queue: queue.SimpleQueue[_Mark | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
+        self._prepared_on: psycopg.Connection[Any] | None = None
 
     def submit(self, key: str, message_id: str) -> asyncio.Future[float]:
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
@@ -248,12 +252,9 @@ class _Marker:
             try:
                 self._write(batch)
             except Exception as exc:  # noqa: BLE001 - handed to every waiter; they retry
-                for mark in batch:
-                    _settle(mark.future, 0.0, exc)
+                _settle(batch, 0.0, exc)
             else:
-                committed_at = time.monotonic()
-                for mark in batch:
-                    _settle(mark.future, committed_at, None)
+                _settle(batch, time.monotonic(), None)
             if stop:
                 break
         if self._conn is not None:
@@ -266,13 +267,28 @@ class _Marker:
                                                         connect_timeout=CONNECT_TIMEOUT_S)
             except psycopg.Error as exc:
                 raise LedgerUnavailableError(f"cannot connect: {first_line(exc)}") from exc
+        conn = self._conn
         try:
-            self._conn.execute(MARK_SENT, {"keys": [m.key for m in batch],
-                                           "message_ids": [m.message_id for m in batch]})
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                self._conn.close()
+            if self._prepared_on is not conn:
+                self._check(conn, conn.pgconn.prepare(MARK_SENT_NAME, MARK_SENT.encode()))
+                self._prepared_on = conn
+            # libpq lets go of the GIL while it waits for the commit.
+            self._check(conn, conn.pgconn.exec_prepared(MARK_SENT_NAME, [
+                text_array([m.key for m in batch]), text_array([m.message_id for m in batch])]))
+        except psycopg.Error as exc:  # libpq gave no result at all
+            conn.close()
             raise LedgerUnavailableError(first_line(exc)) from exc
+
+    @staticmethod
+    def _check(conn: psycopg.Connection[Any], result: psycopg.pq.abc.PGresult) -> None:
+        """Raise LedgerUnavailableError unless ``result`` is a success; a broken connection is
+        closed, to be opened again by the next mark."""
+        if result.status in (psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK):
+            return
+        message = (result.error_message or conn.pgconn.error_message).decode(errors="replace")
+        if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+            conn.close()
+        raise LedgerUnavailableError(message.strip().partition("\n")[0] or "the mark failed")
 
     async def close(self) -> None:
         if self._thread is not None:
@@ -288,16 +304,24 @@ class _Mark:
     future: asyncio.Future[float]
 
 
-def _settle(future: asyncio.Future[float], result: float, exc: BaseException | None) -> None:
+def text_array(values: list[str]) -> bytes:
+    """``values`` as a PostgreSQL text array literal, every element quoted (so "NULL" is text)."""
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return ("{" + ",".join(quoted) + "}").encode()
+
+
+def _settle(batch: list[_Mark], result: float, exc: BaseException | None) -> None:
+    """Settle every mark of ``batch`` on its loop, in one hop to it (all share the one loop)."""
     def settle() -> None:
-        if future.done():
-            return
-        if exc is None:
-            future.set_result(result)
-        else:
-            future.set_exception(exc)
+        for mark in batch:
+            if mark.future.done():
+                continue
+            if exc is None:
+                mark.future.set_result(result)
+            else:
+                mark.future.set_exception(exc)
     try:
-        future.get_loop().call_soon_threadsafe(settle)
+        batch[0].future.get_loop().call_soon_threadsafe(settle)
     except RuntimeError:
         pass  # the loop is closed: nobody waits for this mark any more
 

@@ -23,6 +23,7 @@ from sender.ledger import (
     ClaimResult,
     Ledger,
     ledger_conninfo,
+    text_array,
 )
 
 pytestmark = pytest.mark.integration
@@ -306,13 +307,12 @@ def test_marks_read_the_ledger_by_its_key_before_it_is_analyzed(
     table, and it is kept as the ledger grows: each mark then reads all of it. The ledger's
     connections plan it on the primary key."""
     schema = db_settings.database_schema
-    prepared = MARK_SENT.replace("%(keys)s", "$1").replace("%(message_ids)s", "$2")
 
     def prepare(conninfo: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(conninfo, autocommit=True)
         conn.execute(f"SET search_path = {schema}")
         conn.execute("SET plan_cache_mode = force_generic_plan")  # as after five executions
-        conn.execute(f"PREPARE mark (text[], text[]) AS {prepared}")
+        conn.execute(f"PREPARE mark (text[], text[]) AS {MARK_SENT}")
         return conn
 
     def plan_of(conn: psycopg.Connection[Any]) -> list[str]:
@@ -357,3 +357,11 @@ def test_the_ledger_keeps_the_options_its_url_brings() -> None:
     assert "-c enable_seqscan=off" in options
     assert "-c search_path=tenant_a" in options
     assert conninfo_to_dict(conninfo)["host"] == "db"
+
+
+def test_marks_pass_any_key_to_postgresql_as_it_is(engine: sa.Engine) -> None:
+    keys = ["plain", 'a "quoted" key', "back\\slash\\", "{braces},commas", " spaced ", "NULL",
+            "", "ünïcødé ✉", "'single'"]
+    with psycopg.connect(libpq_conninfo(engine), autocommit=True) as conn:
+        got = conn.execute("SELECT %s::text[]", [text_array(keys).decode()]).fetchone()
+    assert got == (keys,)
