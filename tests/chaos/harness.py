@@ -1,7 +1,7 @@
 """Runs the real pipeline as processes (relay, two senders, recorder) over one scenario's own schema,
 topics and groups, and injects faults into it and into this checkout's own stack.
 
-The broker and PostgreSQL are the ones `scripts/services.sh` runs for this checkout (its .ports):
+The broker and PostgreSQL are the ones `scripts/services.sh` runs for this checkout (its ports):
 every fault on them goes through that script, which touches only its own state dir's servers.
 """
 
@@ -394,7 +394,7 @@ class Run:
 
 def check_own_stack(settings: Settings) -> None:
     """Fail unless the stack the tests use is the one scripts/services.sh would act on (the
-    ports in .ports): a fault must never hit another checkout's servers."""
+    ports its POSTROOM_DEV_* variables give): a fault must never hit another checkout's servers."""
     db_port = sa.make_url(settings.require("database_url")).port
     kafka_port = int(settings.require("kafka_bootstrap_servers").rsplit(":", 1)[1])
     wanted = (os.environ.get("POSTROOM_DEV_PG_PORT", "15432"),
@@ -402,7 +402,8 @@ def check_own_stack(settings: Settings) -> None:
     if wanted != (str(db_port), str(kafka_port)):
         raise AssertionError(
             f"the tests use PostgreSQL :{db_port} and Kafka :{kafka_port}, but scripts/services.sh "
-            f"would act on :{wanted[0]} and :{wanted[1]}: source this checkout's .ports")
+            f"would act on :{wanted[0]} and :{wanted[1]}: export the POSTROOM_DEV_* ports this "
+            "checkout's stack was started with")
 
 
 def services(command: str) -> None:
