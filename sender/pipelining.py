@@ -50,7 +50,6 @@ class Pipeline(asyncio.Protocol):
         # per timeout period, not one per reply (asyncio.timeout's was 5% of the sender's CPU).
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
         self._lost: aiosmtplib.SMTPException | None = None
         self.stage = Stage.MAIL_FROM  # whose reply the last transaction waited for
 
@@ -143,7 +142,7 @@ class Pipeline(asyncio.Protocol):
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
             self._deadline = loop.time() + timeout_s
-            if self._timer is None or self._timer_at > self._deadline:
+            if self._timer is None or self._timer.when() > self._deadline:
                 self._arm(loop)
             try:
                 await waiter
@@ -159,7 +158,6 @@ class Pipeline(asyncio.Protocol):
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer_at = self._deadline
         self._timer = loop.call_at(self._deadline, self._on_timer, loop)
 
     def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
