@@ -97,8 +97,9 @@ CATALOGUE: dict[str, MetricSpec] = {
     "ledger_mark_seconds": MetricSpec(
         H, "Time to record a delivery in the ledger (mark sent or release).", ("operation",)),
     "sent_mark_window_seconds": MetricSpec(
-        H, "The duplicate window: from the final reply of an accepted email being read to the "
-           "commit of its sent mark (a crash in between sends it again).",
+        H, "The duplicate window, bounded above: from the final reply of an accepted email "
+           "being read to the sender reading its sent mark's commit (a crash before the commit "
+           "sends it again).",
         buckets=WINDOW_BUCKETS_S),
     "throttled_total": MetricSpec(
         C, "Sends a server throttled, deferred without counting as an attempt."),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 
 from postroom.rules import SizeLimits
@@ -34,9 +35,11 @@ class Delivery:
     limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
     templates: TemplateCache = dataclasses.field(default_factory=TemplateCache)
 
-    async def send(self, event: EmailRequested, slot: SmtpSlot,
-                   now: dt.datetime) -> tuple[SmtpReply, str]:
-        """The reply to ``event``'s one send, and its Message-ID ("" when none was built)."""
+    async def send(self, event: EmailRequested, slot: SmtpSlot, now: dt.datetime,
+                   on_accepted: Callable[[str], None] | None = None) -> tuple[SmtpReply, str]:
+        """The reply to ``event``'s one send, and its Message-ID ("" when none was built).
+        ``on_accepted`` is given the Message-ID as soon as the server's 250 is read; a 250 read
+        as the deadline passes is still the reply."""
         sender = event.sender or self.mail_from
         event = dataclasses.replace(event, sender=sender)
         refusal = attachments_refusal(event, self.attachments_root)
@@ -47,10 +50,19 @@ class Delivery:
         except (AttachmentError, ValueError) as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
         message_id = message.message_id
+        accepted: list[SmtpReply] = []
+
+        def on_reply(code: int, text: str) -> None:
+            accepted.append(SmtpReply(Stage.DATA, code, text))
+            if on_accepted is not None:
+                on_accepted(message_id)
+
         try:
             async with asyncio.timeout(self.deadline_s):
-                return await slot.send(message, sender, event.recipient), message_id
+                return await slot.send(message, sender, event.recipient, on_reply), message_id
         except TimeoutError:
+            if accepted:
+                return accepted[0], message_id
             return SmtpReply(Stage.LOCAL, None, f"the send took longer than its deadline of "
                              f"{self.deadline_s:.0f}s", Failure.TIMEOUT), message_id
 

@@ -4,22 +4,21 @@ Right before talking to SMTP a sender claims the key; after the server's 250 it 
 sent. A claim is live while its owner's ledger session holds the owner's advisory lock, which
 PostgreSQL drops when the process dies, so another sender may take a dead owner's claims at once;
 the lease (longer than one send's deadline) is the fallback for an owner that is alive but stuck.
-The ``sent`` marks go over a connection and a thread of their own, so they never queue behind
-claims or wait for the event loop; each says when its commit returned.
+The ``sent`` marks go over a connection of their own, written the moment the 250 is read and
+without waiting for each other (libpq's pipeline mode); each says when its commit was read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
 import logging
 import os
-import queue
 import socket
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -58,8 +57,8 @@ STATES = """
     FROM sender_ledger WHERE idempotency_key = ANY(%(keys)s)
 """
 # Whoever holds the claim now: a server accepted the key, so no one may send it again.
-# Prepared once per connection and run by libpq directly ($1 the keys, $2 their Message-IDs, as
-# text arrays): psycopg's query conversion and parameter adaptation were most of a mark's CPU.
+# Prepared once per connection and written by libpq directly ($1 the keys, $2 their Message-IDs,
+# as text arrays): psycopg's query conversion and parameter adaptation were most of a mark's CPU.
 MARK_SENT = """
     UPDATE sender_ledger AS l
     SET state = 'sent', lease_until = NULL, message_id = t.message_id,
@@ -82,11 +81,11 @@ CONNECT_TIMEOUT_S = 10
 OWNER_LOCK_RETRY_S = 0.5
 OWNER_LOCK_LOG_EVERY_S = 10.0
 CLOSE_TIMEOUT_S = 10.0
-# A thread that wants the GIL while the event loop's thread runs Python waits up to the switch
-# interval (5 ms by default) before the loop is made to give it up. The marker thread wants it
-# twice per mark, to start the statement and to read the commit: at full load that wait was a
-# quarter of the duplicate window. The loop gives way to the marker within this instead.
-MARK_SWITCH_INTERVAL_S = 0.0005
+# Marks written and not yet answered, past which new ones wait to go together in one statement.
+# Each mark in flight is a transaction of its own, and the database commits one connection's
+# transactions one after another: this many single marks cost at most this many commits of
+# waiting, where a slow disk would otherwise queue a whole burst of them one commit at a time.
+MARK_IN_FLIGHT = 8
 # Every ledger statement finds its rows by idempotency key, the primary key, so an index scan
 # is the one good plan. Right after the table is created (a new install, a test, a benchmark),
 # before autovacuum has analyzed it, the planner thinks it tiny and prefers a seq scan joined by
@@ -207,94 +206,177 @@ class _Session:
 
 
 class _Marker:
-    """Writes ``sent`` marks from a thread of its own over a connection of its own.
+    """Writes ``sent`` marks over a connection of its own, from the event loop's thread, the moment
+    each is started (sender/service.py starts it from the read of the server's 250).
 
     A mark is the one write whose delay can send an email twice (a crash between the 250 and its
-    commit), so it must not wait for the event loop's next turn, let alone behind claims: the
-    statement leaves as soon as the GIL lets this thread run, which its start makes within
-    MARK_SWITCH_INTERVAL_S (for the whole process). Marks that arrive while one is in flight go
-    together in the next statement. A mark's future holds the ``time.monotonic()`` at which its
-    commit returned.
+    commit), so it waits for nothing it need not: in libpq's pipeline mode it is written to the
+    database while earlier marks are still in flight, each in its own transaction, and never
+    queues behind claims, a thread being scheduled, or the loop's next turn. Only past
+    MARK_IN_FLIGHT statements in flight do marks wait, to go together in one statement when one
+    returns: a database slow to commit (a slow disk) then commits many marks at once rather
+    than queueing them one by one. A mark's future holds the ``time.monotonic()`` at which its
+    commit was read.
     """
 
     def __init__(self, conninfo: str, schema: str | None) -> None:
         self._conninfo = ledger_conninfo(conninfo, schema)
-        self._queue: queue.SimpleQueue[_Mark | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        self._prepared_on: psycopg.Connection[Any] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._waiting: list[_Mark] = []  # not written yet: no connection, or MARK_IN_FLIGHT are
+        self._in_flight: collections.deque[list[_Mark]] = collections.deque()  # a statement each
+        self._results: list[psycopg.pq.abc.PGresult] = []  # of the oldest statement in flight
+        self._flushing = False  # libpq holds output the socket did not take; a writer waits
+        self._socket = -1  # the connection's, kept: libpq forgets it when the connection breaks
 
-    def submit(self, key: str, message_id: str) -> asyncio.Future[float]:
+    def start(self, key: str, message_id: str) -> asyncio.Future[float]:
+        """Write the mark now, or as soon as the connection is open."""
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        if self._thread is None:
-            sys.setswitchinterval(min(sys.getswitchinterval(), MARK_SWITCH_INTERVAL_S))
-            self._thread = threading.Thread(target=self._run, name="ledger-marks", daemon=True)
-            self._thread.start()
-        self._queue.put(_Mark(key, message_id, future))
+        # Its awaiter may be gone (a shutdown) before a failure comes: not an unretrieved error.
+        future.add_done_callback(_retrieve)
+        self._waiting.append(_Mark(key, message_id, future))
+        self._write()
         return future
 
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                break
-            batch = [first]
-            stop = False
-            while True:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
-            try:
-                self._write(batch)
-            except Exception as exc:  # noqa: BLE001 - handed to every waiter; they retry
-                _settle(batch, 0.0, exc)
-            else:
-                _settle(batch, time.monotonic(), None)
-            if stop:
-                break
-        if self._conn is not None:
-            self._conn.close()
-
-    def _write(self, batch: list[_Mark]) -> None:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            try:
-                self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
-                                                        connect_timeout=CONNECT_TIMEOUT_S)
-            except psycopg.Error as exc:
-                raise LedgerUnavailableError(f"cannot connect: {first_line(exc)}") from exc
+    def _write(self) -> None:
         conn = self._conn
+        if conn is None:
+            if self._connecting is None:
+                self._connecting = asyncio.get_running_loop().create_task(self._connect())
+            return
+        if not self._waiting or len(self._in_flight) >= MARK_IN_FLIGHT:
+            return
+        batch, self._waiting = self._waiting, []
+        self._in_flight.append(batch)
+        pgconn = conn.pgconn
         try:
-            if self._prepared_on is not conn:
-                self._check(conn, conn.pgconn.prepare(MARK_SENT_NAME, MARK_SENT.encode()))
-                self._prepared_on = conn
-            # libpq lets go of the GIL while it waits for the commit.
-            self._check(conn, conn.pgconn.exec_prepared(MARK_SENT_NAME, [
-                text_array([m.key for m in batch]), text_array([m.message_id for m in batch])]))
-        except psycopg.Error as exc:  # libpq gave no result at all
-            conn.close()
-            raise LedgerUnavailableError(first_line(exc)) from exc
+            pgconn.send_query_prepared(MARK_SENT_NAME, [
+                text_array([m.key for m in batch]), text_array([m.message_id for m in batch])])
+            pgconn.pipeline_sync()
+            self._flush(pgconn)
+        except psycopg.Error as exc:
+            self._broken(first_line(exc))
+
+    def _flush(self, pgconn: psycopg.pq.abc.PGconn) -> None:
+        pending = pgconn.flush() == 1
+        if pending != self._flushing:
+            loop = asyncio.get_running_loop()
+            if pending:
+                loop.add_writer(self._socket, self._on_writable)
+            else:
+                loop.remove_writer(self._socket)
+            self._flushing = pending
+
+    def _on_writable(self) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._flush(self._conn.pgconn)
+        except psycopg.Error as exc:
+            self._broken(first_line(exc))
+
+    def _on_readable(self) -> None:
+        if self._conn is None:
+            return
+        pgconn = self._conn.pgconn
+        try:
+            pgconn.consume_input()
+            # A statement's results, then None, then its sync's result (as psycopg's own
+            # pipeline reads them).
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    if not self._results:
+                        break  # nothing more has arrived
+                    results, self._results = self._results, []
+                    self._settle(self._in_flight.popleft(), results)
+                    if _session_ended(results):  # e.g. pg_terminate_backend: nothing else comes
+                        self._broken(_first(pgconn.error_message.decode(errors="replace"),
+                                            "the session ended"))
+                        return
+                elif result.status != psycopg.pq.ExecStatus.PIPELINE_SYNC:
+                    self._results.append(result)
+        except psycopg.Error as exc:
+            self._broken(first_line(exc))
+            return
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            self._broken(pgconn.error_message.decode(errors="replace"))
+            return
+        self._write()  # the marks that waited for room
 
     @staticmethod
-    def _check(conn: psycopg.Connection[Any], result: psycopg.pq.abc.PGresult) -> None:
-        """Raise LedgerUnavailableError unless ``result`` is a success; a broken connection is
-        closed, to be opened again by the next mark."""
-        if result.status in (psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK):
+    def _settle(batch: list[_Mark], results: list[psycopg.pq.abc.PGresult]) -> None:
+        failed = next((r for r in results if r.status != psycopg.pq.ExecStatus.COMMAND_OK), None)
+        committed_at = time.monotonic()
+        for mark in batch:
+            if mark.future.done():
+                continue
+            if failed is None:
+                mark.future.set_result(committed_at)
+            else:
+                message = (failed.error_message or b"").decode(errors="replace")
+                mark.future.set_exception(LedgerUnavailableError(_first(message, "the mark failed")))
+
+    def _broken(self, why: str) -> None:
+        """The connection is gone: the marks in flight fail (the sender writes them again, they
+        are idempotent); those not yet written go over the next connection."""
+        self._close_connection()
+        error = LedgerUnavailableError(_first(why, "the connection broke"))
+        while self._in_flight:
+            for mark in self._in_flight.popleft():
+                if not mark.future.done():
+                    mark.future.set_exception(error)
+        self._results = []
+        if self._waiting:
+            self._write()
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
             return
-        message = (result.error_message or conn.pgconn.error_message).decode(errors="replace")
-        if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
-            conn.close()
-        raise LedgerUnavailableError(message.strip().partition("\n")[0] or "the mark failed")
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._socket)
+        if self._flushing:
+            loop.remove_writer(self._socket)
+            self._flushing = False
+        conn.pgconn.finish()
+
+    async def _connect(self) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            try:
+                await conn.execute(f"PREPARE {MARK_SENT_NAME.decode()} (text[], text[]) "
+                                   f"AS {MARK_SENT}")
+                conn.pgconn.nonblocking = 1
+                conn.pgconn.enter_pipeline_mode()
+                self._socket = conn.pgconn.socket
+            except BaseException:
+                await conn.close()
+                raise
+        except psycopg.Error as exc:
+            error = LedgerUnavailableError(f"cannot connect: {first_line(exc)}")
+            waiting, self._waiting = self._waiting, []
+            for mark in waiting:
+                if not mark.future.done():
+                    mark.future.set_exception(error)
+            return
+        finally:
+            self._connecting = None
+        asyncio.get_running_loop().add_reader(self._socket, self._on_readable)
+        self._conn = conn
+        self._write()
 
     async def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            await asyncio.to_thread(self._thread.join, CLOSE_TIMEOUT_S)
-            self._thread = None
+        """Wait (a while) for the marks in flight, then close."""
+        if self._connecting is not None:
+            self._connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._connecting
+        pending = [m.future for batch in self._in_flight for m in batch]
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
+        self._close_connection()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,20 +392,20 @@ def text_array(values: list[str]) -> bytes:
     return ("{" + ",".join(quoted) + "}").encode()
 
 
-def _settle(batch: list[_Mark], result: float, exc: BaseException | None) -> None:
-    """Settle every mark of ``batch`` on its loop, in one hop to it (all share the one loop)."""
-    def settle() -> None:
-        for mark in batch:
-            if mark.future.done():
-                continue
-            if exc is None:
-                mark.future.set_result(result)
-            else:
-                mark.future.set_exception(exc)
-    try:
-        batch[0].future.get_loop().call_soon_threadsafe(settle)
-    except RuntimeError:
-        pass  # the loop is closed: nobody waits for this mark any more
+def _session_ended(results: list[psycopg.pq.abc.PGresult]) -> bool:
+    """Whether one of ``results`` is an error that ends the session (FATAL, PANIC)."""
+    severity = psycopg.pq.DiagnosticField.SEVERITY_NONLOCALIZED
+    return any(r.error_field(severity) in (b"FATAL", b"PANIC") for r in results)
+
+
+def _retrieve(future: asyncio.Future[float]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _first(message: str, otherwise: str) -> str:
+    """The first line of a libpq message, or ``otherwise`` when it has none."""
+    return message.strip().partition("\n")[0] or otherwise
 
 
 class Ledger:
@@ -371,10 +453,15 @@ class Ledger:
         """MINE (send it now: the lease starts), SENT (never again) or BUSY (someone else is)."""
         return await self._claims.submit((key, attempt))
 
+    def start_mark(self, key: str, message_id: str) -> asyncio.Future[float]:
+        """Start recording that a server accepted ``key``, whoever holds its claim now, without
+        waiting (from a protocol's callback); the future holds the ``time.monotonic()`` at which
+        the commit was read, or LedgerUnavailableError."""
+        return self._marker.start(key, message_id)
+
     async def mark_sent(self, key: str, message_id: str) -> float:
-        """Record that a server accepted ``key``, whoever holds its claim now; the
-        ``time.monotonic()`` at which the mark's commit returned."""
-        return await self._marker.submit(key, message_id)
+        """:meth:`start_mark`, awaited."""
+        return await self._marker.start(key, message_id)
 
     async def release(self, key: str) -> None:
         """Give up our claim without a send (the attempt failed); a retry may claim it again."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import cast
 
 import aiosmtplib
@@ -31,6 +32,10 @@ SERVICE_UNAVAILABLE = 421  # the server is closing the connection
 # The replies that let a transaction go on, whether pipelined or not (sender/smtp.py).
 MAIL_ACCEPTED = (SMTP_OK,)
 RCPT_ACCEPTED = (SMTP_OK, SMTP_WILL_FORWARD)
+
+# Told the server's acceptance of a message (its code and text) the moment the reply is read,
+# before the send's coroutine resumes: the sender's ``sent`` mark starts from here.
+OnAccepted = Callable[[int, str], None]
 
 
 class Pipeline(asyncio.Protocol):
@@ -51,6 +56,7 @@ class Pipeline(asyncio.Protocol):
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._lost: aiosmtplib.SMTPException | None = None
+        self._on_accepted: OnAccepted | None = None  # for the reply to the message being sent
         self.stage = Stage.MAIL_FROM  # whose reply the last transaction waited for
 
     @classmethod
@@ -98,11 +104,13 @@ class Pipeline(asyncio.Protocol):
 
     # -- the transaction -----------------------------------------------------------------------
 
-    async def transaction(self, mail: bytes, rcpt: bytes, content: bytes) -> SMTPResponse:
+    async def transaction(self, mail: bytes, rcpt: bytes, content: bytes,
+                          on_accepted: OnAccepted | None = None) -> SMTPResponse:
         """MAIL, RCPT and DATA in one write, then the message: the final reply. A refusal raises
         aiosmtplib.SMTPResponseException, a lost connection or a timeout what aiosmtplib raises;
         ``stage`` says whose reply it was. Every reply of the group is read before a refusal is
-        raised, so the connection is ready for RSET."""
+        raised, so the connection is ready for RSET. ``on_accepted`` is called from the read of a
+        250 to the message, before this returns (or is cancelled)."""
         self.stage = Stage.MAIL_FROM
         self._write(mail + b"\r\n" + rcpt + b"\r\n" + b"DATA\r\n")
         replies = []
@@ -122,8 +130,14 @@ class Pipeline(asyncio.Protocol):
                 self._write(b".\r\n")
                 await self._reply(self._timeout_s)
             raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
-        self._write(PERIOD_REGEX.sub(b"..", normalize_message_line_endings(content)) + b".\r\n")
-        final = await self._reply(self._timeout_s)
+        # Every reply before the message's is read: the next one to come is its reply.
+        self._on_accepted = on_accepted
+        try:
+            self._write(PERIOD_REGEX.sub(b"..", normalize_message_line_endings(content))
+                        + b".\r\n")
+            final = await self._reply(self._timeout_s)
+        finally:
+            self._on_accepted = None
         if final.code == SERVICE_UNAVAILABLE:
             self.close()
         if final.code != SMTP_OK:
@@ -177,6 +191,10 @@ class Pipeline(asyncio.Protocol):
         try:
             while (reply := _take_reply(self._buffer)) is not None:
                 self._replies.append(reply)
+                if self._on_accepted is not None:
+                    on_accepted, self._on_accepted = self._on_accepted, None
+                    if reply.code == SMTP_OK:
+                        on_accepted(reply.code, reply.message)
         except aiosmtplib.SMTPResponseException as exc:
             self._buffer.clear()
             self.close()

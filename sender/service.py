@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -60,6 +61,17 @@ IN_FLIGHT_PER_CONNECTION = 4  # records read ahead per SMTP connection
 WAITING_PER_IN_FLIGHT = 4     # records waiting for their destination, per in-flight record
 
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One send: the reply, the Message-ID, when the reply was read, and for a 250 its ledger
+    mark, started as the reply was read."""
+
+    reply: SmtpReply
+    message_id: str
+    read_at: float
+    mark: asyncio.Future[float] | None
 
 
 def utcnow() -> dt.datetime:
@@ -249,7 +261,7 @@ class Sender:
             may_defer = (deferred_since is None
                          or time.monotonic() - deferred_since < self._settings.throttle_max_wait_s)
             await self._gate.acquire(destination)
-            sent: tuple[SmtpReply, str, float] | None = None
+            sent: _Attempt | None = None
             throttled = False
             try:
                 # The claim is taken inside a sending slot, so its lease starts when the send
@@ -259,13 +271,13 @@ class Sender:
                                                                      event.attempt))
                     if claim.claim is Claim.MINE:
                         sent = await self._send(event, slot)
-                        throttled = may_defer and is_throttling(sent[0])
+                        throttled = may_defer and is_throttling(sent.reply)
             finally:
                 await self._gate.release(destination, throttled=throttled)
             if sent is not None:
                 # The slot and the destination are free again: the next send need not wait
                 # for this one's ledger write.
-                routing = await self._record(record, event, *sent, throttled=throttled)
+                routing = await self._record(record, event, sent, throttled=throttled)
                 if routing is not None:
                     return routing
                 deferred_since = deferred_since or time.monotonic()
@@ -287,19 +299,27 @@ class Sender:
             waits += 1
             await asyncio.sleep(wait_s)
 
-    async def _send(self, event: EmailRequested,
-                    slot: SmtpSlot) -> tuple[SmtpReply, str, float]:
+    async def _send(self, event: EmailRequested, slot: SmtpSlot) -> _Attempt:
+        key = event.idempotency_key
         started = time.monotonic()
-        reply, message_id = await self._delivery.send(event, slot, utcnow())
-        read_at = time.monotonic()
-        self.metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
-        return reply, message_id, read_at
+        marks: list[tuple[asyncio.Future[float], float]] = []
 
-    async def _record(self, record: Record, event: EmailRequested, reply: SmtpReply,
-                      message_id: str, read_at: float, *, throttled: bool) -> Routing | None:
-        """Write the send's outcome to the ledger and route it (``read_at``: when the reply was
-        read); None for a throttling reply whose send is deferred (the ledger claim is released,
-        nothing is published)."""
+        def accepted(message_id: str) -> None:
+            # The duplicate window opens as the 250 is read: its mark leaves from here, before
+            # the send's coroutine resumes, the slot and the destination are given back, or the
+            # loop turns.
+            marks.append((self._ledger.start_mark(key, message_id), time.monotonic()))
+
+        reply, message_id = await self._delivery.send(event, slot, utcnow(), accepted)
+        mark, read_at = marks[0] if marks else (None, time.monotonic())
+        self.metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
+        return _Attempt(reply, message_id, read_at, mark)
+
+    async def _record(self, record: Record, event: EmailRequested, attempt: _Attempt, *,
+                      throttled: bool) -> Routing | None:
+        """Write the send's outcome to the ledger and route it; None for a throttling reply whose
+        send is deferred (the ledger claim is released, nothing is published)."""
+        reply, message_id = attempt.reply, attempt.message_id
         key = event.idempotency_key
         if throttled:
             await self._ledger_call("release", partial(self._ledger.release, key))
@@ -311,25 +331,32 @@ class Sender:
         now = utcnow()
         # A redriven email has a fresh budget: its retry tiers count from the redrive.
         decision = self._policy.decide(outcome, event.attempt - attempt_base(record.headers), now)
-        started = time.monotonic()
         if decision.action is Action.DONE_SENT:
             # The duplicate window, from the reply read to the mark's commit: a crash before the
             # mark commits sends the key again.
             committed_at = await self._ledger_call(
-                "mark sent", partial(self._ledger.mark_sent, key, message_id))
-            self.metrics.observe("sent_mark_window_seconds", committed_at - read_at)
+                "mark sent", partial(self._ledger.mark_sent, key, message_id), attempt.mark)
+            self.metrics.observe("sent_mark_window_seconds", committed_at - attempt.read_at)
+            self.metrics.observe("ledger_mark_seconds", committed_at - attempt.read_at,
+                                 operation="sent")
         else:
+            started = time.monotonic()
             await self._ledger_call("release", partial(self._ledger.release, key))
-        self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
-                             operation="sent" if decision.action is Action.DONE_SENT else "release")
+            self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
+                                 operation="release")
         log.log(*outcome_line(event, decision, outcome.reason))
         return route(self._settings.topic_prefix, origin_of(record), event, outcome, decision,
                      message_id, now)
 
-    async def _ledger_call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()`` until the ledger answers (a shutdown cancels the wait)."""
+    async def _ledger_call(self, what: str, call: Callable[[], Awaitable[T]],
+                           started: Awaitable[T] | None = None) -> T:
+        """``call()`` until the ledger answers (a shutdown cancels the wait); ``started``: the
+        first such call, already under way."""
         while True:
             try:
+                if started is not None:
+                    first, started = started, None
+                    return await first
                 return await call()
             except LedgerUnavailableError as exc:
                 log.warning("ledger %s failed (%s); retrying in %.0fs", what, exc, LEDGER_RETRY_S)

@@ -27,7 +27,13 @@ from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import Failure, SmtpReply, Stage
-from sender.pipelining import MAIL_ACCEPTED, RCPT_ACCEPTED, SERVICE_UNAVAILABLE, Pipeline
+from sender.pipelining import (
+    MAIL_ACCEPTED,
+    RCPT_ACCEPTED,
+    SERVICE_UNAVAILABLE,
+    OnAccepted,
+    Pipeline,
+)
 from sender.render import Payload, is_plain_address, payload_of
 
 logger = logging.getLogger(__name__)
@@ -100,10 +106,11 @@ class SmtpSlot:
     def __init__(self, pool: SmtpPool) -> None:
         self._pool = pool
 
-    async def send(self, message: EmailMessage | Payload, sender: str,
-                   recipient: str) -> SmtpReply:
-        """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
-        return await self._pool._send_in_slot(payload_of(message), sender, recipient)
+    async def send(self, message: EmailMessage | Payload, sender: str, recipient: str,
+                   on_accepted: OnAccepted | None = None) -> SmtpReply:
+        """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none.
+        ``on_accepted`` is told a 250 to the message as soon as it is read."""
+        return await self._pool._send_in_slot(payload_of(message), sender, recipient, on_accepted)
 
 
 class SmtpPool:
@@ -138,7 +145,8 @@ class SmtpPool:
         async with self.slot() as slot:
             return await slot.send(message, sender, recipient)
 
-    async def _send_in_slot(self, message: Payload, sender: str, recipient: str) -> SmtpReply:
+    async def _send_in_slot(self, message: Payload, sender: str, recipient: str,
+                            on_accepted: OnAccepted | None) -> SmtpReply:
         if self._closed:
             raise RuntimeError("SmtpPool is closed")
         (sender_at, sender_problem), (recipient_at, recipient_problem) = (
@@ -152,14 +160,15 @@ class SmtpPool:
         try:
             if smtp is None:
                 smtp = await self._open_for_sending()
-            reply, healthy = await self._transaction(smtp, message, sender, recipient)
+            reply, healthy = await self._transaction(smtp, message, sender, recipient, on_accepted)
             if reused and _stale(reply):
                 # The server dropped the idle connection before we spoke; nothing was sent.
                 logger.debug("smtp idle connection went stale; reconnecting",
                              extra={"stage": reply.stage.value, "code": reply.code})
                 _discard(smtp)
                 smtp = await self._open_for_sending()
-                reply, healthy = await self._transaction(smtp, message, sender, recipient)
+                reply, healthy = await self._transaction(smtp, message, sender, recipient,
+                                                         on_accepted)
         except _Failed as failed:
             if smtp is not None:
                 _discard(smtp)
@@ -301,6 +310,7 @@ class SmtpPool:
 
     async def _transaction(
         self, smtp: Connection, message: Payload, sender: str, recipient: str,
+        on_accepted: OnAccepted | None,
     ) -> tuple[SmtpReply, bool]:
         """MAIL, RCPT, DATA: the final reply, and whether the connection can be reused."""
         utf8 = not (sender.isascii() and recipient.isascii())
@@ -333,13 +343,15 @@ class SmtpPool:
         stage = Stage.MAIL_FROM
         try:
             if isinstance(smtp, Pipeline):
-                response = await smtp.transaction(mail, rcpt, content)
+                response = await smtp.transaction(mail, rcpt, content, on_accepted)
             else:
                 await _command(smtp, MAIL_ACCEPTED, mail)
                 stage = Stage.RCPT_TO
                 await _command(smtp, RCPT_ACCEPTED, rcpt)
                 stage = Stage.DATA
-                response = await smtp.data(content)
+                response = await smtp.data(content)  # anything but a 250 raises
+                if on_accepted is not None:
+                    on_accepted(response.code, response.message)
         except aiosmtplib.SMTPResponseException as exc:
             if isinstance(smtp, Pipeline):
                 stage = smtp.stage

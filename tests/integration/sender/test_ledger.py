@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import sys
 import time
 from typing import Any
 
@@ -13,12 +12,13 @@ import pytest
 import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
 
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from sender.errors import LedgerUnavailableError
 from sender.ledger import (
+    MARK_IN_FLIGHT,
     MARK_SENT,
-    MARK_SWITCH_INTERVAL_S,
     Claim,
     ClaimResult,
     Ledger,
@@ -76,22 +76,54 @@ def test_a_mark_says_when_its_commit_returned(engine: sa.Engine, db_settings: Se
     asyncio.run(scenario())
 
 
-def test_the_marker_thread_gets_the_gil_within_its_switch_interval(
+def ledger_state(engine: sa.Engine, key: str) -> str | None:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT state FROM sender_ledger WHERE idempotency_key = :k"),
+                            {"k": key}).scalar()
+
+
+def test_a_started_mark_commits_while_the_event_loop_is_held(
         engine: sa.Engine, db_settings: Settings) -> None:
+    """A mark is started from the read of a 250, inside a protocol callback: it reaches the
+    database without the loop turning again (no thread to be scheduled, no task step)."""
     async def scenario() -> None:
         a = ledger(engine, db_settings, "a")
         try:
-            await a.mark_sent("k", "<k@example.com>")
+            await a.mark_sent("warm", "<warm@example.com>")  # the connection is open
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            mark = a.start_mark("k", "<k@example.com>")
+            # Still inside this step, so the loop cannot run: waited for here, blocking it.
+            wait_until(lambda: ledger_state(engine, "k") == "sent", 5, "the mark to commit",
+                       poll_interval_s=0.01)
+            assert not mark.done()  # its commit is read when the loop turns
+            assert await asyncio.wait_for(mark, 5) <= time.monotonic()
         finally:
             await a.close()
 
-    default = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)
-    try:
-        asyncio.run(scenario())
-        assert sys.getswitchinterval() == pytest.approx(MARK_SWITCH_INTERVAL_S)
-    finally:
-        sys.setswitchinterval(default)
+    asyncio.run(scenario())
+
+
+def test_marks_in_flight_do_not_wait_for_each_other(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """Each mark is written at once, up to MARK_IN_FLIGHT unanswered; the ones past that go
+    together in one statement when an answer comes. All commit."""
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        try:
+            await a.mark_sent("warm", "<warm@example.com>")
+            keys = [f"k{i}" for i in range(MARK_IN_FLIGHT + 3)]
+            claims = await asyncio.gather(*(a.claim(k, 1) for k in keys))
+            assert {c.claim for c in claims} == {Claim.MINE}
+            marks = [a.start_mark(k, f"<{k}@example.com>") for k in keys]
+            assert [len(batch) for batch in a._marker._in_flight] == [1] * MARK_IN_FLIGHT
+            assert [m.key for m in a._marker._waiting] == keys[MARK_IN_FLIGHT:]
+            await asyncio.wait_for(asyncio.gather(*marks), 10)
+            assert not a._marker._in_flight and not a._marker._waiting
+        finally:
+            await a.close()
+        assert {k: ledger_state(engine, k) for k in keys} == dict.fromkeys(keys, "sent")
+
+    asyncio.run(scenario())
 
 
 def test_an_expired_lease_can_be_taken_over(engine: sa.Engine, db_settings: Settings) -> None:
@@ -275,7 +307,38 @@ def test_a_mark_does_not_wait_behind_a_claim(engine: sa.Engine, db_settings: Set
     asyncio.run(scenario())
 
 
-def test_a_mark_whose_session_was_terminated_fails_and_the_next_reconnects(
+def test_a_mark_in_flight_when_its_session_is_terminated_fails_and_the_next_reconnects(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a")
+        blocker = await psycopg.AsyncConnection.connect(libpq_conninfo(engine))
+        try:
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            await a.mark_sent("other", "<o@example.com>")
+            marks_pid = a._marker._conn.info.backend_pid  # type: ignore[union-attr]
+            await blocker.execute(f"SET search_path = {db_settings.database_schema}")
+            await blocker.execute("SELECT 1 FROM sender_ledger WHERE idempotency_key = 'k' "
+                                  "FOR UPDATE")  # the mark waits for this row
+            stuck = a.start_mark("k", "<k@example.com>")
+            await asyncio.sleep(0.3)
+            assert not stuck.done()
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"),
+                                    {"p": marks_pid}).scalar_one()
+            with pytest.raises(LedgerUnavailableError):
+                await asyncio.wait_for(stuck, 5)  # the sender writes such a mark again
+            await blocker.rollback()
+            await a.mark_sent("k", "<k@example.com>")
+            assert a._marker._conn.info.backend_pid != marks_pid  # type: ignore[union-attr]
+            assert (await a.claim("k", 2)).claim is Claim.SENT
+        finally:
+            await blocker.close()
+            await a.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_mark_session_that_was_terminated_is_reopened_for_the_next_mark(
         engine: sa.Engine, db_settings: Settings) -> None:
     async def scenario() -> None:
         a = ledger(engine, db_settings, "a")
@@ -286,12 +349,27 @@ def test_a_mark_whose_session_was_terminated_fails_and_the_next_reconnects(
             with engine.connect() as conn:
                 assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"),
                                     {"p": marks_pid}).scalar_one()
-            with pytest.raises(LedgerUnavailableError):
-                await a.mark_sent("k", "<k@example.com>")  # the sender retries such a mark
-            await a.mark_sent("k", "<k@example.com>")
+            # The loop reads the server's goodbye and drops the connection.
+            await asyncio.to_thread(wait_until, lambda: a._marker._conn is None, 5,
+                                    "the marker to notice its session ended")
+            await asyncio.wait_for(a.mark_sent("k", "<k@example.com>"), 10)
             assert (await a.claim("k", 2)).claim is Claim.SENT
         finally:
             await a.close()
+
+    asyncio.run(scenario())
+
+
+def test_marks_fail_while_the_database_cannot_be_reached(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        bad = Ledger("host=127.0.0.1 port=1 dbname=none connect_timeout=2", "a", 30,
+                     db_settings.database_schema)
+        try:
+            with pytest.raises(LedgerUnavailableError, match="cannot connect"):
+                await asyncio.wait_for(bad.mark_sent("k", "<k@example.com>"), 10)
+        finally:
+            await bad.close()
 
     asyncio.run(scenario())
 
@@ -342,7 +420,8 @@ def test_marks_read_the_ledger_by_its_key_before_it_is_analyzed(
             assert claims is not None and marks is not None
             row = await (await claims.execute("SHOW enable_seqscan")).fetchone()
             assert row == ("off",)
-            assert marks.execute("SHOW enable_seqscan").fetchone() == ("off",)
+            # A pipeline: nothing to SHOW on it.
+            assert "-c enable_seqscan=off" in str(marks.info.options)
         finally:
             await a.close()
 

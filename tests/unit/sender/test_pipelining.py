@@ -149,3 +149,44 @@ def test_a_shorter_timeout_is_not_held_to_an_earlier_longer_one() -> None:
             await asyncio.wait_for(pipeline.execute_command(b"QUIT", timeout=0.1), 5)
 
     asyncio.run(run())
+
+
+GROUP_ACCEPTED = b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n354 go ahead\r\n"
+
+
+def test_the_acceptance_is_told_from_the_read_of_the_250_before_the_send_resumes() -> None:
+    pipeline = pipeline_answering([GROUP_ACCEPTED, b"250 2.0.0 queued as 1\r\n"], timeout_s=30)
+    told: list[tuple[int, str, int]] = []
+
+    def accepted(code: int, text: str) -> None:
+        # The reply is still queued: the waiting send has not taken it yet.
+        told.append((code, text, len(pipeline._replies)))
+
+    async def run() -> int:
+        reply = await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>", b"hi\r\n",
+                                           accepted)
+        # Replies to later commands are not the message's.
+        await pipeline.execute_command(b"NOOP")
+        return reply.code
+
+    pipeline.transport.answers.append(b"250 2.0.0 Ok\r\n")  # type: ignore[union-attr]
+    assert asyncio.run(run()) == 250
+    assert told == [(250, "2.0.0 queued as 1", 1)]
+
+
+@pytest.mark.parametrize("answers", [
+    [GROUP_ACCEPTED, b"550 5.7.1 content rejected\r\n"],  # the message refused
+    [GROUP_ACCEPTED, b"451 4.3.0 try later\r\n"],
+    [b"250 Ok\r\n550 5.1.1 no such user\r\n554 no valid recipients\r\n", b"250 Ok\r\n"],
+])
+def test_no_acceptance_is_told_for_a_refusal(answers: list[bytes | None]) -> None:
+    pipeline = pipeline_answering(answers, timeout_s=30)
+    told: list[int] = []
+
+    async def run() -> None:
+        with pytest.raises(aiosmtplib.SMTPResponseException):
+            await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>", b"hi\r\n",
+                                       lambda code, _text: told.append(code))
+
+    asyncio.run(run())
+    assert told == []

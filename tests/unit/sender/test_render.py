@@ -17,6 +17,7 @@ from postroom.errors import UnsafeHeaderError
 from schemas.codec import EmailRequested
 from sender.delivery import Delivery
 from sender.message import build_message
+from sender.outcome import Failure, Stage
 from sender.render import (
     Built,
     Template,
@@ -221,3 +222,35 @@ def test_the_delivery_templates_only_plain_emails_without_files(
     assert type(payload) is kind
     assert payload.message_id == Built(build_message(
         e, attachments_root=tmp_path, now=NOW)).message_id
+
+
+class AcceptsThenHangs:
+    """A slot whose server says 250 and whose send then does not return before the deadline."""
+
+    async def send(self, message: Any, sender: str, recipient: str,
+                   on_accepted: Any = None) -> Any:
+        on_accepted(250, "2.0.0 queued as 7")
+        await asyncio.sleep(30)
+
+
+class HangsBeforeTheReply:
+    async def send(self, message: Any, sender: str, recipient: str,
+                   on_accepted: Any = None) -> Any:
+        await asyncio.sleep(30)
+
+
+def test_a_250_read_as_the_deadline_passes_is_the_reply() -> None:
+    delivery = Delivery("reports@example.com", None, deadline_s=0.1)
+    told: list[str] = []
+    reply, message_id = asyncio.run(delivery.send(event(), AcceptsThenHangs(),  # type: ignore[arg-type]
+                                                  NOW, told.append))
+    assert (reply.stage, reply.code, reply.text) == (Stage.DATA, 250, "2.0.0 queued as 7")
+    assert told == [message_id] and message_id.startswith("<")
+
+
+def test_a_send_with_no_reply_by_the_deadline_times_out() -> None:
+    delivery = Delivery("reports@example.com", None, deadline_s=0.1)
+    told: list[str] = []
+    reply, _ = asyncio.run(delivery.send(event(), HangsBeforeTheReply(),  # type: ignore[arg-type]
+                                         NOW, told.append))
+    assert (reply.stage, reply.failure, told) == (Stage.LOCAL, Failure.TIMEOUT, [])
