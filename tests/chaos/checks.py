@@ -37,12 +37,14 @@ class KillOutcome:
     resent_s: float | None  # the longest such wait
     not_resent: int      # in-doubt keys the server never heard of again (a mark in flight)
     reaped_s: float
+    repeated: bool = False  # nothing was in doubt: the scenario killed again
 
     def line(self) -> str:
         resent = ("-" if self.first_resent_s is None or self.resent_s is None
                   else f"{self.first_resent_s:.1f}-{self.resent_s:.1f}")
         more = f", {self.not_resent} not resent" if self.not_resent else ""
-        return (f"{self.in_doubt} in doubt (other {self.others_sending}), duplicates "
+        idle = "idle, killed again: " if self.repeated else ""
+        return (f"{idle}{self.in_doubt} in doubt (other {self.others_sending}), duplicates "
                 f"{self.duplicates_before}+{self.duplicates_after}, resent within {resent} s"
                 f"{more}, reaped in {self.reaped_s * 1000:.0f} ms")
 
@@ -150,8 +152,9 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
           kills_at_full_load: bool = False) -> Outcome:
     """Compare the three sources with the input; see Outcome.problems() for what must be empty.
     ``kills_at_full_load``: a sender kill that found no key in doubt is a problem (it proved
-    nothing about the window)."""
-    outcome = Outcome(run.name, len(run.expected), run.faults, drain_s, kills=len(run.kills),
+    nothing about the window), unless the scenario killed again for it (not counted as a kill)."""
+    kills = sum(not k.repeated for k in run.kills)
+    outcome = Outcome(run.name, len(run.expected), run.faults, drain_s, kills=kills,
                       poisoned=run.poisoned, in_doubt=sum(len(k.in_doubt) for k in run.kills))
     rows = {r.recipient: r for r in run.query(
         f"SELECT recipient, idempotency_key, {', '.join(COMPARED)} FROM outbox")}
@@ -248,10 +251,10 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
         outcome.per_kill.append(KillOutcome(
             len(kill.in_doubt), kill.others_sending, by_kill[n, False], by_kill[n, True],
             min(waits) if waits else None, resent_s, len(kill.in_doubt) - len(waits),
-            kill.reaped_s))
+            kill.reaped_s, kill.repeated))
         if resent_s is not None:
             outcome.takeover_s = max(outcome.takeover_s or 0.0, resent_s)
-        if kills_at_full_load and not kill.in_doubt:
+        if kills_at_full_load and not kill.in_doubt and not kill.repeated:
             outcome.idle_kills.append(f"kill {n + 1} (pid {kill.owner_pid}) at {kill.at:.1f}: "
                                       "no key in doubt")
 
