@@ -368,15 +368,24 @@ class _Marker:
         self._write()
 
     async def close(self) -> None:
-        """Wait (a while) for the marks in flight, then close."""
+        """Wait (up to CLOSE_TIMEOUT_S) for the marks started, then close; any still unanswered
+        fail."""
         if self._connecting is not None:
             self._connecting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._connecting
-        pending = [m.future for batch in self._in_flight for m in batch]
-        if pending:
-            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
+        if self._conn is not None:
+            pending = [m.future for batch in self._in_flight for m in batch]
+            pending += [m.future for m in self._waiting]  # written as answers come
+            if pending:
+                await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
         self._close_connection()
+        error = LedgerUnavailableError("the ledger closed before the mark was answered")
+        for mark in [*(m for batch in self._in_flight for m in batch), *self._waiting]:
+            if not mark.future.done():
+                mark.future.set_exception(error)
+        self._in_flight.clear()
+        self._waiting = []
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,7 @@ class Outcome:
     unreadable_results: int = 0
     crashed: list[str] = dataclasses.field(default_factory=list)
     idle_kills: list[str] = dataclasses.field(default_factory=list)  # at full load: none in doubt
+    slow_takeovers: list[str] = dataclasses.field(default_factory=list)  # past the limit
     kills: int = 0
     in_doubt: int = 0  # keys the killed senders' ledger rows held as sending
     poisoned: int = 0  # poison() calls: one record each on a priority, a retry, the results topic
@@ -81,7 +82,7 @@ class Outcome:
     def problems(self) -> list[str]:
         found = []
         for what in ("lost", "wrong_state", "unexplained", "bad_attempts", "recorder_mismatch",
-                     "crashed", "idle_kills"):
+                     "crashed", "idle_kills", "slow_takeovers"):
             items = getattr(self, what)
             if items:
                 found.append(f"{self.scenario}: {what} ({len(items)}): {sorted(items)[:5]}")
@@ -149,10 +150,11 @@ def replay(run: Run, results: list[EmailResult]) -> dict[str, tuple[Any, ...]]:
 
 
 def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
-          kills_at_full_load: bool = False) -> Outcome:
+          kills_at_full_load: bool = False, takeover_limit_s: float | None = None) -> Outcome:
     """Compare the three sources with the input; see Outcome.problems() for what must be empty.
     ``kills_at_full_load``: a sender kill that found no key in doubt is a problem (it proved
-    nothing about the window), unless the scenario killed again for it (not counted as a kill)."""
+    nothing about the window), unless the scenario killed again for it (not counted as a kill).
+    ``takeover_limit_s``: a key in doubt at a kill not tried again within it is a problem."""
     kills = sum(not k.repeated for k in run.kills)
     outcome = Outcome(run.name, len(run.expected), run.faults, drain_s, kills=kills,
                       poisoned=run.poisoned, in_doubt=sum(len(k.in_doubt) for k in run.kills))
@@ -254,6 +256,11 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
             kill.reaped_s, kill.repeated))
         if resent_s is not None:
             outcome.takeover_s = max(outcome.takeover_s or 0.0, resent_s)
+        if takeover_limit_s is not None:
+            late = [key for key in kill.in_doubt
+                    if not any(kill.at + KILL_SLACK_S < r.at <= kill.at + takeover_limit_s
+                               for r in replies[key.split("|", 1)[1]])]
+            outcome.slow_takeovers.extend(f"kill {n + 1}: {key}" for key in late)
         if kills_at_full_load and not kill.in_doubt and not kill.repeated:
             outcome.idle_kills.append(f"kill {n + 1} (pid {kill.owner_pid}) at {kill.at:.1f}: "
                                       "no key in doubt")

@@ -31,6 +31,9 @@ class Scenario:
     start_faults_at: float = 0.2   # share of the input accepted by the server before faults
     backlog: int = 0               # rows kept unfinished while faults come (see Run.feed)
     kills_at_full_load: bool = False  # a sender kill that finds no key in doubt fails the run
+    # Every key a killed sender held in doubt must have been tried again within this long of
+    # the kill (the 60 s, with the default session timeout); None: no limit.
+    takeover_limit_s: float | None = None
 
     @property
     def smtp_timeout_s(self) -> float:
@@ -150,6 +153,12 @@ SHORT = [
 ]
 
 FULL = [
+    Scenario("sender SIGKILL x1 at full load", 5000,
+             kill_senders(1, (3.0, 5.0), at_full_load=True),
+             "one kill of a sender at full load, default session timeout: every key it held in "
+             "doubt is tried again by the next owner within 60 s of the kill",
+             feed_per_s=1000.0, start_faults_at=0.02, backlog=3000, kills_at_full_load=True,
+             takeover_limit_s=60.0),
     Scenario("sender SIGKILL x10, 12-14 s apart", 5000,
              kill_senders(10, (12.0, 14.0), at_full_load=True),
              "ten kills of a sender at full load, each on a group settled since the last: "
@@ -214,7 +223,8 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
             window = run.sent_mark_window()
             codes = run.stop()
             outcome = check(run, drain_s, scenario.exact_attempts,
-                            scenario.smtp_timeout_s, scenario.kills_at_full_load)
+                            scenario.smtp_timeout_s, scenario.kills_at_full_load,
+                            scenario.takeover_limit_s)
             outcome.mark_window = window
             outcome.crashed = crashed + [f"{n} exit {c}" for n, c in codes.items() if c != 0]
         finally:

@@ -307,6 +307,22 @@ def test_a_mark_does_not_wait_behind_a_claim(engine: sa.Engine, db_settings: Set
     asyncio.run(scenario())
 
 
+def test_close_waits_for_the_marks_started(engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> list[asyncio.Future[float]]:
+        a = ledger(engine, db_settings, "a")
+        await a.mark_sent("warm", "<warm@example.com>")
+        claims = await asyncio.gather(*(a.claim(k, 1) for k in keys))
+        assert {c.claim for c in claims} == {Claim.MINE}
+        marks = [a.start_mark(k, f"<{k}@example.com>") for k in keys]
+        await a.close()  # some wait for room: they go out as the first answers come
+        return marks
+
+    keys = [f"c{i}" for i in range(MARK_IN_FLIGHT + 5)]
+    marks = asyncio.run(scenario())
+    assert all(m.done() and m.exception() is None for m in marks)
+    assert {k: ledger_state(engine, k) for k in keys} == dict.fromkeys(keys, "sent")
+
+
 def test_a_mark_in_flight_when_its_session_is_terminated_fails_and_the_next_reconnects(
         engine: sa.Engine, db_settings: Settings) -> None:
     async def scenario() -> None:
