@@ -50,10 +50,10 @@ class Delivery:
         except (AttachmentError, ValueError) as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
         message_id = message.message_id
-        accepted: list[SmtpReply] = []
+        accepted: list[tuple[int, str]] = []  # the 250, kept for a deadline that passes after it
 
         def on_reply(code: int, text: str) -> None:
-            accepted.append(SmtpReply(Stage.DATA, code, text))
+            accepted.append((code, text))
             if on_accepted is not None:
                 on_accepted(message_id)
 
@@ -62,7 +62,7 @@ class Delivery:
                 return await slot.send(message, sender, event.recipient, on_reply), message_id
         except TimeoutError:
             if accepted:
-                return accepted[0], message_id
+                return SmtpReply(Stage.DATA, *accepted[0]), message_id
             return SmtpReply(Stage.LOCAL, None, f"the send took longer than its deadline of "
                              f"{self.deadline_s:.0f}s", Failure.TIMEOUT), message_id
 

@@ -307,15 +307,14 @@ class _Marker:
     @staticmethod
     def _settle(batch: list[_Mark], results: list[psycopg.pq.abc.PGresult]) -> None:
         failed = next((r for r in results if r.status != psycopg.pq.ExecStatus.COMMAND_OK), None)
+        if failed is not None:
+            message = (failed.error_message or b"").decode(errors="replace")
+            _fail(batch, LedgerUnavailableError(_first(message, "the mark failed")))
+            return
         committed_at = time.monotonic()
         for mark in batch:
-            if mark.future.done():
-                continue
-            if failed is None:
+            if not mark.future.done():
                 mark.future.set_result(committed_at)
-            else:
-                message = (failed.error_message or b"").decode(errors="replace")
-                mark.future.set_exception(LedgerUnavailableError(_first(message, "the mark failed")))
 
     def _broken(self, why: str) -> None:
         """The connection is gone: the marks in flight fail (the sender writes them again, they
@@ -323,9 +322,7 @@ class _Marker:
         self._close_connection()
         error = LedgerUnavailableError(_first(why, "the connection broke"))
         while self._in_flight:
-            for mark in self._in_flight.popleft():
-                if not mark.future.done():
-                    mark.future.set_exception(error)
+            _fail(self._in_flight.popleft(), error)
         self._results = []
         if self._waiting:
             self._write()
@@ -355,11 +352,8 @@ class _Marker:
                 await conn.close()
                 raise
         except psycopg.Error as exc:
-            error = LedgerUnavailableError(f"cannot connect: {first_line(exc)}")
             waiting, self._waiting = self._waiting, []
-            for mark in waiting:
-                if not mark.future.done():
-                    mark.future.set_exception(error)
+            _fail(waiting, LedgerUnavailableError(f"cannot connect: {first_line(exc)}"))
             return
         finally:
             self._connecting = None
@@ -381,10 +375,9 @@ class _Marker:
                 await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
         self._close_connection()
         error = LedgerUnavailableError("the ledger closed before the mark was answered")
-        for mark in [*(m for batch in self._in_flight for m in batch), *self._waiting]:
-            if not mark.future.done():
-                mark.future.set_exception(error)
-        self._in_flight.clear()
+        while self._in_flight:
+            _fail(self._in_flight.popleft(), error)
+        _fail(self._waiting, error)
         self._waiting = []
 
 
@@ -399,6 +392,13 @@ def text_array(values: list[str]) -> bytes:
     """``values`` as a PostgreSQL text array literal, every element quoted (so "NULL" is text)."""
     quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
     return ("{" + ",".join(quoted) + "}").encode()
+
+
+def _fail(marks: list[_Mark], error: LedgerUnavailableError) -> None:
+    """``error`` for every mark of ``marks`` not yet settled."""
+    for mark in marks:
+        if not mark.future.done():
+            mark.future.set_exception(error)
 
 
 def _session_ended(results: list[psycopg.pq.abc.PGresult]) -> bool:

@@ -336,9 +336,9 @@ class Sender:
             # mark commits sends the key again.
             committed_at = await self._ledger_call(
                 "mark sent", partial(self._ledger.mark_sent, key, message_id), attempt.mark)
-            self.metrics.observe("sent_mark_window_seconds", committed_at - attempt.read_at)
-            self.metrics.observe("ledger_mark_seconds", committed_at - attempt.read_at,
-                                 operation="sent")
+            window_s = committed_at - attempt.read_at  # the mark started with the read
+            self.metrics.observe("sent_mark_window_seconds", window_s)
+            self.metrics.observe("ledger_mark_seconds", window_s, operation="sent")
         else:
             started = time.monotonic()
             await self._ledger_call("release", partial(self._ledger.release, key))
