@@ -243,12 +243,13 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
 
     # takeover: from a kill to the server's next reply for each key the killed sender held
     for n, kill in enumerate(run.kills):
-        waits = []
+        wait_of: dict[str, float] = {}  # each in-doubt key's wait for the server's next reply
         for key in kill.in_doubt:
             rcpt = key.split("|", 1)[1]
             after = [r.at for r in replies[rcpt] if r.at > kill.at + KILL_SLACK_S]
             if after:
-                waits.append(min(after) - kill.at)
+                wait_of[key] = min(after) - kill.at
+        waits = list(wait_of.values())
         resent_s = max(waits) if waits else None
         outcome.per_kill.append(KillOutcome(
             len(kill.in_doubt), kill.others_sending, by_kill[n, False], by_kill[n, True],
@@ -258,8 +259,7 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
             outcome.takeover_s = max(outcome.takeover_s or 0.0, resent_s)
         if takeover_limit_s is not None:
             late = [key for key in kill.in_doubt
-                    if not any(kill.at + KILL_SLACK_S < r.at <= kill.at + takeover_limit_s
-                               for r in replies[key.split("|", 1)[1]])]
+                    if key not in wait_of or wait_of[key] > takeover_limit_s]
             outcome.slow_takeovers.extend(f"kill {n + 1}: {key}" for key in late)
         if kills_at_full_load and not kill.in_doubt and not kill.repeated:
             outcome.idle_kills.append(f"kill {n + 1} (pid {kill.owner_pid}) at {kill.at:.1f}: "
