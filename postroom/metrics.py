@@ -101,6 +101,10 @@ CATALOGUE: dict[str, MetricSpec] = {
            "being read to the sender reading its sent mark's commit (a crash before the commit "
            "sends it again).",
         buckets=WINDOW_BUCKETS_S),
+    "claims_renewed_total": MetricSpec(
+        C, "Ledger claims renewed as their send started, having waited long for their turn or "
+           "been taken on a ledger session that ended since; kept, or lost to another sender "
+           "(not sent here).", ("result",)),
     "throttled_total": MetricSpec(
         C, "Sends a server throttled, deferred without counting as an attempt."),
     "destinations_paused": MetricSpec(G, "Destinations paused by a throttling reply."),

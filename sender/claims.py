@@ -1,4 +1,5 @@
-"""Decides how long a ledger claim lasts and how long to wait when another sender holds one. Pure.
+"""Decides how long a ledger claim lasts, when it must be renewed before its send, and how long to
+wait when another sender holds one. Pure.
 
 A claim's lease must outlast the longest send, so a live sender never loses a key it is sending;
 a sender that finds a key leased elsewhere waits for that sender's answer, its death or the end
@@ -18,6 +19,19 @@ BUSY_WAIT_MIN_S = 0.2
 # Ask again at least this often, whatever the lease says: the holder may die at any moment,
 # which frees its claim at once (sender/ledger.py), or answer.
 BUSY_WAIT_MAX_S = 1.0
+
+
+# A sender claims a key while the key waits for its destination's turn, so the claim's round trip
+# overlaps the sends before it. A claim older than this when its send starts has its lease renewed
+# first, so the lease still outlasts the send's deadline and the outcome's record.
+RENEW_AFTER_S = LEASE_MARGIN_S / 3
+
+
+def needs_renewal(age_s: float, same_session: bool) -> bool:
+    """Whether a claim taken ``age_s`` ago must be renewed before its send: it is old, or the
+    ledger session that took it has ended since (another sender may have taken the key while
+    our owner's lock was free)."""
+    return age_s > RENEW_AFTER_S or not same_session
 
 
 def send_deadline_s(settings: Settings) -> float:

@@ -12,12 +12,20 @@ from sender.throttle import Destination, ThrottleLimits, finished, started, wait
 
 class DestinationGate:
     """``await acquire(d)`` before a send to destination ``d``, ``await release(d, throttled)``
-    after it. Sends to other destinations never wait on ``d``."""
+    after it. Sends to other destinations never wait on ``d``.
 
-    def __init__(self, limits: ThrottleLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    ``await queue(d)`` first and ``unqueue(d)`` once ``acquire`` returned (or the send was given
+    up) hold a place in ``d``'s line: at most ``queued_per_send`` times its concurrency limit of
+    sends wait for ``acquire`` at once. The sender claims each key in the line, so the claims of
+    the next sends are taken while the sends before them run, and no more of them than that."""
+
+    def __init__(self, limits: ThrottleLimits, clock: Callable[[], float] = time.monotonic,
+                 queued_per_send: int = 1) -> None:
         self._limits = limits
         self._clock = clock
         self._states: dict[str, Destination] = {}
+        self._line_length = limits.concurrency * queued_per_send
+        self._lines: dict[str, asyncio.Semaphore] = {}
         # One lock; a condition per destination, so a finished send wakes only the sends waiting
         # for its destination, and only as many as may start (one condition for all woke every
         # waiter on every release: ~100 wake-ups per email when all mail goes to one domain).
@@ -30,6 +38,22 @@ class DestinationGate:
         if condition is None:
             condition = self._changed[name] = asyncio.Condition(self._lock)
         return condition
+
+    async def queue(self, name: str) -> None:
+        line = self._lines.get(name)
+        if line is None:
+            line = self._lines[name] = asyncio.Semaphore(self._line_length)
+        if not line.locked():
+            await line.acquire()
+            return
+        self.waiting += 1
+        try:
+            await line.acquire()
+        finally:
+            self.waiting -= 1
+
+    def unqueue(self, name: str) -> None:
+        self._lines[name].release()
 
     async def acquire(self, name: str) -> None:
         changed = self._condition(name)

@@ -67,6 +67,15 @@ MARK_SENT = """
     WHERE l.idempotency_key = t.k
 """
 MARK_SENT_NAME = b"postroom_mark_sent"
+# Our claims that waited for their turn long enough to need a fresh lease before their send; a
+# key not returned is no longer ours (its lease ran out or our session ended, and another sender
+# took it, or a server accepted it meanwhile).
+RENEW = """
+    UPDATE sender_ledger
+    SET lease_until = now() + make_interval(secs => %(lease_s)s), updated_at = now()
+    WHERE idempotency_key = ANY(%(keys)s) AND owner = %(owner)s AND state = 'sending'
+    RETURNING idempotency_key
+"""
 RELEASE = """
     UPDATE sender_ledger SET state = 'released', lease_until = NULL, updated_at = now()
     WHERE idempotency_key = ANY(%(keys)s) AND owner = %(owner)s AND state = 'sending'
@@ -121,6 +130,7 @@ class ClaimResult:
     message_id: str | None = None
     lease_until: dt.datetime | None = None
     taken_from: str | None = None  # MINE by taking over the claim of this owner
+    session: int = 0  # the claims session it was taken on (Ledger.session)
 
 
 class _Batcher(Generic[T, R]):
@@ -418,10 +428,10 @@ def _first(message: str, otherwise: str) -> str:
 
 
 class Ledger:
-    """Async access to ``sender_ledger``: claims and releases over one connection, which holds the
-    owner's advisory lock, and ``sent`` marks over another; each reopened when it breaks.
+    """Async access to ``sender_ledger``: claims, renewals and releases over one connection, which
+    holds the owner's advisory lock, and ``sent`` marks over another; each reopened when it breaks.
 
-    ``claim``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
+    ``claim``, ``renew``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
     sent to the database as one statement.
     """
 
@@ -432,6 +442,7 @@ class Ledger:
         self._marker = _Marker(conninfo, schema)
         self._claims = _Batcher(self._claim_batch)
         self._released = _Batcher(self._release_batch)
+        self._renewed = _Batcher(self._renew_batch)
 
     async def _take_owner_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Hold the owner's lock before this connection claims anything: while it is free,
@@ -472,6 +483,16 @@ class Ledger:
         """:meth:`start_mark`, awaited."""
         return await self._marker.start(key, message_id)
 
+    @property
+    def session(self) -> int:
+        """Which claims session is open (1 for the first): a claim taken on an earlier one may
+        have been taken over while that session was gone."""
+        return self._claiming.opened
+
+    async def renew(self, key: str) -> bool:
+        """Start our claim's lease again from now; False when the key is no longer ours."""
+        return await self._renewed.submit(key)
+
     async def release(self, key: str) -> None:
         """Give up our claim without a send (the attempt failed); a retry may claim it again."""
         await self._released.submit(key)
@@ -490,8 +511,10 @@ class Ledger:
             if taken_from is not None:
                 log.warning("key=%s taken over from %s: its owner's ledger session is gone or "
                             "its lease ran out; sending it (it may arrive twice)", key, taken_from)
-        known: dict[str, ClaimResult] = {key: ClaimResult(Claim.MINE, taken_from=taken_from)
-                                         for key, taken_from in rows}
+        session = self.session
+        known: dict[str, ClaimResult] = {
+            key: ClaimResult(Claim.MINE, taken_from=taken_from, session=session)
+            for key, taken_from in rows}
         others = [key for key in first if key not in mine]
         if others:
             for key, state, _owner, lease_until, attempt, message_id in await self._run(
@@ -507,6 +530,12 @@ class Ledger:
             handed.add(key)
             results.append(result)
         return results
+
+    async def _renew_batch(self, keys: list[str]) -> list[bool]:
+        rows = await self._run(RENEW, {"keys": keys, "owner": self.owner,
+                                       "lease_s": self.lease_s})
+        ours = {key for (key,) in rows}
+        return [key in ours for key in keys]
 
     async def _release_batch(self, keys: list[str]) -> list[None]:
         await self._run(RELEASE, {"keys": keys, "owner": self.owner})

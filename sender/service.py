@@ -30,12 +30,12 @@ from postroom.topics import tier_of_retry_topic
 from schemas.codec import EmailRequested, SchemaById
 from schemas.registry import framing_for, reader_for
 from sender.admission import Admission, Refusal, admit
-from sender.claims import busy_wait_s, send_deadline_s
+from sender.claims import busy_wait_s, needs_renewal, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
 from sender.destinations import DestinationGate
 from sender.errors import LedgerUnavailableError
-from sender.ledger import Claim, Ledger
+from sender.ledger import Claim, ClaimResult, Ledger
 from sender.outcome import SmtpReply, Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
 from sender.publishing import OutcomePublisher, origin_of
@@ -59,6 +59,10 @@ LEDGER_RETRY_S = 2.0
 SHUTDOWN_GRACE_S = 30.0
 IN_FLIGHT_PER_CONNECTION = 4  # records read ahead per SMTP connection
 WAITING_PER_IN_FLIGHT = 4     # records waiting for their destination, per in-flight record
+# Sends claimed and waiting for their destination's turn, per send the destination may run at
+# once: enough that the next send's claim is ready when a send ends, few enough that a sender
+# stopped or cut off holds few claims that another sender must wait out.
+QUEUED_PER_SEND = 1
 
 T = TypeVar("T")
 
@@ -113,7 +117,7 @@ class Sender:
         self._publisher = OutcomePublisher(settings.topic_prefix, self._producer, self.metrics)
         self._gate = DestinationGate(ThrottleLimits(
             settings.destination_concurrency, settings.destination_rate_per_s,
-            settings.throttle_pause_s))
+            settings.throttle_pause_s), queued_per_send=QUEUED_PER_SEND)
         self._destination_by = DestinationBy(settings.destination_by)
         self._smarthost = f"{settings.smtp_host}:{settings.smtp_port}"
         self._tasks: set[asyncio.Task[None]] = set()
@@ -260,20 +264,22 @@ class Sender:
         while True:
             may_defer = (deferred_since is None
                          or time.monotonic() - deferred_since < self._settings.throttle_max_wait_s)
-            await self._gate.acquire(destination)
+            claim, claimed_at = await self._claim_in_line(destination, key, event.attempt)
             sent: _Attempt | None = None
-            throttled = False
-            try:
-                # The claim is taken inside a sending slot, so its lease starts when the send
-                # does and outlasts the send's deadline.
-                async with self._pool.slot() as slot:
-                    claim = await self._ledger_call("claim", partial(self._ledger.claim, key,
-                                                                     event.attempt))
-                    if claim.claim is Claim.MINE:
-                        sent = await self._send(event, slot)
-                        throttled = may_defer and is_throttling(sent.reply)
-            finally:
-                await self._gate.release(destination, throttled=throttled)
+            throttled = lost = False
+            if claim.claim is Claim.MINE:
+                try:
+                    async with self._pool.slot() as slot:
+                        lost = not await self._still_ours(key, claim, claimed_at)
+                        if not lost:
+                            sent = await self._send(event, slot)
+                            throttled = may_defer and is_throttling(sent.reply)
+                finally:
+                    await self._gate.release(destination, throttled=throttled)
+            if lost:
+                log.warning("key=%s: our claim ran out while it waited for its turn, and another "
+                            "sender took it; asking the ledger again", key)
+                continue
             if sent is not None:
                 # The slot and the destination are free again: the next send need not wait
                 # for this one's ledger write.
@@ -298,6 +304,30 @@ class Sender:
                     key, claim.lease_until, wait_s)
             waits += 1
             await asyncio.sleep(wait_s)
+
+    async def _claim_in_line(self, destination: str, key: str,
+                             attempt: int) -> tuple[ClaimResult, float]:
+        """Claim ``key`` while it waits in its destination's line, so the claim's round trip
+        overlaps the sends before it; the claim and when it was taken. When it is ours, the
+        destination has let its send start (release it after the send)."""
+        await self._gate.queue(destination)
+        try:
+            claim = await self._ledger_call("claim", partial(self._ledger.claim, key, attempt))
+            claimed_at = time.monotonic()
+            if claim.claim is Claim.MINE:
+                await self._gate.acquire(destination)
+        finally:
+            self._gate.unqueue(destination)
+        return claim, claimed_at
+
+    async def _still_ours(self, key: str, claim: ClaimResult, claimed_at: float) -> bool:
+        """Renew a claim that waited too long for its turn, or that an ended ledger session took;
+        False when another sender has it now. Called as the send starts."""
+        if not needs_renewal(time.monotonic() - claimed_at, claim.session == self._ledger.session):
+            return True
+        kept = await self._ledger_call("renew", partial(self._ledger.renew, key))
+        self.metrics.inc("claims_renewed_total", result="kept" if kept else "lost")
+        return kept
 
     async def _send(self, event: EmailRequested, slot: SmtpSlot) -> _Attempt:
         key = event.idempotency_key

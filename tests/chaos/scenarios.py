@@ -45,7 +45,7 @@ def _progress(run: Run, share: float) -> Callable[[], bool]:
 
 
 # Keys `sending`, of a sender's SMTP concurrency, that make it busy enough to kill at full load
-# (a slot's key is `sending` from its claim to its mark).
+# (a key is `sending` from its claim, taken while it waits in its destination's line, to its mark).
 BUSY_SHARE = 0.5
 BUSY_TIMEOUT_S = 60.0
 # After a sender was seen busy, the kill waits a random moment more: killing right when the

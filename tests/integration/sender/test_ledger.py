@@ -142,6 +142,49 @@ def test_an_expired_lease_can_be_taken_over(engine: sa.Engine, db_settings: Sett
     asyncio.run(scenario())
 
 
+def lease_of(engine: sa.Engine, key: str) -> tuple[str, str, dt.datetime | None]:
+    with engine.connect() as conn:
+        row = conn.execute(sa.text(
+            "SELECT state, owner, lease_until FROM sender_ledger WHERE idempotency_key = :k"),
+            {"k": key}).one()
+    return row[0], row[1], row[2]
+
+
+def test_a_renewal_starts_the_lease_again_only_for_a_claim_still_ours(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a = ledger(engine, db_settings, "a", lease_s=0.3)
+        b = ledger(engine, db_settings, "b")
+        try:
+            assert (await a.claim("kept", 1)).claim is Claim.MINE
+            _, _, first_lease = lease_of(engine, "kept")
+            await asyncio.sleep(0.1)
+            assert await a.renew("kept")
+            state, owner, renewed_lease = lease_of(engine, "kept")
+            assert (state, owner) == ("sending", "a")
+            assert first_lease is not None and renewed_lease is not None
+            assert renewed_lease > first_lease
+
+            # Its lease ran out and b took it: a's renewal says so and changes nothing.
+            assert (await a.claim("lost", 1)).claim is Claim.MINE
+            await asyncio.sleep(0.5)
+            assert (await b.claim("lost", 1)).claim is Claim.MINE
+            _, _, b_lease = lease_of(engine, "lost")
+            assert not await a.renew("lost")
+            assert lease_of(engine, "lost") == ("sending", "b", b_lease)
+
+            # A server accepted it (whoever sent it): not ours to send any more.
+            assert (await a.claim("accepted", 1)).claim is Claim.MINE
+            await b.mark_sent("accepted", "<accepted@example.com>")
+            assert not await a.renew("accepted")
+            assert lease_of(engine, "accepted")[0] == "sent"
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
 class CountingLedger(Ledger):
     """A ledger that counts the statements it sends to the server: every one goes through
     ``_run``, one round trip each."""
@@ -223,8 +266,8 @@ def test_an_owner_whose_session_was_terminated_takes_its_lock_again(
         b = ledger(engine, db_settings, "b")
         try:
             before = backend_pids(engine)
-            assert [r.claim for r in await asyncio.gather(
-                a.claim("k1", 1), a.claim("k2", 1))] == [Claim.MINE, Claim.MINE]
+            claims = await asyncio.gather(a.claim("k1", 1), a.claim("k2", 1))
+            assert [(r.claim, r.session) for r in claims] == [(Claim.MINE, 1)] * 2
             await a.mark_sent("k0", "<k0@example.com>")  # opens a's marking session
             claims_pid = a._claiming._conn.info.backend_pid  # type: ignore[union-attr]
             assert claims_pid in backend_pids(engine) - before
@@ -241,9 +284,12 @@ def test_an_owner_whose_session_was_terminated_takes_its_lock_again(
             with pytest.raises(LedgerUnavailableError):
                 await a.claim("k3", 1)  # the statement that finds the session gone fails
             assert (await a.claim("k3", 1)).claim is Claim.MINE
-            assert a._claiming.opened == 2
-            # ... so its claims are live again, and its release of k2 still works.
+            assert a._claiming.opened == a.session == 2
+            # ... so its claims are live again, and its release of k2 still works. A claim of
+            # the old session is checked before its send: k2 is still a's, k1 is not.
             assert (await b.claim("k3", 1)).claim is Claim.BUSY
+            assert await a.renew("k2")
+            assert not await a.renew("k1")
             await a.release("k2")
             assert (await b.claim("k2", 2)).claim is Claim.MINE
         finally:

@@ -1,5 +1,5 @@
-"""The destination gate: a finished send wakes only the sends that may start, and a cancelled
-waiter passes its wake-up on."""
+"""The destination gate: a finished send wakes only the sends that may start, a cancelled
+waiter passes its wake-up on, and a destination's line holds a bounded number of sends."""
 
 from __future__ import annotations
 
@@ -69,3 +69,25 @@ def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
         return second.done() and not second.cancelled()
 
     assert asyncio.run(run())
+
+
+def test_a_line_holds_its_length_of_sends_and_lets_the_next_in_as_one_leaves() -> None:
+    gate = DestinationGate(ThrottleLimits(2, 0.0, 1.0), queued_per_send=2)
+
+    async def run() -> tuple[int, int, bool, bool, bool]:
+        for _ in range(4):
+            await asyncio.wait_for(gate.queue("busy.example"), 1.0)
+        fifth = asyncio.ensure_future(gate.queue("busy.example"))
+        await asyncio.sleep(0.01)
+        waiting_while_full = gate.waiting
+        # Another destination has a line of its own.
+        await asyncio.wait_for(gate.queue("free.example"), 1.0)
+        blocked = not fifth.done()
+        gate.unqueue("busy.example")
+        await asyncio.wait_for(fifth, 1.0)
+        return waiting_while_full, gate.waiting, blocked, fifth.done(), not fifth.cancelled()
+
+    waiting_while_full, waiting_after, blocked, entered, not_cancelled = asyncio.run(run())
+    assert waiting_while_full == 1  # counted as waiting for its destination
+    assert waiting_after == 0
+    assert blocked and entered and not_cancelled
