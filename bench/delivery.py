@@ -1,8 +1,9 @@
-"""Delivery benchmark: the seed's design, django-post-office, postroom end to end and a bare
-aiosmtplib client, side by side, to smtp-sink (no latency) and devsmtp at 100 ms per message;
-postroom runs as `postroom relay|sender|recorder` subprocesses, timed from enqueue commit to the
-last row recorded sent; its senders' duplicate window (the final reply read to the sent mark's
-commit) comes from their own histogram, scraped from their metrics port."""
+"""Delivery benchmark: the seed's design, django-post-office, postroom end to end, a bare
+aiosmtplib client and a bare pipelined client (what the server allows), side by side, to
+smtp-sink (no latency) and devsmtp at 100 ms per message; postroom runs as `postroom
+relay|sender|recorder` subprocesses, timed from enqueue commit to the last row recorded sent; its
+senders' duplicate window (the final reply read to the sent mark's commit) comes from their own
+histogram, scraped from their metrics port."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ SMTP_TIMEOUT_S = 30.0
 # the mail while the machine had CPU to spare.
 DELIVERY_PARTITIONS = Settings().topic_partitions
 
-SEED, POSTOFFICE, BARE = "seed", "post-office", "bare"
+SEED, POSTOFFICE, BARE, WIRE, WIRE_WIDE = "seed", "post-office", "bare", "wire", "wire-64"
 POSTROOM, POSTROOM_WIDE, POSTROOM_TWO = "postroom", "postroom-64", "postroom-2"
 BACKLOG = "postroom-backlog"
 DESIGN_LABELS = {
@@ -75,8 +76,11 @@ DESIGN_LABELS = {
     POSTROOM_TWO: "postroom, two sender processes",
     BACKLOG: "postroom, one backlog (sender RSS watched)",
     BARE: "bare aiosmtplib client",
+    WIRE: "bare asyncio client, pipelined (the server's bound)",
+    WIRE_WIDE: "bare asyncio client, pipelined (the server's bound)",
 }
 POSTROOM_DESIGNS = (POSTROOM, POSTROOM_WIDE, POSTROOM_TWO, BACKLOG)
+WIDE_DESIGNS = (POSTROOM_WIDE, WIRE_WIDE)
 ROLES = ("relay", "recorder", "sender")
 
 
@@ -96,13 +100,17 @@ class ServerPlan:
 
 
 FULL = (ServerPlan("smtp-sink", 0, {SEED: 5_000, POSTOFFICE: 5_000, POSTROOM: 5_000,
-                                    POSTROOM_TWO: 5_000, BARE: 5_000, BACKLOG: 100_000}),
+                                    POSTROOM_TWO: 5_000, BARE: 5_000, WIRE: 5_000,
+                                    BACKLOG: 100_000}),
         ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 100, POSTOFFICE: 2_000, POSTROOM: 2_000,
-                                                   POSTROOM_WIDE: 2_000, BARE: 2_000}))
+                                                   POSTROOM_WIDE: 2_000, BARE: 2_000, WIRE: 2_000,
+                                                   WIRE_WIDE: 2_000}))
 QUICK = (ServerPlan("smtp-sink", 0, {SEED: 1_000, POSTOFFICE: 1_000, POSTROOM: 1_000,
-                                     POSTROOM_TWO: 1_000, BARE: 1_000, BACKLOG: 5_000}),
+                                     POSTROOM_TWO: 1_000, BARE: 1_000, WIRE: 1_000,
+                                     BACKLOG: 5_000}),
          ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 30, POSTOFFICE: 400, POSTROOM: 400,
-                                                    POSTROOM_WIDE: 400, BARE: 400}))
+                                                    POSTROOM_WIDE: 400, BARE: 400, WIRE: 400,
+                                                    WIRE_WIDE: 400}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,6 +395,64 @@ def run_bare(server: Server, emails: int, connections: int) -> Timed:
     return Timed(seconds, usage(before, after))
 
 
+# -- (e) the pipelined client: what the server allows ----------------------------------------------
+
+
+async def _reply(reader: asyncio.StreamReader, expected: bytes) -> None:
+    """Read one reply (its continuation lines too); raise unless its code is ``expected``."""
+    while True:
+        line = await reader.readline()
+        if not line:
+            raise BenchError("the server closed the connection")
+        if line[3:4] != b"-":
+            break
+    if not line.startswith(expected):
+        raise BenchError(f"the server answered {line.decode(errors='replace').strip()!r}")
+
+
+async def _wire_send(port: int, addresses: list[str], connections: int) -> None:
+    queue = collections.deque(addresses)
+    body = BODY.encode().replace(b"\n", b"\r\n").replace(b"\r\n.", b"\r\n..")  # dot-stuffed
+
+    async def worker(n: int) -> None:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        try:
+            await _reply(reader, b"220")
+            writer.write(b"EHLO bench.localhost\r\n")
+            await _reply(reader, b"250")
+            sent = 0
+            while queue:
+                recipient = queue.popleft()
+                # MAIL, RCPT and DATA in one write (RFC 2920), then the message: two writes and
+                # two waits per email, nothing built but the bytes.
+                writer.write(f"MAIL FROM:<{MAIL_FROM}>\r\nRCPT TO:<{recipient}>\r\nDATA\r\n"
+                             .encode())
+                for code in (b"250", b"250", b"354"):
+                    await _reply(reader, code)
+                writer.write(f"From: {MAIL_FROM}\r\nTo: {recipient}\r\nSubject: {SUBJECT}\r\n"
+                             f"Message-ID: <{n}.{sent}@bench.localhost>\r\n\r\n".encode()
+                             + body + b".\r\n")
+                await _reply(reader, b"250")
+                sent += 1
+            writer.write(b"QUIT\r\n")
+            await _reply(reader, b"221")
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker(n) for n in range(connections)))
+
+
+def run_wire(server: Server, emails: int, connections: int) -> Timed:
+    """``connections`` raw connections writing each email's commands together: the least a
+    client can do, so the most this server gives any client here."""
+    pids = {"client": os.getpid(), "server": server.pid}
+    addresses = recipients(emails)
+    before, started = sample(pids), time.perf_counter()
+    asyncio.run(_wire_send(server.port, addresses, connections))
+    seconds, after = time.perf_counter() - started, sample(pids)
+    return Timed(seconds, usage(before, after))
+
+
 # -- the benchmark ---------------------------------------------------------------------------------
 
 
@@ -398,6 +464,8 @@ def _run_design(base: Settings, server: Server, design: str, emails: int,
         return run_postoffice(server, emails)
     if design == BARE:
         return run_bare(server, emails, concurrency)
+    if design in (WIRE, WIRE_WIDE):
+        return run_wire(server, emails, WIDE_CONCURRENCY if design == WIRE_WIDE else concurrency)
     return run_postroom(base, server, emails,
                         concurrency=WIDE_CONCURRENCY if design == POSTROOM_WIDE else concurrency,
                         senders=2 if design == POSTROOM_TWO else 1)
@@ -426,10 +494,11 @@ def run(base: Settings, options: Options) -> Section:
 
 def _label(design: str, concurrency: int) -> str:
     label = DESIGN_LABELS[design]
-    if design == BARE:
-        return f"{label} (x{concurrency} connections)"
+    width = WIDE_CONCURRENCY if design in WIDE_DESIGNS else concurrency
+    if design in (BARE, WIRE, WIRE_WIDE):
+        return f"{label} (x{width} connections)"
     if design in POSTROOM_DESIGNS:
-        return f"{label} (x{WIDE_CONCURRENCY if design == POSTROOM_WIDE else concurrency})"
+        return f"{label} (x{width})"
     return label
 
 
@@ -488,7 +557,9 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         "with mail.send not counted).",
         "postroom: enqueue commit -> the recorder's update of the last row to 'sent' "
         f"(outbox.updated_at), after a warm-up email; {DELIVERY_PARTITIONS} partitions a topic.",
-        "bare: first connect -> last reply, one message per recipient, no outbox.",
+        "bare: first connect -> last reply, one message per recipient, no outbox; pipelined: "
+        "the same over raw connections, MAIL, RCPT and DATA in one write, the message's bytes "
+        "written as they are (the most this server gives any client on this machine).",
         "client CPU: the design's own processes (postroom: relay + sender(s) + recorder; Kafka and "
         "PostgreSQL not counted); machine busy: all CPUs, every process.",
         "",
@@ -510,6 +581,13 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         f"{rate[slow, POSTROOM] / rate[slow, POSTOFFICE]:.2f}x",
         f"  postroom / bare client  on {sink}: {rate[sink, POSTROOM] / rate[sink, BARE]:.2f}x   "
         f"on {slow}: {rate[slow, POSTROOM] / rate[slow, BARE]:.2f}x",
+        f"  postroom / pipelined    on {sink}: {rate[sink, POSTROOM] / rate[sink, WIRE]:.2f}x   "
+        f"on {slow}: {rate[slow, POSTROOM] / rate[slow, WIRE]:.2f}x "
+        f"(x{WIDE_CONCURRENCY}: {rate[slow, POSTROOM_WIDE] / rate[slow, WIRE_WIDE]:.2f}x)",
+        f"  pipelined client on {slow}, of the {ceiling:,.0f}/s ceiling: "
+        f"{rate[slow, WIRE] / ceiling:.2f}x (x{WIDE_CONCURRENCY}: "
+        f"{rate[slow, WIRE_WIDE] / (ceiling * WIDE_CONCURRENCY / concurrency):.2f}x of "
+        f"{ceiling * WIDE_CONCURRENCY / concurrency:,.0f}/s)",
         f"  two senders / one       on {sink}: "
         f"{rate[sink, POSTROOM_TWO] / rate[sink, POSTROOM]:.2f}x",
         f"  ({concurrency} connections to a server that takes {DEVSMTP_LATENCY_MS} ms per message "
