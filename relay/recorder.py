@@ -29,8 +29,29 @@ from schemas.registry import reader_for
 log = logging.getLogger(__name__)
 
 BATCH_MAX = 1000
-POLL_TIMEOUT_S = 0.5
+# A batch gathers what arrives for up to BATCH_WAIT_S, in reads of up to QUIET_S each, and is
+# applied as soon as one read finds nothing new: a busy topic still gets batches of hundreds, and
+# the last results of a burst are recorded within QUIET_S, not at the end of a fixed wait (a
+# consume() returns only when its batch is full or its timeout is over).
+BATCH_WAIT_S = 0.5
+QUIET_S = 0.05
 RETRY_BACKOFF_S = 2.0
+
+
+def gather(consume: Callable[[int, float], list[Message]],
+           clock: Callable[[], float] = time.monotonic) -> list[Message]:
+    """One batch: up to BATCH_MAX records, read until a read of QUIET_S brings none or
+    BATCH_WAIT_S has passed since the first; [] when nothing came within QUIET_S."""
+    messages = consume(BATCH_MAX, QUIET_S)
+    if not messages:
+        return []
+    deadline = clock() + BATCH_WAIT_S
+    while len(messages) < BATCH_MAX and clock() < deadline:
+        more = consume(BATCH_MAX - len(messages), QUIET_S)
+        if not more:
+            break
+        messages += more
+    return messages
 
 
 def result_params(result: EmailResult, max_attempt: int) -> dict[str, Any]:
@@ -112,7 +133,8 @@ class Recorder:
         log.info("recorder consuming %s as group %s", topic, self._settings.recorder_group)
         try:
             while not self._stop.is_set():
-                messages = consumer.consume(num_messages=BATCH_MAX, timeout=POLL_TIMEOUT_S)
+                messages = gather(lambda n, timeout_s: consumer.consume(num_messages=n,
+                                                                        timeout=timeout_s))
                 if messages:
                     self._apply_until_done(consumer, messages)
         finally:
