@@ -18,10 +18,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from email.message import EmailMessage
 from email.utils import make_msgid
 from pathlib import Path
+from typing import Any
 
 import aiosmtplib
 import sqlalchemy as sa
@@ -385,14 +386,21 @@ async def _bare_send(port: int, addresses: list[str], connections: int) -> None:
     await asyncio.gather(*(worker() for _ in range(connections)))
 
 
-def run_bare(server: Server, emails: int, connections: int) -> Timed:
-    """``connections`` persistent aiosmtplib connections sending one email per recipient."""
+def run_client(send: Callable[[int, list[str], int], Coroutine[Any, Any, None]], server: Server,
+               emails: int, connections: int) -> Timed:
+    """A client of this process, ``send(port, addresses, connections)``, timed from its first
+    connect to its last reply, with its CPU and the server's."""
     pids = {"client": os.getpid(), "server": server.pid}
     addresses = recipients(emails)
     before, started = sample(pids), time.perf_counter()
-    asyncio.run(_bare_send(server.port, addresses, connections))
+    asyncio.run(send(server.port, addresses, connections))
     seconds, after = time.perf_counter() - started, sample(pids)
     return Timed(seconds, usage(before, after))
+
+
+def run_bare(server: Server, emails: int, connections: int) -> Timed:
+    """``connections`` persistent aiosmtplib connections sending one email per recipient."""
+    return run_client(_bare_send, server, emails, connections)
 
 
 # -- (e) the pipelined client: what the server allows ----------------------------------------------
@@ -445,12 +453,7 @@ async def _wire_send(port: int, addresses: list[str], connections: int) -> None:
 def run_wire(server: Server, emails: int, connections: int) -> Timed:
     """``connections`` raw connections writing each email's commands together: the least a
     client can do, so the most this server gives any client here."""
-    pids = {"client": os.getpid(), "server": server.pid}
-    addresses = recipients(emails)
-    before, started = sample(pids), time.perf_counter()
-    asyncio.run(_wire_send(server.port, addresses, connections))
-    seconds, after = time.perf_counter() - started, sample(pids)
-    return Timed(seconds, usage(before, after))
+    return run_client(_wire_send, server, emails, connections)
 
 
 # -- the benchmark ---------------------------------------------------------------------------------
