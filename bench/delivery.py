@@ -468,9 +468,9 @@ def _run_design(base: Settings, server: Server, design: str, emails: int,
     if design == BARE:
         return run_bare(server, emails, concurrency)
     if design in (WIRE, WIRE_WIDE):
-        return run_wire(server, emails, WIDE_CONCURRENCY if design == WIRE_WIDE else concurrency)
+        return run_wire(server, emails, _width(design, concurrency))
     return run_postroom(base, server, emails,
-                        concurrency=WIDE_CONCURRENCY if design == POSTROOM_WIDE else concurrency,
+                        concurrency=_width(design, concurrency),
                         senders=2 if design == POSTROOM_TWO else 1)
 
 
@@ -495,9 +495,14 @@ def run(base: Settings, options: Options) -> Section:
     return _section(runs, concurrency)
 
 
+def _width(design: str, concurrency: int) -> int:
+    """The connections a design runs with: the wide ones 64, the others ``concurrency``."""
+    return WIDE_CONCURRENCY if design in WIDE_DESIGNS else concurrency
+
+
 def _label(design: str, concurrency: int) -> str:
     label = DESIGN_LABELS[design]
-    width = WIDE_CONCURRENCY if design in WIDE_DESIGNS else concurrency
+    width = _width(design, concurrency)
     if design in (BARE, WIRE, WIRE_WIDE):
         return f"{label} (x{width} connections)"
     if design in POSTROOM_DESIGNS:
@@ -542,6 +547,7 @@ def _section(runs: list[Run], concurrency: int) -> Section:
                  for r in runs if r.design in POSTROOM_DESIGNS]
     sink, slow = "smtp-sink", "devsmtp"
     ceiling = concurrency * 1000 / DEVSMTP_LATENCY_MS
+    wide_ceiling = WIDE_CONCURRENCY * 1000 / DEVSMTP_LATENCY_MS
     section = Section("Delivery: enqueue commit -> last email accepted by the SMTP server")
     section.lines += [
         "500-byte plain-text body, one recipient per email, N distinct recipients; every server "
@@ -589,8 +595,7 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         f"(x{WIDE_CONCURRENCY}: {rate[slow, POSTROOM_WIDE] / rate[slow, WIRE_WIDE]:.2f}x)",
         f"  pipelined client on {slow}, of the {ceiling:,.0f}/s ceiling: "
         f"{rate[slow, WIRE] / ceiling:.2f}x (x{WIDE_CONCURRENCY}: "
-        f"{rate[slow, WIRE_WIDE] / (ceiling * WIDE_CONCURRENCY / concurrency):.2f}x of "
-        f"{ceiling * WIDE_CONCURRENCY / concurrency:,.0f}/s)",
+        f"{rate[slow, WIRE_WIDE] / wide_ceiling:.2f}x of {wide_ceiling:,.0f}/s)",
         f"  two senders / one       on {sink}: "
         f"{rate[sink, POSTROOM_TWO] / rate[sink, POSTROOM]:.2f}x",
         f"  ({concurrency} connections to a server that takes {DEVSMTP_LATENCY_MS} ms per message "

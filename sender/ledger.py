@@ -431,8 +431,8 @@ class Ledger:
     """Async access to ``sender_ledger``: claims, renewals and releases over one connection, which
     holds the owner's advisory lock, and ``sent`` marks over another; each reopened when it breaks.
 
-    ``claim``, ``renew``, ``mark_sent`` and ``release`` each take one key; calls made at the same time are
-    sent to the database as one statement.
+    ``claim``, ``renew``, ``mark_sent`` and ``release`` each take one key; calls made at the same
+    time are sent to the database as one statement.
     """
 
     def __init__(self, conninfo: str, owner: str, lease_s: float, schema: str | None = None) -> None:

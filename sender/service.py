@@ -277,8 +277,9 @@ class Sender:
                 finally:
                     await self._gate.release(destination, throttled=throttled)
             if lost:
-                log.warning("key=%s: our claim ran out while it waited for its turn, and another "
-                            "sender took it; asking the ledger again", key)
+                log.warning("key=%s is no longer ours after it waited for its turn (another "
+                            "sender took it, or a server accepted it); asking the ledger again",
+                            key)
                 continue
             if sent is not None:
                 # The slot and the destination are free again: the next send need not wait
