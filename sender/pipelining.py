@@ -1,5 +1,6 @@
 """An SMTP connection taken over from aiosmtplib after its greeting, STARTTLS and AUTH, to send
-MAIL, RCPT and DATA as one group where the server offers PIPELINING (RFC 2920).
+MAIL, RCPT and DATA as one group where the server offers PIPELINING (RFC 2920), and the message
+from the read of the group's 354, without waiting for the send's coroutine to wake.
 
 aiosmtplib writes each command and waits for its reply: four writes and four reply wake-ups per
 email, the largest share of the sender's CPU left on a fast server (docs/benchmarks.md). Its
@@ -33,6 +34,7 @@ SERVICE_UNAVAILABLE = 421  # the server is closing the connection
 MAIL_ACCEPTED = (SMTP_OK,)
 RCPT_ACCEPTED = (SMTP_OK, SMTP_WILL_FORWARD)
 
+GROUP_STAGES = (Stage.MAIL_FROM, Stage.RCPT_TO, Stage.DATA)  # the commands written together
 # Told the server's acceptance of a message (its code and text) the moment the reply is read,
 # before the send's coroutine resumes: the sender's ``sent`` mark starts from here.
 OnAccepted = Callable[[int, str], None]
@@ -57,6 +59,10 @@ class Pipeline(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._lost: aiosmtplib.SMTPException | None = None
         self._on_accepted: OnAccepted | None = None  # for the reply to the message being sent
+        # The message of the group in flight, written from the read of the group's last reply
+        # when all three let it go on: the send's coroutine is not woken between the 354 and
+        # the message (on a busy loop that wake-up waited behind every other connection's).
+        self._group: _Group | None = None
         self.stage = Stage.MAIL_FROM  # whose reply the last transaction waited for
 
     @classmethod
@@ -106,37 +112,39 @@ class Pipeline(asyncio.Protocol):
 
     async def transaction(self, mail: bytes, rcpt: bytes, content: bytes,
                           on_accepted: OnAccepted | None = None) -> SMTPResponse:
-        """MAIL, RCPT and DATA in one write, then the message: the final reply. A refusal raises
-        aiosmtplib.SMTPResponseException, a lost connection or a timeout what aiosmtplib raises;
-        ``stage`` says whose reply it was. Every reply of the group is read before a refusal is
-        raised, so the connection is ready for RSET. ``on_accepted`` is called from the read of a
-        250 to the message, before this returns (or is cancelled)."""
+        """MAIL, RCPT and DATA in one write, then the message, written as soon as the 354 is
+        read: the final reply. A refusal raises aiosmtplib.SMTPResponseException, a lost
+        connection or a timeout what aiosmtplib raises; ``stage`` says whose reply it was. Every
+        reply of the group is read before a refusal is raised, so the connection is ready for
+        RSET. ``on_accepted`` is called from the read of a 250 to the message, before this
+        returns (or is cancelled)."""
         self.stage = Stage.MAIL_FROM
+        group = _Group(PERIOD_REGEX.sub(b"..", normalize_message_line_endings(content))
+                       + b".\r\n", on_accepted)
         self._write(mail + b"\r\n" + rcpt + b"\r\n" + b"DATA\r\n")
-        replies = []
-        for stage in (Stage.MAIL_FROM, Stage.RCPT_TO, Stage.DATA):
-            self.stage = stage
-            reply = await self._reply(self._timeout_s)
-            if reply.code == SERVICE_UNAVAILABLE:  # the server closes: no more replies come
-                self.close()
-                raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
-            replies.append(reply)
-        mail_reply, rcpt_reply, data_reply = replies
-        refused = _refusal(mail_reply, rcpt_reply, data_reply)
-        if refused is not None:
-            self.stage, reply = refused
-            if data_reply.code == START_MAIL_INPUT:
-                # A server that said 354 anyway gets an empty message with no recipient.
-                self._write(b".\r\n")
-                await self._reply(self._timeout_s)
-            raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
-        # Every reply before the message's is read: the next one to come is its reply.
-        self._on_accepted = on_accepted
+        self._group = group
         try:
-            self._write(PERIOD_REGEX.sub(b"..", normalize_message_line_endings(content))
-                        + b".\r\n")
+            replies = []
+            for stage in GROUP_STAGES:
+                self.stage = stage
+                reply = await self._reply(self._timeout_s)
+                if reply.code == SERVICE_UNAVAILABLE:  # the server closes: no more replies come
+                    self.close()
+                    raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
+                replies.append(reply)
+            mail_reply, rcpt_reply, data_reply = replies
+            refused = _refusal(mail_reply, rcpt_reply, data_reply)
+            if refused is not None:
+                self.stage, reply = refused
+                if data_reply.code == START_MAIL_INPUT:
+                    # A server that said 354 anyway gets an empty message with no recipient.
+                    self._write(b".\r\n")
+                    await self._reply(self._timeout_s)
+                raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
+            # The read of the 354 wrote the message; the next reply to come is its reply.
             final = await self._reply(self._timeout_s)
         finally:
+            self._group = None
             self._on_accepted = None
         if final.code == SERVICE_UNAVAILABLE:
             self.close()
@@ -195,6 +203,8 @@ class Pipeline(asyncio.Protocol):
                     on_accepted, self._on_accepted = self._on_accepted, None
                     if reply.code == SMTP_OK:
                         on_accepted(reply.code, reply.message)
+                elif self._group is not None:
+                    self._group_replied(reply)
         except aiosmtplib.SMTPResponseException as exc:
             self._buffer.clear()
             self.close()
@@ -205,6 +215,20 @@ class Pipeline(asyncio.Protocol):
             self._set_lost(aiosmtplib.SMTPResponseException(-1, "Response too long"),
                            replace=True)
         self._wake()
+
+    def _group_replied(self, reply: SMTPResponse) -> None:
+        """A reply read while a group is in flight. Once its three replies are in and all let
+        the transaction go on, its message is written, and the next reply is the one told."""
+        group = self._group
+        if group is None:
+            return
+        group.replies.append(reply)
+        if len(group.replies) < len(GROUP_STAGES):
+            return
+        self._group = None  # written now or never: a refusal is the send's to handle
+        if _refusal(*group.replies) is None and self.is_connected and self.transport is not None:
+            self._on_accepted = group.on_accepted
+            self.transport.write(group.message)
 
     def eof_received(self) -> bool:
         self._set_lost(aiosmtplib.SMTPServerDisconnected("Unexpected EOF received"))
@@ -224,6 +248,17 @@ class Pipeline(asyncio.Protocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class _Group:
+    """A transaction's message, waiting for its group's replies, and who is told its 250."""
+
+    __slots__ = ("message", "on_accepted", "replies")
+
+    def __init__(self, message: bytes, on_accepted: OnAccepted | None) -> None:
+        self.message = message
+        self.on_accepted = on_accepted
+        self.replies: list[SMTPResponse] = []
 
 
 class _ReplyTimedOut(Exception):

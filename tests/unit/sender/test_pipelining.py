@@ -156,11 +156,11 @@ GROUP_ACCEPTED = b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n354 go ahead\r\n"
 
 def test_the_acceptance_is_told_from_the_read_of_the_250_before_the_send_resumes() -> None:
     pipeline = pipeline_answering([GROUP_ACCEPTED, b"250 2.0.0 queued as 1\r\n"], timeout_s=30)
-    told: list[tuple[int, str, int]] = []
+    told: list[tuple[int, str, list[int]]] = []
 
     def accepted(code: int, text: str) -> None:
-        # The reply is still queued: the waiting send has not taken it yet.
-        told.append((code, text, len(pipeline._replies)))
+        # Every reply is still queued: the waiting send has not taken even the group's yet.
+        told.append((code, text, [r.code for r in pipeline._replies]))
 
     async def run() -> int:
         reply = await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>", b"hi\r\n",
@@ -171,7 +171,61 @@ def test_the_acceptance_is_told_from_the_read_of_the_250_before_the_send_resumes
 
     pipeline.transport.answers.append(b"250 2.0.0 Ok\r\n")  # type: ignore[union-attr]
     assert asyncio.run(run()) == 250
-    assert told == [(250, "2.0.0 queued as 1", 1)]
+    assert told == [(250, "2.0.0 queued as 1", [250, 250, 354, 250])]
+
+
+class RecordingTransport(ScriptedTransport):
+    """A scripted transport that keeps what was written, with the replies then still queued."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        super().__init__(answers)
+        self.written: list[tuple[bytes, int]] = []
+
+    def write(self, data: bytes) -> None:
+        queued = len(self.pipeline._replies) if self.pipeline is not None else 0
+        self.written.append((data, queued))
+        super().write(data)
+
+
+def recording_pipeline(answers: list[bytes | None]) -> tuple[Pipeline, RecordingTransport]:
+    transport = RecordingTransport(answers)
+    pipeline = Pipeline(cast(asyncio.Transport, transport), {}, 30)
+    transport.pipeline = pipeline
+    return pipeline, transport
+
+
+def test_the_message_goes_from_the_read_of_the_354_not_from_the_send_resumed() -> None:
+    pipeline, transport = recording_pipeline([GROUP_ACCEPTED, b"250 2.0.0 queued\r\n"])
+
+    async def run() -> int:
+        return (await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>",
+                                           b"hi\r\n.dot\r\n")).code
+
+    assert asyncio.run(run()) == 250
+    assert transport.written == [
+        (b"MAIL FROM:<a@x>\r\nRCPT TO:<b@x>\r\nDATA\r\n", 0),
+        # Written with the group's three replies queued, none yet taken by the send.
+        (b"hi\r\n..dot\r\n.\r\n", 3),
+    ]
+
+
+@pytest.mark.parametrize(("answers", "after_group"), [
+    ([b"550 5.1.0 sender refused\r\n503 need MAIL\r\n503 need RCPT\r\n"], []),
+    ([b"250 Ok\r\n550 5.1.1 no such user\r\n554 no valid recipients\r\n"], []),
+    ([b"250 Ok\r\n250 Ok\r\n452 no room\r\n"], []),
+    # A server that said 354 after refusing the recipient gets an empty message, not this one.
+    ([b"250 Ok\r\n451 later\r\n354 go ahead\r\n", b"554 no recipients\r\n"], [b".\r\n"]),
+])
+def test_a_refused_group_never_writes_the_message(answers: list[bytes | None],
+                                                  after_group: list[bytes]) -> None:
+    pipeline, transport = recording_pipeline(answers)
+
+    async def run() -> None:
+        with pytest.raises(aiosmtplib.SMTPResponseException):
+            await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>", b"secret\r\n")
+
+    asyncio.run(run())
+    assert [data for data, _ in transport.written[1:]] == after_group
 
 
 @pytest.mark.parametrize("answers", [
