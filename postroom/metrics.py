@@ -85,6 +85,8 @@ CATALOGUE: dict[str, MetricSpec] = {
         C, "Failures blamed on the server or our configuration, by SMTP stage.", ("stage",)),
     "duplicates_suppressed_total": MetricSpec(
         C, "Redelivered events the ledger stopped from being sent again."),
+    "repeated_attempts_suppressed_total": MetricSpec(
+        C, "Redelivered copies of a failed attempt whose outcome was published, not made again."),
     "poison_total": MetricSpec(C, "Unreadable records dead-lettered."),
     "produce_failures_total": MetricSpec(C, "Failed writes to Kafka (retried).", ("topic",)),
     "backlog": MetricSpec(G, "Records waiting on this sender's partitions of a priority.",

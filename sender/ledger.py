@@ -45,15 +45,17 @@ CLAIM = """
         SET state = 'sending', owner = excluded.owner, lease_until = excluded.lease_until,
             attempt = excluded.attempt, updated_at = now(),
             taken_from = CASE WHEN l.state = 'sending' THEN l.owner END
-        WHERE l.state = 'released'
-           OR (l.state = 'sending' AND (
-                l.lease_until < now()
-                OR (l.owner <> excluded.owner AND pg_try_advisory_xact_lock(
-                        hashtextextended(%(namespace)s || ':' || l.owner, 0)))))
+        WHERE (l.state = 'released'
+               OR (l.state = 'sending' AND (
+                    l.lease_until < now()
+                    OR (l.owner <> excluded.owner AND pg_try_advisory_xact_lock(
+                            hashtextextended(%(namespace)s || ':' || l.owner, 0))))))
+          -- An attempt whose outcome went out whole is not made again (a copy of its record).
+          AND (l.done_attempt IS NULL OR l.done_attempt < excluded.attempt)
     RETURNING idempotency_key, taken_from
 """
 STATES = """
-    SELECT idempotency_key, state, owner, lease_until, attempt, message_id
+    SELECT idempotency_key, state, owner, lease_until, attempt, message_id, done_attempt
     FROM sender_ledger WHERE idempotency_key = ANY(%(keys)s)
 """
 # Whoever holds the claim now: a server accepted the key, so no one may send it again.
@@ -76,9 +78,14 @@ RENEW = """
     WHERE idempotency_key = ANY(%(keys)s) AND owner = %(owner)s AND state = 'sending'
     RETURNING idempotency_key
 """
+# Our claims given up: after an attempt whose outcome is published (its attempt becomes the
+# key's done_attempt), or without an attempt (a throttled send, deferred: done NULL).
 RELEASE = """
-    UPDATE sender_ledger SET state = 'released', lease_until = NULL, updated_at = now()
-    WHERE idempotency_key = ANY(%(keys)s) AND owner = %(owner)s AND state = 'sending'
+    UPDATE sender_ledger AS l
+    SET state = 'released', lease_until = NULL, updated_at = now(),
+        done_attempt = GREATEST(l.done_attempt, t.done)
+    FROM unnest(%(keys)s::text[], %(dones)s::int[]) AS t(k, done)
+    WHERE l.idempotency_key = t.k AND l.owner = %(owner)s AND l.state = 'sending'
 """
 
 
@@ -121,6 +128,7 @@ class Claim(enum.StrEnum):
     MINE = "mine"          # go ahead and send
     SENT = "sent"          # a server accepted this key already: do not send again
     BUSY = "busy"          # another sender holds a live lease: wait for its answer
+    DONE = "done"          # this attempt was made and its outcome published: not again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,7 +478,8 @@ class Ledger:
         return await self._claiming.run(query, params)
 
     async def claim(self, key: str, attempt: int) -> ClaimResult:
-        """MINE (send it now: the lease starts), SENT (never again) or BUSY (someone else is)."""
+        """MINE (send it now: the lease starts), SENT (never again), DONE (this attempt was made
+        and its outcome published: a copy of its record) or BUSY (someone else is sending)."""
         return await self._claims.submit((key, attempt))
 
     def start_mark(self, key: str, message_id: str) -> asyncio.Future[float]:
@@ -493,9 +502,11 @@ class Ledger:
         """Start our claim's lease again from now; False when the key is no longer ours."""
         return await self._renewed.submit(key)
 
-    async def release(self, key: str) -> None:
-        """Give up our claim without a send (the attempt failed); a retry may claim it again."""
-        await self._released.submit(key)
+    async def release(self, key: str, done_attempt: int | None = None) -> None:
+        """Give up our claim: after ``done_attempt`` failed and its outcome was published (a
+        copy of that attempt is then never made again; a later attempt may claim the key), or,
+        with None, without an attempt (a deferred send may claim it again)."""
+        await self._released.submit((key, done_attempt))
 
     async def _claim_batch(self, items: list[tuple[str, int]]) -> list[ClaimResult]:
         # The same key twice in one statement is an error in PostgreSQL; the later copies
@@ -517,9 +528,10 @@ class Ledger:
             for key, taken_from in rows}
         others = [key for key in first if key not in mine]
         if others:
-            for key, state, _owner, lease_until, attempt, message_id in await self._run(
+            for key, state, _owner, lease_until, attempt, message_id, done in await self._run(
                     STATES, {"keys": others}):
-                claim = Claim.SENT if state == "sent" else Claim.BUSY
+                claim = (Claim.SENT if state == "sent" else
+                         Claim.DONE if done is not None and done >= first[key] else Claim.BUSY)
                 known[key] = ClaimResult(claim, attempt, message_id, lease_until)
         results: list[ClaimResult] = []
         handed: set[str] = set()
@@ -537,9 +549,15 @@ class Ledger:
         ours = {key for (key,) in rows}
         return [key in ours for key in keys]
 
-    async def _release_batch(self, keys: list[str]) -> list[None]:
-        await self._run(RELEASE, {"keys": keys, "owner": self.owner})
-        return [None] * len(keys)
+    async def _release_batch(self, items: list[tuple[str, int | None]]) -> list[None]:
+        # The same key twice in one statement updates it once; the highest attempt is kept.
+        dones: dict[str, int | None] = {}
+        for key, done in items:
+            earlier = dones.get(key)
+            dones[key] = done if earlier is None else earlier if done is None else max(earlier, done)
+        await self._run(RELEASE, {"keys": list(dones), "dones": list(dones.values()),
+                                  "owner": self.owner})
+        return [None] * len(items)
 
     async def close(self) -> None:
         await self._claiming.close()

@@ -27,7 +27,7 @@ from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import tier_of_retry_topic
-from schemas.codec import EmailRequested, SchemaById
+from schemas.codec import DeliveryStatus, EmailRequested, SchemaById
 from schemas.registry import framing_for, reader_for
 from sender.admission import Admission, Refusal, admit
 from sender.claims import busy_wait_s, needs_renewal, send_deadline_s
@@ -250,6 +250,14 @@ class Sender:
         else:
             await asyncio.gather(self._publisher.result(key, routing.result),
                                  self._publisher.forward(record, event, routing.forward, utcnow()))
+        if routing.status is not DeliveryStatus.SENT:
+            # Given up only now that its outcome is out: a copy of this record read again (we die
+            # before its offset is committed, or its partition moves) finds the attempt done.
+            started = time.monotonic()
+            await self._ledger_call("release",
+                                    partial(self._ledger.release, key, event.attempt))
+            self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
+                                 operation="release")
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
     async def _claim_and_send(self, record: Record, event: EmailRequested) -> Routing | None:
@@ -298,6 +306,12 @@ class Sender:
                 self.metrics.inc("duplicates_suppressed_total")
                 log.info("key=%s already accepted by the server; not sending again", key)
                 await self._publisher.result(key, already_sent(event, claim.message_id, utcnow()))
+                return None
+            if claim.claim is Claim.DONE:
+                # Its result and its retry or dead letter went out with the attempt.
+                self.metrics.inc("repeated_attempts_suppressed_total")
+                log.info("key=%s attempt=%d already made and its outcome published; not "
+                         "making it again", key, event.attempt)
                 return None
             wait_s = busy_wait_s(claim.lease_until, utcnow())
             log.log(logging.INFO if waits == 0 else logging.DEBUG,
@@ -348,8 +362,9 @@ class Sender:
 
     async def _record(self, record: Record, event: EmailRequested, attempt: _Attempt, *,
                       throttled: bool) -> Routing | None:
-        """Write the send's outcome to the ledger and route it; None for a throttling reply whose
-        send is deferred (the ledger claim is released, nothing is published)."""
+        """Route the send's outcome, a 250 marked sent in the ledger first; None for a throttling
+        reply whose send is deferred (the ledger claim is released, nothing is published). A
+        failed attempt keeps its claim until its outcome is published (see _handle)."""
         reply, message_id = attempt.reply, attempt.message_id
         key = event.idempotency_key
         if throttled:
@@ -370,11 +385,6 @@ class Sender:
             window_s = committed_at - attempt.read_at  # the mark started with the read
             self.metrics.observe("sent_mark_window_seconds", window_s)
             self.metrics.observe("ledger_mark_seconds", window_s, operation="sent")
-        else:
-            started = time.monotonic()
-            await self._ledger_call("release", partial(self._ledger.release, key))
-            self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
-                                 operation="release")
         log.log(*outcome_line(event, decision, outcome.reason))
         return route(self._settings.topic_prefix, origin_of(record), event, outcome, decision,
                      message_id, now)

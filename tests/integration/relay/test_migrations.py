@@ -29,7 +29,7 @@ def test_0004_moves_unpublished_rows_and_their_claims_to_the_queue_and_back(
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0003)
 
-    assert upgrade(engine) == "0007"  # to the head: enqueue() writes today's columns
+    assert upgrade(engine) == "0008"  # to the head: enqueue() writes today's columns
     with engine.begin() as conn:
         assert conn.execute(QUEUE).all() == [("claimed", True), ("waiting", False)]
         # New rows enter the queue through the insert trigger, published ones do not.
@@ -65,7 +65,7 @@ def test_0005_rewrites_only_the_keys_the_old_encoding_made_ambiguous(engine: sa.
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0004)
 
-    assert upgrade(engine) == "0007"  # through 0005, to the head enqueue() writes
+    assert upgrade(engine) == "0008"  # through 0005, to the head enqueue() writes
     with engine.begin() as conn:
         assert conn.execute(KEYS).all() == [
             ("back\\slash", "back\\\\slash|c@example.com"),

@@ -240,6 +240,60 @@ async def claim_until_mine(owner: Ledger, key: str, attempt: int,
         await asyncio.sleep(0.1)
 
 
+def test_an_attempt_whose_outcome_went_out_is_not_made_again(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        a, b = ledger(engine, db_settings, "a"), ledger(engine, db_settings, "b")
+        try:
+            assert (await a.claim("k", 1)).claim is Claim.MINE
+            await a.release("k", 1)  # attempt 1 failed; its result and retry are out
+            # A copy of attempt 1's record, read again by anyone, is not attempted again.
+            assert (await b.claim("k", 1)).claim is Claim.DONE
+            assert (await a.claim("k", 1)).claim is Claim.DONE
+            # The retry, attempt 2, is made; once done, copies of either attempt are not.
+            assert (await b.claim("k", 2)).claim is Claim.MINE
+            assert (await a.claim("k", 1)).claim is Claim.DONE  # an older copy, while 2 runs
+            await b.release("k", 2)
+            assert [(await a.claim("k", n)).claim for n in (1, 2)] == [Claim.DONE, Claim.DONE]
+            assert (await a.claim("k", 3)).claim is Claim.MINE
+
+            # Given up without an attempt (a throttled send): the same attempt may go again.
+            assert (await a.claim("t", 1)).claim is Claim.MINE
+            await a.release("t")
+            assert (await b.claim("t", 1)).claim is Claim.MINE
+            # Two releases of one key in one statement keep the higher attempt.
+            await asyncio.gather(b.release("t", 1), b.release("t"))
+            assert (await a.claim("t", 1)).claim is Claim.DONE
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        done = dict(conn.execute(sa.text(
+            "SELECT idempotency_key, done_attempt FROM sender_ledger")).all())
+    assert (done["k"], done["t"]) == (2, 1)
+
+
+def test_a_dead_owners_attempt_is_taken_over_but_not_an_older_done_one(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    async def scenario() -> None:
+        crashed = ledger(engine, db_settings, "crashed", lease_s=300)
+        heir = ledger(engine, db_settings, "heir")
+        try:
+            assert (await crashed.claim("k", 1)).claim is Claim.MINE
+            await crashed.release("k", 1)
+            assert (await crashed.claim("k", 2)).claim is Claim.MINE
+            await crashed.close()  # dies during attempt 2
+            assert (await heir.claim("k", 1)).claim is Claim.DONE
+            taken = await claim_until_mine(heir, "k", 2)
+            assert taken.taken_from == "crashed"
+        finally:
+            await heir.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_dead_owners_claims_are_taken_at_once(engine: sa.Engine, db_settings: Settings) -> None:
     async def scenario() -> None:
         crashed = ledger(engine, db_settings, "crashed", lease_s=300)

@@ -1,4 +1,5 @@
-"""A row the relay publishes twice is mailed once, and a graceful stop finishes what it started."""
+"""A row the relay publishes twice is mailed once, a failed attempt read twice is made once, and a
+graceful stop finishes what it started."""
 
 from __future__ import annotations
 
@@ -61,6 +62,39 @@ def test_a_row_published_twice_is_mailed_once(
     assert metrics.counter("duplicates_suppressed_total") == 1
     window = metrics.summary("sent_mark_window_seconds")  # one per email sent, not the copy
     assert window is not None and window[0] == 5
+
+
+def test_a_failed_attempt_read_twice_is_made_once(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, key="again", recipients=["later@example.com"], subject="S", body="b")
+    relay = Relay(settings, engine)
+    assert relay.publish_once() == 1
+    # Its record twice on the topic, as a copy read again after a crash or a moved partition.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox SET published_at = NULL, status = 'pending'"))
+        conn.execute(sa.text("INSERT INTO outbox_queue (id, available_at) "
+                             "SELECT id, available_at FROM outbox"))
+    assert relay.publish_once() == 1
+    server = DevSmtpServer(port=0, defer={"later@example.com": 1})  # 451 once, then accepted
+    server.start()
+    # The copy, read with the first, waits for its claim (a second) and asks again before the
+    # retry is due.
+    pipeline = Pipeline(smtp(settings, server, retry_delays_s=(3.0,)), engine).start()
+    try:
+        wait_until(lambda: outbox_rows(engine, "again")[0].status == "sent", 30, "the row sent")
+        results = consume(settings, [results_topic(settings.topic_prefix)], expected=2)
+    finally:
+        pipeline.stop()
+        server.stop()
+    # Attempt 1 was made once (451, then its retry), not a second time from the copy, which
+    # the server would have accepted as attempt 1.
+    outcomes = sorted((r.attempt, r.status) for r in
+                      (decode(EmailResult, c.value, c.headers) for c in results))
+    assert outcomes == [(1, DeliveryStatus.RETRYING), (2, DeliveryStatus.SENT)]
+    assert server.count("later@example.com") == 1
+    assert pipeline.sender is not None
+    assert pipeline.sender.sender.metrics.counter("repeated_attempts_suppressed_total") == 1
 
 
 def test_a_graceful_stop_finishes_in_flight_sends(
