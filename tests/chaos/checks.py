@@ -70,6 +70,9 @@ class Outcome:
     idle_kills: list[str] = dataclasses.field(default_factory=list)  # at full load: none in doubt
     slow_takeovers: list[str] = dataclasses.field(default_factory=list)  # past the limit
     kills: int = 0
+    # transactions the server decided beyond the attempts the outbox counts: duplicates, keys in
+    # doubt tried again, attempts made again from a copy of their record (which the ledger stops)
+    extra_transactions: int = 0
     in_doubt: int = 0  # keys the killed senders' ledger rows held as sending
     poisoned: int = 0  # poison() calls: one record each on a priority, a retry, the results topic
     window_s: list[float] = dataclasses.field(default_factory=list)
@@ -210,6 +213,7 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
         if row is None:
             continue
         deferred = sum(1 for r in replies[rcpt] if r.code == 451)
+        outcome.extra_transactions += max(0, len(replies[rcpt]) - row.attempts)
         if not 1 <= row.attempts <= TIERS + 1:
             outcome.bad_attempts.append(f"{rcpt} attempts={row.attempts}")
         elif expected == "dead" and (row.attempts != TIERS + 1 or deferred < 1):

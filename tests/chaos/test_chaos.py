@@ -43,7 +43,8 @@ def run_all(settings: Settings, scenarios: list[Scenario], seed: int) -> list[Ou
         kills = "; ".join(k.line() for k in outcome.per_kill)
         print(f"chaos: {scenario.name}: {time.monotonic() - started:.0f}s; {scenario.proves}; "
               f"250 read to sent mark in the last senders: {marks}; duplicates' first 250 "
-              f"before their SIGKILL (negative: after), s: {before}; per kill: {kills or '-'}",
+              f"before their SIGKILL (negative: after), s: {before}; per kill: {kills or '-'}; "
+              f"server transactions beyond the outbox's attempts: {outcome.extra_transactions}",
               flush=True)
         outcomes.append(outcome)
     report = table(outcomes)
