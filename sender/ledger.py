@@ -79,12 +79,14 @@ RENEW = """
     RETURNING idempotency_key
 """
 # Our claims given up: after an attempt whose outcome is published (its attempt becomes the
-# key's done_attempt), or without an attempt (a throttled send, deferred: done NULL).
+# key's done_attempt), or without an attempt (a throttled send, deferred: done NULL). A key given
+# twice in one statement is updated once, with its highest attempt (max and GREATEST skip NULLs).
 RELEASE = """
     UPDATE sender_ledger AS l
     SET state = 'released', lease_until = NULL, updated_at = now(),
         done_attempt = GREATEST(l.done_attempt, t.done)
-    FROM unnest(%(keys)s::text[], %(dones)s::int[]) AS t(k, done)
+    FROM (SELECT k, max(done) AS done
+          FROM unnest(%(keys)s::text[], %(dones)s::int[]) AS u(k, done) GROUP BY k) AS t
     WHERE l.idempotency_key = t.k AND l.owner = %(owner)s AND l.state = 'sending'
 """
 
@@ -550,13 +552,8 @@ class Ledger:
         return [key in ours for key in keys]
 
     async def _release_batch(self, items: list[tuple[str, int | None]]) -> list[None]:
-        # The same key twice in one statement updates it once; the highest attempt is kept.
-        dones: dict[str, int | None] = {}
-        for key, done in items:
-            earlier = dones.get(key)
-            dones[key] = done if earlier is None else earlier if done is None else max(earlier, done)
-        await self._run(RELEASE, {"keys": list(dones), "dones": list(dones.values()),
-                                  "owner": self.owner})
+        await self._run(RELEASE, {"keys": [key for key, _ in items],
+                                  "dones": [done for _, done in items], "owner": self.owner})
         return [None] * len(items)
 
     async def close(self) -> None:

@@ -204,7 +204,7 @@ class Pipeline(asyncio.Protocol):
                     if reply.code == SMTP_OK:
                         on_accepted(reply.code, reply.message)
                 elif self._group is not None:
-                    self._group_replied(reply)
+                    self._group_replied(self._group, reply)
         except aiosmtplib.SMTPResponseException as exc:
             self._buffer.clear()
             self.close()
@@ -216,12 +216,9 @@ class Pipeline(asyncio.Protocol):
                            replace=True)
         self._wake()
 
-    def _group_replied(self, reply: SMTPResponse) -> None:
-        """A reply read while a group is in flight. Once its three replies are in and all let
+    def _group_replied(self, group: _Group, reply: SMTPResponse) -> None:
+        """A reply read while ``group`` is in flight. Once its three replies are in and all let
         the transaction go on, its message is written, and the next reply is the one told."""
-        group = self._group
-        if group is None:
-            return
         group.replies.append(reply)
         if len(group.replies) < len(GROUP_STAGES):
             return
