@@ -46,6 +46,10 @@ class SenderConsumer:
         self._waiting: dict[TP, dt.datetime] = {}   # retry partitions paused until due
         self._priority_paused: set[TP] = set()
         self._start_offsets: dict[TP, int] = {}     # where reading began, until position is known
+        self._start_highs: dict[TP, int] = {}       # high watermarks asked at the assignment
+        # An assignment whose priorities are not planned yet: the sender plans them before it
+        # hands out any record (a fast fetch would otherwise fill its lines with whatever came).
+        self.unplanned = False
         self._priority_state = PriorityState()
         self._stored: dict[TP, int] = {}            # stored since the last commit_stored()
 
@@ -102,6 +106,7 @@ class SenderConsumer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((tp.topic, tp.partition) for tp in partitions)
+        self.unplanned = True
         log.info("assigned %s", _names(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -120,6 +125,7 @@ class SenderConsumer:
             self._waiting.pop(key, None)
             self._priority_paused.discard(key)
             self._start_offsets.pop(key, None)
+            self._start_highs.pop(key, None)
             point = self._book.revoke(key)
             if point is not None:
                 commits.append(TopicPartition(tp.topic, tp.partition, point))
@@ -151,6 +157,7 @@ class SenderConsumer:
 
     async def apply_priority(self) -> None:
         """Pause or resume whole priorities by the rule in sender/priority.py."""
+        self.unplanned = False
         prefix = self._settings.topic_prefix
         by_priority: dict[Priority, list[TP]] = defaultdict(list)
         for tp in self._assigned:
@@ -176,9 +183,25 @@ class SenderConsumer:
         for priority in Priority:
             self._metrics.set("backlog", backlog[priority], priority=priority.value)
 
+    def put_back_paused(self, messages: list[Message]) -> list[Message]:
+        """``messages`` less those of partitions paused by priority, which are rewound to their
+        first such record, to be read again when their priority is let in."""
+        rewind: dict[TP, int] = {}
+        kept = []
+        for message in messages:
+            tp, offset = (message.topic(), message.partition()), message.offset()
+            if message.error() is None and offset is not None and tp in self._priority_paused:
+                rewind.setdefault(tp, offset)  # a record has both
+            else:
+                kept.append(message)
+        for (topic, partition), offset in rewind.items():
+            self.consumer.seek(TopicPartition(topic, partition, offset))
+        return kept
+
     async def _look_up_start_offsets(self, tps: list[TP]) -> None:
-        """The group's committed offsets of partitions whose position is still unknown, asked
-        once per assignment in a worker thread (the broker's answer must not hold the loop)."""
+        """The group's committed offsets and the high watermarks of partitions whose position is
+        still unknown, asked once per assignment in a worker thread (the broker's answer must
+        not hold the loop): the backlog of a partition nothing was fetched from yet."""
         unknown = [tp for tp in self.consumer.position([TopicPartition(t, p) for t, p in tps])
                    if tp.offset < 0 and (tp.topic, tp.partition) not in self._start_offsets]
         if not unknown:
@@ -186,8 +209,7 @@ class SenderConsumer:
         for tp in unknown:
             self._start_offsets[(tp.topic, tp.partition)] = OFFSET_INVALID
         try:
-            committed = await asyncio.to_thread(self.consumer.committed, unknown,
-                                                timeout=COMMITTED_TIMEOUT_S)
+            committed, highs = await asyncio.to_thread(self._committed_and_highs, unknown)
         except KafkaException as exc:
             log.debug("committed offsets unavailable: %s", exc)
             return
@@ -195,6 +217,23 @@ class SenderConsumer:
             key = (tp.topic, tp.partition)
             if key in self._start_offsets:  # not revoked while we asked
                 self._start_offsets[key] = tp.offset
+                if key in highs:
+                    self._start_highs[key] = highs[key]
+
+    def _committed_and_highs(self, tps: list[TopicPartition],
+                             ) -> tuple[list[TopicPartition], dict[TP, int]]:
+        committed = self.consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)
+        highs: dict[TP, int] = {}
+        for tp in tps:
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=COMMITTED_TIMEOUT_S,
+                    cached=False)
+            except KafkaException as exc:
+                log.debug("high watermark of %s[%d] unavailable: %s", tp.topic, tp.partition, exc)
+                continue
+            highs[(tp.topic, tp.partition)] = high
+        return committed, highs
 
     def _backlog(self, tps: list[TP]) -> int:
         if not tps:
@@ -205,6 +244,7 @@ class SenderConsumer:
                 low, high = self.consumer.get_watermark_offsets(tp, cached=True)
             except KafkaException:
                 continue
+            high = max(high, self._start_highs.get((tp.topic, tp.partition), -1))
             total += partition_backlog(tp.offset, low, high,
                                        self._start_offsets.get((tp.topic, tp.partition)))
         return total

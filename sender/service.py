@@ -146,7 +146,7 @@ class Sender:
                 self._producer.poll()
                 now = utcnow()
                 self._consumer.resume_due(now)
-                if loop.time() - last_priority >= PRIORITY_EVERY_S:
+                if self._consumer.unplanned or loop.time() - last_priority >= PRIORITY_EVERY_S:
                     last_priority = loop.time()
                     await self._consumer.apply_priority()
                 # Sends waiting for a throttled or busy destination do not hold up the others,
@@ -162,6 +162,12 @@ class Sender:
                             await self._a_task_finished.wait()
                     continue
                 messages = self._consumer.fetch(min(room, FETCH_MAX))
+                if self._consumer.unplanned:
+                    # Assigned during this fetch: no record goes out before its priority is
+                    # planned; those of paused priorities are read again when let in.
+                    last_priority = loop.time()
+                    await self._consumer.apply_priority()
+                    messages = self._consumer.put_back_paused(messages)
                 if not messages:
                     if not self._tasks:
                         self._consumer.commit_stored()
