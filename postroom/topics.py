@@ -7,7 +7,11 @@ roles use it: enqueue validates it, the relay picks the topic, the sender orders
 from __future__ import annotations
 
 import enum
+import functools
 import re
+
+# The topics one process names: its priorities, tiers, dead letters and results, a few prefixes.
+TOPIC_NAMES_CACHED = 256
 
 
 class Priority(enum.StrEnum):
@@ -44,8 +48,10 @@ def results_topic(prefix: str) -> str:
     return f"{prefix}email.results"
 
 
+@functools.lru_cache(maxsize=TOPIC_NAMES_CACHED)
 def tier_of_retry_topic(prefix: str, topic: str) -> int | None:
-    """Inverse of :func:`retry_topic`; None for a topic that is not a retry tier."""
+    """Inverse of :func:`retry_topic`; None for a topic that is not a retry tier. Cached: the
+    sender asks it of every record it reads."""
     head = f"{prefix}email.retry."
     if not topic.startswith(head):
         return None
@@ -54,8 +60,10 @@ def tier_of_retry_topic(prefix: str, topic: str) -> int | None:
     return int(tail) if re.fullmatch(r"[1-9][0-9]*", tail) else None
 
 
+@functools.lru_cache(maxsize=TOPIC_NAMES_CACHED)
 def priority_of_topic(prefix: str, topic: str) -> Priority | None:
-    """Inverse of :func:`priority_topic`; None for any other topic."""
+    """Inverse of :func:`priority_topic`; None for any other topic. Cached: the sender asks it of
+    every partition it holds ten times a second."""
     for priority in Priority:
         if topic == priority_topic(prefix, priority):
             return priority
