@@ -334,6 +334,13 @@ class EmailRequested:
 
     SCHEMA_NAME = "email_requested"
 
+    def with_sender(self, sender: str) -> EmailRequested:
+        """A copy with ``sender``. Not dataclasses.replace(), which runs ``__init__`` field by
+        field: 2% of the sender's CPU on a fast server, where every event gets its sender so."""
+        copy = object.__new__(EmailRequested)
+        copy.__dict__.update(self.__dict__, sender=sender)
+        return copy
+
 
 @dataclasses.dataclass(frozen=True)
 class EmailResult:
@@ -586,6 +593,13 @@ def from_record(cls: type[Event], record: Mapping[str, Any]) -> Event:
             values[name] = tuple(values[name])
     if cls is EmailResult and "status" in values:
         values["status"] = DeliveryStatus(values["status"])
+    if len(values) == len(_FIELD_NAMES[cls]):
+        # Every field is there (today's reader always gives them all): filled in directly, as
+        # with_sender() copies. The dataclass's __init__ sets a frozen field at a time, a third
+        # of an event's decoding.
+        event = object.__new__(cls)
+        event.__dict__.update(values)
+        return event
     try:
         return cls(**values)
     except TypeError as exc:

@@ -41,7 +41,7 @@ class Delivery:
         ``on_accepted`` is given the Message-ID as soon as the server's 250 is read; a 250 read
         as the deadline passes is still the reply."""
         sender = event.sender or self.mail_from
-        event = dataclasses.replace(event, sender=sender)
+        event = event.with_sender(sender)
         refusal = attachments_refusal(event, self.attachments_root)
         if refusal is not None:
             return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""

@@ -166,12 +166,22 @@ def build_message(
 def check_header_values(event: EmailRequested) -> None:
     """UnsafeHeaderError for a line break or control character in the recipient, sender or
     subject, or a recipient or sender that is not one address."""
-    for what, value in (("recipient", event.recipient), ("sender", event.sender),
-                        ("subject", event.subject)):
-        _refuse_unsafe(what, value)
+    _refuse_unsafe("recipient", event.recipient)
     try:
         check_address(event.recipient)
-        check_mailbox(event.sender)
+    except InvalidContentError as exc:
+        raise UnsafeHeaderError(str(exc)) from None
+    _check_shared_values(event.sender, event.subject)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_shared_values(sender: str, subject: str) -> None:
+    """The sender and subject checks of :func:`check_header_values`, once per pair that passes
+    (every recipient of a report shares them; a failure is not kept and raises every time)."""
+    _refuse_unsafe("sender", sender)
+    _refuse_unsafe("subject", subject)
+    try:
+        check_mailbox(sender)
     except InvalidContentError as exc:
         raise UnsafeHeaderError(str(exc)) from None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from postroom.logs import EscapingFilter, escape_unprintable
+from postroom.logs import LOG_FORMAT, EscapingFilter, SecondCachingFormatter, escape_unprintable
 
 FORGED = "k\n2026-10-02 07:00:00,000 INFO sender.service: key=k attempt=1 sent"
 
@@ -74,3 +74,14 @@ def test_a_record_gathers_only_what_the_format_shows(tmp_path: Path, fmt: str | 
                           check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == gathered
+
+
+def test_the_second_caching_formatter_writes_what_logging_writes() -> None:
+    ours, stock = SecondCachingFormatter(LOG_FORMAT), logging.Formatter(LOG_FORMAT)
+    # Within one second, across seconds, and back to an earlier one (another thread's record).
+    for created in (1_790_000_000.0, 1_790_000_000.123, 1_790_000_000.999, 1_790_000_001.5,
+                    1_790_000_000.25, 1_790_086_400.001, 0.5):
+        record = logging.LogRecord("postroom", logging.INFO, __file__, 1, "key=%s", ("k",), None)
+        record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
+        assert ours.format(record) == stock.format(record)
+        assert ours.formatTime(record, "%H:%M") == stock.formatTime(record, "%H:%M")

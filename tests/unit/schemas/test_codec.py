@@ -168,6 +168,16 @@ def test_round_trip(event: EmailRequested | EmailResult) -> None:
             assert value.utcoffset() == dt.timedelta(0)  # read back in UTC, same instant
 
 
+@pytest.mark.parametrize("event", [FULL_REQUEST, MINIMAL_REQUEST], ids=["full", "minimal"])
+def test_with_sender_is_replace_with_the_sender(event: EmailRequested) -> None:
+    copy = event.with_sender("Reports <reports@example.org>")
+    assert copy == dataclasses.replace(event, sender="Reports <reports@example.org>")
+    assert type(copy) is EmailRequested
+    assert event.sender != copy.sender  # the original is untouched
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copy.sender = "x@example.org"  # type: ignore[misc]
+
+
 @pytest.mark.parametrize("status", list(DeliveryStatus))
 def test_every_delivery_status_round_trips_as_the_enum(status: DeliveryStatus) -> None:
     event = dataclasses.replace(MINIMAL_RESULT, status=status)

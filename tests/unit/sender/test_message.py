@@ -21,6 +21,7 @@ from sender.message import (
     UnsafeHeaderError,
     attachments_refusal,
     build_message,
+    check_header_values,
     message_id_for,
     mime_type_for,
     read_attachment,
@@ -132,6 +133,22 @@ def test_line_breaks_in_header_fields_are_refused(field: str, breaker: str) -> N
     with pytest.raises(UnsafeHeaderError, match=field) as refused:
         build_message(event(**{field: value}), attachments_root=None, now=NOW)
     assert isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize("field", ["subject", "sender"])
+def test_a_refused_sender_or_subject_is_refused_every_time(field: str) -> None:
+    bad = event(**{field: "finance@example.com\r\nBcc: everyone@example.com"})
+    for _ in range(2):  # the second check is not answered from the checks that passed
+        with pytest.raises(UnsafeHeaderError, match=field):
+            check_header_values(bad)
+
+
+def test_a_sender_and_subject_that_passed_still_leave_the_recipient_checked() -> None:
+    check_header_values(event())
+    with pytest.raises(UnsafeHeaderError, match="recipient"):
+        check_header_values(event(recipient="a@example.com\nBcc: b@example.com"))
+    with pytest.raises(UnsafeHeaderError, match="recipient"):
+        check_header_values(event(recipient="Name <a@example.com>"))
 
 
 # --- attachment types

@@ -9,10 +9,13 @@ from typing import Any, cast
 
 import aiosmtplib
 import pytest
+from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
 from aiosmtplib.response import SMTPResponse
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sender.outcome import Stage
-from sender.pipelining import Pipeline, _refusal, _take_reply
+from sender.pipelining import Pipeline, _refusal, _take_reply, data_bytes
 
 
 def replies_in(data: bytes) -> tuple[list[SMTPResponse], bytes]:
@@ -244,3 +247,27 @@ def test_no_acceptance_is_told_for_a_refusal(answers: list[bytes | None]) -> Non
 
     asyncio.run(run())
     assert told == []
+
+
+def _aiosmtplib_data(content: bytes) -> bytes:
+    return PERIOD_REGEX.sub(b"..", normalize_message_line_endings(content)) + b".\r\n"
+
+
+@pytest.mark.parametrize("content", [
+    b"Subject: s\r\n\r\nbody\r\n",           # as the email package writes it: the quick way
+    b"Subject: s\r\n\r\n.starts with a period\r\n",
+    b".first line\r\n\r\nx\r\n",
+    b"Subject: s\n\nbare line feeds\n",
+    b"Subject: s\r\rbare carriage returns\r",
+    b"Subject: s\r\n\r\nno line end at the end",
+    b"Subject: s\r\n\r\n..two\r\n.\r\n",
+    b"",
+])
+def test_data_bytes_are_what_aiosmtplib_writes(content: bytes) -> None:
+    assert data_bytes(content) == _aiosmtplib_data(content)
+
+
+@given(st.lists(st.sampled_from([b"a", b".", b"\r", b"\n", b"\r\n", b"\n.", b" "]),
+                           max_size=40).map(b"".join))
+def test_no_content_is_written_other_than_aiosmtplib_writes_it(content: bytes) -> None:
+    assert data_bytes(content) == _aiosmtplib_data(content)
