@@ -168,10 +168,10 @@ def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[s
     """What every long-running command needs first: a migrated database, a reachable broker,
     and metrics with /healthz and /readyz (served when POSTROOM_METRICS_PORT is set)."""
     from postroom.kafka import check_reachable
-    from relay.db import check_schema, make_engine
+    from relay.db import check_schema_at_start, make_engine
 
     engine = make_engine(settings)
-    check_schema(engine)
+    check_schema_at_start(engine)
     check_reachable(settings)
     try:
         with service_metrics(settings, smtp=smtp) as metrics:

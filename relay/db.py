@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
+from collections.abc import Callable
 from importlib import resources
 
 import sqlalchemy as sa
@@ -11,6 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from postroom.errors import first_line
 from postroom.settings import Settings
 from relay.errors import SchemaNotReadyError, UnsupportedDatabaseError
 
@@ -93,6 +97,33 @@ def check_schema(engine: sa.Engine) -> None:
         raise SchemaNotReadyError(
             f"outbox schema is at revision {current or 'none'}, expected {head}: "
             "run `postroom db upgrade`")
+
+
+# SQLSTATEs of a session the server ended or would not start: terminated by an administrator
+# (pg_terminate_backend), a crash of another backend, the server starting up. A role that meets
+# one in its start-up check met a restart, not a wrong setting.
+SESSION_ENDED_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+START_CHECK_PAUSE_S = 1.0
+START_CHECK_TRIES = 30
+
+
+def check_schema_at_start(engine: sa.Engine, *, tries: int = START_CHECK_TRIES,
+                          pause_s: float = START_CHECK_PAUSE_S,
+                          check: Callable[[sa.Engine], None] = check_schema,
+                          sleep: Callable[[float], None] = time.sleep) -> None:
+    """:func:`check_schema` for a role's start, asked again (``pause_s`` apart, up to ``tries``
+    times in all) while the server ends the session; any other failure raises at once."""
+    for attempt in itertools.count(1):
+        try:
+            check(engine)
+        except sa.exc.OperationalError as exc:
+            if attempt >= tries or getattr(exc.orig, "sqlstate", None) not in SESSION_ENDED_SQLSTATES:
+                raise
+            log.warning("database: %s, while checking the schema at start; asking again in %.0fs "
+                        "(%d of %d)", first_line(exc), pause_s, attempt, tries)
+            sleep(pause_s)
+        else:
+            return
 
 
 def check_database(settings: Settings) -> str:
