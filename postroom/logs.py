@@ -25,13 +25,11 @@ def escape_unprintable(text: str) -> str:
 
 class EscapingFilter(logging.Filter):
     """Formats each record's message with its arguments and escapes it (tracebacks keep their
-    lines: they are added by the formatter after this)."""
+    lines: they are added by the formatter after this). The record keeps the formatted message
+    without arguments, so the formatter does not format it again."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        escaped = escape_unprintable(message)
-        if escaped is not message:
-            record.msg, record.args = escaped, None
+        record.msg, record.args = escape_unprintable(record.getMessage()), None
         return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Sequence
 
 from postroom import rules
@@ -87,16 +88,23 @@ def refuse_event(event: EmailRequested, *, on_retry_topic: bool, now: dt.datetim
 def _check_content(event: EmailRequested, limits: rules.SizeLimits) -> None:
     """The rules of enqueue, on what the event carries."""
     rules.check_address(event.recipient)
-    if event.sender:  # empty: the sender's POSTROOM_MAIL_FROM
-        rules.check_mailbox(event.sender)
-    rules.check_subject(event.subject)
-    rules.check_key(event.message_key)
+    _check_shared(event.sender, event.subject, event.message_key)
     if rules.has_control(event.idempotency_key) or not event.idempotency_key.strip():
         raise InvalidContentError("idempotency key is empty or holds a control character")
     rules.check_body(event.body, limits.body_max_bytes)
     rules.check_attachment_count(len(event.attachments))
     for path in event.attachments:
         rules.check_attachment_path(path)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_shared(sender: str, subject: str, message_key: str) -> None:
+    """The checks of what every recipient of one report shares, once per report that passes (a
+    failure is not kept: it raises every time)."""
+    if sender:  # empty: the sender's POSTROOM_MAIL_FROM
+        rules.check_mailbox(sender)
+    rules.check_subject(subject)
+    rules.check_key(message_key)
 
 
 def admit(value: bytes | None, headers: Sequence[tuple[str, str | bytes | None]], *,

@@ -67,6 +67,19 @@ def test_refuse_event(changes: dict[str, Any], on_retry: bool, reason: str | Non
         assert refusal.copy_record
 
 
+@pytest.mark.parametrize("changes", [{"sender": "a@b.com, eve@evil.example"},
+                                     {"subject": "x\u2028Bcc: y"}, {"message_key": "k\nlog"}])
+def test_a_report_refused_once_is_refused_every_time(changes: dict[str, Any]) -> None:
+    # What every recipient of a report shares is checked once per report that passes; a
+    # refusal is never remembered as a pass, and a good report's next recipient is checked.
+    for _ in range(2):
+        assert refuse_event(event(**changes), on_retry_topic=False, now=NOW,
+                            admission=ADMISSION) is not None
+    assert refuse_event(event(), on_retry_topic=False, now=NOW, admission=ADMISSION) is None
+    assert refuse_event(event(recipient="a@b.com, eve@evil.example"), on_retry_topic=False,
+                        now=NOW, admission=ADMISSION) is not None
+
+
 def test_a_record_over_the_cap_is_refused_and_not_copied() -> None:
     most = 5000 + HEADERS_ALLOWANCE_BYTES
     assert refuse_record(most, ADMISSION) is None
