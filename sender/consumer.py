@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections import defaultdict
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
@@ -224,11 +225,16 @@ class SenderConsumer:
                              ) -> tuple[list[TopicPartition], dict[TP, int]]:
         committed = self.consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)
         highs: dict[TP, int] = {}
+        # One broker request per partition: together within the same bound as the committed
+        # offsets, so a slow broker holds a new assignment's first fetch seconds, not minutes.
+        deadline = time.monotonic() + COMMITTED_TIMEOUT_S
         for tp in tps:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break  # the rest are known from their first fetch
             try:
                 _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=COMMITTED_TIMEOUT_S,
-                    cached=False)
+                    TopicPartition(tp.topic, tp.partition), timeout=left_s, cached=False)
             except KafkaException as exc:
                 log.debug("high watermark of %s[%d] unavailable: %s", tp.topic, tp.partition, exc)
                 continue
