@@ -99,10 +99,11 @@ def check_schema(engine: sa.Engine) -> None:
             "run `postroom db upgrade`")
 
 
-# SQLSTATEs of a session the server ended or would not start: terminated by an administrator
-# (pg_terminate_backend), a crash of another backend, the server starting up. A role that meets
-# one in its start-up check met a restart, not a wrong setting.
-SESSION_ENDED_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+# SQLSTATEs of a session the server ended under a statement: terminated by an administrator
+# (pg_terminate_backend), or in a crash of another backend. A role that meets one in its start-up
+# check met a restart, not a wrong setting. (A connection refused while the server is down or
+# starting up carries no SQLSTATE in psycopg: it stops the role, as a wrong address does.)
+SESSION_ENDED_SQLSTATES = frozenset({"57P01", "57P02"})
 START_CHECK_PAUSE_S = 1.0
 START_CHECK_TRIES = 30
 

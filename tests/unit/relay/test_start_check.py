@@ -34,8 +34,7 @@ def _no_pause(seconds: float) -> None:
     raise AssertionError(f"paused {seconds}s before raising")
 
 
-@pytest.mark.parametrize("ended", [psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown,
-                                   psycopg.errors.CannotConnectNow])
+@pytest.mark.parametrize("ended", [psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown])
 def test_a_session_the_server_ended_is_checked_again(ended: type[Exception]) -> None:
     calls, check = _failing([_operational(ended("terminating connection"))] * 2)
     pauses: list[float] = []
@@ -44,8 +43,12 @@ def test_a_session_the_server_ended_is_checked_again(ended: type[Exception]) -> 
     assert pauses == [0.5, 0.5]
 
 
-def test_any_other_failure_raises_at_once() -> None:
-    refused = _operational(psycopg.errors.InvalidPassword("password authentication failed"))
+@pytest.mark.parametrize("other", [
+    psycopg.errors.InvalidPassword("password authentication failed"),
+    psycopg.OperationalError("connection failed: connection refused"),  # no SQLSTATE
+])
+def test_any_other_failure_raises_at_once(other: Exception) -> None:
+    refused = _operational(other)
     calls, check = _failing([refused])
     with pytest.raises(sa.exc.OperationalError) as raised:
         check_schema_at_start(ENGINE, check=check, sleep=_no_pause)
