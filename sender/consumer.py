@@ -8,7 +8,9 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
 
@@ -18,7 +20,7 @@ from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_of_topic, sender_topics
 from sender.offsets import TP, OffsetBook
-from sender.priority import PriorityState, partition_backlog, plan_round
+from sender.priority import PRIORITY_ORDER, PriorityState, partition_backlog, plan_round
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +158,9 @@ class SenderConsumer:
 
     # -- priorities ----------------------------------------------------------------------------
 
-    async def apply_priority(self) -> None:
-        """Pause or resume whole priorities by the rule in sender/priority.py."""
+    async def apply_priority(self, fetched: Sequence[Message] = ()) -> None:
+        """Pause or resume whole priorities by the rule in sender/priority.py. ``fetched``: records
+        read and not handed out yet (our position is past them), counted in their backlog."""
         self.unplanned = False
         prefix = self._settings.topic_prefix
         by_priority: dict[Priority, list[TP]] = defaultdict(list)
@@ -167,8 +170,11 @@ class SenderConsumer:
                 by_priority[priority].append(tp)
         if not by_priority:
             return
-        await self._look_up_start_offsets([tp for tps in by_priority.values() for tp in tps])
-        backlog = {p: self._backlog(by_priority.get(p, [])) for p in Priority}
+        # Most urgent first: should the broker be slow, the high partitions' backlog is known.
+        await self._look_up_start_offsets(
+            [tp for p in PRIORITY_ORDER for tp in by_priority.get(p, [])])
+        unread = Counter(_tp_of(m) for m in fetched if m.error() is None)
+        backlog = {p: self._backlog(by_priority.get(p, []), unread) for p in Priority}
         active, self._priority_state = plan_round(self._priority_state, backlog,
                                                   STARVATION_LIMIT_ROUNDS)
         to_pause = [tp for p, tps in by_priority.items() if p not in active for tp in tps
@@ -190,9 +196,9 @@ class SenderConsumer:
         rewind: dict[TP, int] = {}
         kept = []
         for message in messages:
-            tp, offset = (message.topic(), message.partition()), message.offset()
+            tp, offset = _tp_of(message), message.offset()
             if message.error() is None and offset is not None and tp in self._priority_paused:
-                rewind.setdefault(tp, offset)  # a record has both
+                rewind.setdefault(tp, offset)
             else:
                 kept.append(message)
         for (topic, partition), offset in rewind.items():
@@ -225,8 +231,8 @@ class SenderConsumer:
                              ) -> tuple[list[TopicPartition], dict[TP, int]]:
         committed = self.consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)
         highs: dict[TP, int] = {}
-        # One broker request per partition: together within the same bound as the committed
-        # offsets, so a slow broker holds a new assignment's first fetch seconds, not minutes.
+        # One broker request per partition, all within one more COMMITTED_TIMEOUT_S: a slow
+        # broker holds a new assignment's first records about two seconds at most.
         deadline = time.monotonic() + COMMITTED_TIMEOUT_S
         for tp in tps:
             left_s = deadline - time.monotonic()
@@ -241,7 +247,7 @@ class SenderConsumer:
             highs[(tp.topic, tp.partition)] = high
         return committed, highs
 
-    def _backlog(self, tps: list[TP]) -> int:
+    def _backlog(self, tps: list[TP], unread: Mapping[TP, int]) -> int:
         if not tps:
             return 0
         total = 0
@@ -250,10 +256,16 @@ class SenderConsumer:
                 low, high = self.consumer.get_watermark_offsets(tp, cached=True)
             except KafkaException:
                 continue
-            high = max(high, self._start_highs.get((tp.topic, tp.partition), -1))
-            total += partition_backlog(tp.offset, low, high,
-                                       self._start_offsets.get((tp.topic, tp.partition)))
+            key = (tp.topic, tp.partition)
+            high = max(high, self._start_highs.get(key, -1))
+            total += unread.get(key, 0) + partition_backlog(tp.offset, low, high,
+                                                            self._start_offsets.get(key))
         return total
+
+
+def _tp_of(message: Message) -> TP:
+    """A record's topic and partition (a record, unlike an error event, has both)."""
+    return cast(TP, (message.topic(), message.partition()))
 
 
 def _names(partitions: list[TopicPartition]) -> str:

@@ -166,7 +166,7 @@ class Sender:
                     # Assigned during this fetch: no record goes out before its priority is
                     # planned; those of paused priorities are read again when let in.
                     last_priority = loop.time()
-                    await self._consumer.apply_priority()
+                    await self._consumer.apply_priority(messages)
                     messages = self._consumer.put_back_paused(messages)
                 if not messages:
                     if not self._tasks:

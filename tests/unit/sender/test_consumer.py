@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -9,6 +10,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from postroom.metrics import Metrics
 from postroom.settings import Settings
+from postroom.topics import Priority, priority_topic
 from sender.consumer import SenderConsumer
 
 
@@ -52,3 +54,47 @@ def test_records_of_paused_partitions_are_put_back_from_their_first() -> None:
     assert [(m.topic(), m.partition(), m.offset()) for m in kept] == [
         ("email.high", 0, 3), ("email.normal", 0, 2), ("email.low", 0, 9)]  # errors go on
     assert sorted(fake.seeks) == [("email.low", 0, 7), ("email.normal", 1, 40)]
+
+
+SETTINGS = Settings.from_env({})
+HIGH = priority_topic(SETTINGS.topic_prefix, Priority.HIGH)
+NORMAL = priority_topic(SETTINGS.topic_prefix, Priority.NORMAL)
+
+
+@dataclass
+class _Broker:
+    """position and cached high watermark per partition; records what was paused."""
+
+    positions: dict[tuple[str, int], int]
+    highs: dict[tuple[str, int], int]
+    paused: list[tuple[str, int]] = field(default_factory=list)
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(t.topic, t.partition, self.positions[(t.topic, t.partition)])
+                for t in tps]
+
+    def get_watermark_offsets(self, tp: TopicPartition, **_: Any) -> tuple[int, int]:
+        return 0, self.highs[(tp.topic, tp.partition)]
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused += [(t.topic, t.partition) for t in tps]
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        pass
+
+
+def test_records_fetched_and_not_handed_out_count_in_their_priority_backlog() -> None:
+    """The fetch that brought the assignment read the whole high backlog: our position is at
+    its high watermark, yet those records are still to be sent, so normal waits for them."""
+    async def plan(fetched: list[_Message]) -> list[tuple[str, int]]:
+        consumer = SenderConsumer(SETTINGS, Metrics())
+        broker = _Broker(positions={(HIGH, 0): 10, (NORMAL, 0): 5},
+                         highs={(HIGH, 0): 10, (NORMAL, 0): 20})
+        consumer._consumer = cast(Consumer, broker)
+        consumer._assigned = {(HIGH, 0), (NORMAL, 0)}
+        await consumer.apply_priority(cast(list[Message], fetched))
+        return broker.paused
+
+    high_batch = [_Message(HIGH, 0, n) for n in range(10)]
+    assert asyncio.run(plan(high_batch)) == [(NORMAL, 0)]
+    assert asyncio.run(plan([])) == []  # nothing of high left to send: normal goes on
