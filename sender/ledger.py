@@ -568,17 +568,25 @@ class Ledger:
             key: ClaimResult(Claim.MINE, taken_from=taken_from, session=session)
             for key, taken_from in rows}
         others = [key for key in first if key not in mine]
+        dones: dict[str, int] = {}
         if others:
             for key, state, _owner, lease_until, attempt, message_id, done in await self._run(
                     STATES, {"keys": others}):
                 claim = (Claim.SENT if state == "sent" else
                          Claim.DONE if done is not None and done >= first[key] else Claim.BUSY)
                 known[key] = ClaimResult(claim, attempt, message_id, lease_until)
+                if done is not None:
+                    dones[key] = done
         results: list[ClaimResult] = []
         handed: set[str] = set()
-        for key, _ in items:
+        for key, attempt in items:
             result = known.get(key, ClaimResult(Claim.BUSY))
             if result.claim is Claim.MINE and key in handed:
+                result = ClaimResult(Claim.BUSY)
+            elif result.claim is Claim.DONE and dones[key] < attempt:
+                # DONE was found for the key's first attempt of this batch; a later attempt of
+                # it (its next tier's record, read with a copy of the last) is not done: it asks
+                # again, alone.
                 result = ClaimResult(Claim.BUSY)
             handed.add(key)
             results.append(result)

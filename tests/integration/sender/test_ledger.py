@@ -255,6 +255,10 @@ def test_an_attempt_whose_outcome_went_out_is_not_made_again(
             assert (await a.claim("k", 1)).claim is Claim.DONE  # an older copy, while 2 runs
             await b.release("k", 2)
             assert [(await a.claim("k", n)).claim for n in (1, 2)] == [Claim.DONE, Claim.DONE]
+            # A copy of the done attempt 2 and the next attempt, 3, claimed in one statement:
+            # the copy is done, attempt 3 is not (it waits and asks again, alone).
+            copy, after = await asyncio.gather(b.claim("k", 2), b.claim("k", 3))
+            assert (copy.claim, after.claim) == (Claim.DONE, Claim.BUSY)
             assert (await a.claim("k", 3)).claim is Claim.MINE
 
             # Given up without an attempt (a throttled send): the same attempt may go again.
