@@ -462,15 +462,20 @@ def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
               if t not in (dead_letter_topic(settings.topic_prefix),
                            results_topic(settings.topic_prefix))]
     kept_s = topic_retention_s(settings, topics)
+    minimum_s, minimum_from = retention.minimum_age_s(kept_s)
+    too_young = None
+    if args.older_than < minimum_s and not args.force:
+        too_young = (f"--older-than {args.older_than_text} is younger than {minimum_from}: "
+                     "refused without --force (a cutoff this young is more often a typo than "
+                     "meant)")
+        if not args.dry_run:
+            raise PostroomError(too_young)
     engine = _migrated_engine(settings)
     try:
         plan = retention.plan(engine, args.older_than, dt.datetime.now(dt.UTC), kept_s)
-        print(f"final rows (sent, failed, dead) last changed before "
-              f"{plan.outbox_cutoff.isoformat(timespec='seconds')}: {plan.outbox_rows} "
-              "outbox row(s) to delete")
-        print(f"ledger: {plan.ledger_rows} row(s) to delete; {plan.ledger_reason}")
+        print("\n".join(retention.render_plan(plan, args.older_than)), flush=True)
         if args.dry_run:
-            print("dry run: nothing deleted")
+            print("dry run: nothing deleted" + (f"; {too_young}" if too_young else ""))
             return EXIT_OK
         outbox_rows, ledger_rows = retention.purge(
             engine, plan, progress=lambda text: print(text, file=sys.stderr, flush=True))
@@ -480,13 +485,19 @@ def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _duration(text: str) -> float:
-    from postroom.settings import parse_duration_s
+class _AgeAction(argparse.Action):
+    """--older-than: the age in seconds, and the text as written for messages."""
 
-    try:
-        return parse_duration_s(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from relay.retention import parse_age_s
+
+        try:
+            seconds = parse_age_s(str(values))
+        except ValueError as exc:
+            parser.error(f"{option_string}: {exc}")
+        setattr(namespace, self.dest, seconds)
+        setattr(namespace, f"{self.dest}_text", str(values).strip())
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -663,10 +674,19 @@ def build_parser() -> argparse.ArgumentParser:
     failures.set_defaults(handler=cmd_report_failures)
 
     purge = commands.add_parser(
-        "purge", help="delete finished rows and their ledger entries in short batches")
-    purge.add_argument("--older-than", type=_duration, required=True, metavar="AGE",
-                       help="rows last changed longer ago than AGE, e.g. 30d or 12h")
-    purge.add_argument("--dry-run", action="store_true", help="count only")
+        "purge", help="delete finished rows and their ledger entries in short batches",
+        description="Delete outbox rows that ended sent, failed or dead before a cutoff (and "
+                    "are not queued again), then the ledger rows no row and no topic needs, in "
+                    "short batches. It prints the cutoff (UTC) and the rows by state first. A "
+                    "cutoff younger than the topics' retention (7 days when they keep records "
+                    "forever) is refused without --force.")
+    purge.add_argument("--older-than", action=_AgeAction, required=True, metavar="AGE",
+                       help="rows that ended longer ago than AGE, with a unit: 30d or 30days or "
+                            "'30 days', 12h, 90m, 2w; a bare number is refused")
+    purge.add_argument("--dry-run", action="store_true",
+                       help="print what would be deleted, delete nothing")
+    purge.add_argument("--force", action="store_true",
+                       help="allow a cutoff younger than the topics' retention (or 7 days)")
     purge.set_defaults(handler=cmd_purge)
 
     commands.add_parser(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,44 @@ log = logging.getLogger(__name__)
 
 BATCH_ROWS = 1000
 PAUSE_BETWEEN_BATCHES_S = 0.05  # lets autovacuum and other writers in between batches
+# The youngest cutoff allowed without --force when the topics' retention is unknown or forever.
+DEFAULT_MIN_AGE_S = 7 * 86_400.0
+FINAL_STATES = ("sent", "failed", "dead")
+
+AGE_FORMS = "30d or 30days (days), 12h (hours), 90m (minutes), 2w (weeks)"
+_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
+_AGE_UNIT_S = {
+    **dict.fromkeys(("w", "week", "weeks"), 7 * 86_400.0),
+    **dict.fromkeys(("d", "day", "days"), 86_400.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3_600.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+}
+
+
+def parse_age_s(text: str) -> float:
+    """``"30d"``, ``"30days"``, ``"30 days"`` -> seconds. A number without a unit is refused: a
+    retention command must never guess (a bare ``30`` once meant 30 seconds). Pure."""
+    match = _AGE.fullmatch(text)
+    if match is None:
+        if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
+            raise ValueError(f"{text.strip()!r} has no unit; write it as {AGE_FORMS}")
+        raise ValueError(f"not an age: {text!r}; write it as {AGE_FORMS}")
+    unit_s = _AGE_UNIT_S.get(match.group(2).lower())
+    if unit_s is None:
+        raise ValueError(f"unknown unit {match.group(2)!r} in {text!r}; write it as {AGE_FORMS}")
+    value = float(match.group(1)) * unit_s
+    if value <= 0:
+        raise ValueError(f"an age must be more than 0: {text!r}")
+    return value
+
+
+def minimum_age_s(retention_s: float | None) -> tuple[float, str]:
+    """The youngest cutoff purge takes without ``--force``, and where it comes from: the topics'
+    retention when they have one, else DEFAULT_MIN_AGE_S. Pure."""
+    if retention_s is None or retention_s <= 0:
+        return DEFAULT_MIN_AGE_S, f"the minimum of {_days(DEFAULT_MIN_AGE_S)}"
+    return retention_s, f"the topics' retention ({_days(retention_s)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +67,22 @@ class PurgePlan:
     outbox_cutoff: dt.datetime
     ledger_cutoff: dt.datetime | None  # None: topics keep records forever, so keep the ledger
     ledger_reason: str
-    outbox_rows: int
+    outbox_by_state: dict[str, int]
     ledger_rows: int
+
+    @property
+    def outbox_rows(self) -> int:
+        return sum(self.outbox_by_state.values())
+
+
+def render_plan(plan: PurgePlan, older_than_s: float) -> list[str]:
+    """What a purge will delete, in the words `postroom purge` prints before deleting."""
+    cutoff = plan.outbox_cutoff.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    counts = ", ".join(f"{plan.outbox_by_state.get(state, 0)} {state}" for state in FINAL_STATES)
+    return [f"cutoff {cutoff} ({_days(older_than_s)} ago): outbox rows that ended sent, failed "
+            f"or dead before it and are not queued again",
+            f"outbox: {plan.outbox_rows} row(s) to delete ({counts})",
+            f"ledger: {plan.ledger_rows} row(s) to delete; {plan.ledger_reason}"]
 
 
 def ledger_cutoff(outbox_cutoff: dt.datetime, now: dt.datetime,
@@ -51,11 +104,12 @@ def plan(engine: sa.Engine, older_than_s: float, now: dt.datetime,
     outbox_cutoff = now - dt.timedelta(seconds=older_than_s)
     cutoff, reason = ledger_cutoff(outbox_cutoff, now, retention_s)
     with engine.connect() as conn:
-        outbox_rows = conn.execute(sql.COUNT_PURGEABLE_OUTBOX, {"cutoff": outbox_cutoff}).one()[0]
+        by_state = {str(state): int(count) for state, count in conn.execute(
+            sql.COUNT_PURGEABLE_OUTBOX, {"cutoff": outbox_cutoff})}
         ledger_rows = 0 if cutoff is None else conn.execute(
             sql.COUNT_PURGEABLE_LEDGER, {"cutoff": cutoff, "outbox_cutoff": outbox_cutoff}
         ).scalar_one()
-    return PurgePlan(outbox_cutoff, cutoff, reason, int(outbox_rows), int(ledger_rows))
+    return PurgePlan(outbox_cutoff, cutoff, reason, by_state, int(ledger_rows))
 
 
 def purge(engine: sa.Engine, plan: PurgePlan, batch: int = BATCH_ROWS,
@@ -88,4 +142,6 @@ def _in_batches(engine: sa.Engine, statement: sa.TextClause, start: object, what
 
 def _days(seconds: float) -> str:
     days = seconds / 86_400
-    return f"{days:g} days" if days >= 1 else f"{seconds / 3600:g} hours"
+    value, unit = ((days, "day") if days >= 1 else (seconds / 3600, "hour") if seconds >= 3600
+                   else (seconds / 60, "minute"))
+    return f"{value:g} {unit}" + ("" if value == 1 else "s")

@@ -263,9 +263,10 @@ PURGE_OUTBOX_BATCH = sa.text("""
     RETURNING id
 """)
 COUNT_PURGEABLE_OUTBOX = sa.text("""
-    SELECT count(*), min(id), max(id) FROM outbox
+    SELECT status, count(*) FROM outbox
     WHERE status IN ('sent', 'failed', 'dead') AND COALESCE(sent_at, updated_at, created_at) < :cutoff
       AND NOT EXISTS (SELECT 1 FROM outbox_queue AS q WHERE q.id = outbox.id)
+    GROUP BY status
 """)
 # Ledger rows are finished when sent or released; 'sending' is a live claim. A ledger row is
 # kept while its outbox row exists (a redrive may need it) and while a topic may still hold its

@@ -195,16 +195,17 @@ def test_purge_deletes_final_rows_in_batches_and_keeps_what_is_still_needed(
                 WHERE idempotency_key = ANY(:keys)"""), {
                     "age": age, "keys": [f"old|{r}@example.com" for r in recipients]})
 
-    dry = lines(settings, "purge", "--older-than", "2d", "--dry-run")
-    assert dry[0].endswith(": 3 outbox row(s) to delete")
+    # 2 days is younger than the topics' retention: purge takes it only with --force.
+    dry = lines(settings, "purge", "--older-than", "2d", "--dry-run", "--force")
+    assert dry[1] == "outbox: 3 row(s) to delete (3 sent, 0 failed, 0 dead)"
     # The local broker keeps records 7 days (its default): r2's ledger row, 3 days old, stays.
-    assert dry[1] == ("ledger: 2 row(s) to delete; ledger rows younger than the topics' "
+    assert dry[2] == ("ledger: 2 row(s) to delete; ledger rows younger than the topics' "
                       "retention (7 days) are kept: a consumer group reset to the beginning "
                       "must find each key it already sent")
-    assert dry[2] == "dry run: nothing deleted"
+    assert dry[3] == "dry run: nothing deleted"
     assert len(outbox_rows(engine, "old")) == 5
 
-    done = lines(settings, "purge", "--older-than", "2d")
+    done = lines(settings, "purge", "--older-than", "2d", "--force")
     assert done[-1] == "deleted 3 outbox row(s) and 2 ledger row(s)"
     assert sorted(r.recipient for r in outbox_rows(engine, "old")) == [
         "r3@example.com", "r4@example.com"]
@@ -212,5 +213,5 @@ def test_purge_deletes_final_rows_in_batches_and_keeps_what_is_still_needed(
     with engine.connect() as conn:
         ledger = set(conn.execute(sa.text("SELECT idempotency_key FROM sender_ledger")).scalars())
     assert ledger == {"old|r2@example.com", "old|r3@example.com", "old|r4@example.com"}
-    assert lines(settings, "purge", "--older-than", "2d")[-1] == (
+    assert lines(settings, "purge", "--older-than", "2d", "--force")[-1] == (
         "deleted 0 outbox row(s) and 0 ledger row(s)")

@@ -5,10 +5,19 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from postroom.headers import ATTEMPT_BASE_HEADER, attempt_base
 from relay.report import Failure, report_key
-from relay.retention import ledger_cutoff
+from relay.retention import (
+    DEFAULT_MIN_AGE_S,
+    PurgePlan,
+    ledger_cutoff,
+    minimum_age_s,
+    parse_age_s,
+    render_plan,
+)
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 DAY_S = 86_400.0
@@ -26,6 +35,55 @@ def test_ledger_cutoff(older_than_days: int, retention_s: float | None,
     cutoff, reason = ledger_cutoff(NOW - dt.timedelta(days=older_than_days), NOW, retention_s)
     assert cutoff == (None if expected_days is None else NOW - dt.timedelta(days=expected_days))
     assert why in reason
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30d", 30 * DAY_S), ("30days", 30 * DAY_S), ("30 days", 30 * DAY_S), ("1 day", DAY_S),
+    ("30D", 30 * DAY_S), (" 7d ", 7 * DAY_S), ("1.5d", 1.5 * DAY_S), ("2w", 14 * DAY_S),
+    ("12h", 12 * 3600.0), ("12 hours", 12 * 3600.0), ("90m", 5400.0), ("90 minutes", 5400.0),
+    ("90min", 5400.0), ("45s", 45.0), ("45 seconds", 45.0),
+])
+def test_an_age_with_a_unit(text: str, seconds: float) -> None:
+    assert parse_age_s(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("30", "'30' has no unit"), ("0", "has no unit"), ("30.5", "has no unit"),
+    ("30x", "unknown unit 'x'"), ("30 fortnights", "unknown unit"), ("d", "not an age"),
+    ("", "not an age"), ("-30d", "not an age"), ("0d", "more than 0"), ("30d5", "not an age"),
+])
+def test_an_age_without_a_unit_is_refused_naming_the_forms(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as refused:
+        parse_age_s(text)
+    if "more than 0" not in says:
+        assert "30d or 30days (days), 12h (hours), 90m (minutes)" in str(refused.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.integers(min_value=0, max_value=10**12).map(str),
+                 st.floats(min_value=0, max_value=1e9, allow_nan=False).map(repr)))
+def test_a_bare_number_never_means_any_age(number: str) -> None:
+    with pytest.raises(ValueError, match="write it as 30d or 30days"):
+        parse_age_s(number)
+
+
+@pytest.mark.parametrize(("retention_s", "minimum_s", "from_"), [
+    (7 * DAY_S, 7 * DAY_S, "the topics' retention (7 days)"),
+    (30 * DAY_S, 30 * DAY_S, "the topics' retention (30 days)"),
+    (3600.0, 3600.0, "the topics' retention (1 hour)"),
+    (None, DEFAULT_MIN_AGE_S, "the minimum of 7 days"),   # retention.ms=-1: forever
+])
+def test_minimum_age(retention_s: float | None, minimum_s: float, from_: str) -> None:
+    assert minimum_age_s(retention_s) == (minimum_s, from_)
+
+
+def test_the_plan_names_the_cutoff_in_utc_and_the_rows_by_state() -> None:
+    plan = PurgePlan(NOW - dt.timedelta(days=30), None, "kept", {"sent": 5, "dead": 1}, 0)
+    assert render_plan(plan, 30 * DAY_S) == [
+        "cutoff 2026-11-01 12:00:00 UTC (30 days ago): outbox rows that ended sent, failed or "
+        "dead before it and are not queued again",
+        "outbox: 6 row(s) to delete (5 sent, 0 failed, 1 dead)",
+        "ledger: 0 row(s) to delete; kept"]
 
 
 def failure(id_: int, status: str = "failed", attempts: int = 1) -> Failure:
