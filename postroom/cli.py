@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +70,16 @@ def _iso_datetime(text: str) -> dt.datetime:
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} has no timezone; add one, e.g. {text}+00:00")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
     return value
 
 
@@ -502,35 +513,80 @@ class _AgeAction(argparse.Action):
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     from relay.db import check_schema, make_engine
-    from relay.sql import status_query
+    from relay.sql import status_count_query, status_query
 
     engine = make_engine(settings)
-    check_schema(engine)
-    with engine.connect() as conn:
-        rows = conn.execute(status_query(args.key, None if args.key else args.limit)).mappings().all()
+    try:
+        check_schema(engine)
+        with engine.connect() as conn:
+            limit = None if args.key else args.limit
+            # One row past the limit says whether the list is cut, without counting the outbox.
+            rows = conn.execute(status_query(args.key, None if limit is None else limit + 1)
+                                ).mappings().all()
+            total = (conn.execute(status_count_query()).scalar_one()
+                     if limit is not None and len(rows) > limit else len(rows))
+    finally:
+        engine.dispose()
+    rows = rows[:limit]
+    if args.key and not rows:
+        print(f"postroom status: no outbox rows for key {args.key!r} (a message key as "
+              "enqueue was given it, or the subject when it was given none)", file=sys.stderr)
+        return EXIT_FAILURE
+    cut = f"showing the newest {len(rows)} of {total} rows (--limit N for more)" \
+        if total > len(rows) else None
     if args.json:
         for row in rows:
             print(json.dumps({k: _jsonable(v) for k, v in row.items()}))
+        if cut:
+            print(cut, file=sys.stderr)
         return EXIT_OK
     if not rows:
-        print("no outbox rows" + (f" for key {args.key!r}" if args.key else ""))
+        print("no outbox rows")
         return EXIT_OK
-    for row in rows:
-        print(" | ".join([
-            row["message_key"], row["recipient"], row["subject"], row["priority"],
-            row["status"], f"attempts={row['attempts']}", row["last_error"] or "-",
-            f"created={_short(row['created_at'])}", f"published={_short(row['published_at'])}",
-            f"sent={_short(row['sent_at'])}",
-        ]))
+    if args.key:
+        subjects = sorted({row["subject"] for row in rows})
+        print(f"message {args.key}, subject {' / '.join(repr(s) for s in subjects)}: "
+              f"{len(rows)} recipient(s)")
+    print("\n".join(_status_table(rows, with_key=not args.key)))
+    if cut:
+        print(cut)
     return EXIT_OK
+
+
+# A row in these states is where its last error left it; in the others the error is history.
+_ERROR_IS_CURRENT = frozenset({"failed", "dead", "retrying"})
+_STATUS_WIDTHS = {"KEY": 40, "RECIPIENT": 40}
+_ERROR_WIDTH = 70
+
+
+def _status_table(rows: Sequence[Any], *, with_key: bool) -> list[str]:
+    """`postroom status` as a table: short columns, the last error apart from the state."""
+    header = [*(["KEY"] if with_key else []), "RECIPIENT", "STATE", "TRIES", "CREATED (UTC)",
+              "SENT (UTC)", "LAST ERROR"]
+    table = []
+    for row in rows:
+        error = _clip(" ".join((row["last_error"] or "").split()), _ERROR_WIDTH)
+        if error and row["status"] not in _ERROR_IS_CURRENT:
+            error = f"(earlier attempt) {error}"
+        table.append([*([row["message_key"]] if with_key else []), row["recipient"],
+                      row["status"], str(row["attempts"]), _seconds(row["created_at"]),
+                      _seconds(row["sent_at"]), error or "-"])
+    widths = [min(max(len(line[n]) for line in [header, *table]), _STATUS_WIDTHS.get(name, 999))
+              for n, name in enumerate(header)]
+    return ["  ".join(_clip(cell, width).ljust(width) for cell, width in zip(
+        line, widths, strict=True)).rstrip() for line in [header, *table]]
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _seconds(value: dt.datetime | None) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
 def _jsonable(value: Any) -> Any:
     return value.isoformat() if isinstance(value, dt.datetime) else value
-
-
-def _short(value: dt.datetime | None) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z" if value else "-"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -696,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="who received what: one line per recipient row")
     status.add_argument("--key", help="only this message key")
-    status.add_argument("--limit", type=int, default=50,
+    status.add_argument("--limit", type=_positive_int, default=50, metavar="N",
                         help="without --key, the newest N rows (default 50)")
     status.add_argument("--json", action="store_true", help="one JSON object per line")
     status.set_defaults(handler=cmd_status)
@@ -704,6 +760,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, while it can still be caught
+    except BrokenPipeError:
+        # The reader went away (`postroom status --json | head -2`): stop quietly. Python's
+        # recipe: point stdout at /dev/null so the flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["devsmtp"]:
         # The dev server has its own parser (and runs without the POSTROOM_* settings).

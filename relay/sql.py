@@ -186,6 +186,11 @@ def status_query(message_key: str | None, limit: int | None) -> sa.Select[Any]:
     return query
 
 
+def status_count_query() -> sa.Select[Any]:
+    """How many rows the outbox holds: what `status` says when it shows only the newest."""
+    return sa.select(sa.func.count()).select_from(outbox)
+
+
 # Executed with a list of rows (executemany): SQLAlchemy batches them into multi-row INSERTs of a
 # bounded size under PostgreSQL's parameter limit, and compiles the statement once.
 INSERT_ROWS = (pg.insert(outbox)

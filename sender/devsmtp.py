@@ -40,6 +40,8 @@ DEFER_REPLY = "451 4.3.0 try again later"
 # Gmail's answer to a sender going too fast for one domain.
 THROTTLE_REPLY = ("450 4.2.1 The user you are trying to contact is receiving mail at a rate that "
                   "prevents additional messages from being delivered")
+# A fault of this server (its Maildir, a bug): temporary, never the recipient's refusal.
+LOCAL_ERROR_REPLY = "451 4.3.0 local error in processing"
 STOP_TIMEOUT_S = 2.0
 # What the server keeps in memory: the newest messages, at most this many and this many bytes.
 DEFAULT_MAX_KEPT = 10_000
@@ -79,7 +81,7 @@ class _Handler:
         self.defer = {_norm(a): n for a, n in defer.items()}
         self.drop = {_norm(a) for a in drop}
         self.latency_ms = latency_ms
-        self.maildir = mailbox.Maildir(maildir, create=True) if maildir is not None else None
+        self.maildir = open_maildir(maildir) if maildir is not None else None
         self.lock = threading.Lock()
         self.messages: collections.deque[ReceivedMessage] = collections.deque()
         self.deferred: dict[str, int] = {}
@@ -202,13 +204,23 @@ class _Handler:
                 # Delivered-To and Return-Path keep the envelope for readers of the Maildir.
                 stamped = (f"Return-Path: <{mail_from}>\r\nDelivered-To: {rcpt}\r\n"
                            .encode() + raw)
-                self.maildir.add(stamped)
+                try:
+                    self.maildir.add(stamped)
+                except OSError as exc:
+                    logger.warning("devsmtp cannot store the message in the Maildir: %s", exc)
+                    return LOCAL_ERROR_REPLY  # our disk, not the recipient: try again later
             with self.lock:
                 self._keep(ReceivedMessage(mail_from, rcpt, message_id, raw))
             logger.info("devsmtp accept %s %s", rcpt, message_id,
                         extra={"rcpt": rcpt, "message_id": message_id, "queue_id": queue_id})
         return f"250 2.0.0 Ok queued as {queue_id}"
 
+
+    async def handle_exception(self, error: Exception) -> str:
+        # aiosmtpd answers a handler's exception with a 500, which a client takes for the
+        # recipient's permanent refusal; a fault of this server is a temporary one.
+        logger.warning("devsmtp local error: %s: %s", type(error).__name__, error)
+        return LOCAL_ERROR_REPLY
 
     def _keep(self, message: ReceivedMessage) -> None:
         """Keep ``message``, forgetting the oldest ones past the caps (under the lock)."""
@@ -381,6 +393,15 @@ class DevSmtpServer:
             return self._handler.throttled_replies
 
 
+def open_maildir(path: Path) -> mailbox.Maildir:
+    """The Maildir at ``path``, its ``cur``, ``new`` and ``tmp`` created when missing: the
+    standard library creates them only when ``path`` itself does not exist yet, so an existing
+    empty directory (``mkdir md``) failed every delivery."""
+    for sub in ("cur", "new", "tmp"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    return mailbox.Maildir(path, create=False)
+
+
 def read_maildir(path: Path) -> list[ReceivedMessage]:
     """What a DevSmtpServer stored in the Maildir at ``path``, in no particular order."""
     box = mailbox.Maildir(path, create=False)
@@ -498,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     warning = bind_warning(args.host)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
+    if args.maildir is not None:
+        try:
+            open_maildir(args.maildir)
+        except OSError as exc:
+            print(f"devsmtp: cannot use --maildir {args.maildir}: {exc}", file=sys.stderr)
+            return 1
     server = DevSmtpServer(args.host, args.port, reject=args.reject, defer=dict(args.defer),
                            latency_ms=args.latency, maildir=args.maildir, drop=args.drop,
                            max_kept=int(args.max_kept))

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,12 +20,18 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import run_postroom, start_postroom, stop_process
+from postroom.devkit.processes import (
+    postroom_command,
+    run_postroom,
+    start_postroom,
+    stop_process,
+)
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.kafka import make_admin
 from postroom.settings import Settings
 from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
 from relay.db import make_engine
+from relay.outbox import enqueue
 from relay.publisher import Relay
 
 pytestmark = pytest.mark.e2e
@@ -232,17 +239,19 @@ def test_a_missing_attachment_is_a_clear_error(cli: Cli, tmp_path: Path) -> None
 
 # -- status --------------------------------------------------------------------------------------
 
-def test_status_shows_one_line_per_recipient(cli: Cli) -> None:
+def test_status_shows_a_table_with_a_header_one_line_per_recipient(cli: Cli) -> None:
     cli.ok("enqueue", "--key", "k", "--to", "a@example.com", "--to", "b@example.com",
            "--subject", "Grüße", "--body", "b", "--priority", "low")
     cli.ok("enqueue", "--key", "other", "--to", "c@example.com", "--subject", "S", "--body", "b")
     text = cli.ok("status", "--key", "k").stdout.splitlines()
-    assert len(text) == 2
-    for line, recipient in zip(text, ["a@example.com", "b@example.com"], strict=True):
-        fields = line.split(" | ")
-        assert fields[:7] == ["k", recipient, "Grüße", "low", "pending", "attempts=0", "-"]
-        assert re.fullmatch(r"created=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields[7]), fields[7]
-        assert fields[8:] == ["published=-", "sent=-"]
+    assert text[0] == "message k, subject 'Grüße': 2 recipient(s)"
+    assert text[1].split() == ["RECIPIENT", "STATE", "TRIES", "CREATED", "(UTC)", "SENT", "(UTC)",
+                               "LAST", "ERROR"]
+    assert len(text) == 4
+    for line, recipient in zip(text[2:], ["a@example.com", "b@example.com"], strict=True):
+        assert re.fullmatch(rf"{recipient} +pending +0 +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d +- +-",
+                            line), line
+        assert len(line) < 100
 
     rows = cli.status("k")
     assert [r["recipient"] for r in rows] == ["a@example.com", "b@example.com"]
@@ -256,9 +265,67 @@ def test_status_shows_one_line_per_recipient(cli: Cli) -> None:
         assert created.tzinfo is not None
         assert abs(dt.datetime.now(dt.UTC) - created) < dt.timedelta(minutes=5)
 
-    newest = cli.ok("status", "--limit", "1", "--json").stdout.splitlines()
-    assert [json.loads(line)["recipient"] for line in newest] == ["c@example.com"]
-    assert cli.ok("status", "--key", "nothing").stdout == "no outbox rows for key 'nothing'\n"
+    newest = cli.ok("status", "--limit", "1", "--json")
+    assert [json.loads(line)["recipient"] for line in newest.stdout.splitlines()] == [
+        "c@example.com"]
+    assert newest.stderr.strip().splitlines()[-1] == (
+        "showing the newest 1 of 3 rows (--limit N for more)")
+    table = cli.ok("status", "--limit", "2").stdout.splitlines()
+    assert table[0].split()[:3] == ["KEY", "RECIPIENT", "STATE"]
+    assert [line.split()[:2] for line in table[1:3]] == [["other", "c@example.com"],
+                                                         ["k", "b@example.com"]]
+    assert table[3:] == ["showing the newest 2 of 3 rows (--limit N for more)"]
+    assert "showing" not in cli.ok("status", "--limit", "3").stdout
+
+
+def test_status_of_an_unknown_key_says_so_and_exits_1(cli: Cli) -> None:
+    for args in (["status", "--key", "nothing"], ["status", "--key", "nothing", "--json"]):
+        proc = cli(*args)
+        assert (proc.returncode, proc.stdout) == (1, "")
+        assert error_line(proc).startswith("postroom status: no outbox rows for key 'nothing'")
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "x"])
+def test_status_refuses_a_limit_below_one_in_one_line(cli: Cli, limit: str) -> None:
+    proc = cli("status", f"--limit={limit}")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("postroom status: error: argument --limit: ")
+
+
+def test_status_tells_an_earlier_attempts_error_from_the_current_state(
+        cli: Cli, db_settings: Settings) -> None:
+    cli.ok("enqueue", "--key", "k", "--to", "sent@example.com", "--to", "failed@example.com",
+           "--subject", "S", "--body", "b")
+    engine = make_engine(db_settings)
+    with engine.begin() as conn:
+        conn.execute(sa.text("""
+            UPDATE outbox SET status = CASE WHEN recipient LIKE 'sent@%' THEN 'sent'
+                                            ELSE 'failed' END,
+                   attempts = 2, last_error = CASE WHEN recipient LIKE 'sent@%'
+                       THEN '451 4.3.0 try again later' ELSE '550 5.1.1 User unknown' END,
+                   sent_at = CASE WHEN recipient LIKE 'sent@%' THEN now() END"""))
+    engine.dispose()
+    lines = cli.ok("status", "--key", "k").stdout.splitlines()[2:]
+    assert lines[0].startswith("sent@example.com    sent    2")
+    assert lines[0].endswith("  (earlier attempt) 451 4.3.0 try again later")
+    assert lines[1].startswith("failed@example.com  failed  2")
+    assert re.search(r"  - +550 5.1.1 User unknown$", lines[1]), lines[1]
+
+
+def test_status_into_a_pipe_closed_early_stops_quietly(cli: Cli, db_settings: Settings) -> None:
+    # `postroom status --json | head -2` on a message with more rows than a pipe buffers.
+    engine = make_engine(db_settings)
+    with engine.begin() as conn:
+        enqueue(conn, key="many", subject="S", body="b",
+                recipients=[f"r{n}@example.com" for n in range(3000)])
+    engine.dispose()
+    shell = subprocess.run(
+        ["bash", "-c", shlex.join(postroom_command("status", "--key", "many", "--json"))
+         + " | head -2"],
+        env=cli.env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert len(shell.stdout.splitlines()) == 2
+    assert shell.stderr == ""
 
 
 def test_status_on_a_schema_never_upgraded_says_to_upgrade(new_schema: str) -> None:

@@ -181,3 +181,44 @@ def test_cli_warns_when_it_listens_beyond_loopback() -> None:
     assert line.startswith("devsmtp listening on 0.0.0.0:")
     assert "WARNING: devsmtp listens on 0.0.0.0, not on a loopback address" in err
     assert run_cli(["--port", "0"], lambda port: None)[1] == ""
+
+
+def test_cli_takes_an_existing_empty_directory_as_its_maildir(tmp_path: Path) -> None:
+    # `mkdir md` first, as a user does: the standard library left out cur/new/tmp and every
+    # delivery was answered "500 Error: (FileNotFoundError)".
+    (tmp_path / "md").mkdir()
+
+    def talk(port: int) -> None:
+        with smtplib.SMTP("127.0.0.1", port, timeout=10) as client:
+            assert client.sendmail(SENDER, ["y@example.com"], MESSAGE) == {}
+
+    line, _err = run_cli(["--port", "0", "--maildir", str(tmp_path / "md")], talk)
+    assert line.startswith("devsmtp listening on 127.0.0.1:")
+    assert [m.rcpt for m in read_maildir(tmp_path / "md")] == ["y@example.com"]
+
+
+def test_a_maildir_it_cannot_write_is_a_temporary_local_error_not_the_recipients(
+        tmp_path: Path) -> None:
+    with DevSmtpServer("127.0.0.1", 0, maildir=tmp_path / "md") as dev:
+        (tmp_path / "md" / "tmp").rmdir()  # the disk goes away under the running server
+        with smtplib.SMTP("127.0.0.1", dev.port, timeout=10) as client:
+            client.ehlo()
+            client.mail(SENDER)
+            client.rcpt("y@example.com")
+            code, reply = client.data(MESSAGE)
+        assert (code, reply) == (451, b"4.3.0 local error in processing")
+        assert dev.count() == 0
+
+
+def test_a_fault_of_the_server_itself_is_answered_451_not_500(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with DevSmtpServer("127.0.0.1", 0) as dev:
+        def broken(*_args: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(dev._handler, "_keep", broken)
+        with smtplib.SMTP("127.0.0.1", dev.port, timeout=10) as client:
+            client.ehlo()
+            client.mail(SENDER)
+            client.rcpt("y@example.com")
+            assert client.data(MESSAGE) == (451, b"4.3.0 local error in processing")
