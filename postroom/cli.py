@@ -333,9 +333,15 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
             with engine.connect() as conn:
                 return lag.OutboxBacklog(*outbox_backlog(conn))
 
+    roles = {settings.sender_group: "sender", settings.recorder_group: "recorder"}
+
     def show(report: lag.LagReport) -> None:
-        print("\n".join(lag.render_json(report) if args.json else lag.render_text(report)),
-              flush=True)
+        lines = lag.render_json(report) if args.json else lag.render_text(report, roles)
+        if args.watch is not None and not args.json:
+            # Each sample's table under the time it was taken, so a scrolled log reads back.
+            now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            lines = [f"-- {now} --", *lines]
+        print("\n".join(lines), flush=True)
 
     reader = lag.LagReader(settings, groups)
     try:
@@ -414,6 +420,8 @@ def cmd_requeue(settings: Settings, args: argparse.Namespace) -> int:
 def _redrive(engine: sa.Engine, plan: Any, verb: str, dry_run: bool) -> int:
     from relay import redrive
 
+    if plan.unknown is not None:
+        raise PostroomError(f"unknown key {plan.unknown!r}: {dict(plan.skipped)[plan.unknown]}")
     print("\n".join(redrive.render_plan(plan, verb)))
     if dry_run:
         print("dry run: nothing changed")

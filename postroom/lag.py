@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -328,11 +328,13 @@ def read_report(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None,
     return LagReport(dt.datetime.now(dt.UTC), tuple(groups), outbox() if outbox else None)
 
 
-def render_text(report: LagReport) -> list[str]:
+def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> list[str]:
+    """The report for a person; ``roles`` names the role of each group (its members)."""
     lines = []
     for group in report.groups:
+        role = (roles or {}).get(group.group, "consumer of this group")
         members = ", ".join(f"{m.client_id}@{m.host} ({m.partitions} partitions)"
-                            for m in group.members) or "none"
+                            for m in group.members) or f"none (no {role} is running)"
         lines.append(f"{group.group}: {group.verdict.name}, state {group.state}, "
                      f"members {members}; total lag {group.sum_lag}, "
                      f"max {group.max_lag_seconds:.1f}s behind")

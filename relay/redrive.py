@@ -20,13 +20,20 @@ from typing import Any
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from postroom.errors import KafkaClientError
+from postroom.errors import KafkaClientError, PostroomError
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
 from postroom.kafka import translate
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 from relay import sql
-from schemas.codec import EmailRequested, SchemaError, decode, header_value
+from schemas.codec import (
+    EmailRequested,
+    SchemaById,
+    SchemaError,
+    SchemaUnavailableError,
+    decode,
+    header_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +56,15 @@ class DeadLetter:
     message_key: str | None = None
     subject: str | None = None
     row_status: str | None = None  # None: no outbox row (poison, or purged)
+    letters: int = 1  # dead letters of this key on the topic (this is the latest)
 
     @property
     def replayable(self) -> bool:
         return self.row_status in sql.FINAL_FAILURES
+
+    @property
+    def name(self) -> str:
+        return self.key or f"{self.partition}@{self.offset}"
 
     def as_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "at": self.at.isoformat(),
@@ -74,10 +86,16 @@ class RedrivePlan:
 
     rows: tuple[RedriveRow, ...]
     skipped: tuple[tuple[str, str], ...] = ()  # (key, why)
+    unknown: str | None = None  # the key asked for, when nothing has it
 
 
 def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]:
-    """Every record on the dead-letter topic, oldest first per partition."""
+    """Every record on the dead-letter topic, oldest first (by the time it was dead-lettered).
+
+    With a Schema Registry configured, records in the Confluent wire format are decoded with
+    the writer schemas it holds, as the sender decodes them; an unreachable registry is an
+    error (PostroomError), not a list of unreadable letters."""
+    schema_by_id = _schema_lookup(settings)
     topic = dead_letter_topic(settings.topic_prefix)
     consumer = Consumer({**settings.kafka_client_config(), **settings.kafka_consumer_config,
                          "group.id": f"postroom-dlq-reader-{uuid.uuid4().hex[:8]}",
@@ -104,7 +122,7 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
                 if msg.error() is not None:
                     continue
                 partition, offset = msg.partition() or 0, msg.offset() or 0
-                letters.append(_letter(msg, partition, offset))
+                letters.append(_letter(msg, partition, offset, schema_by_id))
                 if offset + 1 >= ends.get(partition, 0):
                     ends.pop(partition, None)
         if ends:
@@ -119,11 +137,34 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
     if keys:
         with engine.connect() as conn:
             states = {k: s for k, s, _ in conn.execute(sql.STATES_OF_KEYS, {"keys": keys})}
+    letters.sort(key=lambda letter: (letter.at, letter.partition, letter.offset))
     return [dataclasses.replace(letter, row_status=states.get(letter.key or ""))
             for letter in letters]
 
 
-def _letter(msg: Any, partition: int, offset: int) -> DeadLetter:
+def _schema_lookup(settings: Settings) -> SchemaById | None:
+    """The sender's way to a Confluent-framed record's writer schema (None: no registry)."""
+    if settings.schema_registry_url is None:
+        return None
+    from schemas.registry import Registry
+
+    return Registry(settings).schema_by_id
+
+
+def latest_per_key(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """One letter per key, the latest (``letters`` oldest first), with how many the key has;
+    in the order of those latest letters. Letters without a key stay one each. Pure."""
+    latest: dict[str, DeadLetter] = {}
+    counts: dict[str, int] = {}
+    for letter in letters:
+        counts[letter.name] = counts.get(letter.name, 0) + 1
+        latest.pop(letter.name, None)  # re-inserted last: dicts keep insertion order
+        latest[letter.name] = letter
+    return [dataclasses.replace(letter, letters=counts[name]) for name, letter in latest.items()]
+
+
+def _letter(msg: Any, partition: int, offset: int,
+            schema_by_id: SchemaById | None = None) -> DeadLetter:
     headers = list(msg.headers() or [])
     raw_key = msg.key()
     key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else raw_key
@@ -137,7 +178,10 @@ def _letter(msg: Any, partition: int, offset: int) -> DeadLetter:
         text(DLQ_CLASS_HEADER), text(DLQ_REASON_HEADER), text(DLQ_TOPIC_HEADER),
         sum(1 for name, _ in headers if name == ERROR_HEADER))
     try:
-        event = decode(EmailRequested, msg.value(), headers)
+        event = decode(EmailRequested, msg.value(), headers, schema_by_id=schema_by_id)
+    except SchemaUnavailableError as exc:
+        raise PostroomError(f"cannot decode the dead letters: the schema registry "
+                            f"(POSTROOM_SCHEMA_REGISTRY_URL) does not answer: {exc}") from exc
     except SchemaError:
         return letter  # poison: dead-lettered byte for byte, not ours to send
     return dataclasses.replace(letter, recipient=event.recipient, message_key=event.message_key,
@@ -145,39 +189,54 @@ def _letter(msg: Any, partition: int, offset: int) -> DeadLetter:
 
 
 def render_dead_letters(letters: Sequence[DeadLetter]) -> list[str]:
+    """One line per key, its latest dead letter, oldest first; then the count `dlq replay
+    --all` acts on."""
     if not letters:
         return ["the dead-letter topic is empty"]
     lines = []
-    for letter in letters:
+    latest = latest_per_key(letters)
+    for letter in latest:
         state = letter.row_status or "no outbox row"
         lines.append(" | ".join([
-            letter.at.strftime("%Y-%m-%dT%H:%M:%SZ"), letter.key or "-", letter.classification,
+            letter.at.strftime("%Y-%m-%dT%H:%M:%SZ"), letter.name, letter.classification,
             f"attempts={letter.attempts}", letter.reason or "-",
-            f"row={state}" + (" (replayable)" if letter.replayable else "")]))
-    replayable = sum(1 for letter in letters if letter.replayable)
-    lines.append(f"{len(letters)} dead letter(s), {replayable} replayable with "
+            f"row={state}" + (" (replayable)" if letter.replayable else "")
+            + (f" | {letter.letters} dead letters, latest shown" if letter.letters > 1 else "")]))
+    replayable = sum(1 for letter in latest if letter.replayable)
+    of = f" of {len(latest)} key(s)" if len(latest) != len(letters) else ""
+    lines.append(f"{len(letters)} dead letter(s){of}, {replayable} replayable with "
                  "`postroom dlq replay`")
     return lines
+
+
+def skip_reason(letter: DeadLetter) -> str | None:
+    """Why `dlq replay` leaves ``letter``'s row, in words true to the row's state; None when it
+    replays it. Pure."""
+    if letter.row_status is None:
+        if letter.recipient is None:
+            return f"unreadable record ({letter.reason or 'poison'}): not an email to send"
+        return "no outbox row (purged?)"
+    if letter.replayable:
+        return None
+    return {
+        "sent": "row is sent: delivered since it was dead-lettered (replayed or requeued)",
+        "pending": "row is pending: queued to be sent again already",
+        "retrying": "row is retrying: a retry is scheduled",
+        "published": "row is published: no final state yet (on its way to the sender, or "
+                     "refused by it without a result); see `postroom status`",
+    }.get(letter.row_status, f"row is {letter.row_status}")
 
 
 def plan_replay(letters: Sequence[DeadLetter], engine: sa.Engine,
                 key: str | None) -> RedrivePlan:
     """Rows to replay from the dead letters: those of ``key`` (an idempotency key or a message
-    key), or all when ``key`` is None. Letters whose row is no longer failed or dead are skipped
-    with the reason."""
-    chosen = [letter for letter in letters if key is None or key in (letter.key,
-                                                                     letter.message_key)]
-    skipped: dict[str, str] = {}
+    key), or all when ``key`` is None. Letters whose row is not failed or dead are skipped
+    with the reason; a key is looked at once (its latest letter), as `dlq list` shows it."""
+    chosen = [letter for letter in latest_per_key(letters)
+              if key is None or key in (letter.key, letter.message_key)]
     if key is not None and not chosen:
-        skipped[key] = "not on the dead-letter topic"
-    for letter in chosen:
-        name = letter.key or f"{letter.partition}@{letter.offset}"
-        if letter.recipient is None:
-            skipped[name] = f"unreadable record ({letter.reason or 'poison'}): not an email to send"
-        elif letter.row_status is None:
-            skipped[name] = "no outbox row (purged?)"
-        elif not letter.replayable:
-            skipped[name] = f"row is {letter.row_status} (replayed already)"
+        return RedrivePlan((), ((key, "not on the dead-letter topic"),), unknown=key)
+    skipped = {letter.name: why for letter in chosen if (why := skip_reason(letter))}
     keys = sorted({letter.key for letter in chosen if letter.replayable and letter.key})
     rows = _redrivable(engine, keys, None) if keys else ()
     return RedrivePlan(rows, tuple(sorted(skipped.items())))
@@ -186,11 +245,17 @@ def plan_replay(letters: Sequence[DeadLetter], engine: sa.Engine,
 def plan_requeue(engine: sa.Engine, message_key: str, recipient: str | None) -> RedrivePlan:
     """Rows of ``message_key`` (and ``recipient``) that ended failed or dead."""
     rows = _redrivable(engine, [message_key], recipient)
-    skipped: tuple[tuple[str, str], ...] = ()
-    if not rows:
-        who = f"{message_key}" + (f" for {recipient}" if recipient else "")
-        skipped = ((who, "no failed or dead row (nothing to send again)"),)
-    return RedrivePlan(rows, skipped)
+    if rows:
+        return RedrivePlan(rows)
+    with engine.connect() as conn:
+        states = [row.status for row in conn.execute(sql.status_query(message_key, None))
+                  if recipient is None or row.recipient.lower() == recipient.lower()]
+    who = f"{message_key}" + (f" for {recipient}" if recipient else "")
+    if not states:
+        return RedrivePlan((), ((who, "no outbox row has this key" + (
+            " and recipient" if recipient else "")),), unknown=who)
+    counted = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
+    return RedrivePlan((), ((who, f"no failed or dead row (nothing to send again; {counted})"),))
 
 
 def _redrivable(engine: sa.Engine, keys: Iterable[str],

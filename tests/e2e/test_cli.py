@@ -484,6 +484,11 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
         "total lag 2, max " + line.rsplit("max ", 1)[1]) for line in text), text
     assert any(line.startswith(f"{recorder_group}: OK, state ") and "total lag 0" in line
                for line in text), text
+    # Nobody consumes, in words a person reads.
+    assert any(line.startswith(f"{sender_group}: ") and
+               "members none (no sender is running)" in line for line in text), text
+    assert any(line.startswith(f"{recorder_group}: ") and
+               "members none (no recorder is running)" in line for line in text), text
     assert any(line.startswith(f"  {high}[{first.partition}] committed={first.offset + 1} end=")
                for line in text), text
     assert text[-1] == "outbox: 0 row(s) waiting for the relay"
@@ -609,4 +614,11 @@ def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
         assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
     finally:
         assert stop_process(proc) == 0, log.read_text()
-    assert "sampling every 0.5s until stopped" in log.read_text()
+    output = log.read_text()
+    assert "sampling every 0.5s until stopped" in output
+    # Each sample's table starts with the time it was taken.
+    stamps = re.findall(r"^-- (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC --$", output, re.MULTILINE)
+    tables = re.findall(rf"^{re.escape(group)}: ", output, re.MULTILINE)
+    assert len(stamps) == len(tables) >= 1, output
+    taken = dt.datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+    assert abs(dt.datetime.now(dt.UTC) - taken) < dt.timedelta(minutes=2)

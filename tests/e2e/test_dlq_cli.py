@@ -1,0 +1,185 @@
+"""`postroom dlq list`, `dlq replay` and `requeue` as an operator runs them, on dead letters
+written to the topic as the sender writes them: time order, one line per key, the same
+replayable count in the list and in the replay's plan, true words for a row that has no final
+state, unknown keys refused, and dead letters in the Confluent wire format decoded through the
+Schema Registry. Judged by exit code, output and the rows in the database."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import Producer
+
+import support.registry
+from postroom.devkit.processes import run_postroom
+from postroom.devkit.scratch import scratch_env
+from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
+from postroom.settings import Settings
+from postroom.topics import dead_letter_topic, priority_topic
+from relay.db import make_engine
+from relay.outbox import enqueue
+from schemas.codec import SCHEMALESS, EmailRequested, Framing
+from schemas.registry import framing_for, register_contract
+
+pytestmark = pytest.mark.e2e
+
+NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
+# recipient -> the state its row is in now
+ROWS = {"a@example.com": "dead", "b@example.com": "failed", "c@example.com": "published",
+        "d@example.com": "sent"}
+
+
+@pytest.fixture
+def engine(settings: Settings) -> Iterator[sa.Engine]:
+    eng = make_engine(settings)
+    yield eng
+    eng.dispose()
+
+
+def postroom(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    proc = run_postroom(*args, env={**os.environ, **scratch_env(settings), **env}, timeout_s=90)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def ok(settings: Settings, *args: str, **env: str) -> list[str]:
+    proc = postroom(settings, *args, **env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def rows_of(engine: sa.Engine, states: dict[str, str]) -> dict[str, int]:
+    """Queue one row per recipient of message m and put each in its state; recipient -> id."""
+    with engine.begin() as conn:
+        enqueue(conn, key="m", subject="Report", body="b", recipients=list(states))
+        for recipient, state in states.items():
+            conn.execute(sa.text("UPDATE outbox SET status = :s, attempts = 1 "
+                                 "WHERE recipient = :r"), {"s": state, "r": recipient})
+        conn.execute(sa.text("DELETE FROM outbox_queue"))
+        return {r: i for i, r in conn.execute(sa.text("SELECT id, recipient FROM outbox"))}
+
+
+def dead_letter(producer: Producer, settings: Settings, framing: Framing, *, recipient: str | None,
+                outbox_id: int, ago: dt.timedelta, partition: int, classification: str,
+                reason: str) -> None:
+    source = priority_topic(settings.topic_prefix, "normal")
+    if recipient is None:
+        key, value, headers = None, b"\x07not avro", []
+    else:
+        event = EmailRequested(
+            idempotency_key=f"m|{recipient}", message_key="m", outbox_id=outbox_id,
+            recipient=recipient, sender="reports@example.com", subject="Report", body="b",
+            attachments=(), priority="normal", created_at=NOW - dt.timedelta(days=1))
+        value, headers = framing.frame(source, event)
+        key = event.idempotency_key.encode()
+    producer.produce(
+        dead_letter_topic(settings.topic_prefix), key=key, value=value, partition=partition,
+        timestamp=int((NOW - ago).timestamp() * 1000),
+        headers=[*headers, (ERROR_HEADER, b"attempt=1 " + reason.encode()),
+                 (DLQ_CLASS_HEADER, classification.encode()), (DLQ_REASON_HEADER, reason.encode()),
+                 (DLQ_TOPIC_HEADER, source.encode())])
+
+
+def write_dead_letters(settings: Settings, ids: dict[str, int], framing: Framing) -> None:
+    """Partition order differs from time order on purpose; a@ is dead-lettered twice."""
+    producer = Producer(settings.kafka_client_config())
+    h = dt.timedelta(hours=1)
+    for recipient, ago, partition, classification in [
+            ("a@example.com", 1 * h, 0, "transient-exhausted"),
+            ("b@example.com", 2 * h, 0, "permanent"),
+            ("a@example.com", 3 * h, 1, "transient-exhausted"),
+            ("d@example.com", 4 * h, 1, "transient-exhausted"),
+            ("c@example.com", 0.5 * h, 1, "poison"),  # refused at admission; its row published
+            (None, 5 * h, 0, "poison")]:               # not ours at all
+        dead_letter(producer, settings, framing, recipient=recipient,
+                    outbox_id=ids.get(recipient or "", 0), ago=ago, partition=partition,
+                    classification=classification, reason=f"why {recipient}")
+    assert producer.flush(10) == 0
+
+
+@pytest.fixture
+def letters(settings: Settings, engine: sa.Engine) -> None:
+    write_dead_letters(settings, rows_of(engine, ROWS), SCHEMALESS)
+
+
+@pytest.mark.usefixtures("letters")
+def test_dlq_list_is_time_ordered_one_line_per_key_and_counts_what_replay_plans(
+        settings: Settings) -> None:
+    listed = ok(settings, "dlq", "list")
+    assert [line.split(" | ")[1] for line in listed[:-1]] == [
+        "0@2", "m|d@example.com", "m|b@example.com",
+        "m|a@example.com", "m|c@example.com"]
+    times = [line.split(" | ")[0] for line in listed[:-1]]
+    assert times == sorted(times)
+    [a_line] = [line for line in listed if " | m|a@example.com | " in line]
+    assert a_line.endswith("row=dead (replayable) | 2 dead letters, latest shown")
+    assert a_line.startswith((NOW - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert listed[-1] == "6 dead letter(s) of 5 key(s), 2 replayable with `postroom dlq replay`"
+
+    plan = ok(settings, "dlq", "replay", "--all", "--dry-run")
+    assert plan[0] == "will replay 2 row(s):"  # as many as the list counts
+    assert sorted(plan[1:3]) == ["  m|a@example.com (dead after 1 attempt(s))",
+                                 "  m|b@example.com (failed after 1 attempt(s))"]
+    skips = dict(line.removeprefix("  skip ").split(": ", 1) for line in plan[3:-1])
+    assert skips["m|c@example.com"].startswith("row is published: no final state yet")
+    assert "replayed already" not in "\n".join(plan)
+    assert skips["m|d@example.com"].startswith("row is sent: delivered since")
+    [poison] = [why for key, why in skips.items() if not key.startswith("m|")]
+    assert poison.startswith("unreadable record (why None)")
+    assert plan[-1] == "dry run: nothing changed"
+
+    # JSON: every dead letter, oldest first.
+    records = [json.loads(line) for line in ok(settings, "dlq", "list", "--json")]
+    assert [r["at"] for r in records] == sorted(r["at"] for r in records)
+    assert [r["key"] for r in records].count("m|a@example.com") == 2
+
+
+@pytest.mark.usefixtures("letters")
+def test_unknown_keys_are_refused_with_one_line_and_change_nothing(
+        settings: Settings, engine: sa.Engine) -> None:
+    for args, command in ((["requeue", "--key", "nosuch"], "requeue"),
+                          (["requeue", "--key", "m", "--recipient", "z@example.com"], "requeue"),
+                          (["dlq", "replay", "--key", "nosuch"], "dlq")):
+        proc = postroom(settings, *args)
+        assert (proc.returncode, proc.stdout) == (1, ""), args
+        *progress, line = proc.stderr.strip().splitlines()
+        assert progress == ([f"reading {settings.topic_prefix}email.dead ..."]
+                            if command == "dlq" else [])
+        assert line.startswith(f"postroom {command}: error: unknown key "), line
+    # A key that exists with nothing to send again says what its rows are, and exits 0.
+    assert ok(settings, "requeue", "--key", "m", "--recipient", "c@example.com") == [
+        "will requeue 0 row(s)",
+        "  skip m for c@example.com: no failed or dead row (nothing to send again; 1 published)",
+        "requeued nothing"]
+    with engine.connect() as conn:
+        states = dict(conn.execute(sa.text("SELECT recipient, status FROM outbox")).all())
+    assert states == ROWS
+
+
+def test_dead_letters_in_the_confluent_wire_format_are_read_through_the_registry(
+        settings: Settings, engine: sa.Engine) -> None:
+    url = support.registry.registry_url()
+    on_registry = dataclasses.replace(settings, schema_registry_url=url)
+    try:
+        register_contract(on_registry)
+        framing = framing_for(on_registry)
+        assert framing.uses_registry
+        write_dead_letters(settings, rows_of(engine, ROWS), framing)
+        env = {"POSTROOM_SCHEMA_REGISTRY_URL": url}
+        records = [json.loads(line) for line in ok(settings, "dlq", "list", "--json", **env)]
+        framed = [r for r in records if r["key"]]
+        assert len(framed) == 5
+        assert all(r["message_key"] == "m" and r["subject"] == "Report" for r in framed)
+        assert {r["recipient"] for r in framed} == set(ROWS)
+        # By message key, as `dlq replay --key` takes it.
+        plan = ok(settings, "dlq", "replay", "--key", "m", "--dry-run", **env)
+        assert plan[0] == "will replay 2 row(s):"
+    finally:
+        support.registry.delete_subjects(url, on_registry)

@@ -1,0 +1,57 @@
+"""What `dlq list` and `dlq replay` decide from the dead letters, without a broker: one letter per
+key (the latest), its count, and a skip's words true to the row's state. Tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from relay.redrive import DeadLetter, latest_per_key, render_dead_letters, skip_reason
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def letter(key: str | None, minutes_ago: int, *, offset: int = 0, row: str | None = "dead",
+           recipient: str | None = "a@example.com") -> DeadLetter:
+    return DeadLetter(0, offset, key, NOW - dt.timedelta(minutes=minutes_ago), "permanent",
+                      "550", "t", 1, recipient=recipient, message_key="m", subject="S",
+                      row_status=row)
+
+
+def test_one_letter_per_key_the_latest_in_the_order_of_the_latest() -> None:
+    letters = [letter("a", 50, offset=1), letter("b", 40, offset=2), letter("a", 30, offset=3),
+               letter(None, 20, offset=4, row=None, recipient=None), letter("c", 10, offset=5)]
+    latest = latest_per_key(letters)
+    assert [(x.name, x.offset, x.letters) for x in latest] == [
+        ("b", 2, 1), ("a", 3, 2), ("0@4", 4, 1), ("c", 5, 1)]
+
+
+def test_the_list_counts_each_replayable_key_once() -> None:
+    lines = render_dead_letters([letter("a", 50, offset=1), letter("a", 30, offset=2),
+                                 letter("b", 20, offset=3, row="sent")])
+    assert len(lines) == 3
+    assert lines[0].endswith("row=dead (replayable) | 2 dead letters, latest shown")
+    assert lines[-1] == "3 dead letter(s) of 2 key(s), 1 replayable with `postroom dlq replay`"
+    assert render_dead_letters([]) == ["the dead-letter topic is empty"]
+
+
+@pytest.mark.parametrize(("row", "recipient", "says"), [
+    ("dead", "a@example.com", None),
+    ("failed", "a@example.com", None),
+    ("failed", None, None),          # a poison record whose row ended failed: the row is the email
+    ("published", "a@example.com", "row is published: no final state yet"),
+    ("pending", "a@example.com", "row is pending: queued to be sent again"),
+    ("retrying", "a@example.com", "row is retrying"),
+    ("sent", "a@example.com", "row is sent: delivered since"),
+    (None, "a@example.com", "no outbox row (purged?)"),
+    (None, None, "unreadable record (550)"),
+])
+def test_a_skip_says_the_rows_state(row: str | None, recipient: str | None,
+                                    says: str | None) -> None:
+    why = skip_reason(letter("k", 1, row=row, recipient=recipient))
+    if says is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith(says)
+        assert "replayed already" not in why
