@@ -1,6 +1,12 @@
-"""Names of the Kafka headers postroom writes beside the Avro value. Pure."""
+"""Names of the Kafka headers postroom writes beside the Avro value, and the one reader of the
+values a role acts on (which anyone with produce rights may have written). Pure."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from postroom.errors import InvalidContentError
 
 ROW_ID_HEADER = "postroom.row_id"
 ERROR_HEADER = "postroom.error"  # one per failed attempt: "attempt=n at=<time> <reason>"
@@ -14,12 +20,58 @@ DLQ_OFFSET_HEADER = "postroom.dlq.offset"
 DLQ_CLASS_HEADER = "postroom.dlq.classification"
 DLQ_REASON_HEADER = "postroom.dlq.reason"
 
+# No row is redriven a million times; the bound also keeps int() away from 5,000 digits.
+ATTEMPT_BASE_MAX = 1_000_000
+ROW_ID_MAX = (1 << 63) - 1  # the outbox's bigint id
+_DIGITS = frozenset(b"0123456789")
 
-def attempt_base(headers: list[tuple[str, str | bytes | None]] | None) -> int:
+HeaderList = Sequence[tuple[str, str | bytes | None]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PostroomHeaders:
+    """What a record's postroom headers say: the attempt base (0 without one) and the outbox row
+    the relay published it from (None without one)."""
+
+    attempt_base: int = 0
+    row_id: int | None = None
+
+
+def read_headers(headers: HeaderList | None) -> PostroomHeaders:
+    """The postroom headers a role acts on, from any header list (names and values of any kind,
+    repeated: the last one counts). InvalidContentError, and nothing else, for a value that is
+    not the decimal number postroom writes; other headers are not read here."""
+    base, row_id = 0, None
+    for name, value in headers or ():
+        if value is None:
+            continue
+        if name == ATTEMPT_BASE_HEADER:
+            base = _number(value, ATTEMPT_BASE_HEADER, 0, ATTEMPT_BASE_MAX)
+        elif name == ROW_ID_HEADER:
+            row_id = _number(value, ROW_ID_HEADER, 1, ROW_ID_MAX)
+    return PostroomHeaders(base, row_id)
+
+
+def attempt_base(headers: HeaderList | None) -> int:
     """The attempt base a record carries (0 when it carries none or an unreadable one)."""
     found = 0
-    for key, value in headers or ():
-        if key == ATTEMPT_BASE_HEADER and value is not None:
-            text = value.decode(errors="replace") if isinstance(value, bytes) else value
-            found = int(text) if text.isdigit() else 0
+    for name, value in headers or ():
+        if name == ATTEMPT_BASE_HEADER and value is not None:
+            try:
+                found = _number(value, ATTEMPT_BASE_HEADER, 0, ATTEMPT_BASE_MAX)
+            except InvalidContentError:
+                found = 0
     return found
+
+
+def _number(value: str | bytes, name: str, low: int, high: int) -> int:
+    """``value`` as the ASCII decimal number postroom writes, within ``low..high``. Not
+    ``str.isdigit()``: it takes '²' and other digits ``int()`` refuses."""
+    raw = value.encode("ascii", "replace") if isinstance(value, str) else bytes(value)
+    if not raw or len(raw) > len(str(high)) or not _DIGITS.issuperset(raw):
+        raise InvalidContentError(f"header {name} is not a decimal number "
+                                  f"({len(raw)} bytes, starting {raw[:20]!r})")
+    number = int(raw)
+    if not low <= number <= high:
+        raise InvalidContentError(f"header {name} is {number}, outside {low}..{high}")
+    return number

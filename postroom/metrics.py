@@ -72,6 +72,8 @@ CATALOGUE: dict[str, MetricSpec] = {
     "relay_too_large_total": MetricSpec(
         C, "Rows whose event is over POSTROOM_EVENT_MAX_BYTES or refused by Kafka as too large "
            "(marked failed)."),
+    "relay_poison_total": MetricSpec(
+        C, "Rows that can never become an event (marked failed, 'poison: <reason>')."),
     "relay_unacknowledged_total": MetricSpec(
         C, "Rows the broker did not acknowledge (their claim is released and retried)."),
     "relay_publish_delay_seconds": MetricSpec(
@@ -87,7 +89,13 @@ CATALOGUE: dict[str, MetricSpec] = {
         C, "Redelivered events the ledger stopped from being sent again."),
     "repeated_attempts_suppressed_total": MetricSpec(
         C, "Redelivered copies of a failed attempt whose outcome was published, not made again."),
-    "poison_total": MetricSpec(C, "Unreadable records dead-lettered."),
+    "poison_total": MetricSpec(
+        C, "Records refused at admission (poison): dead-lettered, their row ended failed."),
+    "poison_unkeyed_total": MetricSpec(
+        C, "Poison records with no readable key: dead-lettered only, no result published."),
+    "registry_unavailable_total": MetricSpec(
+        C, "Records held back, their partition paused, because the Schema Registry could not "
+           "give their writer schema (read again after a pause)."),
     "produce_failures_total": MetricSpec(C, "Failed writes to Kafka (retried).", ("topic",)),
     "backlog": MetricSpec(G, "Records waiting on this sender's partitions of a priority.",
                           ("priority",)),

@@ -32,6 +32,11 @@ class SchemaError(PostroomError):
     """A record could not be encoded or decoded against the contract."""
 
 
+class SchemaUnavailableError(SchemaError):
+    """The writer schema of a record cannot be had now (the registry does not answer): the
+    record is not unreadable, and is read again once it can be."""
+
+
 class DeliveryStatus(enum.StrEnum):
     SENT = "sent"
     RETRYING = "retrying"
@@ -442,7 +447,7 @@ def header_value(headers: HeaderList | None, name: str) -> bytes | None:
     found: bytes | None = None
     for key, value in headers or ():
         if key == name:
-            found = value.encode() if isinstance(value, str) else value
+            found = value.encode(errors="surrogatepass") if isinstance(value, str) else value
     return found
 
 
@@ -552,7 +557,8 @@ def decode(
     A record with a ``postroom.schema`` header is schemaless, its writer one of ``writers``
     (today's schema by default); one without is in the Confluent wire format, its writer
     schema looked up with ``schema_by_id`` (None: no registry, so such records are refused).
-    SchemaError says why a record is unreadable.
+    SchemaError says why a record is unreadable; SchemaUnavailableError (from ``schema_by_id``)
+    that its writer schema cannot be had for now.
     """
     if payload is None:
         raise SchemaError("record has no value")
@@ -571,7 +577,7 @@ def decode(
         writers = writers if writers is not None else known_writer_schemas(cls.SCHEMA_NAME)
         found = writers.get(raw_fp.decode(errors="replace"))
         if found is None:
-            raise SchemaError(f"unknown writer schema fingerprint {raw_fp.decode(errors='replace')}")
+            raise SchemaError(f"unknown writer schema fingerprint {raw_fp[:64].decode(errors='replace')}")
         writer = found
     reader = reader or load_schema(cls.SCHEMA_NAME)
     try:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from postroom.errors import PostroomError
+from schemas.codec import EmailRequested
 
 
 class DeliveryError(PostroomError):
@@ -23,3 +26,36 @@ class LedgerUnavailableError(DeliveryError):
 
 class RecordTooLargeError(DeliveryError):
     """Kafka refused a record as too large; producing it again cannot succeed."""
+
+
+class PoisonRecordError(PostroomError):
+    """A record no enqueue and no sender of ours could have written: it is dead-lettered as
+    poison, never sent.
+
+    Besides the reason it carries what could be read of the record, for the result that ends
+    its outbox row: its key when readable, the event when it decoded, its row id and attempt
+    base when their headers are readable. ``copy_record`` False: too large to copy to the
+    dead-letter topic (its value and headers stay where they are, in the source topic).
+    """
+
+    def __init__(self, reason: str, *, copy_record: bool = True, key: str | None = None,
+                 event: EmailRequested | None = None, row_id: int | None = None,
+                 attempt_base: int | None = None) -> None:
+        self.reason = printable(reason)
+        self.copy_record = copy_record
+        self.key = key
+        self.event = event
+        self.row_id = row_id
+        self.attempt_base = attempt_base
+        super().__init__(self.reason)
+
+
+REASON_MAX_CHARS = 1000  # a reason goes into a header, a log line and the outbox's last_error
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, without control characters or lone surrogates, at most
+    REASON_MAX_CHARS long: what a refusal says may quote what the record held."""
+    text = _UNPRINTABLE.sub("?", text)
+    return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS - 3] + "..."

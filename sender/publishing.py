@@ -12,10 +12,15 @@ from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.topics import dead_letter_topic, results_topic
 from schemas.codec import EmailRequested, EmailResult, Framing
-from sender.admission import Refusal
-from sender.errors import RecordTooLargeError
+from sender.errors import PoisonRecordError, RecordTooLargeError
 from sender.producer import AcknowledgedProducer
-from sender.routing import Forward, Origin, dead_letter_headers, too_large_to_forward
+from sender.routing import (
+    Forward,
+    Origin,
+    dead_letter_headers,
+    poison_result,
+    too_large_to_forward,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +64,28 @@ class OutcomePublisher:
                                                              result.error or ""))
             await self.result(key, result)
 
-    async def poison(self, record: Record, refusal: Refusal) -> None:
+    async def poison(self, record: Record, poison: PoisonRecordError, now: dt.datetime) -> None:
         """Dead-letter a record no enqueue or sender of ours could have written, as it was read
-        (or without its value when it is too large to copy)."""
+        (or without its value when it is too large to copy), and end its outbox row with a
+        ``failed`` result; a record with no readable key is only dead-lettered, and counted."""
         self._metrics.inc("poison_total")
-        log.error("poison record %s[%d]@%d dead-lettered: %s", record.topic, record.partition,
-                  record.offset, refusal.reason)
-        value, headers = ((record.value, record.headers) if refusal.copy_record else (None, []))
-        await self._producer.produce(dead_letter_topic(self._prefix), record.key, value, [
-            *headers, *dead_letter_headers(origin_of(record), "poison", refusal.reason)])
+        result = poison_result(poison, now)
+        log.error("poison record %s[%d]@%d dead-lettered%s: %s", record.topic, record.partition,
+                  record.offset, "" if result is None else f", key={result.idempotency_key} failed",
+                  poison.reason)
+        why = dead_letter_headers(origin_of(record), "poison", poison.reason)
+        topic = dead_letter_topic(self._prefix)
+        copied = poison.copy_record
+        if copied:
+            try:
+                await self._producer.produce(topic, record.key, record.value,
+                                             [*record.headers, *why])
+            except RecordTooLargeError:
+                copied = False
+        if not copied:
+            # Its value and headers stay in the source topic, where the dead letter points.
+            await self._producer.produce(topic, record.key, None, why)
+        if result is None:
+            self._metrics.inc("poison_unkeyed_total")
+            return
+        await self.result(result.idempotency_key, result)

@@ -24,6 +24,8 @@ from postroom.headers import (
 )
 from postroom.topics import dead_letter_topic, retry_topic
 from schemas.codec import DeliveryStatus, EmailRequested, EmailResult
+from sender.admission import readable_key
+from sender.errors import PoisonRecordError
 from sender.outcome import Outcome, Verdict
 from sender.retry import Action, RetryDecision
 
@@ -32,6 +34,7 @@ STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus
 CLASSIFICATION_OF = {Action.FAIL: "permanent", Action.DEAD: "transient-exhausted"}
 
 Headers = tuple[tuple[str, str | bytes | None], ...]
+ATTEMPT_MAX = (1 << 31) - 1  # the results schema's int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,3 +131,44 @@ def dead_letter_headers(origin: Origin, classification: str, reason: str) -> Hea
     return ((DLQ_TOPIC_HEADER, origin.topic), (DLQ_PARTITION_HEADER, str(origin.partition)),
             (DLQ_OFFSET_HEADER, str(origin.offset)), (DLQ_CLASS_HEADER, classification),
             (DLQ_REASON_HEADER, reason))
+
+
+POISON_PREFIX = "poison: "
+
+
+def poison_result(poison: PoisonRecordError, now: dt.datetime) -> EmailResult | None:
+    """The ``failed`` result that ends the outbox row of a poison record (last error
+    ``poison: <reason>``), named as the recorder matches rows: by the event's key, row id and
+    recipient when it decoded with a readable key, else by the record's key (the relay writes
+    the idempotency key there), its row id header and the key's address. None when neither key
+    is readable: such a record is only dead-lettered."""
+    event, attempt = poison.event, None
+    if event is not None and readable_key(event.idempotency_key) is not None \
+            and readable_key(event.recipient) is not None:
+        key, outbox_id, recipient = event.idempotency_key, event.outbox_id, event.recipient
+        if 1 <= event.attempt <= ATTEMPT_MAX:
+            attempt = event.attempt
+    elif poison.key is not None:
+        key, outbox_id, recipient = poison.key, poison.row_id or 0, recipient_of_key(poison.key)
+    else:
+        return None
+    if attempt is None:
+        attempt = (poison.attempt_base or 0) + 1
+    return EmailResult(
+        idempotency_key=key, outbox_id=outbox_id, recipient=recipient,
+        status=DeliveryStatus.FAILED, attempt=attempt, occurred_at=now,
+        error=POISON_PREFIX + poison.reason)
+
+
+def recipient_of_key(key: str) -> str:
+    """The address of an idempotency key ``message_key|address`` (the message key's own ``|``
+    and ``\\`` escaped by a ``\\``); empty when it has no unescaped ``|``."""
+    escaped = False
+    for index, char in enumerate(key):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "|":
+            return key[index + 1:]
+    return ""

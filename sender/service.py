@@ -22,19 +22,18 @@ from functools import partial
 from typing import Any, TypeVar
 
 from postroom.errors import ConfigError
-from postroom.headers import attempt_base
 from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import tier_of_retry_topic
-from schemas.codec import DeliveryStatus, EmailRequested, SchemaById
+from schemas.codec import DeliveryStatus, EmailRequested, SchemaById, SchemaUnavailableError
 from schemas.registry import framing_for, reader_for
-from sender.admission import Admission, Refusal, admit
+from sender.admission import Admission, Admitted, admit
 from sender.claims import busy_wait_s, needs_renewal, send_deadline_s
 from sender.consumer import SenderConsumer
 from sender.delivery import Delivery
 from sender.destinations import DestinationGate
-from sender.errors import LedgerUnavailableError
+from sender.errors import LedgerUnavailableError, PoisonRecordError
 from sender.ledger import Claim, ClaimResult, Ledger
 from sender.outcome import SmtpReply, Verdict, classify_reply
 from sender.producer import AcknowledgedProducer
@@ -57,6 +56,10 @@ IDLE_WAIT_S = 0.02
 PRIORITY_EVERY_S = 0.1
 LEDGER_RETRY_S = 2.0
 SHUTDOWN_GRACE_S = 30.0
+# A record whose writer schema the registry cannot give now waits, its partition paused, this
+# long at first, twice as long each time it fails again, up to the most.
+REGISTRY_RETRY_FIRST_S = 1.0
+REGISTRY_RETRY_MOST_S = 30.0
 IN_FLIGHT_PER_CONNECTION = 4  # records read ahead per SMTP connection
 WAITING_PER_IN_FLIGHT = 4     # records waiting for their destination, per in-flight record
 # Sends claimed and waiting for their destination's turn, per send the destination may run at
@@ -123,6 +126,9 @@ class Sender:
         self._tasks: set[asyncio.Task[None]] = set()
         self._a_task_finished = asyncio.Event()  # set by every finish; the loop waits on it
         self._stopping = asyncio.Event()
+        self._registry_wait_s = REGISTRY_RETRY_FIRST_S
+        self._registry_down_since: float | None = None
+        self._registry_held: set[tuple[str, int]] = set()  # partitions waiting for it
 
     def stop(self) -> None:
         self._stopping.set()
@@ -209,24 +215,66 @@ class Sender:
     def _dispatch(self, records: Sequence[Record], now: dt.datetime,
                   schema_by_id: SchemaById | None) -> None:
         held_back: set[tuple[str, int]] = set()
+        waited = False
         for record in records:
             if record.tp in held_back:
                 continue  # we rewound this partition; its later records come again
-            on_retry_topic = tier_of_retry_topic(self._settings.topic_prefix,
-                                                 record.topic) is not None
-            event = admit(record.value, record.headers, on_retry_topic=on_retry_topic, now=now,
-                          admission=self._admission, schema_by_id=schema_by_id)
-            if isinstance(event, Refusal):
-                self._spawn(self._publisher.poison(record, event), record)
+            tier = tier_of_retry_topic(self._settings.topic_prefix, record.topic)
+            try:
+                admitted = admit(record.value, record.headers, key=record.key, tier=tier,
+                                 now=now, admission=self._admission, schema_by_id=schema_by_id)
+            except SchemaUnavailableError as exc:
+                self._wait_for_registry(record, exc, now)
+                held_back.add(record.tp)
+                waited = True
                 continue
-            if on_retry_topic:
+            except PoisonRecordError as exc:
+                self._spawn(self._publisher.poison(record, exc, now), record)
+                continue
+            except Exception as exc:  # no record may stop the sender
+                # admit() raises nothing else (tests/unit/sender/test_record_boundary_properties);
+                # were it to, the record is poison with the error's name, not a crash loop.
+                log.exception("admitting %s[%d]@%d failed", record.topic, record.partition,
+                              record.offset)
+                poison = PoisonRecordError(f"unexpected {type(exc).__name__} while reading the "
+                                           "record")
+                self._spawn(self._publisher.poison(record, poison, now), record)
+                continue
+            if record.tp in self._registry_held:
+                self._registry_answers(record.tp)
+            event = admitted.event
+            if tier is not None:
                 if due_in_s(event.not_before, now) > 0:
                     self._consumer.hold_until_due(record, event.not_before or now)
                     held_back.add(record.tp)
                     continue
                 if event.not_before is not None:
                     self.metrics.observe("retry_lateness_seconds", lateness_s(event.not_before, now))
-            self._spawn(self._handle(record, event), record)
+            self._spawn(self._handle(record, admitted), record)
+        if waited:
+            self._registry_wait_s = min(self._registry_wait_s * 2, REGISTRY_RETRY_MOST_S)
+
+    def _wait_for_registry(self, record: Record, exc: SchemaUnavailableError,
+                           now: dt.datetime) -> None:
+        """Hold ``record``'s partition at it until the registry may answer: an infrastructure
+        fault, not poison. Logged once per outage; each hold is counted."""
+        self.metrics.inc("registry_unavailable_total")
+        if self._registry_down_since is None:
+            self._registry_down_since = time.monotonic()
+            log.warning("the schema registry cannot give a writer schema (%s); records that need "
+                        "it wait, their partitions paused, and are read again every %.0f-%.0fs",
+                        exc, REGISTRY_RETRY_FIRST_S, REGISTRY_RETRY_MOST_S)
+        self._registry_held.add(record.tp)
+        self._consumer.hold_until_due(record, now + dt.timedelta(seconds=self._registry_wait_s))
+
+    def _registry_answers(self, tp: tuple[str, int]) -> None:
+        self._registry_held.discard(tp)
+        if self._registry_held or self._registry_down_since is None:
+            return
+        log.info("the schema registry answers again after %.0fs; delivering what waited",
+                 time.monotonic() - self._registry_down_since)
+        self._registry_down_since = None
+        self._registry_wait_s = REGISTRY_RETRY_FIRST_S
 
     def _spawn(self, coro: Coroutine[Any, Any, None], record: Record) -> None:
         self._consumer.take(record)
@@ -245,9 +293,10 @@ class Sender:
             return
         self._consumer.finished(record.tp, record.offset)
 
-    async def _handle(self, record: Record, event: EmailRequested) -> None:
+    async def _handle(self, record: Record, admitted: Admitted) -> None:
         """Claim, send and record one event; then publish where its outcome routes it."""
-        routing = await self._claim_and_send(record, event)
+        event = admitted.event
+        routing = await self._claim_and_send(record, admitted)
         if routing is None:
             return
         key = event.idempotency_key
@@ -266,11 +315,12 @@ class Sender:
                                  operation="release")
         self.metrics.inc("outcomes_total", status=routing.status.value)
 
-    async def _claim_and_send(self, record: Record, event: EmailRequested) -> Routing | None:
+    async def _claim_and_send(self, record: Record, admitted: Admitted) -> Routing | None:
         """Send ``event`` once its destination lets it and its ledger claim is ours, and route
         the outcome; None when a server accepted its key before (its result is published here,
         and nothing is sent again). A throttling reply defers the send without counting it as
         an attempt, until POSTROOM_THROTTLE_MAX_WAIT has passed."""
+        event = admitted.event
         key = event.idempotency_key
         destination = destination_of(event.recipient, self._destination_by, self._smarthost)
         deferred_since: float | None = None
@@ -298,7 +348,7 @@ class Sender:
             if sent is not None:
                 # The slot and the destination are free again: the next send need not wait
                 # for this one's ledger write.
-                routing = await self._record(record, event, sent, throttled=throttled)
+                routing = await self._record(record, admitted, sent, throttled=throttled)
                 if routing is not None:
                     return routing
                 deferred_since = deferred_since or time.monotonic()
@@ -366,12 +416,13 @@ class Sender:
         self.metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
         return _Attempt(reply, message_id, read_at, mark)
 
-    async def _record(self, record: Record, event: EmailRequested, attempt: _Attempt, *,
+    async def _record(self, record: Record, admitted: Admitted, attempt: _Attempt, *,
                       throttled: bool) -> Routing | None:
         """Route the send's outcome, a 250 marked sent in the ledger first; None for a throttling
         reply whose send is deferred (the ledger claim is released, nothing is published). A
         failed attempt keeps its claim until its outcome is published (see _handle)."""
         reply, message_id = attempt.reply, attempt.message_id
+        event = admitted.event
         key = event.idempotency_key
         if throttled:
             await self._ledger_call("release", partial(self._ledger.release, key))
@@ -382,7 +433,7 @@ class Sender:
             self.metrics.inc("server_faults_total", stage=reply.stage.value)
         now = utcnow()
         # A redriven email has a fresh budget: its retry tiers count from the redrive.
-        decision = self._policy.decide(outcome, event.attempt - attempt_base(record.headers), now)
+        decision = self._policy.decide(outcome, event.attempt - admitted.attempt_base, now)
         if decision.action is Action.DONE_SENT:
             # The duplicate window, from the reply read to the mark's commit: a crash before the
             # mark commits sends the key again.

@@ -117,9 +117,10 @@ def forged(**changes: Any) -> EmailRequested:
 
 def test_events_that_break_the_rules_are_poison_and_hold_nothing_back(
         settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
-    """Issue 10: attempt 0, a far-future not_before on a retry tier, a recipient list or a name
-    with another address, a record over the size cap: each is dead-lettered as poison with its
-    reason and never sent, and the due record behind them on the same partition goes out."""
+    """Issue 10: attempt 0, a recipient list or a name with another address, a record over the
+    size cap: each is dead-lettered as poison with its reason and never sent, and the due record
+    behind them on the same partition goes out. A not_before further ahead than the longest
+    delay (issue 23: POSTROOM_RETRY_DELAYS shortened while it waited) is attempted at once."""
     server = DevSmtpServer(port=0)
     server.start()
     prefix = settings.topic_prefix
@@ -127,26 +128,28 @@ def test_events_that_break_the_rules_are_poison_and_hold_nothing_back(
     tier = retry_topic(prefix, 1)
     bad = [
         (tier, forged(attempt=0), "attempt 0 is outside"),
-        (tier, forged(attempt=2, not_before=now + dt.timedelta(days=365)), "further ahead"),
         (tier, forged(attempt=2, recipient="a@b.com, eve@evil.example"), "local part"),
         (tier, forged(attempt=2, recipient="ceo@corp.example <eve@evil.example>"), "local part"),
         (tier, forged(attempt=2, body="x" * 80_000), "over the limit"),
     ]
+    late = forged(attempt=2, not_before=now + dt.timedelta(days=365),
+                  recipient="late@example.com", idempotency_key="late|late@example.com")
     good = forged(attempt=2, recipient="due@example.com", idempotency_key="due|due@example.com")
     producer = Producer(settings.kafka_client_config())
     schema = headers_for(EmailRequested)
+    producer.produce(tier, key=b"same", value=encode(late), headers=schema)
     for topic, event, _ in bad:
         producer.produce(topic, key=b"same", value=encode(event), headers=schema)
     producer.produce(tier, key=b"same", value=encode(good), headers=schema)
     assert producer.flush(10) == 0
     sender = SenderThread(smtp(settings, server, event_max_bytes=4096), engine).start()
     try:
-        wait_until(lambda: server.count() >= 1, 60, "the due retry to be delivered")
+        wait_until(lambda: server.count() >= 2, 60, "the due retries to be delivered")
         dead = consume(settings, [dead_letter_topic(prefix)], expected=len(bad), timeout_s=30)
     finally:
         sender.stop()
         server.stop()
-    assert [m.rcpt for m in server.messages] == ["due@example.com"]
+    assert sorted(m.rcpt for m in server.messages) == ["due@example.com", "late@example.com"]
     assert len(dead) == len(bad)
     for record, (_, _, reason) in zip(sorted(dead, key=lambda r: int(dict(r.headers)[
             DLQ_OFFSET_HEADER])), bad, strict=True):
@@ -204,3 +207,99 @@ def test_a_retry_kafka_refuses_as_too_large_ends_as_a_recorded_failure(
     statuses = [decode(EmailResult, r.value, r.headers).status.value for r in results]
     assert statuses == ["retrying", "failed"]
     assert consume(settings, [tier], expected=1, timeout_s=3) == []
+
+
+def committed_offset(settings: Settings, topic: str, partition: int) -> int:
+    """The sender group's committed offset of one partition (-1001 when none)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": settings.sender_group,
+                         "enable.auto.commit": False})
+    try:
+        [found] = consumer.committed([TopicPartition(topic, partition)], timeout=10)
+        return int(found.offset)
+    finally:
+        consumer.close()
+
+
+def test_headers_int_refuses_are_poison_and_the_partition_goes_on(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 23's crash loop: a postroom.attempt_base that str.isdigit() accepts and int()
+    refuses ('²', 5,000 nines) raised ValueError in the sender's loop; it exited before storing
+    the offset, and the next member of the group died the same way. Now each hostile record
+    (those headers, a NUL, invalid UTF-8, a row id that is not one, a key that is not UTF-8) is
+    dead-lettered, the genuine email behind them on the same partition is delivered, and the
+    group's offset is committed past them."""
+    server = DevSmtpServer(port=0)
+    server.start()
+    prefix = settings.topic_prefix
+    topic = priority_topic(prefix, "normal")
+    schema = headers_for(EmailRequested)
+    value = encode(forged(attempt=1))
+    hostile: list[tuple[bytes, list[tuple[str, str | bytes]]]] = [
+        (b"forged|x@example.com", [*schema, ("postroom.attempt_base", "²")]),
+        (b"forged|x@example.com", [*schema, ("postroom.attempt_base", "9" * 5000)]),
+        (b"forged|x@example.com", [*schema, ("postroom.attempt_base", b"\x00")]),
+        (b"forged|x@example.com", [*schema, ("postroom.attempt_base", b"\xff\xfe")]),
+        (b"forged|x@example.com", [*schema, ("postroom.row_id", b"\xc2\xb2")]),
+        (b"\xff\xfe\x00", [*schema, ("postroom.attempt_base", b"1" * 30)]),
+    ]
+    producer = Producer(settings.kafka_client_config())
+    for key, headers in hostile:
+        producer.produce(topic, partition=0, key=key, value=value, headers=headers)
+    good = forged(recipient="next@example.com", idempotency_key="next|next@example.com")
+    producer.produce(topic, partition=0, key=b"next|next@example.com", value=encode(good),
+                     headers=schema)
+    assert producer.flush(10) == 0
+    sender = SenderThread(smtp(settings, server), engine).start()
+    try:
+        wait_until(lambda: server.count() >= 1, 60, "the genuine email to be delivered")
+        dead = consume(settings, [dead_letter_topic(prefix)], expected=len(hostile),
+                       timeout_s=30)
+        wait_until(lambda: committed_offset(settings, topic, 0) == len(hostile) + 1, 30,
+                   "the group's offset to be committed past the hostile records")
+    finally:
+        sender.stop()  # raises when the sender crashed
+        server.stop()
+    assert [m.rcpt for m in server.messages] == ["next@example.com"]
+    assert sorted(int(dict(r.headers)[DLQ_OFFSET_HEADER]) for r in dead) == list(
+        range(len(hostile)))
+    assert {dict(r.headers)[DLQ_CLASS_HEADER] for r in dead} == {b"poison"}
+    metrics = sender.sender.metrics
+    assert metrics.counter("poison_total") == len(hostile)
+    assert metrics.counter("poison_unkeyed_total") == 1  # the key that is not UTF-8
+
+
+def test_a_refused_email_ends_failed_in_its_row(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 23: a record refused at admission published no result, so its row stayed
+    `published` for ever. The simplest trigger: enqueue() under its default body cap, a sender
+    run with POSTROOM_BODY_MAX_BYTES=100000. The row now ends `failed`, its last error saying
+    `poison: ...`, through a result the recorder applies; the email beside it is delivered."""
+    from postroom.topics import results_topic
+    from schemas.codec import EmailResult, decode
+
+    server = DevSmtpServer(port=0)
+    server.start()
+    with engine.begin() as conn:
+        enqueue(conn, key="big", recipients=["big@example.com"], subject="S",
+                body="x" * 150_000)
+        enqueue(conn, key="small", recipients=["small@example.com"], subject="S", body="b")
+    pipeline = Pipeline(smtp(settings, server, body_max_bytes=100_000), engine).start()
+    try:
+        wait_until(lambda: [r.status for r in outbox_rows(engine, "big")] == ["failed"], 60,
+                   "the refused email's row to end failed")
+        wait_until(lambda: [r.status for r in outbox_rows(engine, "small")] == ["sent"], 60,
+                   "the other email to be delivered")
+        results = consume(settings, [results_topic(settings.topic_prefix)], expected=2)
+    finally:
+        pipeline.stop()
+        server.stop()
+    [row] = outbox_rows(engine, "big")
+    assert row.last_error.startswith("poison: ")
+    assert "over the limit of 100000" in row.last_error
+    assert [m.rcpt for m in server.messages] == ["small@example.com"]
+    failed = [decode(EmailResult, r.value, r.headers) for r in results
+              if r.key == b"big|big@example.com"]
+    assert [(f.status.value, f.attempt, f.recipient) for f in failed] == [
+        ("failed", 1, "big@example.com")]

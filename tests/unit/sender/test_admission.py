@@ -1,23 +1,27 @@
-"""refuse_event and refuse_record: what the sender will not deliver, as a table."""
+"""admit and refuse_event: what the sender will not deliver, as tables; what a refused record
+carries for the result that ends its row."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
 import pytest
 
+from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
 from postroom.rules import SizeLimits
-from schemas.codec import EmailRequested, encode, headers_for
+from schemas.codec import EmailRequested, SchemaUnavailableError, encode, headers_for
 from sender.admission import (
     HEADERS_ALLOWANCE_BYTES,
     Admission,
-    Refusal,
+    Admitted,
     admit,
+    readable_key,
     record_size,
     refuse_event,
-    refuse_record,
 )
+from sender.errors import PoisonRecordError
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 ADMISSION = Admission.for_tiers(SizeLimits(body_max_bytes=1000, event_max_bytes=5000),
@@ -32,6 +36,13 @@ def event(**changes: Any) -> EmailRequested:
     return EmailRequested(**{**values, **changes})
 
 
+def refused(value: bytes | None, headers: list[tuple[str, str | bytes | None]], *,
+            key: bytes | None = b"k|a@example.com", tier: int | None = None) -> PoisonRecordError:
+    with pytest.raises(PoisonRecordError) as caught:
+        admit(value, headers, key=key, tier=tier, now=NOW, admission=ADMISSION)
+    return caught.value
+
+
 @pytest.mark.parametrize(("changes", "on_retry", "reason"), [
     ({}, False, None),
     ({"attempt": 2, "not_before": NOW + dt.timedelta(seconds=120)}, True, None),
@@ -42,7 +53,6 @@ def event(**changes: Any) -> EmailRequested:
     ({"attempt": -1}, False, "attempt -1 is outside 1..3"),
     ({"attempt": 4}, True, "attempt 4 is outside 1..3"),
     ({"attempt": 1}, True, "attempt 1 on a retry topic"),
-    ({"attempt": 2, "not_before": NOW + dt.timedelta(days=30)}, True, "further ahead"),
     ({"recipient": "a@b.com, eve@evil.example"}, False, "invalid local part"),
     ({"recipient": "ceo@corp.example <eve@evil.example>"}, False, "invalid local part"),
     ({"recipient": "a@example.com\r\nBcc: eve@evil.example"}, False, "control character"),
@@ -57,14 +67,14 @@ def event(**changes: Any) -> EmailRequested:
     ({"attachments": tuple(f"{n}.csv" for n in range(101))}, False, "101 attachments"),
 ])
 def test_refuse_event(changes: dict[str, Any], on_retry: bool, reason: str | None) -> None:
-    refusal = refuse_event(event(**changes), on_retry_topic=on_retry, now=NOW,
-                           admission=ADMISSION)
+    # on a retry topic: the tier of its attempt, or the last tier there is
+    tier = max(1, min(changes.get("attempt", 1) - 1, 2)) if on_retry else None
+    refusal = refuse_event(event(**changes), tier=tier, now=NOW, admission=ADMISSION)
     if reason is None:
         assert refusal is None
     else:
         assert refusal is not None
-        assert reason in refusal.reason
-        assert refusal.copy_record
+        assert reason in refusal
 
 
 @pytest.mark.parametrize("changes", [{"sender": "a@b.com, eve@evil.example"},
@@ -73,20 +83,26 @@ def test_a_report_refused_once_is_refused_every_time(changes: dict[str, Any]) ->
     # What every recipient of a report shares is checked once per report that passes; a
     # refusal is never remembered as a pass, and a good report's next recipient is checked.
     for _ in range(2):
-        assert refuse_event(event(**changes), on_retry_topic=False, now=NOW,
+        assert refuse_event(event(**changes), tier=None, now=NOW,
                             admission=ADMISSION) is not None
-    assert refuse_event(event(), on_retry_topic=False, now=NOW, admission=ADMISSION) is None
-    assert refuse_event(event(recipient="a@b.com, eve@evil.example"), on_retry_topic=False,
+    assert refuse_event(event(), tier=None, now=NOW, admission=ADMISSION) is None
+    assert refuse_event(event(recipient="a@b.com, eve@evil.example"), tier=None,
                         now=NOW, admission=ADMISSION) is not None
 
 
 def test_a_record_over_the_cap_is_refused_and_not_copied() -> None:
     most = 5000 + HEADERS_ALLOWANCE_BYTES
-    assert refuse_record(most, ADMISSION) is None
-    refusal = refuse_record(most + 1, ADMISSION)
-    assert refusal is not None
-    assert not refusal.copy_record
-    assert f"over the limit of {most}" in refusal.reason
+    good = event()
+    value = encode(good)
+    schema = headers_for(good)
+    padding = [("pad", b"x" * (most - record_size(value, schema) - 3))]
+    at_cap = [*schema, *padding]
+    assert record_size(value, at_cap) == most
+    assert admit(value, at_cap, now=NOW, admission=ADMISSION).event == good
+    poison = refused(value, [*at_cap, ("x", b"")], key=b"k|a@example.com")
+    assert not poison.copy_record
+    assert f"over the limit of {most}" in poison.reason
+    assert poison.key == "k|a@example.com"
 
 
 def test_record_size_counts_value_and_headers() -> None:
@@ -104,26 +120,90 @@ def test_record_size_counts_value_and_headers() -> None:
 ])
 def test_a_redriven_events_attempts_count_from_its_base(
         attempt: int, base: int, on_retry: bool, reason: str | None) -> None:
-    refusal = refuse_event(event(attempt=attempt), on_retry_topic=on_retry, now=NOW,
-                           admission=ADMISSION, attempt_base=base)
-    assert (refusal.reason if refusal else None) == reason
+    tier = max(1, min(attempt - base - 1, 2)) if on_retry else None
+    refusal = refuse_event(event(attempt=attempt), tier=tier, now=NOW, admission=ADMISSION,
+                           attempt_base=base)
+    assert refusal == reason
 
 
-def test_admit_returns_the_event_or_why_it_is_poison() -> None:
+def test_admit_returns_the_event_or_raises_why_it_is_poison() -> None:
     good = event(attempt=2, not_before=NOW)
     value = encode(good)
-    assert admit(value, headers_for(good), on_retry_topic=True, now=NOW,
-                 admission=ADMISSION) == good
+    assert admit(value, headers_for(good), tier=1, now=NOW,
+                 admission=ADMISSION) == Admitted(good, 0)
     first = event()
-    refused = admit(encode(first), headers_for(first), on_retry_topic=True, now=NOW,
-                    admission=ADMISSION)
-    assert isinstance(refused, Refusal) and "on a retry topic" in refused.reason
-    redriven = admit(value, [*headers_for(good), ("postroom.attempt_base", b"3")],
-                     on_retry_topic=True, now=NOW, admission=ADMISSION)
-    assert isinstance(redriven, Refusal) and "outside 4..6" in redriven.reason
-    unreadable = admit(b"\x00garbage", headers_for(good), on_retry_topic=False, now=NOW,
-                       admission=ADMISSION)
-    assert isinstance(unreadable, Refusal) and unreadable.copy_record
+    assert "on a retry topic" in refused(encode(first), headers_for(first), tier=1).reason
+    redriven = refused(value, [*headers_for(good), (ATTEMPT_BASE_HEADER, b"3")], tier=1)
+    assert "outside 4..6" in redriven.reason
+    assert redriven.event == good and redriven.attempt_base == 3
+    unreadable = refused(b"\x00garbage", [*headers_for(good), (ROW_ID_HEADER, b"42")])
+    assert unreadable.copy_record and unreadable.event is None
+    assert (unreadable.key, unreadable.row_id) == ("k|a@example.com", 42)
     size = ADMISSION.limits.event_max_bytes + HEADERS_ALLOWANCE_BYTES + 1
-    too_large = admit(b"x" * size, [], on_retry_topic=False, now=NOW, admission=ADMISSION)
-    assert isinstance(too_large, Refusal) and not too_large.copy_record
+    assert not refused(b"x" * size, []).copy_record
+
+
+@pytest.mark.parametrize("base", [
+    "\u00b2", b"\xc2\xb2", "9" * 5000, b"9" * 5000, "\x00", b"\x00", b"\xff\xfe", "-1", "+1",
+    " 1", "1 ", "", "\u0661", "1000001", "\ud800", b"1" * 20])
+def test_an_attempt_base_int_refuses_is_poison_not_a_crash(base: str | bytes) -> None:
+    """Issue 23: '\u00b2' passed str.isdigit() and raised ValueError in int(), outside
+    admission's refusals; the sender died before storing the offset, and so did the next."""
+    good = event(attempt=2, not_before=NOW)
+    poison = refused(encode(good), [*headers_for(good), (ATTEMPT_BASE_HEADER, base)], tier=1)
+    assert ATTEMPT_BASE_HEADER in poison.reason
+    assert poison.attempt_base is None  # unknown: the result counts from the record's event
+    assert poison.key == "k|a@example.com"
+
+
+@pytest.mark.parametrize("row_id", [b"0", b"x", b"9" * 30, "\u00b2", b"\x00"])
+def test_a_row_id_header_that_is_not_one_is_poison(row_id: str | bytes) -> None:
+    good = event()
+    poison = refused(encode(good), [*headers_for(good), (ROW_ID_HEADER, row_id)])
+    assert ROW_ID_HEADER in poison.reason and poison.row_id is None
+
+
+def test_headers_repeated_or_of_other_names_are_read_the_last_one_counting() -> None:
+    good = event(attempt=5, not_before=NOW)
+    headers = [*headers_for(good), (ATTEMPT_BASE_HEADER, b"1"), ("anything", b"\xff"),
+               (ATTEMPT_BASE_HEADER, b"3"), (ROW_ID_HEADER, None), ("postroom.error", b"\x00")]
+    assert admit(encode(good), headers, tier=1, now=NOW, admission=ADMISSION) == Admitted(good, 3)
+
+
+def test_a_not_before_beyond_todays_longest_delay_is_due_now_not_poison() -> None:
+    """POSTROOM_RETRY_DELAYS shortened while retries wait: their not_before, set by the longer
+    delay, is further ahead than any tier waits now. Attempted at once, not dead-lettered."""
+    late = event(attempt=2, not_before=NOW + dt.timedelta(days=30))
+    admitted = admit(encode(late), headers_for(late), tier=1, now=NOW, admission=ADMISSION)
+    assert admitted.event == dataclasses.replace(late, not_before=NOW)
+    within = event(attempt=2, not_before=NOW + dt.timedelta(seconds=120 + 300))
+    assert admit(encode(within), headers_for(within), tier=1, now=NOW,
+                 admission=ADMISSION).event == within  # the longest delay and the skew: waits
+
+
+def test_a_tier_removed_while_its_records_waited_still_takes_them() -> None:
+    """Tiers 3 and 4 removed (ADMISSION has 2): a record read from tier 4 holds attempt 5."""
+    waiting = event(attempt=5, not_before=NOW)
+    assert admit(encode(waiting), headers_for(waiting), tier=4, now=NOW,
+                 admission=ADMISSION).event == waiting
+    assert "outside 1..5" in refused(encode(event(attempt=6)), headers_for(waiting),
+                                     tier=4).reason
+
+
+def test_a_registry_that_cannot_answer_is_not_poison() -> None:
+    def unavailable(schema_id: int) -> Any:
+        raise SchemaUnavailableError(f"no answer for {schema_id}")
+
+    with pytest.raises(SchemaUnavailableError):
+        admit(b"\x00\x00\x00\x00\x07rest", [], now=NOW, admission=ADMISSION,
+              schema_by_id=unavailable)
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    (None, None), (b"k|a@example.com", "k|a@example.com"), ("k|a@example.com", "k|a@example.com"),
+    (b"\xff\xfe", None), (b"k\x00|a@b", None), (b"", None), (b"   ", None),
+    (b"k|" + b"a" * 3000, None), (b"x" * 100_000, None), ("k\u2028|a@b".encode(), None),
+    ("m\u00fcller|j\u00f6rg@example.com".encode(), "m\u00fcller|j\u00f6rg@example.com"),
+])
+def test_readable_key(key: bytes | str | None, expected: str | None) -> None:
+    assert readable_key(key) == expected
