@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from schemas.codec import DeliveryStatus, EmailRequested
+from schemas.codec import DeliveryStatus, EmailRequested, EmailResult
+from sender.errors import PoisonRecordError
 from sender.outcome import Outcome, Verdict
 from sender.retry import Action, RetryDecision
 from sender.routing import (
@@ -22,6 +23,8 @@ from sender.routing import (
     already_sent,
     dead_letter_headers,
     outcome_line,
+    poison_result,
+    recipient_of_key,
     route,
 )
 
@@ -115,3 +118,47 @@ def test_poison_headers_name_where_the_record_was() -> None:
 ])
 def test_outcome_line(decision: RetryDecision, reason: str, level: int, line: str) -> None:
     assert outcome_line(EVENT, decision, reason) == (level, line)
+
+
+def failed(key: str, outbox_id: int, recipient: str, attempt: int, reason: str) -> EmailResult:
+    return EmailResult(idempotency_key=key, outbox_id=outbox_id, recipient=recipient,
+                       status=DeliveryStatus.FAILED, attempt=attempt, occurred_at=NOW,
+                       error=f"poison: {reason}")
+
+
+@pytest.mark.parametrize(("poison", "expected"), [
+    # decoded, its own key readable: named by the event, at its attempt
+    (PoisonRecordError("body over", key="other|x@y", event=EVENT, row_id=99, attempt_base=0),
+     failed("k|ops@example.com", 7, "ops@example.com", 2, "body over")),
+    # an attempt no row can have: counted from the base
+    (PoisonRecordError("attempt 0", event=dataclasses.replace(EVENT, attempt=0), attempt_base=4),
+     failed("k|ops@example.com", 7, "ops@example.com", 5, "attempt 0")),
+    # the event's key breaks the rules: the record's key, its row id header and the key's address
+    (PoisonRecordError("key", key="k|ops@example.com", row_id=7, attempt_base=None,
+                       event=dataclasses.replace(EVENT, idempotency_key="k\x00|ops@example.com")),
+     failed("k|ops@example.com", 7, "ops@example.com", 1, "key")),
+    # unreadable value: the record's key
+    (PoisonRecordError("not avro", key="a\\|b|c@example.com", row_id=3, attempt_base=2),
+     failed("a\\|b|c@example.com", 3, "c@example.com", 3, "not avro")),
+    (PoisonRecordError("not avro", key="nobar"), failed("nobar", 0, "", 1, "not avro")),
+    # nothing readable names a row
+    (PoisonRecordError("not avro"), None),
+])
+def test_poison_result(poison: PoisonRecordError, expected: EmailResult | None) -> None:
+    assert poison_result(poison, NOW) == expected
+
+
+def test_a_poison_reason_is_one_printable_line_of_bounded_length() -> None:
+    poison = PoisonRecordError("fingerprint \x00\r\nBcc: x\u2028\ud800" + "y" * 5000, key="k|a@b")
+    result = poison_result(poison, NOW)
+    assert result is not None and result.error is not None
+    assert result.error.startswith("poison: fingerprint ???Bcc: x??yyy")
+    assert len(poison.reason) == 1000 and poison.reason.endswith("...")
+
+
+@pytest.mark.parametrize(("key", "recipient"), [
+    ("k|a@example.com", "a@example.com"), ("a\\|b|c@d", "c@d"), ("a\\\\|c@d", "c@d"),
+    ("a\\\\\\|b|c@d", "c@d"), ("nobar", ""), ("k|", ""), ("|x@y", "x@y"), ("k|a|b", "a|b"),
+])
+def test_recipient_of_key(key: str, recipient: str) -> None:
+    assert recipient_of_key(key) == recipient
