@@ -673,14 +673,30 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--json", action="store_true", help="print the result as JSON")
     enqueue.set_defaults(handler=cmd_enqueue)
 
-    commands.add_parser("relay", help="publish committed outbox rows to Kafka until stopped"
-                        ).set_defaults(handler=cmd_relay)
-
+    running = ("Runs until SIGTERM or SIGINT, then stops cleanly. It checks the database schema "
+               "and the broker at start and exits with one line if either is not ready "
+               "(`postroom check` says which). With POSTROOM_METRICS_PORT set it serves "
+               "/metrics, /healthz and /readyz on 127.0.0.1.")
     commands.add_parser(
-        "sender", help="deliver email events over SMTP as a member of the sender group"
+        "relay", help="publish committed outbox rows to Kafka until stopped",
+        description="Publish committed outbox rows to <prefix>email.<priority>, woken by the "
+                    "outbox's NOTIFY and polling every POSTROOM_RELAY_POLL_INTERVAL; rows are "
+                    "claimed for POSTROOM_RELAY_CLAIM_TTL, so several relays may run. " + running
+    ).set_defaults(handler=cmd_relay)
+    commands.add_parser(
+        "sender", help="deliver email events over SMTP as a member of the sender group",
+        description="Consume the priority and retry topics as a member of POSTROOM_SENDER_GROUP, "
+                    "deliver each email over SMTP (POSTROOM_SMTP_*), send temporary failures "
+                    "through the retry tiers (POSTROOM_RETRY_DELAYS), dead-letter what cannot "
+                    "be sent and publish every outcome to the results topic. Run several to "
+                    "scale, up to the partition count. " + running
     ).set_defaults(handler=cmd_sender)
     commands.add_parser(
-        "recorder", help="write delivery results back into the outbox rows"
+        "recorder", help="write delivery results back into the outbox rows",
+        description="Consume the results topic as POSTROOM_RECORDER_GROUP and write each "
+                    "outcome (sent, retrying, failed, dead, with the attempt and the last "
+                    "error) into its outbox row; results only move a row forward, so reading "
+                    "them again changes nothing. " + running
     ).set_defaults(handler=cmd_recorder)
     check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, the schema "

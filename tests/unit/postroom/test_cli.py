@@ -3,7 +3,9 @@ any setting is read or any service is touched."""
 
 from __future__ import annotations
 
+import argparse
 import re
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"],
                ["enqueue"], ["relay"],
                ["sender"], ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"],
                ["requeue"], ["report", "failures"], ["purge"], ["status"]]
+README = Path(__file__).resolve().parents[3] / "README.md"
 ENQUEUE = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]
 
 
@@ -96,3 +99,47 @@ def test_a_signal_before_the_service_exists_stops_it_once_attached() -> None:
     finally:
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
+
+
+def _subparser(parser: argparse.ArgumentParser, path: list[str]) -> argparse.ArgumentParser:
+    for name in path:
+        [choices] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = choices.choices[name]
+    return parser
+
+
+def _readme_synopses() -> list[str]:
+    """What the first column of README's command table names: each `postroom ...` in it."""
+    found = []
+    for line in README.read_text(encoding="utf-8").splitlines():
+        if line.startswith("| `postroom "):
+            first = re.split(r"(?<!\\)\|", line)[1]
+            found += [s.replace("\\|", "|") for s in re.findall(r"`postroom ([^`]*)`", first)]
+    return found
+
+
+@pytest.mark.parametrize("command", [*SUBCOMMANDS, ["devsmtp"]], ids=" ".join)
+def test_readmes_command_table_names_every_option_of_every_command(command: list[str]) -> None:
+    # The table and the parsers drifted apart (status --limit and devsmtp's flags were missing).
+    from sender.devsmtp import build_parser as devsmtp_parser
+
+    name = " ".join(command)
+    synopsis = " ".join(s for s in _readme_synopses() if s == name or s.startswith(name + " "))
+    assert synopsis, f"README's command table has no row for `postroom {name}`"
+    parser = devsmtp_parser({}) if command == ["devsmtp"] else _subparser(build_parser(), command)
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and option != "--help":
+                assert re.search(rf"{option}\b", synopsis), f"`postroom {name}`: {option}"
+        if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
+            assert action.choices is None or any(c in synopsis for c in action.choices), name
+
+
+@pytest.mark.parametrize("command", ["relay", "sender", "recorder"])
+def test_the_roles_help_says_what_they_do(capsys: pytest.CaptureFixture[str],
+                                          command: str) -> None:
+    assert parse_exit([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]
+    assert len(description.split()) > 20, out
+    assert "SIGTERM" in description
