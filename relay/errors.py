@@ -23,3 +23,7 @@ class SchemaNotReadyError(PostroomError):
 
 class UnsupportedDatabaseError(PostroomError):
     """The PostgreSQL server is older than postroom supports."""
+
+
+class PoisonRowError(PostroomError):
+    """An outbox row cannot become an event: it is marked failed, never published."""

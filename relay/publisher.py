@@ -31,7 +31,9 @@ from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import libpq_conninfo
-from schemas.codec import EmailRequested, Framing, SchemaError, encode_values, load_schema
+from relay.errors import PoisonRowError
+from relay.rows import POISON_PREFIX, event_value
+from schemas.codec import EmailRequested, Framing, SchemaError, load_schema
 from schemas.registry import framing_for
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,18 @@ class RelayStats:
     failed: int = 0
     rounds: int = 0
     errors: int = 0
+    poison: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """What became of a round's claimed rows, by id: acknowledged, to release (not
+    acknowledged), too large ever to publish, and refused as poison (with the reason)."""
+
+    acked: list[int]
+    released: list[int]
+    too_large: list[int] = dataclasses.field(default_factory=list)
+    poison: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
 class Relay:
@@ -128,18 +142,18 @@ class Relay:
             rows = self._claim(db)
             if not rows:
                 return 0
-            acked, released, too_large = self._send(rows)
-            self._mark(db, acked, released, too_large)
-        return self._account(len(rows), acked, released, too_large)
+            sent = self._send(rows)
+            self._mark(db, sent)
+        return self._account(len(rows), sent)
 
     def _claim(self, db: _Connections) -> Sequence[sa.Row[Any]]:
         settings = self._settings
         return sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
                              pinned=True)
 
-    def _send(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[int], list[int], list[int]]:
-        """Produce every row and wait for the broker: (acknowledged ids, ids to release, ids of
-        rows whose event is too large ever to be published)."""
+    def _send(self, rows: Sequence[sa.Row[Any]]) -> Sent:
+        """Produce every row and wait for the broker. A row that cannot become an event
+        (rows.event_value) is not produced: it is poison, marked failed with the reason."""
         failures: dict[bytes, KafkaError] = {}
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -165,15 +179,24 @@ class Relay:
             for name in ("idempotency_key", "outbox_id", "priority", "created_at", "attempt"))
         produced = len(rows)
         too_large: list[int] = []
+        poison: list[tuple[int, str]] = []
         max_bytes = self._settings.event_max_bytes
+        body_max_bytes = self._settings.body_max_bytes
         for index, row in enumerate(rows):
+            try:
+                value = event_value(schema, row, body_max_bytes)
+            except PoisonRowError as exc:
+                poison.append((row[id_at], POISON_PREFIX + str(exc)))
+                log.error("row_id=%d key=%.200r: poison, marked failed: %s", row[id_at],  # noqa: TRY400
+                          row[key_at], exc)
+                continue
             headers: list[tuple[str, str | bytes | None]] = [
                 *schema_headers, (ROW_ID_HEADER, str(row[id_at]).encode())]
             if row[attempt_at] > 1:
                 # A redriven row: its attempts so far, so the sender gives it a fresh budget.
                 headers.append((ATTEMPT_BASE_HEADER, str(row[attempt_at] - 1).encode()))
             priority = row[priority_at]
-            value = prefixes[priority] + encode_values(schema, row)
+            value = prefixes[priority] + value
             if len(value) > max_bytes:
                 # Written before the cap or by hand: it can never be published, and retrying it
                 # would stall the relay. It ends as a recorded permanent failure.
@@ -197,17 +220,18 @@ class Relay:
                           "(%s); marked failed", row[id_at], exc)
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
-        if produced:
+        refused = {*too_large, *(row_id for row_id, _ in poison)}
+        if produced > len(poison):
             # One observation per batch, of its oldest row (created_at in milliseconds): one
             # per row would cost the relay's hot loop. Rows queued with send_after count from
             # their creation.
-            oldest = min(_epoch_s(row[created_at]) for row in rows[:produced])
+            oldest = min(_epoch_s(row[created_at]) for row in rows[:produced]
+                         if not poison or row[id_at] not in refused)
             self.metrics.observe("relay_publish_delay_seconds", time.time() - oldest)
         unsent = [row[id_at] for row in rows[produced:]]
-        refused = set(too_large)
         if not failures:
-            return [row[id_at] for row in rows[:produced] if row[id_at] not in refused], unsent, \
-                too_large
+            return Sent([row[id_at] for row in rows[:produced] if row[id_at] not in refused],
+                        unsent, too_large, poison)
         acked, failed = [], []
         for row in rows[:produced]:
             if row[id_at] in refused:
@@ -223,13 +247,16 @@ class Relay:
                 failed.append(row[id_at])
                 log.warning("publish failed row_id=%d code=%s: %s", row[id_at], err.name(),
                             err.str())
-        return acked, [*failed, *unsent], too_large
+        return Sent(acked, [*failed, *unsent], too_large, poison)
 
-    def _account(self, claimed: int, acked: list[int], released: list[int],
-                 too_large: Sequence[int] = ()) -> int:
+    def _account(self, claimed: int, sent: Sent) -> int:
+        acked, released = sent.acked, sent.released
         self.stats.rounds += 1
-        if too_large:
-            self.metrics.inc("relay_too_large_total", len(too_large))
+        if sent.too_large:
+            self.metrics.inc("relay_too_large_total", len(sent.too_large))
+        if sent.poison:
+            self.stats.poison += len(sent.poison)
+            self.metrics.inc("relay_poison_total", len(sent.poison))
         self.stats.published += len(acked)
         self.stats.failed += len(released)
         self.metrics.inc("relay_published_total", len(acked))
@@ -257,16 +284,20 @@ class Relay:
             else:
                 return
 
-    def _mark(self, db: _Connections, acked: list[int], released: list[int],
-              too_large: Sequence[int] = ()) -> None:
-        # Separate statements, each its own transaction: they touch different rows.
-        if too_large:
-            db.marks().execute(sql.MARK_TOO_LARGE, {"ids": list(too_large),
+    def _mark(self, db: _Connections, sent: Sent) -> None:
+        # Separate statements, each its own transaction: they touch different rows. A relay that
+        # dies before marking a poison row leaves it claimed; after the claim's TTL it is claimed
+        # and refused again, as rows not acknowledged are published again.
+        if sent.poison:
+            db.marks().execute(sql.MARK_POISON, {"ids": [row_id for row_id, _ in sent.poison],
+                                                 "errors": [error for _, error in sent.poison]})
+        if sent.too_large:
+            db.marks().execute(sql.MARK_TOO_LARGE, {"ids": sent.too_large,
                                                     "error": TOO_LARGE_ERROR})
-        if acked:
-            db.marks().execute(sql.MARK_PUBLISHED, {"ids": acked})
-        if released:
-            db.marks().execute(sql.RELEASE_CLAIMS, {"ids": released})
+        if sent.acked:
+            db.marks().execute(sql.MARK_PUBLISHED, {"ids": sent.acked})
+        if sent.released:
+            db.marks().execute(sql.RELEASE_CLAIMS, {"ids": sent.released})
 
     def run(self) -> None:
         """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors.
@@ -299,14 +330,14 @@ class Relay:
                     if rows:
                         if len(rows) == settings.relay_batch_size:
                             claimed = database.submit(self._claim, db)
-                        acked, released, too_large = self._send(rows)
+                        sent = self._send(rows)
                     if marking is not None:
                         # The previous batch's bookkeeping, which ran while this one was sent.
                         done, marking = marking, None
                         done.result()
                     if rows:
-                        marking = database.submit(self._mark, db, acked, released, too_large)
-                        published = self._account(len(rows), acked, released, too_large)
+                        marking = database.submit(self._mark, db, sent)
+                        published = self._account(len(rows), sent)
                     failures = 0
                 except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
                         KafkaClientError) as exc:
@@ -322,8 +353,9 @@ class Relay:
                     continue
                 if time.monotonic() - last_stats > STATS_EVERY_S:
                     last_stats = time.monotonic()
-                    log.info("relay: published=%d failed=%d rounds=%d", self.stats.published,
-                             self.stats.failed, self.stats.rounds)
+                    log.info("relay: published=%d failed=%d poison=%d rounds=%d",
+                             self.stats.published, self.stats.failed, self.stats.poison,
+                             self.stats.rounds)
                 if published < settings.relay_batch_size and claimed is None:
                     self._wait_for_rows(settings.relay_poll_interval_s)
             self._abandon(db, claimed, marking)
@@ -346,7 +378,7 @@ class Relay:
             try:
                 rows = future.result()
                 if future is claimed and rows:
-                    self._mark(db, [], [row.outbox_id for row in rows])
+                    self._mark(db, Sent([], [row.outbox_id for row in rows]))
             except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
                 log.debug("database work of an abandoned round: %s", exc)
 

@@ -54,7 +54,9 @@ outbox = sa.Table(
 # as the contract's timestamp-millis, milliseconds since the epoch, rounded down as the codec
 # rounds a datetime: the database computes it for less than the relay's parsing of a timestamp
 # (exactly: extract() returns numeric since PostgreSQL 14). The attempt goes on from the row's
-# recorded attempts: 1 for a new row, n + 1 for a row redriven after n attempts.
+# recorded attempts: 1 for a new row, n + 1 for a row redriven after n attempts. A row written by
+# SQL may hold what no event can carry: an infinite created_at comes as NULL and the attempt as a
+# bigint, so the claim itself never fails on a row and relay.rows refuses it as poison.
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue
@@ -70,8 +72,11 @@ CLAIM_DUE = sa.text("""
     )
     SELECT o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
            COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
-           CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS created_at,
-           o.attempts + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before, o.html, o.inline
+           CASE WHEN isfinite(o.created_at)
+                THEN CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) END
+               AS created_at,
+           CAST(o.attempts AS bigint) + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before,
+           o.html, o.inline
     FROM outbox AS o
     WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
 """)
@@ -122,6 +127,20 @@ MARK_TOO_LARGE = sa.text("""
     UPDATE outbox
     SET status = 'failed', last_error = :error, updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM done)) AND status IN ('pending', 'published')
+""")
+
+# Rows that can never become an event (relay.rows): off the queue, failed with the reason, one
+# per row.
+MARK_POISON = sa.text("""
+    WITH refused AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS r(id, error)
+    ), done AS (
+        DELETE FROM outbox_queue WHERE id IN (SELECT id FROM refused) RETURNING id
+    )
+    UPDATE outbox AS o
+    SET status = 'failed', last_error = r.error, updated_at = now()
+    FROM refused AS r
+    WHERE o.id = r.id AND o.id IN (SELECT id FROM done) AND o.status IN ('pending', 'published')
 """)
 
 RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id = ANY(:ids)")

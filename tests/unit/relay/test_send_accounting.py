@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from postroom.settings import Settings
 from relay import publisher
-from relay.publisher import Relay
+from relay.publisher import Relay, Sent
 from schemas.codec import load_schema
 
 CREATED = dt.datetime(2026, 9, 30, tzinfo=dt.UTC)
@@ -45,12 +45,14 @@ class StandInProducer:
     def __init__(self, fail: set[bytes], room: int = 1_000_000) -> None:
         self.fail, self.room = fail, room
         self.queued: list[tuple[bytes, Callable[..., None]]] = []
+        self.produced: list[bytes] = []
 
     def produce(self, topic: str, *, key: bytes, value: bytes, headers: Any,
                 on_delivery: Callable[..., None]) -> None:
         if len(self.queued) >= self.room:
             raise BufferError("queue full")
         self.queued.append((key, on_delivery))
+        self.produced.append(key)
 
     def poll(self, timeout: float) -> int:
         return 0
@@ -88,7 +90,7 @@ def relay_with(producer: StandInProducer) -> Relay:
 def test_rows_not_reported_failed_are_acknowledged(
         fail: set[bytes], acked: list[int], released: list[int]) -> None:
     relay = relay_with(StandInProducer(fail))
-    assert relay._send(claimed_rows(4)) == (acked, released, [])
+    assert relay._send(claimed_rows(4)) == Sent(acked, released)
 
 
 def test_rows_the_producer_could_not_take_are_released_too(
@@ -96,7 +98,7 @@ def test_rows_the_producer_could_not_take_are_released_too(
     relay = relay_with(StandInProducer({b"k|r1@example.com"}, room=2))
     # A full local queue is retried until the producer's timeout; none here, to keep it short.
     monkeypatch.setattr(publisher, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
-    assert relay._send(claimed_rows(4)) == ([2], [1, 3, 4], [])
+    assert relay._send(claimed_rows(4)) == Sent([2], [1, 3, 4])
 
 
 def test_rows_whose_event_is_over_the_cap_are_neither_produced_nor_released() -> None:
@@ -105,5 +107,23 @@ def test_rows_whose_event_is_over_the_cap_are_neither_produced_nor_released() ->
     relay._settings = Settings(event_max_bytes=100)
     rows = claimed_rows(3)
     rows[1] = rows[1]._replace(body="b" * 200)
-    assert relay._send(rows) == ([1, 3], [], [2])
+    assert relay._send(rows) == Sent([1, 3], [], [2])
+
+
+def test_rows_that_cannot_become_an_event_are_poison_and_the_others_go_out() -> None:
+    producer = StandInProducer(set())
+    relay = relay_with(producer)
+    rows = claimed_rows(5)
+    rows[0] = rows[0]._replace(attachments=[None])
+    rows[2] = rows[2]._replace(created_at=None)  # an infinite created_at, as the claim gives it
+    rows[4] = rows[4]._replace(priority="urgent")
+    sent = relay._send(rows)
+    assert (sent.acked, sent.released, sent.too_large) == ([2, 4], [], [])
+    assert [row_id for row_id, _ in sent.poison] == [1, 3, 5]
+    assert all(error.startswith("poison: ") for _, error in sent.poison)
+    assert "attachments holds None" in sent.poison[0][1]
+    assert producer.produced == [b"k|r2@example.com", b"k|r4@example.com"]
+    assert relay._account(5, sent) == 2
+    assert relay.stats.poison == 3
+    assert relay.metrics.counter("relay_poison_total") == 3
 
