@@ -22,6 +22,7 @@ from schemas.codec import (
     Schema,
     SchemaById,
     SchemaError,
+    SchemaUnavailableError,
     load_schema,
     parse_schema_text,
 )
@@ -152,8 +153,9 @@ class Registry:
     def schema_by_id(self, schema_id: int) -> Schema:
         """The writer schema with registry id ``schema_id`` (fetched once, then kept).
 
-        SchemaError when the registry has no such id, or cannot be asked: the record is
-        unreadable for now (the client has retried), and the sender dead-letters it as it is.
+        SchemaError when the registry says it has no such id (HTTP 404) or gives a schema that
+        is not Avro: the record is unreadable. SchemaUnavailableError for any other failure (no
+        answer, a server error, a refused login): the record waits until the registry answers.
         """
         with self._lock:
             known = self._by_id.get(schema_id)
@@ -162,9 +164,9 @@ class Registry:
         try:
             found = self._call(f"schema id {schema_id}", "get_schema", schema_id)
         except RegistryError as exc:
-            if exc.code in _NOT_FOUND_CODES:
+            if exc.code in _NOT_FOUND_CODES or exc.status == 404:
                 raise SchemaError(f"the schema registry has no schema id {schema_id}") from exc
-            raise SchemaError(str(exc)) from exc
+            raise SchemaUnavailableError(str(exc)) from exc
         if (found.schema_type or "AVRO") != "AVRO":
             raise SchemaError(f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
         schema = parse_schema_text(found.schema_str, f"registry schema id {schema_id}")

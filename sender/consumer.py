@@ -142,8 +142,9 @@ class SenderConsumer:
     # -- retry tiers ---------------------------------------------------------------------------
 
     def hold_until_due(self, record: Record, due: dt.datetime) -> None:
-        """Pause a retry partition at this record and rewind to it; resume when it is due.
-        Polling goes on meanwhile, so heartbeats and fresh mail are not held up."""
+        """Pause a partition at this record and rewind to it; resume when it is due (a retry
+        tier's head record, or one waiting for the schema registry). Polling goes on meanwhile,
+        so heartbeats and fresh mail are not held up."""
         tp = TopicPartition(record.topic, record.partition, record.offset)
         self.consumer.pause([tp])
         self.consumer.seek(tp)
@@ -154,7 +155,10 @@ class SenderConsumer:
         if due:
             for tp in due:
                 del self._waiting[tp]
-            self.consumer.resume([TopicPartition(t, p) for t, p in due])
+            # One its priority paused meanwhile stays paused: the priority resumes it.
+            resume = [TopicPartition(t, p) for t, p in due if (t, p) not in self._priority_paused]
+            if resume:
+                self.consumer.resume(resume)
 
     # -- priorities ----------------------------------------------------------------------------
 
@@ -181,6 +185,9 @@ class SenderConsumer:
                     if tp not in self._priority_paused]
         to_resume = [tp for p, tps in by_priority.items() if p in active for tp in tps
                      if tp in self._priority_paused]
+        # A partition held at a record (waiting for the registry) stays paused until it is due.
+        self._priority_paused.difference_update(tp for tp in to_resume if tp in self._waiting)
+        to_resume = [tp for tp in to_resume if tp not in self._waiting]
         if to_pause:
             self.consumer.pause([TopicPartition(t, p) for t, p in to_pause])
             self._priority_paused.update(to_pause)

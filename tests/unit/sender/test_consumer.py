@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
@@ -68,6 +70,7 @@ class _Broker:
     positions: dict[tuple[str, int], int]
     highs: dict[tuple[str, int], int]
     paused: list[tuple[str, int]] = field(default_factory=list)
+    resumed: list[tuple[str, int]] = field(default_factory=list)
 
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(t.topic, t.partition, self.positions[(t.topic, t.partition)])
@@ -80,6 +83,9 @@ class _Broker:
         self.paused += [(t.topic, t.partition) for t in tps]
 
     def resume(self, tps: list[TopicPartition]) -> None:
+        self.resumed += [(t.topic, t.partition) for t in tps]
+
+    def seek(self, tp: TopicPartition) -> None:
         pass
 
 
@@ -98,3 +104,39 @@ def test_records_fetched_and_not_handed_out_count_in_their_priority_backlog() ->
     high_batch = [_Message(HIGH, 0, n) for n in range(10)]
     assert asyncio.run(plan(high_batch)) == [(NORMAL, 0)]
     assert asyncio.run(plan([])) == []  # nothing of high left to send: normal goes on
+
+
+NOW = dt.datetime(2026, 12, 2, 19, 0, tzinfo=dt.UTC)
+
+
+def test_a_partition_held_at_a_record_and_paused_by_priority_resumes_only_when_both_allow() -> None:
+    """A partition held at a record waiting for the schema registry is not resumed by its
+    priority's turn before it is due; one its priority paused is not resumed by coming due."""
+    async def run() -> _Broker:
+        consumer = SenderConsumer(SETTINGS, Metrics())
+        broker = _Broker(positions={(HIGH, 0): 5, (NORMAL, 0): 5},
+                         highs={(HIGH, 0): 5, (NORMAL, 0): 20})
+        consumer._consumer = cast(Consumer, broker)
+        consumer._assigned = {(HIGH, 0), (NORMAL, 0)}
+        consumer._priority_paused = {(NORMAL, 0)}  # paused by priority earlier
+        consumer.hold_until_due(Record(NORMAL, 0, 5, None, None, []),
+                                NOW + dt.timedelta(seconds=10))
+        consumer.hold_until_due(Record(HIGH, 0, 5, None, None, []), NOW + dt.timedelta(seconds=10))
+        await consumer.apply_priority()  # nothing of high to send: normal's turn
+        assert broker.resumed == []  # normal is held at its record
+        consumer.resume_due(NOW + dt.timedelta(seconds=10))
+        return broker
+
+    broker = asyncio.run(run())
+    assert sorted(broker.resumed) == [(HIGH, 0), (NORMAL, 0)]
+
+
+def test_a_held_partition_its_priority_paused_meanwhile_stays_paused_when_due() -> None:
+    consumer = SenderConsumer(SETTINGS, Metrics())
+    broker = _Broker(positions={}, highs={})
+    consumer._consumer = cast(Consumer, broker)
+    consumer.hold_until_due(Record(NORMAL, 0, 5, None, None, []), NOW)
+    consumer._priority_paused = {(NORMAL, 0)}  # its priority's turn ended while it waited
+    consumer.resume_due(NOW)
+    assert broker.resumed == []
+    assert consumer._waiting == {}
