@@ -461,11 +461,21 @@ def cmd_report_failures(settings: Settings, args: argparse.Namespace) -> int:
             return EXIT_OK
         print(f"mailing {len(failures)} failure(s) to {args.to} through the outbox ...")
         with engine.begin() as conn:
-            key, queued = report.mail_report(conn, failures, since, args.to,
-                                             settings.attachment_max_bytes)
-        result = {"key": key, "queued": queued, "failures": len(failures)}
-        print(json.dumps(result) if args.json else
-              f"queued the report as {key}" if queued else
+            mailed = report.mail_report(conn, failures, since, args.to, settings.size_limits(),
+                                        settings.attachments_root)
+        key = mailed.key
+        if args.json:
+            print(json.dumps({"key": key, "queued": mailed.queued, "failures": len(failures),
+                              "listed": mailed.listed, "in_csv": mailed.in_csv,
+                              "attached": None if mailed.attached is None
+                              else str(mailed.attached)}))
+            return EXIT_OK
+        if mailed.listed < len(failures):
+            print(f"the body lists {mailed.listed} of them and counts the rest" + (
+                "" if mailed.attached else "; set POSTROOM_ATTACHMENTS_ROOT to attach them all"))
+        if mailed.attached is not None:
+            print(f"attached {mailed.in_csv} as CSV: {mailed.attached}")
+        print(f"queued the report as {key}" if mailed.queued else
               f"the report {key} with these rows was queued before; not queued again")
     finally:
         engine.dispose()

@@ -3,17 +3,30 @@ owner through postroom's own outbox (so the report is as durable as any other em
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import datetime as dt
 import hashlib
+import io
 import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+from postroom.rules import SizeLimits
 from relay import sql
 from relay.outbox import enqueue
+
+# Failures listed in a mailed report's body; the rest are counted (and in the CSV, when attached).
+BODY_MAX_LINES = 500
+# Room in the event for everything but the body (subject, keys, addresses, the Avro framing).
+EVENT_ROOM_BYTES = 16 * 1024
+CSV_FIELDS = ("recipient", "message_key", "idempotency_key", "subject", "status", "attempts",
+              "last_error", "updated_at")
+REPORTS_DIR = "postroom-reports"  # below POSTROOM_ATTACHMENTS_ROOT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +71,91 @@ def report_key(failures: Sequence[Failure]) -> str:
     return f"postroom-failures-{digest.hexdigest()[:16]}"
 
 
+@dataclasses.dataclass(frozen=True)
+class MailedReport:
+    key: str
+    queued: int
+    listed: int                 # failures in the body
+    attached: Path | None       # the CSV with every failure, when written
+    in_csv: int = 0             # failures in the CSV (all, unless over the attachment cap)
+
+
+def report_body(failures: Sequence[Failure], since: dt.datetime, limits: SizeLimits,
+                attached: str | None, csv_rows: int = 0) -> tuple[str, int]:
+    """The mailed report's text and how many failures it lists: at most BODY_MAX_LINES, and
+    never more than the body and event caps take; what is left out is counted, and found in the
+    attached CSV (``attached``: its file name) or with the command. Pure."""
+    budget = min(limits.body_max_bytes, limits.event_max_bytes - EVENT_ROOM_BYTES)
+    head, *lines = render_lines(failures, since)
+    if attached is not None:
+        where = (f"every one of them is in the attached {attached}" if csv_rows == len(failures)
+                 else f"the first {csv_rows} are in the attached {attached} (the attachment cap)")
+    else:
+        where = (f"`postroom report failures --since {since.isoformat()}` prints them all "
+                 "(with POSTROOM_ATTACHMENTS_ROOT set, the full list is attached as CSV)")
+    tail = ["", "Sent by `postroom report failures`. `postroom requeue --key KEY` sends a failed "
+            "email again once its address is fixed."]
+    more_room = len(f"... and {len(failures)} more; {where}\n".encode()) + 64
+    used = sum(len(line.encode()) + 1 for line in [head, *tail]) + more_room
+    listed: list[str] = []
+    for line in lines[:BODY_MAX_LINES]:
+        size = len(line.encode()) + 1
+        if used + size > budget:
+            break
+        listed.append(line)
+        used += size
+    more = len(lines) - len(listed)
+    middle = [f"... and {more} more; {where}"] if more else (
+        [f"The list is also attached as {attached}."] if attached is not None else [])
+    return "\n".join([head, *listed, *middle, *tail]) + "\n", len(listed)
+
+
+def render_csv(failures: Sequence[Failure]) -> str:
+    """Every failure as CSV with a header row (spreadsheets read it). Pure."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(CSV_FIELDS)
+    for f in failures:
+        writer.writerow([f.recipient, f.message_key, f.idempotency_key, f.subject, f.status,
+                         f.attempts, f.last_error or "", f.updated_at.isoformat()])
+    return out.getvalue()
+
+
+def _write_csv(directory: Path, key: str, failures: Sequence[Failure],
+               max_bytes: int) -> tuple[Path, int]:
+    """Write the CSV as ``directory/REPORTS_DIR/<key>.csv`` (whole, or its first rows within
+    ``max_bytes``), atomically: (path, failures in it)."""
+    rows = len(failures)
+    text = render_csv(failures)
+    while len(text.encode()) > max_bytes and rows:
+        rows = rows * max_bytes // len(text.encode()) if rows > 1 else 0
+        text = render_csv(failures[:rows])
+    folder = directory / REPORTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.csv"
+    partial = path.with_suffix(".csv.tmp")
+    partial.write_text(text, encoding="utf-8", newline="")
+    os.replace(partial, path)
+    return path, rows
+
+
 def mail_report(conn: sa.Connection, failures: Sequence[Failure], since: dt.datetime,
-                to: str, attachment_max_bytes: int) -> tuple[str, int]:
-    """Queue the report for ``to`` in the caller's transaction: (message key, rows queued)."""
+                to: str, limits: SizeLimits, attachments_root: Path | None) -> MailedReport:
+    """Queue the report for ``to`` in the caller's transaction. The body lists what fits; with
+    ``attachments_root`` (the directory the senders read attachments from) the full list is
+    written below it as CSV and attached."""
     key = report_key(failures)
-    body = "\n".join([*render_lines(failures, since), "",
-                      "Sent by `postroom report failures`. `postroom requeue --key KEY` sends "
-                      "a failed email again once its address is fixed."]) + "\n"
+    attached, in_csv = None, 0
+    if attachments_root is not None:
+        attached, in_csv = _write_csv(attachments_root, key, failures,
+                                      min(limits.attachment_max_bytes,
+                                          limits.attachments_total_max_bytes))
+    body, listed = report_body(failures, since, limits,
+                               attached.name if attached is not None else None, in_csv)
     queued = enqueue(conn, key=key, recipients=[to], subject=(
         f"postroom: {len(failures)} undeliverable email(s) since {_when(since)}"), body=body,
-        attachment_max_bytes=attachment_max_bytes)
-    return key, queued
+        attachments=[attached] if attached is not None else [], limits=limits)
+    return MailedReport(key, queued, listed, attached, in_csv)
 
 
 def render_json(failures: Sequence[Failure]) -> list[str]:

@@ -4,15 +4,19 @@ server. Each says what it will do and what it did, and running it twice changes 
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import datetime as dt
 import email
+import email.message
 import email.policy
+import io
 import json
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +26,7 @@ from postroom import enqueue
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
+from relay.report import BODY_MAX_LINES
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 
@@ -30,10 +35,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FINAL = {"sent", "failed", "dead"}
 
 
-def postroom(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+def postroom(settings: Settings, *args: str,
+             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema or "",
            "POSTROOM_TOPIC_PREFIX": settings.topic_prefix,
-           "POSTROOM_RETRY_DELAYS": ",".join(f"{d}s" for d in settings.retry_delays_s)}
+           "POSTROOM_RETRY_DELAYS": ",".join(f"{d}s" for d in settings.retry_delays_s),
+           **(extra_env or {})}
     proc = run_postroom(*args, env=env, timeout_s=90)
     assert proc.returncode == 0, f"postroom {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -174,6 +181,70 @@ def test_report_failures_prints_and_mails_once_through_the_outbox(
     assert body is not None
     assert "old@example.com | newsletter | News | failed" in body.get_content()
     assert server.count("owner@example.com") == 1
+
+
+def test_a_mass_bounce_report_lists_what_fits_and_attaches_every_failure_as_csv(
+        settings: Settings, engine: sa.Engine, server: DevSmtpServer, tmp_path: Path) -> None:
+    # The mass-bounce day the report exists for: 4,000 failures made the body too large and the
+    # command failed, naming POSTROOM_BODY_MAX_BYTES, a setting the report did not even read.
+    failures = 4000
+    with engine.begin() as conn:
+        enqueue(conn, key="bounce", subject="News", body="b",
+                recipients=[f"r{n}@example.com" for n in range(failures)])
+        conn.execute(sa.text("UPDATE outbox SET status = 'failed', attempts = 1, "
+                             "updated_at = now(), last_error = '550 5.1.1 <' || recipient || "
+                             "'>: Recipient address rejected: User unknown in virtual mailbox "
+                             "table'"))
+        conn.execute(sa.text("DELETE FROM outbox_queue"))
+
+    # Without an attachments root: the body lists what fits and says how to get the rest.
+    small = postroom(settings, "report", "failures", "--to", "first@example.com",
+                     extra_env={"POSTROOM_BODY_MAX_BYTES": "60000"}).stdout.splitlines()
+    assert small[0] == f"mailing {failures} failure(s) to first@example.com through the outbox ..."
+    assert small[1].startswith("the body lists ")
+    assert small[1].endswith(" of them and counts the rest; set POSTROOM_ATTACHMENTS_ROOT to "
+                             "attach them all")
+    assert small[2].startswith("queued the report as postroom-failures-")
+    with engine.connect() as conn:
+        [row] = conn.execute(sa.text("SELECT body, attachments FROM outbox WHERE message_key = :k"),
+                             {"k": small[2].rsplit(" ", 1)[1]}).all()
+    assert len(row.body.encode()) <= 60000  # the setting is the report's cap too
+    listed = int(small[1].split()[3])
+    assert f"... and {failures - listed} more; `postroom report failures --since " in row.body
+    assert row.attachments == []
+
+    # With one, shared with the sender: every failure in a CSV, delivered as an attachment.
+    root = tmp_path / "attachments"
+    root.mkdir()
+    sending = dataclasses.replace(
+        settings, smtp_host="127.0.0.1", smtp_port=server.port, smtp_tls=TlsMode.NONE,
+        attachments_root=root, sender_group=f"ops-{uuid.uuid4().hex[:8]}",
+        recorder_group=f"rec-{uuid.uuid4().hex[:8]}")
+    running = Pipeline(sending, engine).start()
+    try:
+        out = postroom(settings, "report", "failures", "--to", "owner@example.com",
+                       extra_env={"POSTROOM_ATTACHMENTS_ROOT": str(root)}).stdout.splitlines()
+        assert out[1] == f"the body lists {BODY_MAX_LINES} of them and counts the rest"
+        csv_path = root / "postroom-reports" / (out[3].rsplit(" ", 1)[1] + ".csv")
+        assert out[2] == f"attached {failures} as CSV: {csv_path}"
+        wait_until(lambda: server.count("owner@example.com") == 1, 60, "the report to be sent")
+    finally:
+        running.stop()
+    [mail] = [m for m in server.messages if m.rcpt == "owner@example.com"]
+    parsed = email.message_from_bytes(mail.raw, policy=email.policy.default)
+    assert isinstance(parsed, email.message.EmailMessage)
+    body = parsed.get_body(preferencelist=("plain",))
+    assert body is not None
+    text = body.get_content()
+    assert f"... and {failures - BODY_MAX_LINES} more; every one of them is in the attached " \
+           f"{csv_path.name}" in text
+    [attachment] = list(parsed.iter_attachments())
+    assert attachment.get_filename() == csv_path.name
+    table = list(csv.reader(io.StringIO(attachment.get_content() if isinstance(
+        attachment.get_content(), str) else attachment.get_content().decode())))
+    assert table[0] == ["recipient", "message_key", "idempotency_key", "subject", "status",
+                        "attempts", "last_error", "updated_at"]
+    assert sorted(r[0] for r in table[1:]) == sorted(f"r{n}@example.com" for n in range(failures))
 
 
 def test_purge_deletes_final_rows_in_batches_and_keeps_what_is_still_needed(

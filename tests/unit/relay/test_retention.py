@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from postroom.headers import ATTEMPT_BASE_HEADER, attempt_base
-from relay.report import Failure, report_key
+from postroom.rules import SizeLimits
+from relay.report import BODY_MAX_LINES, Failure, render_csv, report_body, report_key
 from relay.retention import (
     DEFAULT_MIN_AGE_S,
     PurgePlan,
@@ -112,3 +113,35 @@ def test_the_same_failures_give_the_same_report_key_and_a_change_a_new_one() -> 
 ])
 def test_attempt_base(headers: list[tuple[str, str | bytes | None]] | None, expected: int) -> None:
     assert attempt_base(headers) == expected
+
+
+@pytest.mark.parametrize(("count", "body_max", "attached", "listed"), [
+    (3, 524_288, None, 3),
+    (3, 524_288, "r.csv", 3),
+    (4000, 524_288, "r.csv", BODY_MAX_LINES),
+    (4000, 20_000, None, None),      # the body cap decides
+    (4000, 2_000, None, None),
+])
+def test_a_report_body_lists_what_fits_and_counts_the_rest(
+        count: int, body_max: int, attached: str | None, listed: int | None) -> None:
+    failures = [failure(n) for n in range(count)]
+    limits = SizeLimits(body_max_bytes=body_max)
+    body, shown = report_body(failures, NOW, limits, attached, count)
+    assert len(body.encode()) <= body_max
+    if listed is not None:
+        assert shown == listed
+    assert body.count("a@example.com | k | S | failed") == shown
+    if shown < count:
+        assert f"... and {count - shown} more; " in body
+        assert ("every one of them is in the attached r.csv" in body if attached
+                else "`postroom report failures --since 2026-12-01T12:00:00+00:00`" in body)
+    else:
+        assert "more;" not in body
+
+
+def test_the_csv_holds_every_failure_with_a_header() -> None:
+    text = render_csv([failure(1), failure(2, "dead", 5)])
+    assert text.splitlines() == [
+        "recipient,message_key,idempotency_key,subject,status,attempts,last_error,updated_at",
+        "a@example.com,k,k|a@example.com,S,failed,1,550,2026-12-01T12:00:00+00:00",
+        "a@example.com,k,k|a@example.com,S,dead,5,550,2026-12-01T12:00:00+00:00"]
