@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,12 +19,19 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from postroom import kafka
 from postroom.errors import first_line
-from postroom.kafka import readable_records
+from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay import sql
-from schemas.codec import DeliveryStatus, EmailResult, SchemaById, SchemaError, decode
+from schemas.codec import (
+    DeliveryStatus,
+    EmailResult,
+    SchemaById,
+    SchemaError,
+    SchemaUnavailableError,
+    decode,
+)
 from schemas.registry import reader_for
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,14 @@ BATCH_MAX = 1000
 BATCH_WAIT_S = 0.5
 QUIET_S = 0.05
 RETRY_BACKOFF_S = 2.0
+# What a result's texts may put in a row: an SMTP reply is a few lines, a Message-ID at most one
+# header line, an enhanced code a few characters. Longer text is cut, marked by "...".
+ERROR_MAX_CHARS = 2000
+MESSAGE_ID_MAX_CHARS = 998
+ENHANCED_CODE_MAX_CHARS = 32
+# PostgreSQL text holds no NUL, and psycopg cannot send a lone surrogate.
+_NUL = "\x00"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def gather(consume: Callable[[int, float], list[Message]],
@@ -75,6 +91,9 @@ def result_problem(result: EmailResult) -> str | None:
     """Why ``result`` cannot be a result the sender wrote, or None. The row itself is matched in
     RECORD_RESULT (id, key and recipient), and so is the attempt's upper bound: a redriven row's
     attempts go on past the tiers, so a result may be at most ``max_attempt`` past the row's."""
+    for name, text in (("key", result.idempotency_key), ("recipient", result.recipient)):
+        if _NUL in text or _SURROGATE.search(text):
+            return f"its {name} holds a NUL or a lone surrogate: it names no row"
     if result.attempt < 1:
         return f"attempt {result.attempt} is below 1"
     if result.status is DeliveryStatus.RETRYING and result.next_attempt_at is None:
@@ -84,6 +103,30 @@ def result_problem(result: EmailResult) -> str | None:
     if result.status is DeliveryStatus.SENT and result.error is not None:
         return "a sent result with an error"
     return None
+
+
+def storable(text: str | None, max_chars: int) -> str | None:
+    """``text`` as a row can hold it: a NUL shown as ``\\x00``, a lone surrogate as U+FFFD, at
+    most ``max_chars`` long (cut with "...")."""
+    if text is None:
+        return None
+    if _NUL in text:
+        text = text.replace(_NUL, "\\x00")
+    if not text.isascii() and _SURROGATE.search(text):
+        text = _SURROGATE.sub("\ufffd", text)
+    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+
+
+def storable_result(result: EmailResult) -> EmailResult:
+    """``result`` with its error, Message-ID and enhanced code as a row can hold them."""
+    error = storable(result.error, ERROR_MAX_CHARS)
+    message_id = storable(result.message_id, MESSAGE_ID_MAX_CHARS)
+    enhanced_code = storable(result.enhanced_code, ENHANCED_CODE_MAX_CHARS)
+    if (error, message_id, enhanced_code) == (result.error, result.message_id,
+                                              result.enhanced_code):
+        return result
+    return dataclasses.replace(result, error=error, message_id=message_id,
+                               enhanced_code=enhanced_code)
 
 
 def apply_results(conn: sa.Connection, results: Sequence[EmailResult], max_attempt: int) -> int:
@@ -96,12 +139,31 @@ def apply_results(conn: sa.Connection, results: Sequence[EmailResult], max_attem
                         [result_params(result, max_attempt) for result in results]).rowcount
 
 
+def apply_each(conn: sa.Connection, results: Sequence[EmailResult], max_attempt: int,
+               ) -> tuple[int, list[tuple[EmailResult, str]]]:
+    """Apply results one at a time, each under a savepoint, when a batch failed on what one of
+    them held: (how many moved a row forward, the results the database refused with why)."""
+    changed = 0
+    refused: list[tuple[EmailResult, str]] = []
+    for result in results:
+        try:
+            with conn.begin_nested():
+                changed += conn.execute(sql.RECORD_RESULT,
+                                        result_params(result, max_attempt)).rowcount
+        except (sa.exc.OperationalError, sa.exc.InterfaceError):
+            raise
+        except sa.exc.DatabaseError as exc:
+            refused.append((result, first_line(exc)))
+    return changed, refused
+
+
 @dataclasses.dataclass
 class RecorderStats:
     applied: int = 0
     ignored: int = 0
     unreadable: int = 0
     refused: int = 0
+    unrecordable: int = 0
 
 
 class Recorder:
@@ -139,35 +201,66 @@ class Recorder:
                     self._apply_until_done(consumer, messages)
         finally:
             consumer.close()
-            log.info("recorder stopped: applied=%d ignored=%d unreadable=%d refused=%d",
-                     self.stats.applied, self.stats.ignored, self.stats.unreadable,
-                     self.stats.refused)
+            log.info("recorder stopped: applied=%d ignored=%d unreadable=%d refused=%d "
+                     "unrecordable=%d", self.stats.applied, self.stats.ignored,
+                     self.stats.unreadable, self.stats.refused, self.stats.unrecordable)
 
-    def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
-        results: list[EmailResult] = []
-        for record in readable_records(messages):
+    def _decode(self, record: Record) -> EmailResult | None:
+        """The result ``record`` holds; None when it is unreadable or refused (counted and
+        logged). While the registry cannot give its writer schema it asks again; _STOPPED when
+        stop() came meanwhile."""
+        while True:
             try:
                 result = decode(EmailResult, record.value, record.headers,
                                 schema_by_id=self._schema_by_id)
+                break
+            except SchemaUnavailableError as exc:
+                if self._stop.is_set():
+                    raise _StoppedError from None
+                log.warning("result %s[%d]@%d waits for the schema registry (%s); asking again "
+                            "in %.0fs", record.topic, record.partition, record.offset,
+                            first_line(exc), RETRY_BACKOFF_S)
+                self._stop.wait(RETRY_BACKOFF_S)
             except SchemaError as exc:
                 # A result we cannot read cannot be applied; skip it loudly rather than stall.
                 self.stats.unreadable += 1
                 self.metrics.inc("recorder_unreadable_total")
                 log.error("unreadable result %s[%d]@%d skipped: %s", record.topic,  # noqa: TRY400
-                          record.partition, record.offset, exc)
-                continue
-            problem = result_problem(result)
-            if problem is not None:
-                self.stats.refused += 1
-                self.metrics.inc("recorder_refused_total")
-                log.error("result %s[%d]@%d refused: %s", record.topic, record.partition,
-                          record.offset, problem)
-                continue
-            results.append(result)
+                          record.partition, record.offset, _short(str(exc)))
+                return None
+        problem = result_problem(result)
+        if problem is not None:
+            self.stats.refused += 1
+            self.metrics.inc("recorder_refused_total")
+            log.error("result %s[%d]@%d refused: %s", record.topic, record.partition,
+                      record.offset, problem)
+            return None
+        return storable_result(result)
+
+    def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
+        results: list[EmailResult] = []
+        try:
+            for record in readable_records(messages):
+                result = self._decode(record)
+                if result is not None:
+                    results.append(result)
+        except _StoppedError:
+            return  # uncommitted: the batch comes again after restart
         while True:
+            refused: list[tuple[EmailResult, str]] = []
             try:
-                with self._engine.begin() as conn:
-                    changed = apply_results(conn, results, self._max_attempt)
+                try:
+                    with self._engine.begin() as conn:
+                        changed = apply_results(conn, results, self._max_attempt)
+                except (sa.exc.OperationalError, sa.exc.InterfaceError):
+                    raise
+                except sa.exc.DatabaseError as exc:
+                    # What one result held, that no check above foresaw: the others are
+                    # recorded, that one counted and logged.
+                    log.warning("recording %d results failed (%s); recording them one by one",
+                                len(results), first_line(exc))
+                    with self._engine.begin() as conn:
+                        changed, refused = apply_each(conn, results, self._max_attempt)
                 break
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                 if self._stop.is_set():
@@ -175,6 +268,15 @@ class Recorder:
                 log.warning("recording %d results failed (%s); retrying in %.0fs", len(results),
                             first_line(exc), RETRY_BACKOFF_S)
                 time.sleep(RETRY_BACKOFF_S)
+        for result, why in refused:
+            self.stats.unrecordable += 1
+            self.metrics.inc("recorder_unrecordable_total")
+            log.error("result key=%.200r attempt=%d status=%s not recorded: the database "
+                      "refused it (%s)", result.idempotency_key, result.attempt,
+                      result.status.value, why)
+        if refused:
+            unrecorded = {id(result) for result, _ in refused}
+            results = [result for result in results if id(result) not in unrecorded]
         self.stats.applied += changed
         self.stats.ignored += len(results) - changed
         for result in results:
@@ -192,3 +294,12 @@ class Recorder:
         except KafkaException as exc:
             # Harmless: the batch is replayed and changes nothing the second time.
             log.warning("offset commit failed (%s); the batch will be replayed", exc)
+
+
+class _StoppedError(Exception):
+    """stop() came while a result waited for the schema registry."""
+
+
+def _short(text: str, max_chars: int = 500) -> str:
+    """A refusal's text for a log line: what a result held may be long."""
+    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,7 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay.publisher import Relay
-from relay.recorder import Recorder, RecorderStats, apply_results
+from relay.recorder import Recorder, RecorderStats, apply_each, apply_results
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
 
 pytestmark = pytest.mark.integration
@@ -348,3 +349,115 @@ def test_one_batch_applies_its_results_in_order(
     assert (row_state(engine, ben).status, row_state(engine, ben).smtp_code) == ("failed", 550)
     with engine.begin() as conn:
         assert apply_results(conn, [], max_attempt=5) == 0
+
+
+# -- hostile results (issue 23): the recorder records what it can and goes on --------------------
+
+def written_as(result: EmailResult, types: dict[str, Any], values: dict[str, Any]) -> bytes:
+    """``result``'s bytes under a writer schema whose field types are changed as given (same
+    layout on the wire: a string written as bytes, an enum with more symbols) with ``values``,
+    so a record under today's fingerprint holds what today's writer cannot write."""
+    import io
+
+    import fastavro
+
+    from schemas.codec import load_schema
+
+    raw = json.loads(load_schema("email_result").text)
+    for field in raw["fields"]:
+        if field["name"] in types:
+            field["type"] = types[field["name"]]
+    record = {name: getattr(result, name) for name in (f["name"] for f in raw["fields"])}
+    record.update({"status": result.status.value, **values})
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(raw), record)
+    return buf.getvalue()
+
+
+def test_hostile_results_are_recorded_as_far_as_they_can_be_and_the_recorder_goes_on(
+        recorder_settings: Settings, engine: sa.Engine) -> None:
+    keys = ["nul", "huge", "nul-id", "nul-code", "utf8", "state", "later"]
+    rows = enqueue_and_publish(recorder_settings, engine, "hostile",
+                               [f"{key}@example.com" for key in keys])
+    nul, huge, nul_id, nul_code, utf8, state, later = (rows[f"{k}@example.com"] for k in keys)
+    schema = headers_for(EmailResult)
+    statuses = {"type": "enum", "name": "DeliveryStatus",
+                "symbols": ["sent", "retrying", "failed", "dead", "bounced"]}
+    produce(recorder_settings, [
+        dataclasses.replace(rejected(nul, 1), error="550 no\x00such\x00user"),
+        dataclasses.replace(rejected(huge, 1), error="550 " + "x" * 300_000),
+        dataclasses.replace(sent(nul_id, 1), message_id="<a\x00b@x>"),
+        dataclasses.replace(rejected(nul_code, 1), enhanced_code="5.1.1\x00" + "9" * 100),
+        (written_as(rejected(utf8, 1), {"error": ["null", "bytes"]},
+                    {"error": b"550 \xff\xfe no such user"}), schema),  # invalid UTF-8
+        (written_as(sent(state, 1), {"status": statuses}, {"status": "bounced"}), schema),
+        dataclasses.replace(sent(state, 1), idempotency_key="hostile|\x00@example.com"),
+        dataclasses.replace(sent(later, 1), outbox_id=later.id + 10_000),  # no such row
+        rejected(later, 1),
+    ], key=b"hostile")
+    with running(recorder_settings, engine) as recorder:
+        until_consumed(recorder, 9)
+        assert recorder.is_alive()
+    found = row_state(engine, nul)
+    assert (found.status, found.last_error) == ("failed", "550 no\\x00such\\x00user")
+    found = row_state(engine, huge)
+    assert found.status == "failed"
+    assert len(found.last_error) == 2000 and found.last_error.endswith("...")
+    found = row_state(engine, nul_id)
+    assert (found.status, found.message_id) == ("sent", "<a\\x00b@x>")
+    found = row_state(engine, nul_code)
+    assert found.status == "failed" and found.enhanced_code.startswith("5.1.1\\x00")
+    assert len(found.enhanced_code) == 32
+    # Unreadable (invalid UTF-8, a status this contract does not know), or naming no row: the
+    # rows stay as they were.
+    assert row_state(engine, utf8).status == "published"
+    assert row_state(engine, state).status == "published"
+    assert row_state(engine, later).status == "failed"
+    stats = recorder.stats
+    assert (stats.applied, stats.unreadable, stats.refused, stats.ignored) == (5, 2, 1, 1)
+
+
+def test_a_poison_result_ends_a_published_row_and_a_sent_one_of_its_attempt_outranks_it(
+        recorder_settings: Settings, engine: sa.Engine) -> None:
+    """A record the sender refused at admission publishes a failed result, 'poison: <reason>'
+    (engineer C1's sender): its published row ends failed. Should a genuine copy of that
+    attempt go out after all, its sent result wins."""
+    rows = enqueue_and_publish(recorder_settings, engine, "poison",
+                               ["a@example.com", "b@example.com"])
+    a, b = rows["a@example.com"], rows["b@example.com"]
+
+    def poison(row: Row) -> EmailResult:
+        return result(row, DeliveryStatus.FAILED, 1, error="poison: body is 600000 bytes, over "
+                      "the limit of 100000 (POSTROOM_BODY_MAX_BYTES)")
+
+    produce(recorder_settings, [poison(a), poison(b), sent(b, 1, minutes=1), poison(b)])
+    with running(recorder_settings, engine) as recorder:
+        until_consumed(recorder, 4)
+    found = row_state(engine, a)
+    assert (found.status, found.attempts) == ("failed", 1)
+    assert found.last_error.startswith("poison: body is 600000 bytes")
+    found = row_state(engine, b)
+    assert (found.status, found.attempts, found.smtp_code) == ("sent", 1, 250)
+    # Not a poison refusal: a rejection of the same attempt is not outranked by a late sent.
+    with engine.begin() as conn:
+        assert apply_results(conn, [rejected(a, 1)], max_attempt=5) == 0
+        conn.execute(sa.text("UPDATE outbox SET last_error = '550 no' WHERE id = :id"),
+                     {"id": a.id})
+        assert apply_results(conn, [sent(a, 1)], max_attempt=5) == 0
+
+
+def test_a_result_the_database_refuses_is_skipped_and_the_rest_of_its_batch_recorded(
+        engine: sa.Engine, settings: Settings) -> None:
+    """Whatever a check did not foresee (here a NUL, which the recorder escapes before it gets
+    this far): the batch fails on it, then each result is recorded on its own."""
+    rows = enqueue_and_publish(settings, engine, "db", ["a@example.com", "b@example.com"])
+    a, b = rows["a@example.com"], rows["b@example.com"]
+    bad = dataclasses.replace(rejected(a, 1), error="550 \x00")
+    with pytest.raises(sa.exc.DataError), engine.begin() as conn:
+        apply_results(conn, [bad, sent(b, 1)], max_attempt=5)
+    with engine.begin() as conn:
+        changed, refused = apply_each(conn, [bad, sent(b, 1)], max_attempt=5)
+    assert changed == 1
+    assert [(r.idempotency_key, "NUL" in why) for r, why in refused] == [(a.idempotency_key, True)]
+    assert row_state(engine, b).status == "sent"
+    assert row_state(engine, a).status == "published"

@@ -1,0 +1,148 @@
+"""What the recorder makes of a decoded result before it meets the database: texts a row can
+hold, keys that can name a row, and a result whose writer schema the registry cannot give yet."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import threading
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from postroom.kafka import Record
+from postroom.settings import Settings
+from relay.recorder import (
+    ENHANCED_CODE_MAX_CHARS,
+    ERROR_MAX_CHARS,
+    MESSAGE_ID_MAX_CHARS,
+    Recorder,
+    result_problem,
+    storable,
+    storable_result,
+)
+from schemas.codec import (
+    DeliveryStatus,
+    EmailResult,
+    Schema,
+    SchemaUnavailableError,
+    confluent_prefix,
+    encode,
+    load_schema,
+)
+
+RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="a@example.com",
+                     status=DeliveryStatus.FAILED, attempt=1,
+                     occurred_at=dt.datetime(2026, 10, 1, tzinfo=dt.UTC), smtp_code=550,
+                     enhanced_code="5.1.1", error="550 5.1.1 no such user")
+
+
+@pytest.mark.parametrize(("text", "max_chars", "stored"), [
+    (None, 10, None),
+    ("550 no such user", 100, "550 no such user"),
+    ("a\x00b", 100, "a\\x00b"),
+    ("\ud800x", 100, "\ufffdx"),
+    ("x" * 20, 10, "xxxxxxx..."),
+    ("\x00" * 5, 10, "\\x00\\x0..."),
+])
+def test_text_is_stored_as_a_row_can_hold_it(text: str | None, max_chars: int,
+                                             stored: str | None) -> None:
+    assert storable(text, max_chars) == stored
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=3000), st.integers(min_value=3, max_value=2500))
+def test_stored_text_has_no_nul_no_surrogate_and_fits(text: str, max_chars: int) -> None:
+    stored = storable(text, max_chars)
+    assert stored is not None
+    assert "\x00" not in stored
+    stored.encode()  # no lone surrogate: psycopg can send it
+    assert len(stored) <= max_chars
+    if "\x00" not in text and len(text) <= max_chars:
+        assert stored == text  # st.text() gives no lone surrogates: nothing to change
+
+
+def test_a_result_keeps_what_fits_and_escapes_the_rest() -> None:
+    assert storable_result(RESULT) is RESULT
+    hostile = dataclasses.replace(RESULT, error="x\x00" * 5000, message_id="<\x00>",
+                                  enhanced_code="5" * 100)
+    stored = storable_result(hostile)
+    assert stored.error is not None and len(stored.error) == ERROR_MAX_CHARS
+    assert stored.message_id == "<\\x00>"
+    assert stored.enhanced_code == "5" * (ENHANCED_CODE_MAX_CHARS - 3) + "..."
+    assert MESSAGE_ID_MAX_CHARS >= 998
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    ({"idempotency_key": "k\x00|a@example.com"}, "its key holds a NUL"),
+    ({"recipient": "a\x00@example.com"}, "its recipient holds a NUL"),
+    ({"recipient": "\udc80@example.com"}, "lone surrogate"),
+    ({"attempt": 0}, "attempt 0 is below 1"),
+])
+def test_a_result_that_can_name_no_row_is_refused(changes: dict[str, object],
+                                                  problem: str) -> None:
+    found = result_problem(dataclasses.replace(RESULT, **changes))  # type: ignore[arg-type]
+    assert found is not None and problem in found
+
+
+class Registry:
+    """A registry that cannot answer ``outages`` times, then gives today's schema."""
+
+    def __init__(self, outages: int) -> None:
+        self.outages, self.asked = outages, 0
+
+    def __call__(self, schema_id: int) -> Schema:
+        self.asked += 1
+        if self.asked <= self.outages:
+            raise SchemaUnavailableError("the schema registry does not answer")
+        return load_schema("email_result")
+
+
+def recorder(registry: Registry) -> Recorder:
+    return Recorder(Settings(database_url="postgresql+psycopg://unused/unused"),
+                    sa.create_engine("postgresql+psycopg://unused/unused"),
+                    schema_by_id=registry)
+
+
+def framed_record() -> Record:
+    return Record("p.email.results", 0, 7, b"k", confluent_prefix(3) + encode(RESULT), [])
+
+
+def test_a_result_waits_while_the_registry_cannot_give_its_schema(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("relay.recorder.RETRY_BACKOFF_S", 0.01)
+    registry = Registry(outages=3)
+    found = recorder(registry)._decode(framed_record())
+    assert found == RESULT
+    assert registry.asked == 4
+
+
+def test_a_result_waiting_for_the_registry_is_left_unrecorded_on_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("relay.recorder.RETRY_BACKOFF_S", 0.01)
+    role = recorder(Registry(outages=10**9))
+    threading.Timer(0.1, role.stop).start()
+
+    class Consumer:
+        committed = False
+
+        def commit(self, **kwargs: object) -> None:
+            self.committed = True
+
+    class Message:
+        def error(self) -> None:
+            return None
+
+        topic = staticmethod(lambda: "p.email.results")
+        partition = staticmethod(lambda: 0)
+        offset = staticmethod(lambda: 7)
+        key = staticmethod(lambda: b"k")
+        value = staticmethod(lambda: confluent_prefix(3) + encode(RESULT))
+        headers = staticmethod(lambda: [])
+
+    consumer = Consumer()
+    role._apply_until_done(consumer, [Message()])  # type: ignore[arg-type, list-item]
+    assert not consumer.committed
+    assert role.stats.unreadable == 0
