@@ -65,10 +65,28 @@ def check_server_version(version: tuple[int | str, ...] | None) -> None:
             f"{MIN_SERVER_MAJOR} or newer")
 
 
+# Migrations of one schema take turns: several `postroom db upgrade` at once (pods starting
+# together) would each create the same tables, and all but one fail (UniqueViolation; CREATE
+# SCHEMA IF NOT EXISTS races the same way). The lock is the transaction's, and is let go at its
+# end; the key is this class and the connection's search path (POSTROOM_DATABASE_SCHEMA's, as
+# make_engine sets it), which exists before the schema does.
+MIGRATION_LOCK_CLASS = 0x706F7374  # "post"
+MIGRATION_LOCK = sa.text(
+    "SELECT pg_advisory_xact_lock(:lock_class, hashtext(current_setting('search_path')))")
+
+
+def lock_migrations(conn: sa.Connection) -> None:
+    """Wait until no other migration of the connection's schema runs, and keep others waiting
+    until the caller's transaction ends."""
+    conn.execute(MIGRATION_LOCK, {"lock_class": MIGRATION_LOCK_CLASS})
+
+
 def upgrade(engine: sa.Engine, schema: str | None = None, revision: str = "head") -> str:
-    """Create or migrate the outbox schema to ``revision`` (the newest); safe to run again."""
+    """Create or migrate the outbox schema to ``revision`` (the newest); safe to run again, and
+    at the same time from several processes (they take turns; the later ones find it done)."""
     with engine.begin() as conn:
         check_server_version(conn.dialect.server_version_info)
+        lock_migrations(conn)
         if schema:
             conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
         command.upgrade(_alembic_config(conn), revision)
@@ -80,6 +98,7 @@ def upgrade(engine: sa.Engine, schema: str | None = None, revision: str = "head"
 def downgrade(engine: sa.Engine, revision: str) -> str:
     """Migrate the outbox schema back to ``revision``."""
     with engine.begin() as conn:
+        lock_migrations(conn)
         command.downgrade(_alembic_config(conn), revision)
         current = MigrationContext.configure(conn).get_current_revision()
     log.info("outbox schema at revision %s", current)
@@ -93,6 +112,8 @@ def check_schema(engine: sa.Engine) -> None:
         check_server_version(conn.dialect.server_version_info)
         current = MigrationContext.configure(conn).get_current_revision()
         head = ScriptDirectory.from_config(_alembic_config(conn)).get_current_head()
+    if current is None:
+        raise SchemaNotReadyError("the outbox schema is not migrated: run `postroom db upgrade`")
     if current != head:
         raise SchemaNotReadyError(
             f"outbox schema is at revision {current or 'none'}, expected {head}: "

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
-from relay.db import downgrade, upgrade
+from postroom.devkit.processes import start_postroom
+from postroom.devkit.scratch import scratch, scratch_env
+from postroom.devkit.wait import wait_until
+from postroom.settings import Settings
+from relay.db import (
+    MIGRATION_LOCK_CLASS,
+    check_schema,
+    downgrade,
+    lock_migrations,
+    make_engine,
+    upgrade,
+)
+from relay.errors import SchemaNotReadyError
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +104,91 @@ def test_0005_rewrites_only_the_keys_the_old_encoding_made_ambiguous(engine: sa.
             ("k", "k|a|b@example.com"),
             ("k|a", "k\\|a|b@example.com"),
             ("plain", "plain|a@example.com")]
+
+
+# -- several upgrades at once (pods starting together), and a schema never migrated -------------
+
+@pytest.fixture
+def fresh(stack_settings: Settings) -> Iterator[Settings]:
+    """Settings naming a schema nothing has created (dropped afterwards)."""
+    with scratch(stack_settings, "mig", kafka=False) as settings:
+        yield settings
+
+
+def head_of(settings: Settings) -> str:
+    engine = make_engine(settings)
+    try:
+        check_schema(engine)  # raises unless at the newest revision
+        with engine.connect() as conn:
+            return str(conn.execute(sa.text("SELECT version_num FROM alembic_version"))
+                       .scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_four_upgrades_at_the_same_moment_all_succeed(fresh: Settings) -> None:
+    """Without the lock, three of four fail with UniqueViolation (CREATE SCHEMA, or the
+    tables): the four start together, past a barrier."""
+    engines = [make_engine(fresh) for _ in range(4)]
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def migrate(engine: sa.Engine) -> None:
+        barrier.wait()
+        try:
+            upgrade(engine, fresh.database_schema)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(engine,)) for engine in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for engine in engines:
+        engine.dispose()
+    assert errors == []
+    assert head_of(fresh) == "0008"
+
+
+def test_four_db_upgrade_processes_started_at_once_all_succeed(fresh: Settings,
+                                                                tmp_path: Path) -> None:
+    """As several pods run it at start-up. The test holds the migration lock until all four
+    wait for it, so they do run at the same moment; each then finds the schema as the one
+    before left it."""
+    env = {**os.environ, **scratch_env(fresh)}
+    holder = make_engine(fresh)
+    conn = holder.connect()
+    tx = conn.begin()
+    lock_migrations(conn)
+    logs = [tmp_path / f"upgrade{n}.log" for n in range(4)]
+    try:
+        processes = [start_postroom("db", "upgrade", env=env, log=log) for log in logs]
+        waiting = sa.text("""
+            SELECT count(*) FROM pg_locks
+            WHERE locktype = 'advisory' AND classid = :lock_class AND NOT granted
+              AND objid = CAST(hashtext(current_setting('search_path')) AS oid)""")
+        with holder.connect() as probe:
+            wait_until(lambda: probe.execute(waiting, {"lock_class": MIGRATION_LOCK_CLASS})
+                       .scalar_one() == 4, 60, "four upgrades waiting for the migration lock")
+    finally:
+        tx.rollback()
+        conn.close()
+        holder.dispose()
+    deadline = time.monotonic() + 120
+    codes = [process.wait(max(1.0, deadline - time.monotonic())) for process in processes]
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0, 0, 0], outputs
+    assert all("Traceback" not in out for out in outputs), outputs
+    assert all("outbox schema is at revision 0008" in out for out in outputs), outputs
+    assert head_of(fresh) == "0008"
+
+
+def test_a_schema_never_migrated_is_not_migrated_not_at_revision_none(fresh: Settings) -> None:
+    engine = make_engine(fresh)
+    try:
+        with pytest.raises(SchemaNotReadyError) as refused:
+            check_schema(engine)
+    finally:
+        engine.dispose()
+    assert str(refused.value) == "the outbox schema is not migrated: run `postroom db upgrade`"
