@@ -60,10 +60,11 @@ def enqueue(
     body = validation.check_body(body, limits.body_max_bytes)
     addresses = validation.check_recipients(recipients)
     chosen = validation.check_priority(priority)
-    files = validation.check_attachments(attachments, limits.attachment_max_bytes,
-                                         limits.attachments_total_max_bytes)
+    files, attached_bytes = validation.check_files(attachments, limits.attachment_max_bytes,
+                                                   limits.attachments_total_max_bytes)
     html = validation.check_html(html)
-    images = validation.check_inline(inline, html, limits.attachment_max_bytes)
+    images = validation.check_inline(inline, html, limits.attachment_max_bytes,
+                                     limits.attachments_total_max_bytes, attached_bytes)
     from_address = validation.check_address(sender, what="sender") if sender is not None else None
     if send_after is not None and (not isinstance(send_after, dt.datetime)
                                    or send_after.tzinfo is None):
@@ -96,12 +97,14 @@ def enqueue(
 
 def _check_event_size(row: dict[str, Any], limits: SizeLimits) -> None:
     """InvalidEmailError when the event of ``row`` (the largest of one call) would exceed the
-    cap: the relay could never publish it."""
+    cap: the relay could never publish it. The event is counted whole: the text and HTML
+    bodies, the attachments' and inline images' paths."""
     size = event_size(EmailRequested(
         idempotency_key=row["idempotency_key"], message_key=row["message_key"],
         outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=row["recipient"], sender=row["sender"] or "",
         subject=row["subject"], body=row["body"], attachments=tuple(row["attachments"]),
-        priority=row["priority"], created_at=dt.datetime.now(dt.UTC)))
+        priority=row["priority"], created_at=dt.datetime.now(dt.UTC), html=row["html"],
+        inline=tuple(row["inline"])))
     if size > limits.event_max_bytes:
         raise InvalidEmailError(
             f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "

@@ -91,10 +91,14 @@ def check_html(html: str | None) -> str | None:
     return html
 
 
-def check_inline(paths: Sequence[str | Path], html: str | None, max_bytes: int) -> list[str]:
+def check_inline(paths: Sequence[str | Path], html: str | None, max_bytes: int,
+                 total_max_bytes: int | None = None, attached_bytes: int = 0) -> list[str]:
     """Absolute paths of inline images, checked like attachments; each must be an image and
-    have a file name of its own, which the HTML refers to as ``cid:<file name>``."""
-    files = check_attachments(paths, max_bytes, what="inline image")
+    have a file name of its own, which the HTML refers to as ``cid:<file name>``. They count
+    in the attachments' total (``total_max_bytes``), after the ``attached_bytes`` of the
+    attachments."""
+    files, _ = check_files(paths, max_bytes, total_max_bytes, what="inline image",
+                           counted_bytes=attached_bytes)
     if files and html is None:
         raise InvalidEmailError("inline images need an html body that shows them")
     names: set[str] = set()
@@ -122,6 +126,13 @@ def check_attachments(paths: Sequence[str | Path], max_bytes: int,
                       total_max_bytes: int | None = None, *, what: str = "attachment") -> list[str]:
     """Absolute paths of attachments (or inline images: ``what``) that exist, are regular files
     and are small enough, one by one (``max_bytes``) and together (``total_max_bytes``)."""
+    return check_files(paths, max_bytes, total_max_bytes, what=what)[0]
+
+
+def check_files(paths: Sequence[str | Path], max_bytes: int, total_max_bytes: int | None = None,
+                *, what: str = "attachment", counted_bytes: int = 0) -> tuple[list[str], int]:
+    """:func:`check_attachments`, and the bytes of the files with the ``counted_bytes`` of
+    files checked before them (inline images count after the attachments)."""
     if isinstance(paths, (str, Path)):
         raise InvalidEmailError(f"{what}s must be a list of paths, not one path")
     if isinstance(paths, bytes | bytearray) or not isinstance(paths, Iterable):
@@ -130,7 +141,7 @@ def check_attachments(paths: Sequence[str | Path], max_bytes: int,
     with _as_enqueue_error():
         rules.check_attachment_count(len(paths))
     result: list[str] = []
-    total = 0
+    total = counted_bytes
     for raw in paths:
         if not isinstance(raw, (str, Path)):
             raise InvalidAttachmentError(
@@ -160,11 +171,13 @@ def check_attachments(paths: Sequence[str | Path], max_bytes: int,
                 f"{what} {shown} is {info.st_size} bytes, over the limit of {max_bytes}")
         total += info.st_size
         if total_max_bytes is not None and total > total_max_bytes:
+            together = "attachments" if what == "attachment" and not counted_bytes \
+                else "attachments and inline images"
             raise InvalidAttachmentError(
-                f"the attachments come to {total} bytes or more, over the limit of "
+                f"the {together} come to {total} bytes or more, over the limit of "
                 f"{total_max_bytes} (POSTROOM_ATTACHMENTS_TOTAL_MAX_BYTES)")
         result.append(str(path))
-    return result
+    return result, total
 
 
 def idempotency_key(message_key: str, recipient: str) -> str:

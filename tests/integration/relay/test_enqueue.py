@@ -232,3 +232,49 @@ def test_the_home_of_an_unknown_user_is_refused(engine: sa.Engine) -> None:
         enqueue(conn, key="k", recipients=TEAM, subject="S", body="b",
                 attachments=["~no-such-user-of-postroom/report.xlsx"])
     assert count(engine) == 0
+
+
+def test_the_html_counts_in_the_event_size_at_enqueue(engine: sa.Engine) -> None:
+    """Issue 23: 300 KiB of text and 500 KiB of HTML passed enqueue (the HTML was left out of
+    the event's size) and the relay failed the row later."""
+    with pytest.raises(InvalidEmailError, match=r"over the limit of 786432 "
+                                                r"\(POSTROOM_EVENT_MAX_BYTES\)"), \
+            engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="t" * 300 * 1024,
+                html="<p>" + "h" * 500 * 1024 + "</p>")
+    assert count(engine) == 0
+    with engine.begin() as conn:  # each alone fits
+        assert enqueue(conn, key="text", recipients=TEAM, subject="S",
+                       body="t" * 300 * 1024) == len(TEAM)
+        assert enqueue(conn, key="html", recipients=TEAM, subject="S", body="t",
+                       html="<p>" + "h" * 500 * 1024 + "</p>") == len(TEAM)
+
+
+def test_inline_images_count_in_the_attachments_total_at_enqueue(
+        engine: sa.Engine, tmp_path: Path) -> None:
+    """Issue 23: inline images were checked one by one only; 100 of 25 MiB passed."""
+    from postroom.rules import SizeLimits
+
+    (tmp_path / "report.csv").write_bytes(b"x" * 600)
+    for name in ("a.png", "b.png"):
+        (tmp_path / name).write_bytes(b"x" * 300)
+    limits = SizeLimits(attachment_max_bytes=1000, attachments_total_max_bytes=1000)
+    html = '<img src="cid:a.png"><img src="cid:b.png">'
+    with pytest.raises(InvalidAttachmentError, match="the attachments and inline images come to "
+                                                     "1200 bytes or more, over the limit of 1000"), \
+            engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", html=html,
+                attachments=[tmp_path / "report.csv"],
+                inline=[tmp_path / "a.png", tmp_path / "b.png"], limits=limits)
+    for name in ("c.png", "d.png"):
+        (tmp_path / name).write_bytes(b"x" * 300)
+    images = [tmp_path / name for name in ("a.png", "b.png", "c.png", "d.png")]
+    with pytest.raises(InvalidAttachmentError, match="the attachments and inline images come to "
+                                                     "1200 bytes or more"), engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", html=html, inline=images,
+                limits=limits)
+    assert count(engine) == 0
+    with engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", html=html,
+                       attachments=[tmp_path / "report.csv"], inline=[tmp_path / "a.png"],
+                       limits=limits) == len(TEAM)
