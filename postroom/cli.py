@@ -73,13 +73,17 @@ def _iso_datetime(text: str) -> dt.datetime:
     return value
 
 
-def _positive_int(text: str) -> int:
+STATUS_MAX_LIMIT = 1_000_000  # a table longer than this is for `--key K --json`
+
+
+def _status_limit(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+    if not 1 <= value <= STATUS_MAX_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {STATUS_MAX_LIMIT}, got {text[:40]!r}")
     return value
 
 
@@ -786,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="who received what: one line per recipient row")
     status.add_argument("--key", help="only this message key")
-    status.add_argument("--limit", type=_positive_int, default=50, metavar="N",
+    status.add_argument("--limit", type=_status_limit, default=50, metavar="N",
                         help="without --key, the newest N rows (default 50)")
     status.add_argument("--json", action="store_true", help="one JSON object per line")
     status.set_defaults(handler=cmd_status)

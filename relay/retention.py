@@ -25,6 +25,7 @@ PAUSE_BETWEEN_BATCHES_S = 0.05  # lets autovacuum and other writers in between b
 # The youngest cutoff allowed without --force when the topics' retention is unknown or forever.
 DEFAULT_MIN_AGE_S = 7 * 86_400.0
 FINAL_STATES = ("sent", "failed", "dead")
+MAX_AGE_S = 100 * 365 * 86_400.0  # older than any row; and a cutoff datetime can hold it
 
 AGE_FORMS = "30d or 30days (days), 12h (hours), 90m (minutes), 2w (weeks)"
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
@@ -41,16 +42,21 @@ def parse_age_s(text: str) -> float:
     """``"30d"``, ``"30days"``, ``"30 days"`` -> seconds. A number without a unit is refused: a
     retention command must never guess (a bare ``30`` once meant 30 seconds). Pure."""
     match = _AGE.fullmatch(text)
+    shown = repr(text.strip()[:40])
     if match is None:
         if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
-            raise ValueError(f"{text.strip()!r} has no unit; write it as {AGE_FORMS}")
-        raise ValueError(f"not an age: {text!r}; write it as {AGE_FORMS}")
+            raise ValueError(f"{shown} has no unit; write it as {AGE_FORMS}")
+        raise ValueError(f"not an age: {shown}; write it as {AGE_FORMS}")
     unit_s = _AGE_UNIT_S.get(match.group(2).lower())
     if unit_s is None:
-        raise ValueError(f"unknown unit {match.group(2)!r} in {text!r}; write it as {AGE_FORMS}")
+        raise ValueError(f"unknown unit {match.group(2)[:20]!r} in {shown}; write it as "
+                         f"{AGE_FORMS}")
     value = float(match.group(1)) * unit_s
     if value <= 0:
-        raise ValueError(f"an age must be more than 0: {text!r}")
+        raise ValueError(f"an age must be more than 0: {shown}")
+    if value > MAX_AGE_S:
+        raise ValueError(f"an age of more than {MAX_AGE_S / 86_400 / 365:g} years deletes "
+                         f"nothing: {shown}")
     return value
 
 

@@ -1,0 +1,53 @@
+"""A command a person runs prints its result and at most a progress line: no library log line at
+INFO, no librdkafka chatter, and no traceback, whatever the input (good, bad, absurd)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from postroom.devkit.processes import run_postroom
+from postroom.devkit.scratch import scratch_env
+from postroom.settings import Settings
+
+pytestmark = pytest.mark.e2e
+
+# A log record at DEBUG or INFO as postroom.logs formats it. librdkafka's own lines
+# (%<level>|<time>|...) join the rule once the Kafka adapter keeps them in (issue 29, item 7).
+LIBRARY_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO) ")
+
+COMMANDS = [
+    ["status"], ["status", "--key", "nosuch"], ["status", "--limit", "0"],
+    ["status", "--limit", "99999999999999999999"], ["status", "--key", "\x01\u2028'; DROP"],
+    ["dlq", "list"], ["dlq", "replay", "--all", "--dry-run"], ["dlq", "replay", "--key", "x"],
+    ["requeue", "--key", "nosuch"], ["requeue", "--key", "k", "--recipient", "not an address"],
+    ["report", "failures"], ["report", "failures", "--since", "2026-13-45"],
+    ["report", "failures", "--since", "2020-01-01", "--json"],
+    ["purge", "--older-than", "30"], ["purge", "--older-than", "9" * 400 + "d", "--dry-run"],
+    ["purge", "--older-than", "30d", "--dry-run"], ["purge", "--older-than", "1m"],
+    ["lag"], ["lag", "--group", "nobody"], ["lag", "--watch", "-1"],
+    ["acls"], ["acls", "--principal-prefix", ""],
+    ["enqueue", "--to", "a@example.com", "--subject", "S", "--body", "b", "--priority", "urgent"],
+    ["enqueue", "--to", "bad address", "--subject", "S", "--body", "b"],
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: " ".join(argv)[:60])
+def test_a_command_prints_no_library_log_line_and_no_traceback(
+        settings: Settings, argv: list[str]) -> None:
+    proc = run_postroom(*argv, env={**os.environ, **scratch_env(settings)}, timeout_s=90)
+    assert_quiet(proc)
+
+
+def assert_quiet(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    noise = [line for line in proc.stderr.splitlines() if LIBRARY_LINE.search(line)]
+    assert noise == [], proc.stderr
+    if proc.returncode != 0:
+        # A refusal is one line (argparse's usage line may precede it; librdkafka's, above).
+        lines = [line for line in proc.stderr.splitlines()
+                 if not line.startswith(("usage:", "  ", "reading ", "%"))]
+        assert len(lines) == 1, proc.stderr
