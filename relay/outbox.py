@@ -15,11 +15,12 @@ from sqlalchemy.orm import Session
 from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import sql, validation
-from relay.errors import InvalidEmailError
+from relay.errors import InvalidEmailError, SchemaNotReadyError
 from schemas.codec import EmailRequested, event_size
 
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1
+UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def enqueue(
     limits: SizeLimits | None = None,
     html: str | None = None,
     inline: Sequence[str | Path] = (),
+    schema: str | None = None,
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
 
@@ -50,9 +52,14 @@ def enqueue(
     before the insert: a bad input (None included) raises :class:`~relay.errors.EnqueueError`
     and writes nothing. ``limits`` caps the body, the attachments and inline images, and the
     encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides its per-file cap).
-    The caller commits (or rolls back).
+    ``schema`` names the schema that holds the outbox (POSTROOM_DATABASE_SCHEMA) when the
+    connection's search path does not lead there; None or "": the search path's. No outbox
+    table there raises :class:`~relay.errors.SchemaNotReadyError`. The caller commits (or rolls
+    back).
     """
     limits = limits or SizeLimits()
+    if schema is not None and not isinstance(schema, str):
+        raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
     if attachment_max_bytes is not None:
         limits = dataclasses.replace(limits, attachment_max_bytes=attachment_max_bytes)
     subject = validation.check_subject(subject)
@@ -89,7 +96,16 @@ def enqueue(
         for address in addresses
     ]
     _check_event_size(max(rows, key=lambda row: len(row["idempotency_key"])), limits)
-    inserted = conn.execute(sql.INSERT_ROWS, rows).scalars().all()
+    options = {"schema_translate_map": {None: schema}} if schema else {}
+    try:
+        inserted = conn.execute(sql.INSERT_ROWS, rows, execution_options=options).scalars().all()
+    except sa.exc.ProgrammingError as exc:
+        if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
+            raise
+        where = f"schema {schema}" if schema else "the connection's search path"
+        raise SchemaNotReadyError(
+            f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
+            "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
     log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
              message_key, len(inserted), len(rows), chosen.value, html is not None, len(images))
     return len(inserted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from postroom import enqueue
-from relay.errors import InvalidAttachmentError, InvalidEmailError
+from postroom.settings import Settings
+from relay.errors import InvalidAttachmentError, InvalidEmailError, SchemaNotReadyError
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[3]
 TEAM = ["finance@example.com", "ops@example.com", "old.manager@example.com", "ceo@example.com"]
 SUBJECT = "Sales report — September 2026"
 
@@ -278,3 +281,70 @@ def test_inline_images_count_in_the_attachments_total_at_enqueue(
         assert enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", html=html,
                        attachments=[tmp_path / "report.csv"], inline=[tmp_path / "a.png"],
                        limits=limits) == len(TEAM)
+
+
+# -- POSTROOM_DATABASE_SCHEMA: a job's own engine, the roles' schema (issue 29) -----------------
+
+@pytest.fixture
+def job_engine(db_settings: Settings) -> Iterator[sa.Engine]:
+    """An engine as a job builds one: POSTROOM_DATABASE_URL alone, no search path of ours."""
+    engine = sa.create_engine(sa.make_url(db_settings.require("database_url")))
+    yield engine
+    engine.dispose()
+
+
+def queued(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one())
+
+
+def test_a_job_engine_enqueues_into_the_schema_it_names(
+        db_settings: Settings, engine: sa.Engine, job_engine: sa.Engine) -> None:
+    schema = db_settings.database_schema
+    with job_engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema=schema) == 4
+        assert enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema=schema) == 0
+    with Session(job_engine) as session, session.begin():
+        assert enqueue(session, key="orm", recipients=TEAM[:1], subject="S", body="b",
+                       schema=schema) == 1
+    assert count(engine) == queued(engine) == 5  # in the schema's outbox, and on its queue
+
+
+def test_a_job_engine_without_the_schema_is_told_how_to_name_it(
+        job_engine: sa.Engine, engine: sa.Engine) -> None:
+    with pytest.raises(SchemaNotReadyError, match=r"there is no outbox table in the connection's "
+                                                  r"search path: pass enqueue\(\.\.\., schema="
+                                                  r"\.\.\.\) the POSTROOM_DATABASE_SCHEMA"), \
+            job_engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b")
+    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nosuch"), \
+            job_engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema="nosuch")
+    with pytest.raises(InvalidEmailError, match="schema must be a schema name"), \
+            job_engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema=5)  # type: ignore[arg-type]
+    assert count(engine) == 0
+
+
+def readme_job_snippet() -> str:
+    """The first Python block of README's "Using it from a job", as written."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Using it from a job"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("```", start)]
+
+
+def test_the_readme_job_snippet_works_with_postroom_database_schema_set(
+        db_settings: Settings, engine: sa.Engine, job_engine: sa.Engine, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    report = tmp_path / "sales_2026-09.xlsx"
+    report.write_bytes(b"PK")
+    code = readme_job_snippet()
+    assert '"/reports/sales_2026-09.xlsx"' in code
+    monkeypatch.setenv("POSTROOM_DATABASE_SCHEMA", db_settings.database_schema or "")
+    exec(code.replace("/reports/sales_2026-09.xlsx", str(report)),  # noqa: S102 - README's own
+         {"engine": job_engine, "team": TEAM})
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT message_key, attachments FROM outbox")).all()
+    assert rows == [("sales-report-2026-09", [str(report)])] * len(TEAM)
+    assert queued(engine) == len(TEAM)
