@@ -183,3 +183,17 @@ def test_dead_letters_in_the_confluent_wire_format_are_read_through_the_registry
         assert plan[0] == "will replay 2 row(s):"
     finally:
         support.registry.delete_subjects(url, on_registry)
+
+
+def test_a_registry_that_does_not_answer_stops_dlq_list_in_one_line(
+        settings: Settings, engine: sa.Engine) -> None:
+    # A framed dead letter (schema id 1) is not "unreadable" because the registry is down.
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(dead_letter_topic(settings.topic_prefix), key=b"m|a@example.com",
+                     value=b"\x00\x00\x00\x00\x01" + b"\x02", headers=[(DLQ_CLASS_HEADER, b"x")])
+    assert producer.flush(10) == 0
+    proc = postroom(settings, "dlq", "list", POSTROOM_SCHEMA_REGISTRY_URL="http://127.0.0.1:1")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("postroom dlq: error: cannot decode the dead letters: the schema "
+                           "registry (POSTROOM_SCHEMA_REGISTRY_URL) does not answer"), line
