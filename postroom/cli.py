@@ -29,12 +29,13 @@ from schemas.registry import COMPATIBILITY_LEVELS
 log = logging.getLogger("postroom")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 def configure_logging(level: str) -> None:
-    logs.configure_logging(level)
-    # librdkafka's own debug lines are noise at INFO.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    # A command prints its result, no INFO line beside it; a role logs at `level` once it starts
+    # (service_start).
+    logs.configure_logging(logs.command_level(level))
 
 
 class ShutdownSignals:
@@ -182,12 +183,14 @@ def _read_body(path: Path, option: str = "--body-file") -> str:
 def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[sa.Engine, Metrics]]:
     """What every long-running command needs first: a migrated database, a reachable broker,
     and metrics with /healthz and /readyz (served when POSTROOM_METRICS_PORT is set)."""
-    from postroom.kafka import check_reachable
+    from postroom.kafka import check_reachable, require_topics
     from relay.db import check_schema_at_start, make_engine
 
+    logs.set_level(settings.log_level)
     engine = make_engine(settings)
     check_schema_at_start(engine)
     check_reachable(settings)
+    require_topics(settings)
     try:
         with service_metrics(settings, smtp=smtp) as metrics:
             yield engine, metrics
@@ -734,14 +737,17 @@ def build_parser() -> argparse.ArgumentParser:
     dlq = commands.add_parser("dlq", help="list or replay the dead-letter topic")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="SUBCOMMAND")
     dlq_list = dlq_commands.add_parser(
-        "list", help="every dead letter: key, why, attempts, and whether its row can be replayed")
-    dlq_list.add_argument("--json", action="store_true", help="one JSON object per dead letter")
+        "list", help="the dead letters, oldest first, one line per key (its latest): why, "
+                     "attempts, and whether its row can be replayed")
+    dlq_list.add_argument("--json", action="store_true",
+                          help="one JSON object per dead letter (all of them, oldest first)")
     dlq_list.set_defaults(handler=cmd_dlq_list)
     replay = dlq_commands.add_parser(
         "replay", help="send dead-lettered emails again with a fresh retry budget (idempotent: "
                        "a replayed row is not replayed twice)")
     which = replay.add_mutually_exclusive_group(required=True)
-    which.add_argument("--key", help="an idempotency key (as `dlq list` shows) or a message key")
+    which.add_argument("--key", help="an idempotency key (as `dlq list` shows) or a message "
+                                      "key (exit 1 when no dead letter has it)")
     which.add_argument("--all", action="store_true", help="every replayable dead letter")
     replay.add_argument("--dry-run", action="store_true", help="say what would be replayed only")
     replay.set_defaults(handler=cmd_dlq_replay)
@@ -749,7 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
     requeue = commands.add_parser(
         "requeue", help="send failed or dead rows of a message again (e.g. after an address was "
                         "fixed); idempotent")
-    requeue.add_argument("--key", required=True, help="the message key")
+    requeue.add_argument("--key", required=True,
+                         help="the message key (exit 1 when no row has it)")
     requeue.add_argument("--recipient", metavar="ADDR", help="only this recipient's row")
     requeue.add_argument("--dry-run", action="store_true", help="say what would be requeued only")
     requeue.set_defaults(handler=cmd_requeue)
@@ -788,11 +795,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local SMTP server that rejects, defers, delays or drops chosen recipients "
              "(see postroom devsmtp --help)")
 
-    status = commands.add_parser("status", help="who received what: one line per recipient row")
-    status.add_argument("--key", help="only this message key")
+    status = commands.add_parser(
+        "status", help="who received what: one line per recipient row",
+        description="A table of outbox rows, one per recipient: its state, the attempts, when "
+                    "it was created and sent (UTC), and the last error; an error that an "
+                    "attempt after it overcame (the row went on to be sent, or is queued again) "
+                    "is marked '(earlier attempt)'.")
+    status.add_argument("--key", help="only this message key (exit 1 when no row has it)")
     status.add_argument("--limit", type=_status_limit, default=50, metavar="N",
-                        help="without --key, the newest N rows (default 50)")
-    status.add_argument("--json", action="store_true", help="one JSON object per line")
+                        help="without --key, the newest N rows (default 50; it says 'showing "
+                             "the newest N of M rows' when there are more)")
+    status.add_argument("--json", action="store_true",
+                        help="one JSON object per row, every column, for machines")
     status.set_defaults(handler=cmd_status)
     return parser
 
@@ -838,6 +852,10 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"postroom {args.command}: error: cannot use the database "
               f"(POSTROOM_DATABASE_URL): {first_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt:
+        # Ctrl-C while a one-shot command waits (on a broker, say): stop, no traceback.
+        print(f"postroom {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
