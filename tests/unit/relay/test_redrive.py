@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay.redrive import DeadLetter, latest_per_key, render_dead_letters, skip_reason
 
@@ -55,3 +57,16 @@ def test_a_skip_says_the_rows_state(row: str | None, recipient: str | None,
     else:
         assert why is not None and why.startswith(says)
         assert "replayed already" not in why
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d"])), max_size=30))
+def test_latest_per_key_keeps_each_keys_last_letter_and_counts_all(keys: list[str | None]) -> None:
+    letters = [letter(key, 100 - n, offset=n) for n, key in enumerate(keys)]
+    latest = latest_per_key(letters)
+    names = [x.name for x in latest]
+    assert len(names) == len(set(names))
+    assert sum(x.letters for x in latest) == len(letters)
+    for x in latest:
+        assert x.offset == max(y.offset for y in letters if y.name == x.name)
+    assert [x.offset for x in latest] == sorted(x.offset for x in latest)  # still time-ordered
