@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -21,6 +23,9 @@ from schemas.codec import EmailRequested, event_size
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1
 UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
+# Rows per INSERT: one statement and one round trip for each, the message's shared columns sent
+# once per statement; a million recipients given as an iterator are never held whole.
+INSERT_CHUNK_ROWS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,6 @@ def enqueue(
     subject = validation.check_subject(subject)
     message_key = validation.check_key(key if key is not None else subject)
     body = validation.check_body(body, limits.body_max_bytes)
-    addresses = validation.check_recipients(recipients)
     chosen = validation.check_priority(priority)
     files, attached_bytes = validation.check_files(attachments, limits.attachment_max_bytes,
                                                    limits.attachments_total_max_bytes)
@@ -77,28 +81,37 @@ def enqueue(
                                    or send_after.tzinfo is None):
         raise InvalidEmailError("send_after must be a timezone-aware datetime "
                                 "(e.g. 2026-10-02T07:00:00+00:00)")
-    validation.check_headers(from_address or "postroom@localhost", addresses[0], subject,
+    chunks = validation.recipient_chunks(recipients, INSERT_CHUNK_ROWS)
+    first = next(chunks, None)
+    if first is None:
+        raise InvalidEmailError("no recipients given")
+    validation.check_headers(from_address or "postroom@localhost", first[0], subject,
                              [*files, *images])
-    rows = [
-        {
-            "idempotency_key": validation.idempotency_key(message_key, address),
-            "message_key": message_key,
-            "recipient": address,
-            "sender": from_address,
-            "subject": subject,
-            "body": body,
-            "attachments": files,
-            "html": html,
-            "inline": images,
-            "priority": chosen.value,
-            **({"available_at": send_after} if send_after is not None else {}),
-        }
-        for address in addresses
-    ]
-    _check_event_size(max(rows, key=lambda row: len(row["idempotency_key"])), limits)
-    options = {"schema_translate_map": {None: schema}} if schema else {}
+    shared = {"message_key": message_key, "sender": from_address, "subject": subject,
+              "body": body, "attachments": files, "html": html, "inline": images,
+              "priority": chosen.value, "available_at": send_after}
+    statement = sql.insert_rows(schema)
+    second = next(chunks, None)
+    given = new = 0
+    # Recipients past the first chunk are checked as they come (an iterator of a million is
+    # never held whole): a bad one rolls back the rows of the chunks before it.
+    with conn.begin_nested() if second is not None else contextlib.nullcontext():
+        for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
+            keys = [validation.idempotency_key(message_key, address) for address in chunk]
+            _check_event_size(max(zip(keys, chunk, strict=True), key=lambda kr: len(kr[0])),
+                              shared, limits)
+            new += _insert(conn, statement, {**shared, "keys": keys, "recipients": chunk}, schema)
+            given += len(chunk)
+    log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
+             message_key, new, given, chosen.value, html is not None, len(images))
+    return new
+
+
+def _insert(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],
+            schema: str | None) -> int:
+    """Insert one chunk's rows; how many are new. SchemaNotReadyError when there is no outbox."""
     try:
-        inserted = conn.execute(sql.INSERT_ROWS, rows, execution_options=options).scalars().all()
+        return int(conn.execute(statement, params).scalar_one())
     except sa.exc.ProgrammingError as exc:
         if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
             raise
@@ -106,21 +119,20 @@ def enqueue(
         raise SchemaNotReadyError(
             f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
             "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
-    log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
-             message_key, len(inserted), len(rows), chosen.value, html is not None, len(images))
-    return len(inserted)
 
 
-def _check_event_size(row: dict[str, Any], limits: SizeLimits) -> None:
-    """InvalidEmailError when the event of ``row`` (the largest of one call) would exceed the
-    cap: the relay could never publish it. The event is counted whole: the text and HTML
-    bodies, the attachments' and inline images' paths."""
+def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any],
+                      limits: SizeLimits) -> None:
+    """InvalidEmailError when the event of the row with this idempotency key and recipient (the
+    longest key of a chunk) would exceed the cap: the relay could never publish it. The event is
+    counted whole: the text and HTML bodies, the attachments' and inline images' paths."""
+    key, recipient = key_and_recipient
     size = event_size(EmailRequested(
-        idempotency_key=row["idempotency_key"], message_key=row["message_key"],
-        outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=row["recipient"], sender=row["sender"] or "",
-        subject=row["subject"], body=row["body"], attachments=tuple(row["attachments"]),
-        priority=row["priority"], created_at=dt.datetime.now(dt.UTC), html=row["html"],
-        inline=tuple(row["inline"])))
+        idempotency_key=key, message_key=shared["message_key"], outbox_id=EVENT_SIZE_OUTBOX_ID,
+        recipient=recipient, sender=shared["sender"] or "", subject=shared["subject"],
+        body=shared["body"], attachments=tuple(shared["attachments"]),
+        priority=shared["priority"], created_at=dt.datetime.now(dt.UTC), html=shared["html"],
+        inline=tuple(shared["inline"])))
     if size > limits.event_max_bytes:
         raise InvalidEmailError(
             f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "

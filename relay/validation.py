@@ -38,23 +38,32 @@ def check_address(address: object, *, what: str = "recipient") -> str:
         return rules.check_address(address, what=what)
 
 
-def check_recipients(recipients: Iterable[str]) -> list[str]:
-    """Valid, de-duplicated (case-insensitively) recipients in their given order."""
+def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
+    """The recipients, each checked (surrounding blanks removed), in their given order, in
+    lists of up to ``size``; checked as the chunks are asked for, so an iterator of any length
+    is never held whole. Duplicates stay: the insert skips a second row of one idempotency key
+    (the address compared case-insensitively)."""
     if isinstance(recipients, str):
         raise InvalidEmailError("recipients must be a list of addresses, not one string")
     if isinstance(recipients, bytes | bytearray) or not isinstance(recipients, Iterable):
         raise InvalidEmailError("recipients must be a list of addresses, not "
                                 f"{type(recipients).__name__}")
-    seen: set[str] = set()
-    result: list[str] = []
+    return _chunks(recipients, size)
+
+
+def _chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
+    check = rules.check_address
+    chunk: list[str] = []
     for raw in recipients:
-        address = check_address(raw)
-        if address.lower() not in seen:
-            seen.add(address.lower())
-            result.append(address)
-    if not result:
-        raise InvalidEmailError("no recipients given")
-    return result
+        try:
+            chunk.append(check(raw))
+        except InvalidContentError as exc:
+            raise InvalidEmailError(str(exc)) from None
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def check_subject(subject: object) -> str:

@@ -348,3 +348,47 @@ def test_the_readme_job_snippet_works_with_postroom_database_schema_set(
         rows = conn.execute(sa.text("SELECT message_key, attachments FROM outbox")).all()
     assert rows == [("sales-report-2026-09", [str(report)])] * len(TEAM)
     assert queued(engine) == len(TEAM)
+
+
+# -- many recipients: chunks of one statement each (issue 26) ------------------------------------
+
+def test_recipients_go_in_chunks_in_their_order_duplicates_skipped(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.outbox
+
+    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 2)
+    given = ["a@example.com", "b@example.com", "A@example.com", "c@example.com",
+             " b@example.com ", "d@example.com", "e@example.com"]
+    with engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=iter(given), subject="S", body="b") == 5
+        assert enqueue(conn, key="k", recipients=iter(given), subject="S", body="b") == 0
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT recipient FROM outbox ORDER BY id")).scalars().all()
+        queue = conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one()
+    # The first of each address kept, as given (ids follow the order given).
+    assert rows == ["a@example.com", "b@example.com", "c@example.com", "d@example.com",
+                    "e@example.com"]
+    assert queue == 5
+
+
+def test_a_bad_recipient_in_a_later_chunk_writes_nothing(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.outbox
+
+    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 2)
+
+    def recipients() -> Iterator[str]:
+        yield from (f"user{n}@example.com" for n in range(5))
+        yield "not an address"
+
+    with engine.begin() as conn:
+        enqueue(conn, key="before", recipients=["x@example.com"], subject="S", body="b")
+        with pytest.raises(InvalidEmailError, match="'not an address' is not of the form"):
+            enqueue(conn, key="k", recipients=recipients(), subject="S", body="b")
+        # The caller's transaction goes on: its own rows and later calls stay.
+        enqueue(conn, key="after", recipients=["y@example.com"], subject="S", body="b")
+    with engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT message_key FROM outbox ORDER BY id")).scalars().all()
+        queue = conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one()
+    assert keys == ["before", "after"]
+    assert queue == 2

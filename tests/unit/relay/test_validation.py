@@ -16,7 +16,8 @@ ANYTHING = st.one_of(st.none(), st.integers(), st.floats(), st.binary(max_size=8
                      st.text(max_size=40), st.lists(st.text(max_size=8), max_size=3))
 CHECKS: list[Callable[[Any], Any]] = [
     validation.check_subject, validation.check_key, validation.check_body,
-    validation.check_address, validation.check_recipients, validation.check_priority,
+    validation.check_address, validation.check_priority,
+    lambda recipients: list(validation.recipient_chunks(recipients, 2)),
     lambda paths: validation.check_attachments(paths, 1024),
 ]
 
@@ -40,3 +41,16 @@ def test_two_different_pairs_never_share_an_idempotency_key(
         key: str, other: str, a: str, b: str) -> None:
     if (key, a) != (other, b):
         assert validation.idempotency_key(key, a) != validation.idempotency_key(other, b)
+
+
+def test_recipients_are_checked_chunk_by_chunk_as_they_are_asked_for() -> None:
+    import itertools
+
+    endless = (f"user{n}@example.com" for n in itertools.count())
+    chunks = validation.recipient_chunks(endless, 3)
+    assert next(chunks) == ["user0@example.com", "user1@example.com", "user2@example.com"]
+    assert next(chunks)[0] == "user3@example.com"
+    bad = validation.recipient_chunks(iter(["a@example.com", "b@example.com", "nope"]), 2)
+    assert next(bad) == ["a@example.com", "b@example.com"]
+    with pytest.raises(EnqueueError, match="'nope' is not of the form local@domain"):
+        next(bad)
