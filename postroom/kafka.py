@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -22,6 +24,7 @@ from postroom.acls import (
     topic_problems,
 )
 from postroom.errors import KafkaClientError
+from postroom.headers import UNREADABLE_HEADERS
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
 from postroom.topics import all_topics
 
@@ -39,9 +42,77 @@ CONSUMER_SESSION_TIMEOUT_MS = 10_000
 CONSUMER_HEARTBEAT_INTERVAL_MS = 2_000
 
 
+# A client's errors and librdkafka's own log lines repeat while a broker is down (about 20 a
+# second for a closed port): the first of each kind is logged, the rest counted and said in one
+# line when that kind comes back REPEAT_SUMMARY_S later.
+REPEAT_SUMMARY_S = 60.0
+REPEAT_KINDS_KEPT = 256  # kinds remembered at once; beyond, the oldest are forgotten
+# How long a command or a role waits at start for a broker to answer before it gives up.
+BROKER_WAIT_S = 10.0
+_DIGITS = re.compile(r"\d+")
+_librdkafka_log = logging.getLogger("postroom.librdkafka")
+
+
+class RepeatedLines:
+    """Which of many alike lines to log: the first of a kind, then, once ``interval_s`` has
+    passed, the next one with the count of those left out. Lines differing only in their
+    numbers (a client's serial, milliseconds, a port) are of one kind. Pure: the clock is given."""
+
+    def __init__(self, interval_s: float = REPEAT_SUMMARY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kinds: dict[str, list[float]] = {}  # kind -> [logged at, left out since]
+
+    def admit(self, text: str) -> str | None:
+        """The line to log for ``text`` now, or None when it is only counted."""
+        kind = _DIGITS.sub("#", text)
+        now = self._clock()
+        with self._lock:
+            seen = self._kinds.get(kind)
+            if seen is not None and now - seen[0] < self._interval_s:
+                seen[1] += 1
+                return None
+            if len(self._kinds) >= REPEAT_KINDS_KEPT:
+                del self._kinds[next(iter(self._kinds))]
+            self._kinds[kind] = [now, 0]
+        if seen is not None and seen[1]:
+            return f"{text} (and {seen[1]:.0f} more like it in the last {now - seen[0]:.0f}s)"
+        return text
+
+
+_repeats = RepeatedLines()
+
+
+class ClientLog:
+    """Where librdkafka's own log lines go (confluent-kafka's ``logger``): Python logging, under
+    ``postroom.librdkafka``, repeats summarised, instead of ``%3|...|FAIL|`` lines on stderr.
+    Its informational lines (below WARNING) describe its internals: DEBUG."""
+
+    def __init__(self, repeats: RepeatedLines = _repeats) -> None:
+        self._repeats = repeats
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        line = self._repeats.admit(msg % args if args else msg)
+        if line is not None:
+            _librdkafka_log.log(level if level >= logging.WARNING else logging.DEBUG, "%s", line)
+
+
+_client_log = ClientLog()
+
+
 def _log_error(err: KafkaError) -> None:
     # librdkafka reports broker outages here and keeps retrying by itself; say it, don't stop.
-    log.warning("kafka client error code=%s: %s", err.name(), err.str())
+    line = _repeats.admit(f"kafka client error code={err.name()}: {err.str()}")
+    if line is not None:
+        log.warning("%s", line)
+
+
+def client_config(settings: Settings) -> dict[str, Any]:
+    """The settings' librdkafka config with postroom's error and log handling; every client
+    postroom makes starts from it."""
+    return {**settings.kafka_client_config(), "error_cb": _log_error, "logger": _client_log}
 
 
 def is_too_large(err: object) -> bool:
@@ -70,14 +141,13 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     claim TTL is sized against.
     """
     return {
-        **settings.kafka_client_config(),
+        **client_config(settings),
         "linger.ms": 5,
         "compression.type": "lz4",
         **settings.kafka_producer_config,
         "enable.idempotence": True,
         "acks": "all",
         "message.timeout.ms": PRODUCER_MESSAGE_TIMEOUT_MS,
-        "error_cb": _log_error,
         **overrides,
     }
 
@@ -97,14 +167,13 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS,
         # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
         "client.id": f"postroom-{group_id}",
-        **settings.kafka_client_config(),
+        **client_config(settings),
         **settings.kafka_consumer_config,
         "group.id": group_id,
         "enable.auto.commit": True,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
-        "error_cb": _log_error,
         **overrides,
     }
 
@@ -129,8 +198,7 @@ def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consum
 
 def make_admin(settings: Settings) -> AdminClient:
     try:
-        config: dict[str, Any] = {**settings.kafka_client_config(), "error_cb": _log_error}
-        return AdminClient(config)
+        return AdminClient(client_config(settings))
     except KafkaException as exc:
         raise translate(exc, "cannot create Kafka admin client") from exc
 
@@ -155,22 +223,55 @@ def explain_refusal(err: KafkaError, config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
-    """Raise KafkaClientError unless a broker answers a metadata request in time.
+_BROKER_FAILURE = re.compile(
+    r"^(?P<broker>[^\s/]+)/[^\s:]+: (?:Connect to \S+ failed: )?(?P<why>.*?)"
+    r"(?: \(after \d+ms in state \w+\))?(?:, \d+ identical error\(s\) suppressed)?$")
+
+
+def describe_attempts(errors: Iterable[str]) -> str:
+    """What the client's errors say of each broker tried, in one line:
+    ``127.0.0.1:1 (Connection refused), kafka:9092 (Failed to resolve ...)``; the first error
+    as it is when none names a broker."""
+    errors = list(errors)
+    tried: dict[str, str] = {}
+    for text in errors:
+        match = _BROKER_FAILURE.match(text)
+        if match:
+            tried[match["broker"]] = match["why"]
+    if tried:
+        return ", ".join(f"{broker} ({why})" for broker, why in sorted(tried.items()))
+    return errors[0] if errors else "no answer"
+
+
+class _ProbeLog:
+    """librdkafka's lines while waiting for a broker: its FAIL lines (one per connection try)
+    are the errors the wait reports once; the rest go where every client's go."""
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        if not msg.startswith("FAIL") and not (args and str(args[0]) == "FAIL"):
+            _client_log.log(level, msg, *args)
+
+
+def check_reachable(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> None:
+    """Raise KafkaClientError unless a broker answers a metadata request within ``timeout_s``:
+    one line naming POSTROOM_KAFKA_BOOTSTRAP_SERVERS and what each address tried answered
+    (the client's errors while it waits are in it, not logged one by one).
 
     Refused credentials and failed TLS handshakes stop the check at once, with what to fix.
     """
     refusals: list[str] = []
+    errors: list[str] = []
     config = settings.kafka_client_config()
 
     def on_error(err: KafkaError) -> None:
-        _log_error(err)
+        errors.append(err.str())
         explained = explain_refusal(err, config)
         if explained:
             refusals.append(explained)
 
-    client_config: dict[str, Any] = {**config, "error_cb": on_error}
-    admin = AdminClient(client_config)
+    probe: dict[str, Any] = {**config, "error_cb": on_error, "logger": _ProbeLog()}
+    admin = AdminClient(probe)
+    servers = f"{settings.kafka_bootstrap_servers} (POSTROOM_KAFKA_BOOTSTRAP_SERVERS)"
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -179,14 +280,27 @@ def check_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
             admin.poll(0)  # serves error_cb
             if refusals:
                 raise KafkaClientError(
-                    f"cannot use the Kafka broker at {settings.kafka_bootstrap_servers}: "
-                    f"{refusals[0]}") from exc
+                    f"cannot use the Kafka broker at {servers}: {refusals[0]}") from exc
             if time.monotonic() >= deadline:
-                raise translate(exc, "no Kafka broker answered at "
-                                     f"{settings.kafka_bootstrap_servers}") from exc
+                raise KafkaClientError(
+                    f"no Kafka broker answered at {servers} within {timeout_s:g}s; tried "
+                    f"{describe_attempts(errors)}") from exc
         else:
             admin.poll(0)  # served now, so the client is not destroyed with events queued
             return
+
+
+def require_topics(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> None:
+    """KafkaClientError, in one line naming ``postroom topics create``, when a topic postroom
+    uses does not exist: a role started before them would wait on them for ever. A topic this
+    principal may not describe is not called missing (``postroom check --role`` tells that)."""
+    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    missing = [a.topic for a in topic_access(settings, topics, timeout_s) if a.exists is False]
+    if missing:
+        raise KafkaClientError(
+            f"{len(missing)} of {len(topics)} topics missing on "
+            f"{settings.kafka_bootstrap_servers}: {', '.join(missing)}; run `postroom topics "
+            f"create` (with the same POSTROOM_TOPIC_PREFIX={settings.topic_prefix!r})")
 
 
 def check_topics(settings: Settings, role: Role | None = None, timeout_s: float = 10.0) -> str:
@@ -222,6 +336,7 @@ def create_topics(
     """Create each topic that does not exist yet; return ``{topic: "created" | "exists"}``."""
     wanted = list(names) if names is not None else all_topics(
         settings.topic_prefix, len(settings.retry_delays_s))
+    check_reachable(settings)
     admin = make_admin(settings)
     try:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
@@ -267,7 +382,13 @@ class Record:
 
     @classmethod
     def from_message(cls, msg: Message) -> Record:
-        raw = msg.headers() or []
+        try:
+            raw = msg.headers() or []
+        except SystemError:
+            # confluent-kafka cannot decode a header name that is not UTF-8 (and asked again,
+            # gives a list holding NULL): the record keeps only a mark that its headers are
+            # unreadable, which the sender's admission refuses.
+            raw = [(UNREADABLE_HEADERS, None)]
         headers: Headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
         key = msg.key()
         value = msg.value()

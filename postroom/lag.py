@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from postroom.errors import ConfigError, KafkaClientError
-from postroom.kafka import make_admin, translate
+from postroom.kafka import check_reachable, client_config, make_admin, translate
 from postroom.lagrules import (
     CommitWindows,
     Verdict,
@@ -137,6 +137,9 @@ class LagReader:
         self._windows = CommitWindows()
         self._admin = make_admin(settings)
         self._reader: Consumer | None = None
+        self._reached = False
+        # Named in every error, so a timed-out request says which broker did not answer.
+        self._broker = f"on {settings.kafka_bootstrap_servers} (POSTROOM_KAFKA_BOOTSTRAP_SERVERS)"
 
     def close(self) -> None:
         if self._reader is not None:
@@ -147,13 +150,17 @@ class LagReader:
         if self._reader is None:
             # Reads records by assignment only: it joins no group and commits nothing.
             self._reader = Consumer({
-                **self._settings.kafka_client_config(), **self._settings.kafka_consumer_config,
+                **client_config(self._settings), **self._settings.kafka_consumer_config,
                 "group.id": f"postroom-lag-reader-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False, "enable.partition.eof": False,
                 "fetch.wait.max.ms": 10})
         return self._reader
 
     def sample(self) -> list[GroupReport]:
+        if not self._reached:
+            # A broker that never answers is one line, not each request's timeout in turn.
+            check_reachable(self._settings)
+            self._reached = True
         return [self._sample_group(group, topics) for group, topics in self._groups.items()]
 
     def _sample_group(self, group: str, topics: list[str]) -> GroupReport:
@@ -189,7 +196,7 @@ class LagReader:
             description = self._admin.describe_consumer_groups(
                 [group], request_timeout=READ_TIMEOUT_S)[group].result()
         except KafkaException as exc:
-            raise translate(exc, f"cannot describe group {group}") from exc
+            raise translate(exc, f"cannot describe group {group} {self._broker}") from exc
         state = getattr(description.state, "name", str(description.state)).lower()
         members = tuple(Member(m.client_id, m.host, len(m.assignment.topic_partitions))
                         for m in description.members)
@@ -220,7 +227,7 @@ class LagReader:
                 start = min(max(done if done is not None else low, low), high)
                 rows.append((tp, start, done, high))
         except KafkaException as exc:
-            raise translate(exc, f"cannot read the offsets of group {group}") from exc
+            raise translate(exc, f"cannot read the offsets of group {group} {self._broker}") from exc
         return rows
 
     def _committed(self, group: str, partitions: list[TopicPartition],
@@ -234,7 +241,8 @@ class LagReader:
             result = self._admin.list_consumer_group_offsets(
                 request, request_timeout=READ_TIMEOUT_S)[group].result()
         except KafkaException as exc:
-            raise translate(exc, f"cannot read the committed offsets of group {group}") from exc
+            raise translate(exc, f"cannot read the committed offsets of group {group} "
+                                 f"{self._broker}") from exc
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
                 for tp in result.topic_partitions}
 

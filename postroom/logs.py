@@ -11,6 +11,9 @@ import sys
 import time
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Libraries whose INFO lines are their requests (httpx: one per registry call, 404s included) or
+# their steps (alembic): WARNING and above only, whatever the level.
+QUIET_LIBRARIES = ("alembic", "httpx", "httpcore")
 _CALLER_FIELDS = ("pathname", "filename", "module", "funcName", "lineno")
 
 
@@ -68,3 +71,17 @@ def configure_logging(level: str | int, fmt: str = LOG_FORMAT) -> None:
     handler.setFormatter(SecondCachingFormatter(fmt))
     handler.addFilter(EscapingFilter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def command_level(level: str | int) -> int:
+    """The level of a command a person runs: its result is its output, so INFO (a role's running
+    log) is raised to WARNING; DEBUG stays DEBUG, for whoever asks for it."""
+    number = logging.getLevelName(level) if isinstance(level, str) else level
+    return logging.WARNING if number == logging.INFO else int(number)
+
+
+def set_level(level: str | int) -> None:
+    """Log at ``level`` from now on (a role, once it starts, logs at POSTROOM_LOG_LEVEL)."""
+    logging.getLogger().setLevel(level)

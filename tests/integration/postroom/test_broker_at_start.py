@@ -1,0 +1,117 @@
+"""What each command says when Kafka is not there to use: a closed port, or topics never created.
+The real CLI as a subprocess, its stderr counted line by line: one line naming the setting and
+what was tried, a bounded wait, a clean non-zero exit; Ctrl-C during the wait, no traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+
+import pytest
+
+from postroom.devkit.ports import free_ports
+from postroom.devkit.processes import postroom_command
+from postroom.devkit.scratch import scratch_env, unique_name
+from postroom.kafka import BROKER_WAIT_S
+from postroom.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+# The broker wait, and the start of a Python process with its imports on a busy machine.
+BOUNDED_S = BROKER_WAIT_S + 15.0
+ROLES = ("relay", "sender", "recorder")
+COMMANDS = {"check": ["check"], "relay": ["relay"], "sender": ["sender"],
+            "recorder": ["recorder"], "topics create": ["topics", "create"],
+            "dlq list": ["dlq", "list"], "lag": ["lag"]}
+# The line a command prints before it waits on the broker.
+PROGRESS = ("creating topics with prefix ", "reading ")
+
+
+def run_all(commands: Mapping[str, list[str]], env: Mapping[str, str],
+            ) -> dict[str, tuple[subprocess.CompletedProcess[str], float]]:
+    """Run every command at once (each mostly waits); each one's result and its seconds."""
+    started = time.monotonic()
+    running = {name: subprocess.Popen(postroom_command(*argv), env=dict(env), text=True,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+               for name, argv in commands.items()}
+    done = {}
+    for name, process in running.items():
+        try:
+            out, err = process.communicate(timeout=BOUNDED_S * 2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        done[name] = (subprocess.CompletedProcess(process.args, process.returncode, out, err),
+                      time.monotonic() - started)
+    return done
+
+
+def said(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines a person reads on stderr, progress lines left out."""
+    return [line for line in proc.stderr.splitlines() if not line.startswith(PROGRESS)]
+
+
+@pytest.fixture
+def closed_port_env(db_settings: Settings) -> dict[str, str]:
+    """The stack's environment with a migrated schema of its own and two bootstrap addresses
+    where nothing listens."""
+    first, second = free_ports(2)
+    return {**os.environ, **scratch_env(db_settings),
+            "POSTROOM_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{first},127.0.0.1:{second}"}
+
+
+def test_a_closed_kafka_port_is_one_line_naming_the_setting_and_the_addresses_tried(
+        closed_port_env: dict[str, str]) -> None:
+    servers = closed_port_env["POSTROOM_KAFKA_BOOTSTRAP_SERVERS"]
+    first, second = servers.split(",")
+    for name, (proc, seconds) in run_all(COMMANDS, closed_port_env).items():
+        shown = f"postroom {name} (exit {proc.returncode}, {seconds:.1f}s):\n{proc.stderr}"
+        assert proc.returncode == 1, shown
+        assert seconds < BOUNDED_S, shown
+        assert "Traceback" not in proc.stderr and "%3|" not in proc.stderr, shown
+        if name == "check":
+            assert said(proc) == [], shown
+            [line] = [line for line in proc.stdout.splitlines() if " kafka: " in line]
+        else:
+            [line] = said(proc)
+            assert line.startswith(f"postroom {name.split()[0]}: error: "), shown
+        assert f"at {servers} (POSTROOM_KAFKA_BOOTSTRAP_SERVERS) within {BROKER_WAIT_S:g}s" in line
+        assert f"tried {first} (Connection refused), {second} (Connection refused)" in line
+
+
+@pytest.mark.parametrize("argv", [["topics", "create"], ["lag"]], ids=" ".join)
+def test_ctrl_c_while_waiting_for_the_broker_stops_at_once_without_a_traceback(
+        closed_port_env: dict[str, str], argv: list[str]) -> None:
+    process = subprocess.Popen(postroom_command(*argv), env=closed_port_env, text=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    time.sleep(3.0)  # well into the wait: the imports are done, the client tries its addresses
+    process.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    _, err = process.communicate(timeout=BOUNDED_S)
+    assert time.monotonic() - interrupted < 3.0, err
+    assert process.returncode == 130, err
+    assert [line for line in err.splitlines() if not line.startswith(PROGRESS)] == [
+        f"postroom {argv[0]}: interrupted"]
+
+
+def test_a_role_started_before_topics_create_stops_naming_it(
+        db_settings: Settings, stack_settings: Settings) -> None:
+    prefix = f"{unique_name('b_notopics')}."  # no topic of it exists
+    env = {**os.environ, **scratch_env(db_settings), "POSTROOM_TOPIC_PREFIX": prefix}
+    for name, (proc, seconds) in run_all({role: [role] for role in ROLES}, env).items():
+        shown = f"postroom {name} (exit {proc.returncode}, {seconds:.1f}s):\n{proc.stderr}"
+        assert proc.returncode == 1, shown
+        assert seconds < BOUNDED_S, shown
+        [line] = said(proc)
+        assert line == (
+            f"postroom {name}: error: 9 of 9 topics missing on "
+            f"{stack_settings.kafka_bootstrap_servers}: {prefix}email.high, {prefix}email.normal, "
+            f"{prefix}email.low, {prefix}email.retry.1, {prefix}email.retry.2, "
+            f"{prefix}email.retry.3, {prefix}email.retry.4, {prefix}email.dead, "
+            f"{prefix}email.results; run `postroom topics create` (with the same "
+            f"POSTROOM_TOPIC_PREFIX='{prefix}')"), shown
