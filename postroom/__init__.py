@@ -1,6 +1,7 @@
 """postroom: durable, observable email delivery over a PostgreSQL outbox and Kafka.
 
-Report jobs import from here only: ``from postroom import enqueue``. The packages beside this one
+Report jobs import from here only: ``from postroom import enqueue`` (and ``enqueue_many``,
+``Email`` for many personalised emails at once). The packages beside this one
 (relay, sender, schemas) are postroom's own roles and contract, installed as top-level packages;
 :func:`check_companions` refuses a same-named package of another distribution that shadows one.
 """
@@ -12,10 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from relay.outbox import Email as Email
     from relay.outbox import enqueue as enqueue
+    from relay.outbox import enqueue_many as enqueue_many
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "check_companions", "enqueue"]
+__all__ = ["Email", "__version__", "check_companions", "enqueue", "enqueue_many"]
 
 COMPANIONS = ("relay", "sender", "schemas")
 
@@ -36,9 +39,9 @@ def check_companions() -> None:
 
 def __getattr__(name: str) -> Any:
     # Imported on first use, so the base modules (postroom.settings, ...) load without the roles.
-    if name == "enqueue":
+    if name in ("enqueue", "enqueue_many", "Email"):
         check_companions()
-        from relay.outbox import enqueue
+        import relay.outbox
 
-        return enqueue
+        return getattr(relay.outbox, name)
     raise AttributeError(f"module 'postroom' has no attribute {name!r}")

@@ -6,8 +6,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 import itertools
+import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,30 @@ UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
 INSERT_CHUNK_ROWS = 10_000
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Email:
+    """One email for :func:`enqueue_many`: the arguments of :func:`enqueue`, by the same names."""
+
+    recipients: Iterable[str]
+    subject: str
+    body: str
+    key: str | None = None
+    attachments: Sequence[str | Path] = ()
+    priority: str | Priority = Priority.NORMAL
+    send_after: dt.datetime | None = None
+    sender: str | None = None
+    html: str | None = None
+    inline: Sequence[str | Path] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Message:
+    """An email's checked values, shared by its rows (the row columns, by name)."""
+
+    shared: dict[str, Any]
+    chunks: Iterator[list[str]]  # its checked recipients, chunk by chunk
 
 
 def enqueue(
@@ -62,26 +87,102 @@ def enqueue(
     table there raises :class:`~relay.errors.SchemaNotReadyError`. The caller commits (or rolls
     back).
     """
-    limits = limits or SizeLimits()
+    limits = _limits(limits, attachment_max_bytes, schema)
+    message = _check(Email(recipients=recipients, subject=subject, body=body, key=key,
+                           attachments=attachments, priority=priority, send_after=send_after,
+                           sender=sender, html=html, inline=inline), limits)
+    shared = message.shared
+    statement = sql.insert_rows(schema)
+    first = next(message.chunks)
+    second = next(message.chunks, None)
+    given = new = 0
+    # Recipients past the first chunk are checked as they come (an iterator of a million is
+    # never held whole): a bad one rolls back the rows of the chunks before it.
+    with conn.begin_nested() if second is not None else contextlib.nullcontext():
+        for chunk in itertools.chain((first,), () if second is None else (second,),
+                                     message.chunks):
+            keys = _keys(shared, chunk, limits)
+            new += _insert(conn, statement, {**shared, "keys": keys, "recipients": chunk}, schema)
+            given += len(chunk)
+    log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
+             shared["message_key"], new, given, shared["priority"], html is not None,
+             len(shared["inline"]))
+    return new
+
+
+def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
+                 attachment_max_bytes: int | None = None, limits: SizeLimits | None = None,
+                 schema: str | None = None) -> int:
+    """Queue many emails (each a different subject, body or attachment, say: an invoice run)
+    in the caller's transaction, as :func:`enqueue` queues each; return how many rows are new.
+
+    Each email is checked as enqueue checks it, and their rows go to the database together, up
+    to INSERT_CHUNK_ROWS per statement, not one statement per email. A bad email raises
+    :class:`~relay.errors.EnqueueError` and writes nothing of any of them (emails given as an
+    iterator are read as they are written, never held whole).
+    """
+    limits = _limits(limits, attachment_max_bytes, schema)
+    if isinstance(emails, Email) or not isinstance(emails, Iterable):
+        raise InvalidEmailError(f"emails must be a list of Email, not {type(emails).__name__}")
+    statement = sql.insert_emails(schema)
+    columns: dict[str, list[Any]] = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
+    new = given = 0
+    with conn.begin_nested():
+        for email in emails:
+            if not isinstance(email, Email):
+                raise InvalidEmailError(f"an email must be an Email, not {type(email).__name__}")
+            message = _check(email, limits)
+            shared = message.shared
+            attachments, inline = json.dumps(shared["attachments"]), json.dumps(shared["inline"])
+            for chunk in message.chunks:
+                keys = _keys(shared, chunk, limits)
+                for name in ("message_key", "sender", "subject", "body", "html", "priority",
+                             "available_at"):
+                    columns[name] += [shared[name]] * len(chunk)
+                columns["attachments"] += [attachments] * len(chunk)
+                columns["inline"] += [inline] * len(chunk)
+                columns["idempotency_key"] += keys
+                columns["recipient"] += chunk
+                if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
+                    given += len(columns["recipient"])
+                    new += _insert(conn, statement, columns, schema)
+                    columns = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
+        if columns["recipient"]:
+            given += len(columns["recipient"])
+            new += _insert(conn, statement, columns, schema)
+    log.info("enqueued many: new_rows=%d of=%d", new, given)
+    return new
+
+
+def _limits(limits: SizeLimits | None, attachment_max_bytes: int | None,
+            schema: object) -> SizeLimits:
     if schema is not None and not isinstance(schema, str):
         raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
+    limits = limits or SizeLimits()
     if attachment_max_bytes is not None:
         limits = dataclasses.replace(limits, attachment_max_bytes=attachment_max_bytes)
-    subject = validation.check_subject(subject)
-    message_key = validation.check_key(key if key is not None else subject)
-    body = validation.check_body(body, limits.body_max_bytes)
-    chosen = validation.check_priority(priority)
-    files, attached_bytes = validation.check_files(attachments, limits.attachment_max_bytes,
+    return limits
+
+
+def _check(email: Email, limits: SizeLimits) -> _Message:
+    """The email's checked values and its recipients' chunks; EnqueueError for a bad one."""
+    subject = validation.check_subject(email.subject)
+    message_key = validation.check_key(email.key if email.key is not None else subject)
+    body = validation.check_body(email.body, limits.body_max_bytes)
+    chosen = validation.check_priority(email.priority)
+    files, attached_bytes = validation.check_files(email.attachments, limits.attachment_max_bytes,
                                                    limits.attachments_total_max_bytes)
-    html = validation.check_html(html)
-    images = validation.check_inline(inline, html, limits.attachment_max_bytes,
+    html = validation.check_html(email.html)
+    images = validation.check_inline(email.inline, html, limits.attachment_max_bytes,
                                      limits.attachments_total_max_bytes, attached_bytes)
+    sender = email.sender
     from_address = validation.check_address(sender, what="sender") if sender is not None else None
+    send_after = email.send_after
     if send_after is not None and (not isinstance(send_after, dt.datetime)
                                    or send_after.tzinfo is None):
         raise InvalidEmailError("send_after must be a timezone-aware datetime "
                                 "(e.g. 2026-10-02T07:00:00+00:00)")
-    chunks = validation.recipient_chunks(recipients, INSERT_CHUNK_ROWS)
+    chunks = validation.recipient_chunks(email.recipients, INSERT_CHUNK_ROWS)
     first = next(chunks, None)
     if first is None:
         raise InvalidEmailError("no recipients given")
@@ -90,21 +191,15 @@ def enqueue(
     shared = {"message_key": message_key, "sender": from_address, "subject": subject,
               "body": body, "attachments": files, "html": html, "inline": images,
               "priority": chosen.value, "available_at": send_after}
-    statement = sql.insert_rows(schema)
-    second = next(chunks, None)
-    given = new = 0
-    # Recipients past the first chunk are checked as they come (an iterator of a million is
-    # never held whole): a bad one rolls back the rows of the chunks before it.
-    with conn.begin_nested() if second is not None else contextlib.nullcontext():
-        for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
-            keys = [validation.idempotency_key(message_key, address) for address in chunk]
-            _check_event_size(max(zip(keys, chunk, strict=True), key=lambda kr: len(kr[0])),
-                              shared, limits)
-            new += _insert(conn, statement, {**shared, "keys": keys, "recipients": chunk}, schema)
-            given += len(chunk)
-    log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
-             message_key, new, given, chosen.value, html is not None, len(images))
-    return new
+    return _Message(shared, itertools.chain((first,), chunks))
+
+
+def _keys(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[str]:
+    """The idempotency keys of a chunk's rows, once the longest one's event fits the cap."""
+    keys = [validation.idempotency_key(shared["message_key"], address) for address in chunk]
+    _check_event_size(max(zip(keys, chunk, strict=True), key=lambda kr: len(kr[0])), shared,
+                      limits)
+    return keys
 
 
 def _insert(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],

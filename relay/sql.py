@@ -240,11 +240,52 @@ INSERT_ROWS = """
 """
 
 
+# Rows of many emails (enqueue_many), every column an array of one item per row; the paths of
+# attachments and inline images as a JSON array each (arrays of arrays must be rectangular).
+INSERT_EMAILS_COLUMNS = ("idempotency_key", "message_key", "recipient", "sender", "subject",
+                         "body", "attachments", "html", "inline", "priority", "available_at")
+INSERT_EMAILS = """
+    WITH inserted AS (
+        INSERT INTO {outbox} AS o (idempotency_key, message_key, recipient, sender, subject, body,
+                                  attachments, html, inline, priority, available_at)
+        SELECT r.idempotency_key, r.message_key, r.recipient, r.sender, r.subject, r.body,
+               CASE WHEN r.attachments = '[]' THEN CAST('{{}}' AS text[]) ELSE
+                   ARRAY(SELECT jsonb_array_elements_text(CAST(r.attachments AS jsonb))) END,
+               r.html,
+               CASE WHEN r.inline = '[]' THEN CAST('{{}}' AS text[]) ELSE
+                   ARRAY(SELECT jsonb_array_elements_text(CAST(r.inline AS jsonb))) END,
+               r.priority, COALESCE(r.available_at, now())
+        FROM unnest(CAST(:idempotency_key AS text[]), CAST(:message_key AS text[]),
+                    CAST(:recipient AS text[]), CAST(:sender AS text[]),
+                    CAST(:subject AS text[]), CAST(:body AS text[]),
+                    CAST(:attachments AS text[]), CAST(:html AS text[]),
+                    CAST(:inline AS text[]), CAST(:priority AS text[]),
+                    CAST(:available_at AS timestamptz[]))
+             WITH ORDINALITY AS r(idempotency_key, message_key, recipient, sender, subject, body,
+                                  attachments, html, inline, priority, available_at, n)
+        ORDER BY r.n
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) FROM inserted
+"""
+
+
+def _outbox_of(schema: str | None) -> str:
+    """The outbox table of ``schema`` (a quoted identifier), or of the search path's."""
+    return f'"{schema.replace(chr(34), chr(34) * 2)}".outbox' if schema else "outbox"
+
+
 @functools.cache
 def insert_rows(schema: str | None) -> sa.TextClause:
-    """INSERT_ROWS into the outbox of ``schema`` (a quoted identifier), or of the search path's."""
-    table = f'"{schema.replace(chr(34), chr(34) * 2)}".outbox' if schema else "outbox"
-    return sa.text(INSERT_ROWS.format(outbox=table))
+    """INSERT_ROWS into the outbox of ``schema``, or of the search path's."""
+    return sa.text(INSERT_ROWS.format(outbox=_outbox_of(schema)))
+
+
+@functools.cache
+def insert_emails(schema: str | None) -> sa.TextClause:
+    """INSERT_EMAILS into the outbox of ``schema``, or of the search path's."""
+    return sa.text(INSERT_EMAILS.format(outbox=_outbox_of(schema)))
 
 
 # -- operators' commands: redrive, requeue, reports, retention ----------------------------------

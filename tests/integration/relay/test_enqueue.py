@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from postroom import enqueue
+from postroom import Email, enqueue, enqueue_many
 from postroom.settings import Settings
 from relay.errors import InvalidAttachmentError, InvalidEmailError, SchemaNotReadyError
 
@@ -392,3 +394,69 @@ def test_a_bad_recipient_in_a_later_chunk_writes_nothing(
         queue = conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one()
     assert keys == ["before", "after"]
     assert queue == 2
+
+
+# -- enqueue_many: many personalised emails, their rows together (issue 26) ---------------------
+
+def outbox_rows(engine: sa.Engine) -> list[sa.Row[Any]]:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT idempotency_key, message_key, recipient, sender, subject, body, attachments, "
+            "html, inline, priority, available_at, created_at FROM outbox ORDER BY id")).all()
+
+
+def test_enqueue_many_writes_the_rows_enqueue_writes(
+        engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.outbox
+
+    (tmp_path / "inv.pdf").write_bytes(b"%PDF")
+    (tmp_path / "logo.png").write_bytes(b"PNG")
+    later = dt.datetime(2030, 1, 1, 7, 0, tzinfo=dt.UTC)
+    emails = [
+        Email(key=f"inv-{n}", recipients=[f"c{n}@example.com", f"C{n}@example.com"],
+              subject=f"Invoice {n}", body=f"Dear customer {n}",
+              attachments=[tmp_path / "inv.pdf"] if n % 2 else [],
+              html="<img src='cid:logo.png'>" if n % 3 == 0 else None,
+              inline=[tmp_path / "logo.png"] if n % 3 == 0 else [],
+              priority="high" if n == 4 else "normal", send_after=later if n == 5 else None,
+              sender="billing@example.com" if n == 2 else None)
+        for n in range(7)
+    ]
+    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 3)  # several statements
+    with engine.begin() as conn:
+        assert enqueue_many(conn, iter(emails)) == 7
+        assert enqueue_many(conn, emails) == 0  # a rerun queues nothing twice
+    many = outbox_rows(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox"))
+        for email in emails:
+            enqueue(conn, **dataclasses.asdict(email))
+    one_by_one = outbox_rows(engine)
+
+    def comparable(row: sa.Row[Any]) -> tuple[Any, ...]:
+        *values, available_at, _created_at = row
+        return (*values, available_at if available_at == later else "now")
+
+    assert [comparable(r) for r in many] == [comparable(r) for r in one_by_one]
+    assert len(many) == 7
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one() == 7
+
+
+def test_enqueue_many_writes_nothing_when_one_email_is_bad(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.outbox
+
+    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 2)
+    emails = [Email(key=f"k{n}", recipients=[f"r{n}@example.com"], subject="S", body="b")
+              for n in range(5)]
+    with engine.begin() as conn:
+        with pytest.raises(InvalidEmailError, match="subject contains a line break"):
+            enqueue_many(conn, [*emails, Email(recipients=["x@example.com"],
+                                               subject="a\r\nBcc: y@example.com", body="b")])
+        with pytest.raises(InvalidEmailError, match="an email must be an Email, not dict"):
+            enqueue_many(conn, [{"recipients": ["x@example.com"]}])  # type: ignore[list-item]
+        with pytest.raises(InvalidEmailError, match="emails must be a list of Email"):
+            enqueue_many(conn, emails[0])  # type: ignore[arg-type]
+        assert enqueue_many(conn, []) == 0
+    assert count(engine) == 0

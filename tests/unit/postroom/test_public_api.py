@@ -45,3 +45,11 @@ def test_unknown_attributes_are_still_attribute_errors() -> None:
     import postroom
 
     assert not hasattr(postroom, "send_now")
+
+
+def test_enqueue_many_and_email_are_the_outbox_ones() -> None:
+    import postroom
+
+    assert postroom.enqueue_many is relay.outbox.enqueue_many
+    assert postroom.Email is relay.outbox.Email
+    assert {"enqueue", "enqueue_many", "Email"} <= set(postroom.__all__)
