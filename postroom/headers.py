@@ -19,6 +19,9 @@ DLQ_PARTITION_HEADER = "postroom.dlq.partition"
 DLQ_OFFSET_HEADER = "postroom.dlq.offset"
 DLQ_CLASS_HEADER = "postroom.dlq.classification"
 DLQ_REASON_HEADER = "postroom.dlq.reason"
+# Not written by postroom: what postroom.kafka.Record leaves of headers the Kafka client cannot
+# decode (a name that is not UTF-8); read_headers refuses it.
+UNREADABLE_HEADERS = "postroom.unreadable_headers"
 
 # No row is redriven a million times; the bound also keeps int() away from 5,000 digits.
 ATTEMPT_BASE_MAX = 1_000_000
@@ -43,6 +46,9 @@ def read_headers(headers: HeaderList | None) -> PostroomHeaders:
     not the decimal number postroom writes; other headers are not read here."""
     base, row_id = 0, None
     for name, value in headers or ():
+        if name == UNREADABLE_HEADERS:
+            raise InvalidContentError("a header name is not UTF-8: the record's headers cannot "
+                                      "be read")
         if value is None:
             continue
         if name == ATTEMPT_BASE_HEADER:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
+from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER, UNREADABLE_HEADERS
 from postroom.rules import SizeLimits
 from schemas.codec import EmailRequested, SchemaUnavailableError, encode, headers_for
 from sender.admission import (
@@ -161,6 +161,12 @@ def test_a_row_id_header_that_is_not_one_is_poison(row_id: str | bytes) -> None:
     good = event()
     poison = refused(encode(good), [*headers_for(good), (ROW_ID_HEADER, row_id)])
     assert ROW_ID_HEADER in poison.reason and poison.row_id is None
+
+
+def test_headers_the_kafka_client_could_not_decode_are_poison() -> None:
+    good = event()
+    poison = refused(encode(good), [(UNREADABLE_HEADERS, None)])
+    assert "not UTF-8" in poison.reason and poison.key == "k|a@example.com"
 
 
 def test_headers_repeated_or_of_other_names_are_read_the_last_one_counting() -> None:

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import fastavro
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,8 @@ from sender.retry import RetryPolicy, due_in_s
 from sender.routing import Origin, dead_letter_headers, poison_result
 
 EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "150"))
+# A long run takes its time: about 200 examples a second on the shared machine.
+pytestmark = pytest.mark.timeout(60 + EXAMPLES // 25)
 BOUNDED = settings(max_examples=EXAMPLES, deadline=dt.timedelta(seconds=5), database=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
