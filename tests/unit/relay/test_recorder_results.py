@@ -30,6 +30,7 @@ from schemas.codec import (
     SchemaUnavailableError,
     confluent_prefix,
     encode,
+    headers_for,
     load_schema,
 )
 
@@ -146,3 +147,23 @@ def test_a_result_waiting_for_the_registry_is_left_unrecorded_on_stop(
     role._apply_until_done(consumer, [Message()])  # type: ignore[arg-type, list-item]
     assert not consumer.committed
     assert role.stats.unreadable == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=300),
+                 st.builds(lambda head, tail: encode(RESULT)[:head] + tail,
+                           st.integers(min_value=0, max_value=60), st.binary(max_size=40))),
+       st.sampled_from(["schemaless", "confluent", "none"]))
+def test_any_result_record_is_a_result_or_skipped_and_nothing_else(value: bytes,
+                                                                    framing: str) -> None:
+    role = recorder(Registry(outages=0))
+    if framing == "confluent":
+        record = Record("p.email.results", 0, 7, b"k", confluent_prefix(3) + value, [])
+    else:
+        headers = [] if framing == "none" else headers_for(EmailResult)
+        record = Record("p.email.results", 0, 7, b"k", value, headers)
+    found = role._decode(record)
+    if found is None:
+        assert role.stats.unreadable + role.stats.refused == 1
+    else:
+        assert storable_result(found) is found  # what it returns is what a row can hold
