@@ -224,8 +224,8 @@ def explain_refusal(err: KafkaError, config: Mapping[str, Any]) -> str | None:
 
 
 _BROKER_FAILURE = re.compile(
-    r"^(?P<broker>[^\s/]+)/[^\s:]+: (?:Connect to \S+ failed: )?(?P<why>.*?)"
-    r"(?: \(after \d+ms in state \w+\))?(?:, \d+ identical error\(s\) suppressed)?$")
+    r"^(?P<broker>(?:\w+://)?[^\s/]+)/[^\s:]+: (?:Connect to \S+ failed: )?(?P<why>.*?)"
+    r"(?: \(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\))?$")
 
 
 def describe_attempts(errors: Iterable[str]) -> str:
