@@ -92,7 +92,8 @@ class Run:
     """One scenario's pipeline. ``start()``, feed, inject faults, ``wait_drained()``, ``stop()``."""
 
     def __init__(self, base: Settings, name: str, log_dir: Path, mail: ChaosMailServer,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 role_env: dict[str, dict[str, str]] | None = None) -> None:
         tag = uuid.uuid4().hex[:8]
         self.name = name
         self.tag = tag
@@ -104,8 +105,10 @@ class Run:
         self.log_dir = log_dir / name
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.extra_env = extra_env or {}
+        self.role_env = role_env or {}  # by command: what only that kind of role is given
         self.roles = {r.name: r for r in (
-            Role("recorder", "recorder"), Role("relay", "relay"),
+            Role("recorder", "recorder", metrics_port=free_port()),
+            Role("relay", "relay", metrics_port=free_port()),
             Role("sender1", "sender", metrics_port=free_port()),
             Role("sender2", "sender", metrics_port=free_port()))}
         self.engine = make_engine(self.settings, application_name=f"chaos-harness-{tag}")
@@ -117,6 +120,11 @@ class Run:
         self._feeder: threading.Thread | None = None
         self.feed_error: BaseException | None = None
         self.faults_done = threading.Event()  # set when the scenario has injected its faults
+        # Rows the scenario wrote that are not part of the known input (the poison storm's), and
+        # what they are: not counted by finished(), checked by the scenario itself.
+        self.hostile_rows: dict[int, str] = {}
+        self.storm: Any = None  # the poison storm's own record of what it injected
+        self.counters: dict[str, dict[str, float]] = {}  # per role, scraped before stop()
 
     # -- set-up and processes ------------------------------------------------------------------
 
@@ -143,6 +151,7 @@ class Run:
             "POSTROOM_LOG_LEVEL": "INFO",
             **({"POSTROOM_METRICS_PORT": str(role.metrics_port)} if role.metrics_port else {}),
             **self.extra_env,
+            **self.role_env.get(role.command, {}),
         }
 
     def start_role(self, name: str) -> None:
@@ -172,7 +181,8 @@ class Run:
         """The running senders' sent_mark_window_seconds histograms (reply read to the mark's
         commit), summed: the processes started last, as a killed one's went with it."""
         return scrape_histogram([role.metrics_port for role in self.roles.values()
-                                 if role.metrics_port is not None and role.proc is not None
+                                 if role.command == "sender"
+                                 and role.metrics_port is not None and role.proc is not None
                                  and role.proc.poll() is None], SENT_MARK_WINDOW)
 
     def alive(self) -> list[str]:
@@ -269,7 +279,9 @@ class Run:
                 time.sleep(0.5)
 
     def finished(self) -> int:
-        return self.query("SELECT count(*) FROM outbox WHERE status IN ('sent','failed','dead')")[0][0]
+        """Rows of the known input in a final state (not the hostile rows)."""
+        return self.query("SELECT count(*) FROM outbox WHERE status IN ('sent','failed','dead') "
+                          "AND NOT id = ANY(:ids)", ids=list(self.hostile_rows))[0][0]
 
     def accepted(self) -> int:
         return sum(1 for r in self.mail.replies if r.code == 250)

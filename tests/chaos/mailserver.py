@@ -1,7 +1,8 @@
 """The chaos suite's SMTP server: it logs every reply it gives, and misbehaves when told to.
 
 Each recipient's fate is fixed by its address (``accept-``, ``defer<n>-``, ``reject-``,
-``never-``); faults are switched on and off while it runs: down, drops in DATA, slow replies.
+``never-``, and the poison storm's ``garble-`` and ``garble250-``, whose replies are broken
+bytes); faults are switched on and off while it runs: down, drops in DATA, slow replies.
 """
 
 from __future__ import annotations
@@ -20,6 +21,20 @@ from sender import devsmtp
 DEFER_REPLY = "451 4.3.0 try again later"
 REJECT_REPLY = "550 5.1.1 User unknown"
 _DEFERRED = re.compile(r"^defer(\d+)-")
+# A ``garble-`` recipient's first RCPT is deferred with one of these (its log says 451): NUL,
+# invalid UTF-8, a 100 KB line, a multi-line reply with a broken line, no code at all. A
+# ``garble250-`` recipient's DATA is accepted with a broken text (its log says 250).
+GARBLED_DEFERRALS: tuple[bytes, ...] = (
+    b"451 4.3.0 try\x00again later",
+    b"451 4.3.0 \xff\xfe\xc3( later",
+    b"451 4.3.0 " + b"x" * 100_000,
+    b"451-4.3.0 first line\r\n451-\xff\x00\xfe\r\n451 4.3.0 last line",
+    b"\xff\xfe\x00 no code at all",
+)
+GARBLED_ACCEPTS: tuple[bytes, ...] = (
+    b"250 2.0.0 Ok \xff\xfe\x00 queued",
+    b"250-2.0.0 Ok\r\n250 \xc3(\x00",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +54,8 @@ def planned_deferrals(rcpt: str) -> int:
     local = rcpt.lower()
     if local.startswith("never-"):
         return 1 << 30
+    if local.startswith("garble-"):
+        return 1
     match = _DEFERRED.match(local)
     return int(match.group(1)) if match else 0
 
@@ -74,6 +91,8 @@ class _Handler(devsmtp._Handler):
                 self.deferred[rcpt] = seen + 1
         if defer:
             self._log(Reply(time.time(), rcpt, 451))
+            if rcpt.startswith("garble-"):
+                return _garbled(GARBLED_DEFERRALS, rcpt)
             return DEFER_REPLY
         envelope.rcpt_tos.append(address)
         return "250 2.1.5 Ok"
@@ -102,6 +121,8 @@ class _Handler(devsmtp._Handler):
             replied_at = time.time()
             for rcpt in rcpts:
                 self._log(Reply(replied_at, rcpt, 250, message_id, 0.0, replied_at))
+            if rcpts and all(r.startswith("garble250-") for r in rcpts):
+                return _garbled(GARBLED_ACCEPTS, rcpts[0])
             return "250 2.0.0 Ok"
         # The slow-reply fault: queued (delivered) at once, the answer held back past the
         # client's timeout, so the client cannot know it was delivered.
@@ -116,6 +137,13 @@ class _Handler(devsmtp._Handler):
 
 
 LATENCY_S = 0.02  # the issue's "server that takes 20 ms per message"
+
+
+def _garbled(replies: tuple[bytes, ...], rcpt: str) -> str:
+    """One of ``replies``, fixed by the address (its number: ``<kind>-<tag>-<n>@``), as aiosmtpd
+    writes it: it pushes bytes unchanged, the handler's annotation notwithstanding."""
+    number = rcpt.split("@", 1)[0].rsplit("-", 1)[-1]
+    return replies[int(number) % len(replies) if number.isdecimal() else 0]  # type: ignore[return-value]
 
 
 class ChaosMailServer:

@@ -10,12 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos import storm
 from chaos.checks import Outcome, check
-from chaos.harness import Run, check_own_stack, recipients_for
+from chaos.harness import TIERS, Run, check_own_stack, recipients_for
 from chaos.mailserver import ChaosMailServer
 from postroom.settings import Settings, parse_duration_s
 
 Inject = Callable[[Run, random.Random], None]
+Verify = Callable[[Run], list[str]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Scenario:
     # Every key a killed sender held in doubt must have been tried again within this long of
     # the kill (the issue's 60 s, with the default session timeout); None: no limit.
     takeover_limit_s: float | None = None
+    recipients: Callable[[int, str], list[str]] = recipients_for
+    role_env: tuple[tuple[str, str, str], ...] = ()  # (command, name, value): one kind of role
+    before_stop: Verify | None = None  # more checks while the roles run, after the drain
+    after_stop: Verify | None = None   # ... and after they stopped
 
     @property
     def smtp_timeout_s(self) -> float:
@@ -131,6 +137,48 @@ def stop_sender(run: Run, rng: random.Random) -> None:
     run.pause(rng.choice(["sender1", "sender2"]), 15.0)  # past the 10 s session timeout
 
 
+def storm_recipients(count: int, tag: str) -> list[str]:
+    """The known input, with one recipient in twelve deferred once by a broken reply and one in
+    twelve accepted with one (see mailserver.GARBLED_*)."""
+    plain = recipients_for(count, tag)
+    return [f"garble-{tag}-{i}@example.com" if i % 12 == 3 else
+            f"garble250-{tag}-{i}@example.com" if i % 12 == 9 else rcpt
+            for i, rcpt in enumerate(plain)]
+
+
+def poison_storm(rounds: int, per_round: int, gap_s: tuple[float, float]) -> Inject:
+    """The hostile rows by SQL at once, then ``rounds`` rounds of hostile records on every topic
+    the roles read (``per_round`` on the sender's, a third as many results), ``gap_s`` apart."""
+    def inject(run: Run, rng: random.Random) -> None:
+        run.storm = storm.Storm()
+        run.storm.write_rows(run)
+        run._fault()
+        for n in range(rounds):
+            time.sleep(rng.uniform(*gap_s))
+            run.storm.produce(run, storm.storm_records(
+                rng, run.tag, run.settings.topic_prefix, TIERS, 2 * n * per_round, per_round))
+            run._fault()
+    return inject
+
+
+STORM_ENV = (("sender", "POSTROOM_BODY_MAX_BYTES", str(storm.SENDER_BODY_MAX_BYTES)),)
+
+
+def poison_storm_scenario(name: str, emails: int, rounds: int, per_round: int,
+                          feed_per_s: float) -> Scenario:
+    return Scenario(
+        name, emails, poison_storm(rounds, per_round, (0.5, 1.5)),
+        "hostile records on every topic, hostile rows by SQL and broken server replies while "
+        "mail flows: every email delivered once, every hostile input ended and counted, no "
+        "role exits, lag back to 0", feed_per_s=feed_per_s, start_faults_at=0.05,
+        recipients=storm_recipients, role_env=STORM_ENV, before_stop=storm.before_stop,
+        after_stop=storm.after_stop, drain_timeout_s=180)
+
+
+POISON_STORM = poison_storm_scenario("poison storm", 3000, 8, 60, 300.0)
+POISON_STORM_SHORT = poison_storm_scenario("poison storm (short)", 400, 2, 40, 200.0)
+
+
 def random_mix(run: Run, rng: random.Random) -> None:
     """Six faults drawn from the cheap ones, at random moments. SMTP faults are left out: two of
     them on one deferred recipient could use up its attempts and make "dead" the right answer."""
@@ -194,6 +242,7 @@ FULL = [
              feed_per_s=20.0, exact_attempts=True, start_faults_at=0.0, drain_timeout_s=180),
     Scenario("sender SIGSTOP 15 s, SIGCONT", 1000, stop_sender,
              "a stopped sender's claims stay its own (its lock is held): no duplicate"),
+    POISON_STORM,
 ]
 
 
@@ -202,14 +251,17 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
     """Run one scenario on fresh topics, schema and groups; always leaves the stack running."""
     check_own_stack(base)
     with ChaosMailServer() as mail:
-        run = Run(base, scenario.name.replace(" ", "_").replace("/", "_"), log_dir, mail,
-                  dict(scenario.env))
+        role_env: dict[str, dict[str, str]] = {}
+        for command, key, value in scenario.role_env:
+            role_env.setdefault(command, {})[key] = value
+        run = Run(base, scenario.name.replace(" ", "_").replace("/", "_").replace("(", "")
+                  .replace(")", ""), log_dir, mail, dict(scenario.env), role_env)
         run.name = scenario.name
         run.prepare()
         try:
             run.start()
             run.wait_assigned()
-            run.feed(recipients_for(scenario.emails, run.tag), scenario.feed_per_s,
+            run.feed(scenario.recipients(scenario.emails, run.tag), scenario.feed_per_s,
                      scenario.backlog)
             run.wait_until(_progress(run, scenario.start_faults_at), 120,
                            "the pipeline to start delivering")
@@ -219,14 +271,18 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
                 run.faults_done.set()
             drain_s = run.wait_drained(scenario.drain_timeout_s)
             time.sleep(2.0)  # a duplicate still on its way arrives now
+            more = scenario.before_stop(run) if scenario.before_stop else []
             crashed = [n for n in run.roles if n not in run.alive()]
             window = run.sent_mark_window()
             codes = run.stop()
+            more += scenario.after_stop(run) if scenario.after_stop else []
             outcome = check(run, drain_s, scenario.exact_attempts,
                             scenario.smtp_timeout_s, scenario.kills_at_full_load,
                             scenario.takeover_limit_s)
             outcome.mark_window = window
             outcome.crashed = crashed + [f"{n} exit {c}" for n, c in codes.items() if c != 0]
+            outcome.hostile = more
+            outcome.storm = run.storm is not None
         finally:
             run.stop()
             run.drop()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chaos.checks import Outcome, table
-from chaos.scenarios import FULL, SHORT, Scenario, random_mix, run_scenario
+from chaos.scenarios import FULL, POISON_STORM_SHORT, SHORT, Scenario, random_mix, run_scenario
 from postroom.settings import Settings
 from support.stack import dev_dir
 
@@ -61,6 +61,11 @@ def assert_clean(outcomes: list[Outcome]) -> None:
 @pytest.mark.timeout(240)
 def test_short_chaos(stack_settings: Settings) -> None:
     assert_clean(run_all(stack_settings, SHORT, seed=9))
+
+
+@pytest.mark.timeout(180)
+def test_short_poison_storm(stack_settings: Settings) -> None:
+    assert_clean(run_all(stack_settings, [POISON_STORM_SHORT], seed=23))
 
 
 @pytest.mark.chaos
