@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from postroom.errors import ConfigError, KafkaClientError
 from postroom.kafka import check_reachable, client_config, make_admin, translate
@@ -37,6 +37,8 @@ from schemas.codec import EmailRequested, SchemaError, decode
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 10.0
+# Errors of a request no broker answered: the message names the bootstrap servers.
+_NO_ANSWER = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
 # One-shot `postroom lag`: a short window of samples, so a verdict can be given at all.
 ONE_SHOT_SAMPLES = 3
 ONE_SHOT_INTERVAL_S = 1.0
@@ -138,8 +140,6 @@ class LagReader:
         self._admin = make_admin(settings)
         self._reader: Consumer | None = None
         self._reached = False
-        # Named in every error, so a timed-out request says which broker did not answer.
-        self._broker = f"on {settings.kafka_bootstrap_servers} (POSTROOM_KAFKA_BOOTSTRAP_SERVERS)"
 
     def close(self) -> None:
         if self._reader is not None:
@@ -155,6 +155,14 @@ class LagReader:
                 "enable.auto.commit": False, "enable.partition.eof": False,
                 "fetch.wait.max.ms": 10})
         return self._reader
+
+    def _failed(self, exc: KafkaException, what: str) -> KafkaClientError:
+        """Our error for a failed request; one that got no answer says which broker it asked."""
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() in _NO_ANSWER:
+            what += (f" on {self._settings.kafka_bootstrap_servers} "
+                     "(POSTROOM_KAFKA_BOOTSTRAP_SERVERS)")
+        return translate(exc, what)
 
     def sample(self) -> list[GroupReport]:
         if not self._reached:
@@ -196,7 +204,7 @@ class LagReader:
             description = self._admin.describe_consumer_groups(
                 [group], request_timeout=READ_TIMEOUT_S)[group].result()
         except KafkaException as exc:
-            raise translate(exc, f"cannot describe group {group} {self._broker}") from exc
+            raise self._failed(exc, f"cannot describe group {group}") from exc
         state = getattr(description.state, "name", str(description.state)).lower()
         members = tuple(Member(m.client_id, m.host, len(m.assignment.topic_partitions))
                         for m in description.members)
@@ -227,7 +235,7 @@ class LagReader:
                 start = min(max(done if done is not None else low, low), high)
                 rows.append((tp, start, done, high))
         except KafkaException as exc:
-            raise translate(exc, f"cannot read the offsets of group {group} {self._broker}") from exc
+            raise self._failed(exc, f"cannot read the offsets of group {group}") from exc
         return rows
 
     def _committed(self, group: str, partitions: list[TopicPartition],
@@ -241,8 +249,7 @@ class LagReader:
             result = self._admin.list_consumer_group_offsets(
                 request, request_timeout=READ_TIMEOUT_S)[group].result()
         except KafkaException as exc:
-            raise translate(exc, f"cannot read the committed offsets of group {group} "
-                                 f"{self._broker}") from exc
+            raise self._failed(exc, f"cannot read the committed offsets of group {group}") from exc
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
                 for tp in result.topic_partitions}
 
