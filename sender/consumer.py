@@ -18,7 +18,13 @@ from postroom import kafka
 from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.settings import Settings
-from postroom.topics import Priority, priority_of_topic, sender_topics
+from postroom.topics import (
+    Priority,
+    priority_of_topic,
+    retry_topic,
+    sender_topics,
+    tier_of_retry_topic,
+)
 from sender.offsets import TP, OffsetBook
 from sender.priority import PRIORITY_ORDER, PriorityState, partition_backlog, plan_round
 
@@ -26,6 +32,7 @@ log = logging.getLogger(__name__)
 
 STARVATION_LIMIT_ROUNDS = 50   # at the sender's priority interval (0.1 s): a low priority waits ~5 s
 COMMITTED_TIMEOUT_S = 1.0
+LIST_TOPICS_TIMEOUT_S = 10.0
 # Each topic's partitions divided among the senders. Not cooperative-sticky: it balances the
 # count of partitions over all the group's topics (three priorities and the retry tiers), and gave
 # one of two senders every partition of the one topic with mail and the other only idle ones (in
@@ -65,8 +72,27 @@ class SenderConsumer:
     def start(self) -> None:
         self._consumer = kafka.make_consumer(self._settings, self._settings.sender_group,
                                              **{"partition.assignment.strategy": ASSIGNMENT})
+        self.topics = [*self.topics, *self.removed_tiers()]
         self._consumer.subscribe(self.topics, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_revoke)
+
+    def removed_tiers(self) -> list[str]:
+        """Retry tier topics beyond today's POSTROOM_RETRY_DELAYS that the broker still has:
+        shortened while retries waited there, they are read until empty (each record is
+        attempted when due, and a transient failure of it is dead, as after the last tier)."""
+        prefix, tiers = self._settings.topic_prefix, len(self._settings.retry_delays_s)
+        try:
+            names = self.consumer.list_topics(timeout=LIST_TOPICS_TIMEOUT_S).topics
+        except KafkaException as exc:
+            log.warning("cannot list the topics to find retry tiers beyond POSTROOM_RETRY_DELAYS "
+                        "(%s); reading today's tiers only", exc)
+            return []
+        found = sorted(tier for name in names
+                       if (tier := tier_of_retry_topic(prefix, name)) is not None and tier > tiers)
+        if found:
+            log.info("also reading retry tiers %s, beyond the %d of POSTROOM_RETRY_DELAYS, for "
+                     "the retries that waited there", found, tiers)
+        return [retry_topic(prefix, tier) for tier in found]
 
     def close(self) -> None:
         if self._consumer is not None:

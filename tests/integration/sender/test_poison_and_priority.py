@@ -303,3 +303,36 @@ def test_a_refused_email_ends_failed_in_its_row(
               if r.key == b"big|big@example.com"]
     assert [(f.status.value, f.attempt, f.recipient) for f in failed] == [
         ("failed", 1, "big@example.com")]
+
+
+def test_retries_waiting_on_tiers_removed_from_the_delays_are_delivered_not_poison(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    """Issue 23: POSTROOM_RETRY_DELAYS shortened from four tiers to one while retries waited on
+    tiers 2 to 4: the sender read only tier 1, so they waited for ever, and their attempts were
+    out of its bounds. It now reads the tiers the broker still has and attempts each when due
+    (a not_before set by a delay no tier has is due at once); nothing is dead-lettered."""
+    server = DevSmtpServer(port=0)
+    server.start()
+    prefix = settings.topic_prefix
+    now = dt.datetime.now(dt.UTC)
+    waiting = [
+        (retry_topic(prefix, 3), forged(attempt=4, not_before=now, recipient="t3@example.com",
+                                        idempotency_key="t3|t3@example.com")),
+        (retry_topic(prefix, 4), forged(attempt=5, not_before=now + dt.timedelta(days=2),
+                                        recipient="t4@example.com",
+                                        idempotency_key="t4|t4@example.com")),
+    ]
+    producer = Producer(settings.kafka_client_config())
+    for topic, event in waiting:
+        producer.produce(topic, key=event.idempotency_key.encode(), value=encode(event),
+                         headers=headers_for(EmailRequested))
+    assert producer.flush(10) == 0
+    sender = SenderThread(smtp(settings, server, retry_delays_s=(1.0,)), engine).start()
+    try:
+        wait_until(lambda: server.count() >= 2, 60, "both waiting retries to be delivered")
+    finally:
+        sender.stop()
+        server.stop()
+    assert sorted(m.rcpt for m in server.messages) == ["t3@example.com", "t4@example.com"]
+    assert sender.sender.metrics.counter("poison_total") == 0
+    assert consume(settings, [dead_letter_topic(prefix)], expected=1, timeout_s=3) == []

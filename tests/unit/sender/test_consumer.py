@@ -7,7 +7,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from postroom.kafka import Record
 from postroom.metrics import Metrics
@@ -140,3 +140,24 @@ def test_a_held_partition_its_priority_paused_meanwhile_stays_paused_when_due() 
     consumer.resume_due(NOW)
     assert broker.resumed == []
     assert consumer._waiting == {}
+
+
+@dataclass
+class _Listing:
+    names: list[str]
+
+    def list_topics(self, timeout: float) -> Any:
+        if not self.names:
+            raise KafkaException("broker down")
+        return type("Metadata", (), {"topics": {name: None for name in self.names}})()
+
+
+def test_retry_tiers_beyond_the_delays_that_the_broker_still_has_are_read() -> None:
+    settings = Settings.from_env({"POSTROOM_TOPIC_PREFIX": "p.", "POSTROOM_RETRY_DELAYS": "1m,5m"})
+    consumer = SenderConsumer(settings, Metrics())
+    consumer._consumer = cast(Consumer, _Listing([
+        "p.email.retry.1", "p.email.retry.2", "p.email.retry.5", "p.email.retry.3",
+        "p.email.retry.03", "q.email.retry.4", "p.email.normal", "p.email.retry.x"]))
+    assert consumer.removed_tiers() == ["p.email.retry.3", "p.email.retry.5"]
+    consumer._consumer = cast(Consumer, _Listing([]))
+    assert consumer.removed_tiers() == []  # logged; today's tiers only
