@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from postroom.errors import KafkaClientError, PostroomError
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
-from postroom.kafka import translate
+from postroom.kafka import check_reachable, client_config, translate
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 from relay import sql
@@ -97,7 +97,8 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
     error (PostroomError), not a list of unreadable letters."""
     schema_by_id = _schema_lookup(settings)
     topic = dead_letter_topic(settings.topic_prefix)
-    consumer = Consumer({**settings.kafka_client_config(), **settings.kafka_consumer_config,
+    check_reachable(settings)
+    consumer = Consumer({**client_config(settings), **settings.kafka_consumer_config,
                          "group.id": f"postroom-dlq-reader-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.partition.eof": False})
     letters: list[DeadLetter] = []
@@ -132,7 +133,8 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
         raise translate(exc, f"cannot read {topic}") from exc
     finally:
         consumer.close()
-    keys = sorted({letter.key for letter in letters if letter.key})
+    # No row has a key with a NUL (PostgreSQL text cannot hold one, and refuses the query).
+    keys = sorted({letter.key for letter in letters if letter.key and "\x00" not in letter.key})
     states: dict[str, str] = {}
     if keys:
         with engine.connect() as conn:
@@ -174,7 +176,7 @@ def _letter(msg: Any, partition: int, offset: int,
         return value.decode(errors="replace") if value is not None else ""
 
     letter = DeadLetter(
-        partition, offset, key, dt.datetime.fromtimestamp(msg.timestamp()[1] / 1000, dt.UTC),
+        partition, offset, key, _moment(msg.timestamp()[1]),
         text(DLQ_CLASS_HEADER), text(DLQ_REASON_HEADER), text(DLQ_TOPIC_HEADER),
         sum(1 for name, _ in headers if name == ERROR_HEADER))
     try:
@@ -188,6 +190,24 @@ def _letter(msg: Any, partition: int, offset: int,
                                subject=event.subject)
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_LAST = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
+
+
+def _moment(timestamp_ms: int) -> dt.datetime:
+    """A record's time stamp; any producer may write one no datetime holds: held to 1970-9999."""
+    try:
+        return dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return _EPOCH if timestamp_ms < 0 else _LAST
+
+
+def _one_line(text: str, width: int = 200) -> str:
+    """A header's text as one short line: a reason written by anyone may hold line breaks."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width - 1] + "…"
+
+
 def render_dead_letters(letters: Sequence[DeadLetter]) -> list[str]:
     """One line per key, its latest dead letter, oldest first; then the count `dlq replay
     --all` acts on."""
@@ -198,8 +218,9 @@ def render_dead_letters(letters: Sequence[DeadLetter]) -> list[str]:
     for letter in latest:
         state = letter.row_status or "no outbox row"
         lines.append(" | ".join([
-            letter.at.strftime("%Y-%m-%dT%H:%M:%SZ"), letter.name, letter.classification,
-            f"attempts={letter.attempts}", letter.reason or "-",
+            letter.at.strftime("%Y-%m-%dT%H:%M:%SZ"), _one_line(letter.name),
+            _one_line(letter.classification), f"attempts={letter.attempts}",
+            _one_line(letter.reason) or "-",
             f"row={state}" + (" (replayable)" if letter.replayable else "")
             + (f" | {letter.letters} dead letters, latest shown" if letter.letters > 1 else "")]))
     replayable = sum(1 for letter in latest if letter.replayable)
@@ -214,7 +235,8 @@ def skip_reason(letter: DeadLetter) -> str | None:
     replays it. Pure."""
     if letter.row_status is None:
         if letter.recipient is None:
-            return f"unreadable record ({letter.reason or 'poison'}): not an email to send"
+            return (f"unreadable record ({_one_line(letter.reason, 100) or 'poison'}): not an "
+                    "email to send")
         return "no outbox row (purged?)"
     if letter.replayable:
         return None
@@ -283,7 +305,7 @@ def render_plan(plan: RedrivePlan, verb: str) -> list[str]:
     lines = [f"will {verb} {len(plan.rows)} row(s)" + (":" if plan.rows else "")]
     lines += [f"  {row.idempotency_key} ({row.status} after {row.attempts} attempt(s))"
               for row in plan.rows]
-    lines += [f"  skip {key}: {why}" for key, why in plan.skipped]
+    lines += [f"  skip {_one_line(key)}: {why}" for key, why in plan.skipped]
     return lines
 
 

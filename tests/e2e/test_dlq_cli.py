@@ -197,3 +197,21 @@ def test_a_registry_that_does_not_answer_stops_dlq_list_in_one_line(
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("postroom dlq: error: cannot decode the dead letters: the schema "
                            "registry (POSTROOM_SCHEMA_REGISTRY_URL) does not answer"), line
+
+
+def test_hostile_dead_letters_are_listed_not_a_traceback(settings: Settings) -> None:
+    # Anyone with produce rights may write the topic: a NUL in the key (PostgreSQL text cannot
+    # hold one), a reason with line breaks, no value. (A time stamp no datetime holds is refused
+    # by this broker; the unit test of the decoding covers it.)
+    producer = Producer(settings.kafka_client_config())
+    topic = dead_letter_topic(settings.topic_prefix)
+    producer.produce(topic, key=b"m|\x00a@example.com", value=b"x", partition=0,
+                     headers=[(DLQ_REASON_HEADER, b"one\nFAKE | line\r\n")])
+    producer.produce(topic, key=b"k", value=None, partition=0)
+    assert producer.flush(10) == 0
+    listed = ok(settings, "dlq", "list")
+    assert len(listed) == 3
+    assert "one FAKE | line" in listed[0]
+    assert " | k | " in listed[1]
+    assert listed[-1] == "2 dead letter(s), 0 replayable with `postroom dlq replay`"
+    assert ok(settings, "dlq", "replay", "--all")[-1] == "replayed nothing"

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.redrive import DeadLetter, latest_per_key, render_dead_letters, skip_reason
+from relay.redrive import (
+    DeadLetter,
+    RedrivePlan,
+    _letter,
+    latest_per_key,
+    render_dead_letters,
+    render_plan,
+    skip_reason,
+)
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -70,3 +78,46 @@ def test_latest_per_key_keeps_each_keys_last_letter_and_counts_all(keys: list[st
     for x in latest:
         assert x.offset == max(y.offset for y in letters if y.name == x.name)
     assert [x.offset for x in latest] == sorted(x.offset for x in latest)  # still time-ordered
+
+
+class _Record:
+    """What confluent-kafka's Message gives `dlq list`, with any content a producer can write."""
+
+    def __init__(self, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes | None]], timestamp_ms: int) -> None:
+        self._key, self._value, self._headers, self._ts = key, value, headers, timestamp_ms
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._ts
+
+
+_HEADER_NAMES = st.sampled_from(["postroom.dlq.classification", "postroom.dlq.reason",
+                                 "postroom.dlq.topic", "postroom.error", "postroom.schema", "x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.one_of(st.none(), st.binary(max_size=64)),
+       value=st.one_of(st.none(), st.binary(max_size=256)),
+       headers=st.lists(st.tuples(_HEADER_NAMES, st.one_of(st.none(), st.binary(max_size=64))),
+                        max_size=8),
+       timestamp_ms=st.integers(min_value=-2**63, max_value=2**63 - 1))
+def test_any_record_on_the_dead_letter_topic_is_listed_in_one_line(
+        key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]],
+        timestamp_ms: int) -> None:
+    found = _letter(_Record(key, value, headers, timestamp_ms), 0, 7)
+    [line, summary] = render_dead_letters([found])
+    assert "\n" not in line and "\r" not in line
+    assert summary == "1 dead letter(s), 0 replayable with `postroom dlq replay`"
+    why = skip_reason(found)
+    assert why is not None and "\n" not in why
+    plan = render_plan(RedrivePlan((), ((found.name, why),)), "replay")
+    assert all("\n" not in text for text in plan)
