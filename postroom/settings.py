@@ -172,8 +172,10 @@ class Settings:
     relay_poll_interval_s: float = 1.0
     relay_claim_ttl_s: float = 60.0
     # sender
-    sender_group: str = "postroom-sender"
-    recorder_group: str = "postroom-recorder"
+    # "": derived from the topic prefix (<prefix>sender, <prefix>recorder), so environments that
+    # share a broker under their own prefixes do not share a group.
+    sender_group: str = ""
+    recorder_group: str = ""
     retry_delays_s: tuple[float, ...] = (300.0, 600.0, 1200.0, 2400.0)
     smtp_host: str = "127.0.0.1"
     smtp_port: int = 25
@@ -227,6 +229,9 @@ class Settings:
         return cls(**values)
 
     def __post_init__(self) -> None:
+        for field, role in (("sender_group", "sender"), ("recorder_group", "recorder")):
+            if not getattr(self, field):
+                object.__setattr__(self, field, default_group(self.topic_prefix, role))
         if self.relay_claim_ttl_s * 1000 <= PRODUCER_MESSAGE_TIMEOUT_MS:
             raise ConfigError(env_name("relay_claim_ttl_s"),
                               f"must be longer than the producer's message timeout "
@@ -279,6 +284,12 @@ class Settings:
         (the client's own default waits for ever), and the client retries it."""
         url = self.require("schema_registry_url")
         return {"timeout": REGISTRY_TIMEOUT_S, **self.schema_registry_config, "url": url}
+
+
+def default_group(prefix: str, role: str) -> str:
+    """The consumer group of ``role`` ("sender", "recorder") when its setting is unset:
+    ``postroom.sender`` under the default prefix, ``staging.sender`` under ``staging.``."""
+    return f"{prefix}{role}"
 
 
 def _positive_int(text: str) -> int:

@@ -80,7 +80,7 @@ ROUND_TRIPS = [
 def test_from_env_parses(name: str, raw: str, field: str, expected: Any) -> None:
     settings = Settings.from_env({P + name: raw})
     assert getattr(settings, field) == expected
-    assert settings == dataclasses.replace(Settings(), **{field: expected})
+    assert settings == Settings(**{field: expected})  # built anew: what derives from it, too
 
 
 @pytest.mark.parametrize("name", sorted(FIELDS))
@@ -95,7 +95,8 @@ def test_any_value_sets_only_its_field_or_is_refused_by_name(name: str, raw: str
     field = FIELDS[name][0]
     changed = {f.name for f in dataclasses.fields(Settings)
                if getattr(settings, f.name) != getattr(Settings(), f.name)}
-    assert changed <= {field}
+    derived = {"sender_group", "recorder_group"} if field == "topic_prefix" else set()
+    assert changed <= {field} | derived
 
 
 def test_attachments_root_is_resolved(tmp_path: Path) -> None:
@@ -437,3 +438,23 @@ def test_registry_numbers_reach_the_client_as_numbers() -> None:
 def test_registry_client_config_needs_the_url() -> None:
     with pytest.raises(ConfigError, match="POSTROOM_SCHEMA_REGISTRY_URL: is not set"):
         Settings().registry_client_config()
+
+
+@pytest.mark.parametrize(("env", "sender", "recorder"), [
+    ({}, "postroom.sender", "postroom.recorder"),
+    ({"TOPIC_PREFIX": "staging."}, "staging.sender", "staging.recorder"),
+    # An upgrade keeps its committed offsets by naming the groups it used before.
+    ({"TOPIC_PREFIX": "staging.", "SENDER_GROUP": "postroom-sender",
+      "RECORDER_GROUP": "postroom-recorder"}, "postroom-sender", "postroom-recorder"),
+    ({"TOPIC_PREFIX": "staging.", "SENDER_GROUP": " "}, "staging.sender", "staging.recorder"),
+])
+def test_the_consumer_groups_follow_the_topic_prefix_unless_set(
+        env: dict[str, str], sender: str, recorder: str) -> None:
+    settings = Settings.from_env({P + name: value for name, value in env.items()})
+    assert (settings.sender_group, settings.recorder_group) == (sender, recorder)
+
+
+def test_two_environments_on_one_broker_share_no_group() -> None:
+    prod, staging = (Settings.from_env({P + "TOPIC_PREFIX": p}) for p in ("prod.", "staging."))
+    assert {prod.sender_group, prod.recorder_group}.isdisjoint(
+        {staging.sender_group, staging.recorder_group})
