@@ -12,7 +12,7 @@ ENV_FILE := $(DEV_DIR)/env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k relay -x'
 PYTEST_ARGS ?=
 
-.PHONY: help venv services services-down services-status services-clean test chaos demo lint bench check-alerts
+.PHONY: help venv services services-down services-status services-clean test chaos fuzz demo lint bench check-alerts
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -38,6 +38,14 @@ test: services ## run the whole test suite against the local stack (PYTEST_ARGS=
 
 chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays a random mix)
 	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m chaos -s $(PYTEST_ARGS)
+
+# Examples per property for make fuzz (the normal run's counts are each test file's own).
+FUZZ_EXAMPLES ?= 2000
+PROPERTY_TESTS = $(shell grep -rlE --include='*.py' '^(from|import) hypothesis' tests/unit)
+
+fuzz: venv ## the property tests (hypothesis) at length: FUZZ_EXAMPLES=n examples each (2000)
+	POSTROOM_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTHON) -m pytest $(PROPERTY_TESTS) -q \
+		-p no:cacheprovider --timeout=3600 $(PYTEST_ARGS)
 
 demo: services ## run the demo against the local stack
 	. $(ENV_FILE) && $(PYTHON) -m postroom.demo

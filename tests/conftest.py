@@ -8,13 +8,23 @@ A test that needs it and cannot reach it fails; nothing here skips.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Generator, Iterator
 
+import hypothesis
 import pytest
 import sqlalchemy as sa
 
 from postroom.devkit.scratch import scratch, unique_name
 from postroom.settings import Settings
+
+# `make fuzz` sets POSTROOM_FUZZ_EXAMPLES=<n>: every property test without a max_examples of its
+# own runs n examples; one that pins max_examples reads the variable itself for its count.
+FUZZ_EXAMPLES = os.environ.get("POSTROOM_FUZZ_EXAMPLES")
+if FUZZ_EXAMPLES:
+    hypothesis.settings.register_profile("fuzz", max_examples=int(FUZZ_EXAMPLES), deadline=None,
+                                         database=None)
+    hypothesis.settings.load_profile("fuzz")
 
 
 @pytest.fixture(scope="session")
