@@ -593,13 +593,18 @@ def _status_table(rows: Sequence[Any], *, with_key: bool) -> list[str]:
         error = _clip(" ".join((row["last_error"] or "").split()), _ERROR_WIDTH)
         if error and row["status"] not in _ERROR_IS_CURRENT:
             error = f"(earlier attempt) {error}"
-        table.append([*([row["message_key"]] if with_key else []), row["recipient"],
-                      row["status"], str(row["attempts"]), _seconds(row["created_at"]),
+        # A row written by SQL (or a server's multi-line reply) may hold line breaks anywhere.
+        table.append([*([_flat(row["message_key"])] if with_key else []), _flat(row["recipient"]),
+                      _flat(row["status"]), str(row["attempts"]), _seconds(row["created_at"]),
                       _seconds(row["sent_at"]), error or "-"])
     widths = [min(max(len(line[n]) for line in [header, *table]), _STATUS_WIDTHS.get(name, 999))
               for n, name in enumerate(header)]
     return ["  ".join(_clip(cell, width).ljust(width) for cell, width in zip(
         line, widths, strict=True)).rstrip() for line in [header, *table]]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split()) or "-"
 
 
 def _clip(text: str, width: int) -> str:

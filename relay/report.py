@@ -57,8 +57,10 @@ def render_lines(failures: Sequence[Failure], since: dt.datetime) -> list[str]:
         return [f"no email ended failed or dead since {_when(since)}"]
     lines = [f"{len(failures)} email(s) ended failed or dead since {_when(since)}:"]
     for f in failures:
-        lines.append(" | ".join([f.recipient, f.message_key, f.subject, f.status,
-                                 f"attempts={f.attempts}", f.last_error or "-"]))
+        # A multi-line SMTP reply (or a row written by SQL) must not break the line.
+        lines.append(" | ".join(" ".join(part.split()) or "-" for part in [
+            f.recipient, f.message_key, f.subject, f.status, f"attempts={f.attempts}",
+            f.last_error or "-"]))
     return lines
 
 

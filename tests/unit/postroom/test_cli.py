@@ -143,3 +143,21 @@ def test_the_roles_help_says_what_they_do(capsys: pytest.CaptureFixture[str],
     description = out.split("\n\n")[1]
     assert len(description.split()) > 20, out
     assert "SIGTERM" in description
+
+
+def test_status_rows_written_by_sql_stay_one_line_each() -> None:
+    import datetime as dt
+
+    from postroom.cli import _status_table
+
+    when = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+    rows = [{"message_key": "k\nFAKE", "recipient": "a@example.com\r\nb", "status": "sent",
+             "attempts": 2, "created_at": when, "sent_at": when,
+             "last_error": "451-4.3.0 first\r\n451 4.3.0 second"},
+            {"message_key": "k", "recipient": "b@example.com", "status": "failed",
+             "attempts": 1, "created_at": when, "sent_at": None, "last_error": None}]
+    lines = _status_table(rows, with_key=True)
+    assert len(lines) == 3
+    assert lines[1].split("  ")[0] == "k FAKE"
+    assert lines[1].endswith("(earlier attempt) 451-4.3.0 first 451 4.3.0 second")
+    assert lines[2].endswith("  -")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -146,3 +147,11 @@ def test_the_csv_holds_every_failure_with_a_header() -> None:
         "recipient,message_key,idempotency_key,subject,status,attempts,last_error,updated_at",
         "a@example.com,k,k|a@example.com,S,failed,1,550,2026-12-01T12:00:00+00:00",
         "a@example.com,k,k|a@example.com,S,dead,5,550,2026-12-01T12:00:00+00:00"]
+
+
+def test_a_multi_line_reply_stays_on_its_failures_line() -> None:
+    from relay.report import render_lines
+
+    many = dataclasses.replace(failure(1), last_error="550-5.1.1 first\r\n550 5.1.1 second")
+    assert render_lines([many], NOW)[1] == (
+        "a@example.com | k | S | failed | attempts=1 | 550-5.1.1 first 550 5.1.1 second")
