@@ -181,10 +181,9 @@ class Relay:
         too_large: list[int] = []
         poison: list[tuple[int, str]] = []
         max_bytes = self._settings.event_max_bytes
-        body_max_bytes = self._settings.body_max_bytes
         for index, row in enumerate(rows):
             try:
-                value = event_value(schema, row, body_max_bytes)
+                value = event_value(schema, row)
             except PoisonRowError as exc:
                 poison.append((row[id_at], POISON_PREFIX + str(exc)))
                 log.error("row_id=%d key=%.200r: poison, marked failed: %s", row[id_at],  # noqa: TRY400

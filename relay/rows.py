@@ -35,23 +35,24 @@ _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 _PRIORITIES = frozenset(p.value for p in Priority)
 
 
-def event_value(schema: Schema, row: Sequence[Any], body_max_bytes: int) -> bytes:
+def event_value(schema: Schema, row: Sequence[Any]) -> bytes:
     """The schemaless Avro value of the event of a claimed ``row`` (the claim's columns in
     FIELDS order), checked by the rules enqueue and the sender apply.
 
     PoisonRowError, and nothing else, when the row can never become an event the sender
     accepts: a column of the wrong type or NULL, a NULL or nested item in an array, an unknown
-    priority, an infinite created_at, attempts out of range, a bad address, subject, key, body or
-    attachment path.
+    priority, an infinite created_at, attempts out of range, a bad address, subject, key or
+    attachment path. The caps that are settings (the body's, the attachments') are the sender's
+    to apply, with its own settings; the relay applies the event's (POSTROOM_EVENT_MAX_BYTES).
     """
     try:
-        check_row(row, body_max_bytes)
+        check_row(row)
         return encode_values(schema, row)
     except (InvalidContentError, SchemaError) as exc:
         raise PoisonRowError(printable(str(exc))) from None
 
 
-def check_row(row: Sequence[Any], body_max_bytes: int) -> None:
+def check_row(row: Sequence[Any]) -> None:
     """InvalidContentError saying why ``row`` breaks the rules, else None."""
     if len(row) != len(FIELDS):
         raise InvalidContentError(f"the row has {len(row)} columns, not {len(FIELDS)}")
@@ -83,7 +84,8 @@ def check_row(row: Sequence[Any], body_max_bytes: int) -> None:
     rules.check_address(recipient)
     _check_shared(rules.require_str(sender, "sender"), rules.require_str(subject, "subject"),
                   rules.require_str(message_key, "message key"))
-    rules.check_body(body, body_max_bytes)
+    if "\x00" in rules.require_str(body, "body"):
+        raise InvalidContentError("body contains a NUL character")
     if html is not None and "\x00" in rules.require_str(html, "html"):
         raise InvalidContentError("html contains a NUL character")
     _check_paths(attachments, "attachments")
