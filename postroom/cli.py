@@ -71,6 +71,10 @@ def _iso_datetime(text: str) -> dt.datetime:
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} has no timezone; add one, e.g. {text}+00:00")
+    try:
+        value.astimezone(dt.UTC)
+    except OverflowError:  # 0001-01-01T00:00+14:00 is in year 0 in UTC
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range in UTC") from None
     return value
 
 

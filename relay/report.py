@@ -165,4 +165,5 @@ def render_json(failures: Sequence[Failure]) -> list[str]:
 
 
 def _when(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    utc = moment.astimezone(dt.UTC)
+    return f"{utc.year:04d}-{utc:%m-%d %H:%M} UTC"  # %Y gives year 1 as "1"
