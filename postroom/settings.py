@@ -26,9 +26,12 @@ PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 REGISTRY_TIMEOUT_S = 10
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-# librdkafka settings that carry secrets: masked when a config is shown.
+# librdkafka settings that carry secrets: masked when a config is shown, and a ";" inside their
+# value does not start a new entry. Beside these, any key with a part that names a secret
+# (_SECRET_WORDS: sasl.oauthbearer.assertion.private.key.passphrase, ...private.key.pem).
 _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
                       "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "ssl.key.pem")
+_SECRET_WORDS = frozenset({"password", "passwd", "secret", "passphrase", "pem", "token", "jaas"})
 # Query parameters of a libpq URL that carry secrets.
 _SECRET_URL_PARAMS = ("password", "sslpassword")
 # Schema Registry client settings (confluent-kafka's SchemaRegistryClient) that carry secrets.
@@ -70,10 +73,12 @@ def parse_duration_s(text: str) -> float:
     """``"5m"`` -> 300.0. Units: ms, s (default), m, h, d."""
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 2s, 5m, 1h, 30d)")
+        raise ValueError(f"not a duration: {_shown(text)} (examples: 500ms, 2s, 5m, 1h, 30d)")
     value = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
     if value <= 0:
         raise ValueError(f"a duration must be positive: {text!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"not a duration: {_shown(text)} is too long")
     return value
 
 
@@ -87,8 +92,10 @@ def parse_kafka_config(text: str) -> dict[str, str]:
     """librdkafka settings written as ``key=value`` pairs, separated by newlines or semicolons.
 
     Lines starting with ``#`` are comments, as in a Java properties file. A ``;`` separates
-    entries only where a key follows; inside a secret's value (sasl.password, ...) only where a
-    dotted librdkafka name follows (``;security.protocol=``), so a password may hold ``;x=y``.
+    entries only where a key follows; inside a secret's value (sasl.password, any key naming a
+    password, secret, passphrase or pem; basic.auth.user.info) only where a dotted name
+    (``;security.protocol=``) or the registry's ``timeout`` follows, so a password may hold
+    ``;x=y``.
     """
     config: dict[str, str] = {}
     entries: list[str] = []
@@ -113,23 +120,33 @@ def parse_kafka_config(text: str) -> dict[str, str]:
 
 
 _ENTRY_SPLIT = re.compile(r";(?=\s*[\w.-]+\s*=)")
+# Settings without a dot that may follow a secret: the registry client's (url is refused later).
+_UNDOTTED_KEYS = ("timeout", "url")
 _DOTTED_KEY = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a librdkafka or Schema Registry client setting carries a secret: a known one, or
+    one whose name has a part saying password, secret, passphrase, pem (key material), token."""
+    key = key.strip()
+    return (key in _SECRET_KAFKA_KEYS or key in _SECRET_REGISTRY_KEYS
+            or not _SECRET_WORDS.isdisjoint(re.split(r"[._-]", key.lower())))
 
 
 def _is_secret_continuation(previous: str, key: str) -> bool:
     """Whether the entry after ``previous`` is still part of its secret value."""
-    return (previous.partition("=")[0].strip() in _SECRET_KAFKA_KEYS
-            and not _DOTTED_KEY.match(key))
+    return (is_secret_key(previous.partition("=")[0]) and not _DOTTED_KEY.match(key)
+            and key not in _UNDOTTED_KEYS)
 
 
 def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy safe to print: secret values replaced by stars."""
-    return {k: ("********" if k in _SECRET_KAFKA_KEYS else v) for k, v in config.items()}
+    return {k: ("********" if is_secret_key(k) else v) for k, v in config.items()}
 
 
 def mask_registry_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A Schema Registry client config safe to print: secrets (and credentials in the url) starred."""
-    return {k: ("********" if k in _SECRET_REGISTRY_KEYS else mask_url(v) if k == "url" else v)
+    return {k: ("********" if is_secret_key(k) else mask_url(v) if k == "url" else v)
             for k, v in config.items()}
 
 
@@ -292,24 +309,40 @@ def default_group(prefix: str, role: str) -> str:
     return f"{prefix}{role}"
 
 
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]{1,18}\s*")
+
+
+def _shown(text: str) -> str:
+    """A value as an error shows it: quoted, escaped, cut short."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _whole_number(text: str, example: str = "10") -> int:
+    """An integer written in ASCII digits; a ValueError saying the expected form otherwise (int()
+    alone said ``invalid literal for int() with base 10``)."""
+    if not _WHOLE_NUMBER.fullmatch(text):
+        raise ValueError(f"expected a whole number such as {example}, got {_shown(text)}")
+    return int(text)
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
     return value
 
 
 def _replication_factor(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text, "3, or -1 for the broker default")
     if value < 1 and value != -1:
         raise ValueError(f"must be at least 1, or -1 for the broker default, got {value}")
     return value
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text, "25 (a TCP port, 1 to 65535)")
     if not 0 < value < 65536:
-        raise ValueError(f"not a TCP port: {value}")
+        raise ValueError(f"not a TCP port (1 to 65535): {value}")
     return value
 
 
@@ -330,6 +363,14 @@ def _registry_config(text: str) -> dict[str, str | float]:
     config: dict[str, str | float] = dict(parse_kafka_config(text))
     if "url" in config:
         raise ValueError("the url goes in POSTROOM_SCHEMA_REGISTRY_URL, not here")
+    # Java clients need basic.auth.credentials.source=USER_INFO beside basic.auth.user.info;
+    # confluent-kafka refuses the key (2.16: "Unrecognized properties") and reads the user info
+    # alone, so USER_INFO is taken as said and dropped.
+    source = str(config.pop("basic.auth.credentials.source", "USER_INFO")).strip().upper()
+    if source != "USER_INFO":
+        raise ValueError("basic.auth.credentials.source: confluent-kafka takes only "
+                         "basic.auth.user.info=<user>:<password> (USER_INFO); "
+                         f"{_shown(source)} is not supported")
     for key in _REGISTRY_NUMBERS:
         if key in config:
             raw = config[key]
@@ -425,10 +466,13 @@ def _rate(text: str) -> float:
     number, _, per = text.strip().partition("/")
     seconds = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}.get(per.strip())
     if seconds is None:
-        raise ValueError(f"expected a rate such as 2/s or 30/m, got {text!r}")
-    value = float(number) / seconds
+        raise ValueError(f"expected a rate such as 2/s or 30/m, got {_shown(text)}")
+    try:
+        value = float(number) / seconds
+    except ValueError:
+        raise ValueError(f"expected a rate such as 2/s or 30/m, got {_shown(text)}") from None
     if not (value >= 0 and value != float("inf")):
-        raise ValueError(f"expected a rate of 0 or more, e.g. 2/s or 30/m, got {text!r}")
+        raise ValueError(f"expected a rate of 0 or more, e.g. 2/s or 30/m, got {_shown(text)}")
     return value
 
 

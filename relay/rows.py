@@ -90,6 +90,8 @@ def check_row(row: Sequence[Any]) -> None:
         raise InvalidContentError("html contains a NUL character")
     _check_paths(attachments, "attachments")
     _check_paths(inline, "inline")
+    if inline and html is None:
+        raise InvalidContentError("inline images need an html body that shows them")
 
 
 @functools.lru_cache(maxsize=1024)

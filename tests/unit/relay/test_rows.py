@@ -45,6 +45,7 @@ def test_a_good_row_is_its_event() -> None:
     ({"attachments": [None]}, "attachments holds None"),
     ({"attachments": ["/a", None]}, "attachments holds None"),
     ({"inline": [None]}, "inline holds None"),
+    ({"inline": ["/data/logo.png"]}, "inline images need an html body"),
     ({"attachments": [["/a", "/b"], ["/c", "/d"]]}, "not a path"),  # a two-dimensional array
     ({"attachments": None}, "is not an array"),
     ({"attachments": ["/proc/self/environ"]}, "pseudo file system"),
