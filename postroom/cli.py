@@ -92,13 +92,18 @@ def _status_limit(text: str) -> int:
     return value
 
 
+WATCH_MAX_S = 86_400.0
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text[:40]!r}") from None
+    # nan passes every comparison but ==, and made `lag --watch nan` a busy loop.
+    if not 0 < value <= WATCH_MAX_S:
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {WATCH_MAX_S:g} seconds, got {text[:40]!r}")
     return value
 
 
@@ -739,9 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
     lag.add_argument("--json", action="store_true",
                      help="one JSON object per partition, then one for the outbox backlog")
     lag.add_argument("--watch", type=_positive_seconds, metavar="SECONDS",
-                     help="sample every SECONDS until stopped, with a window of the last 10 "
-                          "samples for the verdict; serves the lag metrics on "
-                          "POSTROOM_METRICS_PORT when set")
+                     help="sample every SECONDS (at most 86400) until stopped, each table "
+                          "under its time, with a window of the last 10 samples for the "
+                          "verdict; serves the lag metrics on POSTROOM_METRICS_PORT when set")
     lag.set_defaults(handler=cmd_lag)
     dlq = commands.add_parser("dlq", help="list or replay the dead-letter topic")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="SUBCOMMAND")
