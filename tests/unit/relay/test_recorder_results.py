@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 import threading
 
 import pytest
@@ -38,6 +39,9 @@ RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="
                      status=DeliveryStatus.FAILED, attempt=1,
                      occurred_at=dt.datetime(2026, 10, 1, tzinfo=dt.UTC), smtp_code=550,
                      enhanced_code="5.1.1", error="550 5.1.1 no such user")
+# Bounded in the normal run; POSTROOM_FUZZ_EXAMPLES=<n> runs the boundary properties n times
+# (`make fuzz`).
+EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "300"))
 
 
 @pytest.mark.parametrize(("text", "max_chars", "stored"), [
@@ -53,7 +57,7 @@ def test_text_is_stored_as_a_row_can_hold_it(text: str | None, max_chars: int,
     assert storable(text, max_chars) == stored
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.text(max_size=3000), st.integers(min_value=3, max_value=2500))
 def test_stored_text_has_no_nul_no_surrogate_and_fits(text: str, max_chars: int) -> None:
     stored = storable(text, max_chars)
@@ -149,7 +153,7 @@ def test_a_result_waiting_for_the_registry_is_left_unrecorded_on_stop(
     assert role.stats.unreadable == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.one_of(st.binary(max_size=300),
                  st.builds(lambda head, tail: encode(RESULT)[:head] + tail,
                            st.integers(min_value=0, max_value=60), st.binary(max_size=40))),

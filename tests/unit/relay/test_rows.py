@@ -4,6 +4,7 @@ PoisonRowError and nothing else, whatever its columns hold (rows written by SQL 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
 import pytest
@@ -21,6 +22,9 @@ GOOD: dict[str, Any] = {
     "attachments": ["/data/r.pdf"], "priority": "normal", "created_at": 1_790_000_000_000,
     "attempt": 1, "not_before": None, "html": None, "inline": [],
 }
+# Bounded in the normal run; POSTROOM_FUZZ_EXAMPLES=<n> runs the boundary properties n times
+# (`make fuzz`).
+EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "400"))
 
 
 def row(**changes: Any) -> tuple[Any, ...]:
@@ -119,7 +123,7 @@ ODD = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(FIELDS), ODD, min_size=1))
 def test_any_row_is_an_event_or_poison_and_nothing_else(changes: dict[str, Any]) -> None:
     try:
