@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8025
+MAX_PORT = 65_535
 SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DNS lookup
 ENV_PREFIX = "POSTROOM_DEVSMTP_"
 REJECT_REPLY = "550 5.1.1 User unknown"
@@ -504,6 +505,8 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
             args.defer = [parse_defer(p) for p in _split(env.get(ENV_PREFIX + "DEFER"))]
         except argparse.ArgumentTypeError as exc:
             parser.error(f"{ENV_PREFIX}DEFER: {exc}")
+    if not 0 <= args.port <= MAX_PORT:
+        parser.error(f"--port must be from 0 (any free port) to {MAX_PORT}, got {args.port}")
     if args.latency < 0:
         parser.error("--latency must not be negative")
     if int(args.max_kept) < 1:
@@ -538,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server.start()
         except OSError as exc:
-            print(f"devsmtp: cannot listen on {args.host}:{args.port}: {exc}")
+            print(f"devsmtp: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
             return 1
         print(f"devsmtp listening on {server.host}:{server.port}", flush=True)
         stopping.wait()

@@ -58,3 +58,12 @@ def test_the_message_id_is_what_the_email_package_reads() -> None:
     raw = message.as_bytes()
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     assert _message_id(raw) == str(parsed["Message-ID"]).strip()
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "99999"])
+def test_a_port_out_of_range_is_a_usage_error_not_a_traceback(
+        port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--port", port], {})
+    assert exited.value.code == 2
+    assert f"--port must be from 0 (any free port) to 65535, got {port}" in capsys.readouterr().err
