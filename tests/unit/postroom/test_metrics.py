@@ -142,11 +142,10 @@ def test_healthz_readyz_and_metrics_are_served() -> None:
     server = serve(metrics, 0, readiness=readiness)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        # A scrape alone runs the checks, so postroom_ready is current without a probe.
-        assert 'postroom_ready{check="smtp"} 0.0' in get(f"{base}/metrics")[1]
         assert get(f"{base}/healthz") == (200, "ok\n")
         assert get(f"{base}/readyz") == (
             503, "ok database: schema at head\nFAIL smtp: connect: refused\n")
+        assert 'postroom_ready{check="smtp"} 0.0' in get(f"{base}/metrics")[1]
         state["smtp"] = "up"
         assert get(f"{base}/readyz")[0] == 503  # cached for READY_CACHE_S
         now[0] += 10
