@@ -99,35 +99,35 @@ def admit(value: bytes | None, headers: Headers, *, key: bytes | str | None = No
     counted from its ``postroom.attempt_base`` header); SchemaUnavailableError when the registry
     cannot give its writer schema now. Nothing else.
     """
-    text_key = readable_key(key)
     size = record_size(value, headers)
     most = admission.limits.event_max_bytes + HEADERS_ALLOWANCE_BYTES
     if size > most:
         raise PoisonRecordError(f"the record is {size} bytes, over the limit of {most} "
                                 "(POSTROOM_EVENT_MAX_BYTES plus headers)", copy_record=False,
-                                key=text_key, row_id=_row_id(headers),
+                                key=readable_key(key), row_id=_row_id(headers),
                                 attempt_base=_attempt_base(headers))
     try:
         found = read_headers(headers)
     except InvalidContentError as exc:
-        raise PoisonRecordError(str(exc), key=text_key, row_id=_row_id(headers),
+        raise PoisonRecordError(str(exc), key=readable_key(key), row_id=_row_id(headers),
                                 attempt_base=_attempt_base(headers)) from None
     try:
         event = decode(EmailRequested, value, headers, schema_by_id=schema_by_id)
     except SchemaUnavailableError:
         raise
     except SchemaError as exc:
-        raise _poison(str(exc), text_key, found) from None
+        raise _poison(str(exc), key, found) from None
     refusal = refuse_event(event, tier=tier, now=now, admission=admission,
                            attempt_base=found.attempt_base)
     if refusal is not None:
-        raise _poison(refusal, text_key, found, event)
+        raise _poison(refusal, key, found, event)
     return Admitted(clamp_not_before(event, now, admission), found.attempt_base)
 
 
-def _poison(reason: str, key: str | None, found: PostroomHeaders,
+def _poison(reason: str, key: bytes | str | None, found: PostroomHeaders,
             event: EmailRequested | None = None) -> PoisonRecordError:
-    return PoisonRecordError(reason, key=key, event=event, row_id=found.row_id,
+    # The key is read only for a refusal: an admitted record does not need it.
+    return PoisonRecordError(reason, key=readable_key(key), event=event, row_id=found.row_id,
                              attempt_base=found.attempt_base)
 
 
