@@ -336,3 +336,42 @@ def test_retries_waiting_on_tiers_removed_from_the_delays_are_delivered_not_pois
     assert sorted(m.rcpt for m in server.messages) == ["t3@example.com", "t4@example.com"]
     assert sender.sender.metrics.counter("poison_total") == 0
     assert consume(settings, [dead_letter_topic(prefix)], expected=1, timeout_s=3) == []
+
+
+def test_an_unreadable_record_of_a_row_ends_the_row_by_its_key_and_row_id(
+        settings: Settings, engine: sa.Engine) -> None:
+    """A value that does not decode (a foreign writer, a corrupt copy) under the key and
+    postroom.row_id the relay writes: the result that ends the row is named by them, and the
+    recorder applies it."""
+    import threading
+
+    from relay.recorder import Recorder
+
+    with engine.begin() as conn:
+        enqueue(conn, key="garbled", recipients=["g@example.com"], subject="S", body="b")
+        row_id, key = conn.execute(sa.text(
+            "SELECT id, idempotency_key FROM outbox WHERE message_key = 'garbled'")).one()
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(priority_topic(settings.topic_prefix, "normal"), key=key.encode(),
+                     value=b"\x00\x00\x00\x00\x01 not avro",
+                     headers=[(SCHEMA_HEADER, load_schema("email_requested").fingerprint.encode()),
+                              ("postroom.row_id", str(row_id).encode())])
+    assert producer.flush(10) == 0
+    server = DevSmtpServer(port=0)
+    server.start()
+    recorder = Recorder(settings, engine)
+    thread = threading.Thread(target=recorder.run, daemon=True)
+    thread.start()
+    sender = SenderThread(smtp(settings, server), engine).start()
+    try:
+        wait_until(lambda: [r.status for r in outbox_rows(engine, "garbled")] == ["failed"], 60,
+                   "the row to end failed")
+    finally:
+        sender.stop()
+        recorder.stop()
+        thread.join(30)
+        server.stop()
+    [row] = outbox_rows(engine, "garbled")
+    assert row.last_error.startswith("poison: cannot decode EmailRequested")
+    assert row.attempts == 1
+    assert server.messages == []
