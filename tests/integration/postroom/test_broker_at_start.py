@@ -4,6 +4,7 @@ what was tried, a bounded wait, a clean non-zero exit; Ctrl-C during the wait, n
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -115,3 +116,26 @@ def test_a_role_started_before_topics_create_stops_naming_it(
             f"{prefix}email.retry.3, {prefix}email.retry.4, {prefix}email.dead, "
             f"{prefix}email.results; run `postroom topics create` (with the same "
             f"POSTROOM_TOPIC_PREFIX='{prefix}')"), shown
+
+
+def test_a_role_client_whose_broker_is_gone_says_each_error_once_not_a_stream(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    from postroom import kafka
+
+    repeats = kafka.RepeatedLines()
+    monkeypatch.setattr(kafka, "_repeats", repeats)
+    monkeypatch.setattr(kafka, "_client_log", kafka.ClientLog(repeats))
+    [port] = free_ports(1)
+    producer = kafka.make_producer(Settings(kafka_bootstrap_servers=f"127.0.0.1:{port}"))
+    producer.produce("t", b"v")
+    deadline = time.monotonic() + 5.0
+    with caplog.at_level(logging.DEBUG, logger="postroom"):
+        while time.monotonic() < deadline:
+            producer.poll(0.1)  # serves the client's errors and log lines, as a role does
+    producer.purge()
+    producer.flush(1)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert 1 <= len(said) <= 3, said  # the transport error, its log line, all brokers down
+    assert all("Connection refused" in line or "brokers are down" in line for line in said), said
+    assert "%3|" not in capfd.readouterr().err
