@@ -98,6 +98,11 @@ class SenderConsumer:
         if self._consumer is not None:
             self._consumer.close()  # commits stored offsets and leaves the group
 
+    @property
+    def assigned(self) -> frozenset[TP]:
+        """The partitions this member holds now."""
+        return frozenset(self._assigned)
+
     def fetch(self, max_records: int) -> list[Message]:
         """What the broker has already sent us, without waiting."""
         return self.consumer.consume(num_messages=max_records, timeout=0)

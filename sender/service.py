@@ -229,6 +229,8 @@ class Sender:
                 waited = True
                 continue
             except PoisonRecordError as exc:
+                if record.tp in self._registry_held:
+                    self._registry_answers(record.tp)  # it said what the record is
                 self._spawn(self._publisher.poison(record, exc, now), record)
                 continue
             except Exception as exc:  # no record may stop the sender
@@ -269,6 +271,8 @@ class Sender:
 
     def _registry_answers(self, tp: tuple[str, int]) -> None:
         self._registry_held.discard(tp)
+        # A held partition revoked meanwhile waits elsewhere now.
+        self._registry_held.intersection_update(self._consumer.assigned)
         if self._registry_held or self._registry_down_since is None:
             return
         log.info("the schema registry answers again after %.0fs; delivering what waited",
