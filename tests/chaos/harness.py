@@ -326,9 +326,29 @@ class Run:
         """Seconds from the last fault until every row is final."""
         self.wait_fed()
         total = len(self.expected)
-        self.wait_until(lambda: self.finished() >= total, timeout_s,
-                        f"all {total} rows to reach sent/failed/dead")
+
+        def drained() -> bool:
+            # No fault is injected now: a role that exited did so on its own, and the rest of
+            # its input would wait for ever; say which and why at once.
+            if exited := self.exited():
+                raise AssertionError(f"{self.name}: {'; '.join(exited)} while the input drained; "
+                                     f"logs in {self.log_dir}")
+            return self.finished() >= total
+        self.wait_until(drained, timeout_s, f"all {total} rows to reach sent/failed/dead")
         return time.time() - self.last_fault_at if self.last_fault_at else 0.0
+
+    def exited(self) -> list[str]:
+        """Each role whose current process has exited: its code and its log's last line."""
+        found = []
+        for name, role in self.roles.items():
+            if role.proc is None or role.proc.poll() is None:
+                continue
+            lines = (self.log_dir / f"{name}.{role.starts}.log").read_text(
+                errors="replace").strip().splitlines()
+            errors = [line for line in lines if "Error" in line or "error:" in line] or lines
+            why = errors[-1][:300] if errors else "no log"
+            found.append(f"{name} exited {role.proc.returncode} ({why})")
+        return found
 
     # -- faults ----------------------------------------------------------------------------------
 

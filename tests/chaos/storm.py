@@ -360,7 +360,7 @@ class Storm:
 
 
 FINAL = ("sent", "failed", "dead")
-SETTLE_S = 60.0  # after the known input drained: for the hostile rows to end, and the lag to go
+SETTLE_S = 20.0  # after the known input drained: for the hostile rows to end, and the lag to go
 
 
 def lag(run: Any) -> dict[str, int]:
