@@ -385,7 +385,8 @@ def test_every_command_reads_the_settings_before_doing_anything(
     proc = cli(*command, POSTROOM_SMTP_PORT="abc")
     assert proc.returncode == 2
     assert error_line(proc) == (f"postroom {command[0]}: configuration error: POSTROOM_SMTP_PORT: "
-                                "invalid literal for int() with base 10: 'abc'")
+                                "expected a whole number such as 25 (a TCP port, 1 to 65535), "
+                                "got 'abc'")
 
 
 @pytest.mark.parametrize("command", [
@@ -399,6 +400,25 @@ def test_an_unreachable_database_is_one_clean_line(cli: Cli, command: list[str])
     line = error_line(proc)
     assert line.startswith(f"postroom {command[0]}: error: cannot use the database "
                            "(POSTROOM_DATABASE_URL): ")
+    assert "port 1" in line
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("command", [
+    ["dlq", "list"], ["dlq", "replay", "--all", "--dry-run"], ["requeue", "--key", "k"],
+    ["report", "failures"], ["report", "failures", "--to", "a@example.com"],
+    ["purge", "--older-than", "30d", "--dry-run"], ["lag"],
+], ids=" ".join)
+def test_the_operators_commands_say_an_unreachable_database_in_one_line(
+        stack_cli: Cli, command: list[str]) -> None:
+    started = time.monotonic()
+    proc = stack_cli(*command,
+                     POSTROOM_DATABASE_URL="postgresql+psycopg://postroom@127.0.0.1:1/postroom")
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert line.startswith(f"postroom {command[0]}: error: cannot use the database "
+                           "(POSTROOM_DATABASE_URL): "), proc.stderr
     assert "port 1" in line
     assert time.monotonic() - started < 20
 
