@@ -16,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from postroom.errors import PostroomError
 from postroom.rules import SizeLimits
 from relay import sql
 from relay.outbox import enqueue
@@ -133,11 +134,19 @@ def _write_csv(directory: Path, key: str, failures: Sequence[Failure],
         rows = rows * max_bytes // len(text.encode()) if rows > 1 else 0
         text = render_csv(failures[:rows])
     folder = directory / REPORTS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_symlink():
+        # The sender follows no symbolic link below its root; nor does the report write through one.
+        raise PostroomError(f"{folder} is a symbolic link; the report writes only to a real "
+                            "directory below POSTROOM_ATTACHMENTS_ROOT")
     path = folder / f"{key}.csv"
     partial = path.with_suffix(".csv.tmp")
-    partial.write_text(text, encoding="utf-8", newline="")
-    os.replace(partial, path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text, encoding="utf-8", newline="")
+        os.replace(partial, path)
+    except OSError as exc:
+        raise PostroomError(f"cannot write the report's CSV below POSTROOM_ATTACHMENTS_ROOT "
+                            f"({directory}): {exc}") from exc
     return path, rows
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -155,3 +156,32 @@ def test_a_multi_line_reply_stays_on_its_failures_line() -> None:
     many = dataclasses.replace(failure(1), last_error="550-5.1.1 first\r\n550 5.1.1 second")
     assert render_lines([many], NOW)[1] == (
         "a@example.com | k | S | failed | attempts=1 | 550-5.1.1 first 550 5.1.1 second")
+
+
+def test_the_reports_csv_is_written_below_the_root_and_never_through_a_link(
+        tmp_path: Path) -> None:
+    from postroom.errors import PostroomError
+    from relay.report import _write_csv
+
+    root = tmp_path / "root"
+    root.mkdir()
+    path, rows = _write_csv(root, "postroom-failures-abc", [failure(1), failure(2)], 10_000)
+    assert (path, rows) == (root / "postroom-reports" / "postroom-failures-abc.csv", 2)
+    assert path.read_bytes().decode() == render_csv([failure(1), failure(2)])
+    # Over the attachment cap: the first rows that fit.
+    _, rows = _write_csv(root, "small", [failure(n) for n in range(100)], 1_000)
+    assert 0 < rows < 100
+    assert len((root / "postroom-reports" / "small.csv").read_bytes()) <= 1_000
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "postroom-reports").symlink_to(elsewhere)
+    with pytest.raises(PostroomError, match="is a symbolic link"):
+        _write_csv(linked, "k", [failure(1)], 10_000)
+    assert list(elsewhere.iterdir()) == []
+
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(PostroomError, match="cannot write the report's CSV"):
+        _write_csv(tmp_path / "file", "k", [failure(1)], 10_000)
