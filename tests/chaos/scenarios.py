@@ -155,8 +155,9 @@ def poison_storm(rounds: int, per_round: int, gap_s: tuple[float, float]) -> Inj
         run._fault()
         for n in range(rounds):
             time.sleep(rng.uniform(*gap_s))
-            run.storm.produce(run, storm.storm_records(
-                rng, run.tag, run.settings.topic_prefix, TIERS, 2 * n * per_round, per_round))
+            run.storm.produce(run, [*storm.storm_records(
+                rng, run.tag, run.settings.topic_prefix, TIERS, 2 * n * per_round, per_round),
+                *run.storm.forged(run, rng, 3)])
             run._fault()
     return inject
 

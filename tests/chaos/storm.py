@@ -341,6 +341,21 @@ class Storm:
                                    k=f"{run.tag}-capped"):
             run.hostile_rows[row_id] = "body over the sender's cap, under enqueue's (enqueue)"
 
+    def forged(self, run: Any, rng: random.Random, count: int) -> list[HostileRecord]:
+        """Unreadable records under the key and row id of genuine rows still in flight (what a
+        corrupted copy, or a forgery, of the relay's record looks like): the genuine record still
+        comes, so each row must still end as its input says (a sent result outranks a poison
+        refusal of its attempt)."""
+        rows = run.query("SELECT id, idempotency_key FROM outbox WHERE status IN "
+                         "('published', 'retrying') AND NOT id = ANY(:ids) ORDER BY id LIMIT 200",
+                         ids=list(run.hostile_rows))
+        topic = priority_topic(run.settings.topic_prefix, Priority.NORMAL)
+        return [HostileRecord("a genuine row's key over random bytes", topic,
+                              row.idempotency_key.encode(), os.urandom(rng.randrange(1, 200)),
+                              [(SCHEMA, headers_for(EmailRequested)[0][1]),
+                               (ROW_ID, str(row.id).encode())])
+                for row in rng.sample(rows, min(count, len(rows)))]
+
     def produce(self, run: Any, records: list[HostileRecord]) -> None:
         from confluent_kafka import KafkaError, Message, Producer
         producer = Producer({**run.settings.kafka_client_config(), "linger.ms": 5})
@@ -492,8 +507,10 @@ def after_stop(run: Any) -> list[str]:
     for name, role in run.roles.items():
         if role.starts != 1:
             problems.append(f"{name} was started {role.starts} times")
+    longest: dict[str, int] = {}
     for log in sorted(run.log_dir.glob("*.log")):
         text = log.read_text(errors="replace")
+        longest[log.stem] = max((len(line) for line in text.splitlines()), default=0)
         if "Traceback" in text:
             at = text.index("Traceback")
             problems.append(f"{log.name}: a traceback: {_short(text[at:at + 1500], 1500)}")
@@ -505,5 +522,6 @@ def after_stop(run: Any) -> list[str]:
           f"{len(run.hostile_rows)} hostile rows; counters: senders poison_total {poison:.0f}, "
           f"relay_poison_total {relay.get('relay_poison_total', 0):.0f}, recorder "
           f"{ {k: v for k, v in recorder.items() if k.startswith('recorder_')} }; "
-          f"kinds {dict(kinds)}; rows {storm.rows}", flush=True)
+          f"longest log line per role {longest}; kinds {dict(kinds)}; rows {storm.rows}",
+          flush=True)
     return problems
