@@ -228,10 +228,10 @@ _BROKER_FAILURE = re.compile(
     r"(?: \(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\))?$")
 
 
-def describe_attempts(errors: Iterable[str]) -> str:
-    """What the client's errors say of each broker tried, in one line:
-    ``127.0.0.1:1 (Connection refused), kafka:9092 (Failed to resolve ...)``; the first error
-    as it is when none names a broker."""
+def describe_attempts(errors: Iterable[str], bootstrap: Sequence[str] = ()) -> str:
+    """What the client's errors say of each broker tried, in one line, in the order of the
+    ``bootstrap`` addresses: ``127.0.0.1:1 (Connection refused), kafka:9092 (Failed to resolve
+    ...)``; the first error as it is when none names a broker."""
     errors = list(errors)
     tried: dict[str, str] = {}
     for text in errors:
@@ -239,7 +239,9 @@ def describe_attempts(errors: Iterable[str]) -> str:
         if match:
             tried[match["broker"]] = match["why"]
     if tried:
-        return ", ".join(f"{broker} ({why})" for broker, why in sorted(tried.items()))
+        order = {address.strip(): n for n, address in enumerate(bootstrap)}
+        brokers = sorted(tried, key=lambda broker: (order.get(broker, len(order)), broker))
+        return ", ".join(f"{broker} ({tried[broker]})" for broker in brokers)
     return errors[0] if errors else "no answer"
 
 
@@ -284,7 +286,8 @@ def check_reachable(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> Non
             if time.monotonic() >= deadline:
                 raise KafkaClientError(
                     f"no Kafka broker answered at {servers} within {timeout_s:g}s; tried "
-                    f"{describe_attempts(errors)}") from exc
+                    f"{describe_attempts(errors, config['bootstrap.servers'].split(','))}"
+                ) from exc
         else:
             admin.poll(0)  # served now, so the client is not destroyed with events queued
             return

@@ -79,3 +79,11 @@ def test_librdkafka_lines_reach_python_logging_informational_ones_at_debug(
 ])
 def test_what_the_wait_says_it_tried(errors: list[str], said: str) -> None:
     assert describe_attempts(errors) == said
+
+
+def test_the_addresses_tried_are_said_in_the_order_of_the_bootstrap_list() -> None:
+    errors = [REFUSED.format(port=1, ms=0), REFUSED.format(port=3, ms=0),
+              "other:9092/bootstrap: Connection refused"]
+    assert describe_attempts(errors, ["127.0.0.1:3", " 127.0.0.1:1"]) == (
+        "127.0.0.1:3 (Connection refused), 127.0.0.1:1 (Connection refused), "
+        "other:9092 (Connection refused)")
