@@ -321,13 +321,18 @@ class Storm:
 
         from chaos.harness import expected_status
         from postroom import enqueue
-        for hostile in hostile_rows(run.tag):
-            names = ", ".join(hostile.columns)
-            values = ", ".join(hostile.columns.values())
+        rows = hostile_rows(run.tag)
+        # The first two in one transaction, so that one claim likely holds them alone: a
+        # batch of only refused rows, one of them too large (the relay exited on it, 19:46).
+        for group in [[rows[16], rows[0]], *([r] for n, r in enumerate(rows) if n not in (0, 16))]:
             with run.engine.begin() as conn:
-                row_id = conn.execute(sa.text(
-                    f"INSERT INTO outbox ({names}) VALUES ({values}) RETURNING id")).scalar_one()
-            run.hostile_rows[row_id] = hostile.kind
+                for hostile in group:
+                    names = ", ".join(hostile.columns)
+                    values = ", ".join(hostile.columns.values())
+                    row_id = conn.execute(sa.text(
+                        f"INSERT INTO outbox ({names}) VALUES ({values}) RETURNING id")
+                    ).scalar_one()
+                    run.hostile_rows[row_id] = hostile.kind
         for rcpt, cols in odd_rows(run.tag):
             run.expected[rcpt] = expected_status(rcpt)
             with run.engine.begin() as conn:
