@@ -20,12 +20,20 @@ from collections.abc import Callable
 from typing import cast
 
 import aiosmtplib
-from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
+from aiosmtplib.protocol import (
+    MAX_LINE_LENGTH,
+    MAX_RESPONSE_LENGTH,
+    PERIOD_REGEX,
+    normalize_message_line_endings,
+)
 from aiosmtplib.response import SMTPResponse
 
 from sender.outcome import Stage
 
-MAX_REPLY_BYTES = 64 * 1024
+# aiosmtplib's bounds on a reply line and a whole reply, so that a reply means the same whether
+# it was read here or by aiosmtplib (POSTROOM_SMTP_PIPELINING off): beyond them, "Response too long".
+MAX_REPLY_LINE_BYTES = MAX_LINE_LENGTH
+MAX_REPLY_BYTES = MAX_RESPONSE_LENGTH
 SMTP_OK = 250
 SMTP_WILL_FORWARD = 251
 START_MAIL_INPUT = 354
@@ -157,12 +165,15 @@ class Pipeline(asyncio.Protocol):
         self.transport.write(data)
 
     async def _reply(self, timeout_s: float) -> SMTPResponse:
+        loop = asyncio.get_running_loop()
+        # From the start of the wait, not from the last bytes read: a server that drips a reply
+        # a byte at a time times out as aiosmtplib's wait_for does.
+        deadline = loop.time() + timeout_s
         while not self._replies:
             if self._lost is not None:
                 raise self._lost
-            loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            self._deadline = loop.time() + timeout_s
+            self._deadline = deadline
             if self._timer is None or self._timer.when() > self._deadline:
                 self._arm(loop)
             try:
@@ -289,20 +300,26 @@ def _take_reply(buffer: bytearray) -> SMTPResponse | None:
     """The first complete reply in ``buffer``, removed from it; None when it is not all there.
     Multi-line replies (``250-...``) are joined with newlines, as aiosmtplib joins them."""
     offset = 0
-    lines: list[bytes] = []
+    text = bytearray()
     while True:
-        end = buffer.find(b"\n", offset)
+        end = buffer.find(b"\n", offset, offset + MAX_REPLY_LINE_BYTES)
         if end < 0:
+            if len(buffer) - offset >= MAX_REPLY_LINE_BYTES:
+                raise aiosmtplib.SMTPResponseException(-1, "Response too long")
             return None
+        if end + 1 > MAX_REPLY_BYTES:
+            raise aiosmtplib.SMTPResponseException(-1, "Response too long")
         line = bytes(buffer[offset:end + 1])
         offset = end + 1
         try:
             code = int(line[:3])
         except ValueError:
-            text = line.decode("utf-8", errors="replace").strip()
+            shown = line.decode("utf-8", errors="replace").strip()
             raise aiosmtplib.SMTPResponseException(
-                -1, f"Malformed SMTP response line: {text}") from None
-        lines.append(line[4:].strip(b" \t\r\n"))
+                -1, f"Malformed SMTP response line: {shown}") from None
+        if text:  # as aiosmtplib joins them: an empty line so far takes no newline
+            text += b"\n"
+        text += line[4:].strip(b" \t\r\n")
         if line[3:4] != b"-":
             del buffer[:offset]
-            return SMTPResponse(code, b"\n".join(lines).decode("utf-8", "surrogateescape"))
+            return SMTPResponse(code, text.decode("utf-8", "surrogateescape"))

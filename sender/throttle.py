@@ -21,6 +21,9 @@ from sender.outcome import SmtpReply
 THROTTLING_CODES = {(421, "4.7.28"), (450, "4.2.1"), (451, "4.7.500"), (454, "4.7.0")}
 THROTTLING_TEXT = re.compile(r"throttl|rate.?limit|too many (messages|connections|emails)|"
                              r"sending rate|try again later.*rate", re.IGNORECASE)
+# Of a reply's text, only this much is searched for those words: a reply may be kilobytes long
+# (32 KiB passes the SMTP adapter), and the search, on the event loop, grows with its square.
+THROTTLING_TEXT_CHARS = 1024
 PAUSE_GROWTH = 2.0
 MAX_PAUSE_FACTOR = 16.0  # the pause grows to at most 16 times the first one
 
@@ -36,14 +39,14 @@ def is_throttling(reply: SmtpReply) -> bool:
     code = reply.code
     if code is None or not 400 <= code < 500:
         return False
-    if THROTTLING_TEXT.search(reply.text):
+    if THROTTLING_TEXT.search(reply.text, 0, THROTTLING_TEXT_CHARS):
         return True
     # 454 4.7.0 is also "TLS not available": it counts only with SES's words, matched above.
     return code != 454 and (code, _enhanced(reply.text)) in THROTTLING_CODES
 
 
 def _enhanced(text: str) -> str | None:
-    match = re.match(r"\s*([245]\.\d{1,3}\.\d{1,3})\b", text)
+    match = re.match(r"\s*([245]\.\d{1,3}\.\d{1,3})\b", text, re.ASCII)
     return match.group(1) if match else None
 
 

@@ -18,7 +18,7 @@ import uvloop
 from postroom.devkit.ports import free_port
 from postroom.settings import Secret, Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
-from sender.outcome import Failure, SmtpReply, Stage
+from sender.outcome import REASON_MAX_CHARS, Failure, SmtpReply, Stage, Verdict, classify_reply
 from sender.smtp import SmtpConfig, SmtpPool
 
 pytestmark = pytest.mark.integration
@@ -725,3 +725,122 @@ def test_pipelining_is_used_exactly_when_the_server_offers_it() -> None:
 def test_pipelining_off_waits_for_each_reply_even_when_offered() -> None:
     reply = send_to_a_server_that_answers_groups(pipelining=False)
     assert (reply.stage, reply.failure) == (Stage.MAIL_FROM, Failure.TIMEOUT)
+
+
+# --- a server whose replies are broken bytes (issue 23): each attempt is classified, the pool goes on
+
+
+DRIP_S = 0.2  # between the bytes of a dripped reply; the client's reply timeout is 1 s
+Hostile = tuple[str, bytes]  # the command it answers ("RCPT", "<content>", "greeting"), the bytes
+
+
+def run_hostile(hostile: Hostile, *, drip: bool = False) -> list[SmtpReply]:
+    """Send to ``bad@example.com`` and then ``good@example.com`` through one pool, on a server that
+    answers the bad recipient's ``hostile[0]`` with the raw bytes ``hostile[1]`` (a byte every
+    DRIP_S with ``drip``), and everything else as a server should."""
+    where, answer = hostile
+    mails = 0
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        offer = b"250-PIPELINING\r\n" if _servers_pipeline[0] else b""
+        rcpt = ""
+
+        async def say(data: bytes) -> None:
+            if drip:
+                for i in range(len(data)):
+                    writer.write(data[i:i + 1])
+                    await writer.drain()
+                    await asyncio.sleep(DRIP_S)
+            else:
+                writer.write(data)
+                await writer.drain()
+
+        try:
+            if where == "greeting":
+                await say(answer + b"\r\n")
+            else:
+                writer.write(b"220 hostile ESMTP\r\n")
+            while line := await reader.readline():
+                command = line.decode("ascii", "replace").strip()
+                verb = command.split(" ", 1)[0].upper()
+                nonlocal mails
+                if verb == "MAIL":
+                    mails, rcpt = mails + 1, ""
+                if verb == "RCPT":
+                    rcpt = command
+                bad = "bad@" in rcpt or (verb == "MAIL" and mails == 1)
+                if verb == "DATA":
+                    if "bad@" in rcpt and where == "RCPT":
+                        writer.write(b"554 5.5.1 no valid recipients\r\n")
+                        continue
+                    writer.write(b"354 go ahead\r\n")
+                    while await reader.readline() not in (b".\r\n", b""):
+                        pass
+                    if bad and where == "<content>":
+                        await say(answer + b"\r\n")
+                    else:
+                        writer.write(b"250 2.0.0 queued\r\n")
+                    continue
+                if bad and verb == where:
+                    await say(answer + b"\r\n")
+                elif verb == "EHLO":
+                    writer.write(b"250-hostile\r\n" + offer + b"250 8BITMIME\r\n")
+                elif verb == "QUIT":
+                    writer.write(b"221 bye\r\n")
+                    break
+                else:
+                    writer.write(b"250 2.1.0 Ok\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def run() -> list[SmtpReply]:
+        server = await asyncio.start_server(session, "127.0.0.1", 0, limit=1 << 20)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            cfg = config(port, tls=TlsMode.NONE, timeout_s=1.0, connect_timeout_s=1.0)
+            async with SmtpPool(cfg) as pool:
+                first = await pool.send(make_message("bad@example.com"), SENDER, "bad@example.com")
+                await asyncio.sleep(0.05)  # let a closing server's EOF arrive
+                return [first, await pool.send(make_message("good@example.com"), SENDER,
+                                               "good@example.com")]
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return run_client(run())
+
+
+@pytest.mark.parametrize(("hostile", "stage", "verdict"), [
+    (("RCPT", b"451 4.3.0 try\x00again later"), Stage.RCPT_TO, Verdict.TRANSIENT),
+    (("RCPT", b"451 4.3.0 \xff\xfe\xc3( later"), Stage.RCPT_TO, Verdict.TRANSIENT),
+    (("RCPT", b"550 5.1.1 " + b"x" * 100_000), Stage.RCPT_TO, Verdict.TRANSIENT),  # too long
+    (("RCPT", b"451-4.3.0 first\r\n451-\xff\x00\xfe\r\n451 4.3.0 last"), Stage.RCPT_TO,
+     Verdict.TRANSIENT),
+    (("RCPT", b"550-5.1.1 first\r\n550 5.1.1 \x00 unknown"), Stage.RCPT_TO, Verdict.PERMANENT),
+    (("RCPT", b"\xff\xfe\x00 no code at all"), Stage.RCPT_TO, Verdict.TRANSIENT),
+    (("RCPT", b"2_5 underscores"), Stage.RCPT_TO, Verdict.TRANSIENT),
+    (("<content>", b"250 2.0.0 Ok \xff\xfe\x00 queued"), Stage.DATA, Verdict.SENT),
+    (("<content>", b"250-2.0.0 Ok\r\n250 \xc3(\x00"), Stage.DATA, Verdict.SENT),
+    (("<content>", b"250-" + b"y" * 9000 + b"\r\n250 z"), Stage.DATA, Verdict.TRANSIENT),
+    (("MAIL", b"999 \x00"), Stage.MAIL_FROM, Verdict.TRANSIENT),
+    (("greeting", b"\x00\x00\x00 hello"), Stage.CONNECT, Verdict.TRANSIENT),
+], ids=lambda v: v[0] if isinstance(v, tuple) else str(v))
+def test_a_broken_reply_is_classified_and_the_pool_goes_on(hostile: Hostile, stage: Stage,
+                                                          verdict: Verdict) -> None:
+    bad, good = run_hostile(hostile)
+    outcome = classify_reply(bad)
+    assert (bad.stage, outcome.verdict) == (stage, verdict)
+    assert outcome.reason.isprintable() and len(outcome.reason) <= REASON_MAX_CHARS
+    if hostile[0] != "greeting":
+        assert (good.stage, good.code) == (Stage.DATA, 250)
+
+
+def test_a_reply_dripped_a_byte_at_a_time_times_out_within_the_reply_timeout() -> None:
+    # 28 bytes at 0.2 s: the reply would be whole after 5.6 s; the timeout is 1 s from its start.
+    bad, good = run_hostile(("<content>", b"250 2.0.0 queued, slowly..."), drip=True)
+    assert (bad.stage, bad.failure) == (Stage.DATA, Failure.TIMEOUT)
+    assert classify_reply(bad).verdict is Verdict.TRANSIENT
+    assert (good.stage, good.code) == (Stage.DATA, 250)
