@@ -220,12 +220,12 @@ class Relay:
         while producer.flush(FLUSH_SLICE_S) > 0:
             log.info("waiting for Kafka to acknowledge %d records", len(producer))
         refused = {*too_large, *(row_id for row_id, _ in poison)}
-        if produced > len(poison):
-            # One observation per batch, of its oldest row (created_at in milliseconds): one
-            # per row would cost the relay's hot loop. Rows queued with send_after count from
-            # their creation.
-            oldest = min(_epoch_s(row[created_at]) for row in rows[:produced]
-                         if not poison or row[id_at] not in refused)
+        # One observation per batch, of its oldest row published (created_at in milliseconds):
+        # one per row would cost the relay's hot loop. Rows queued with send_after count from
+        # their creation. A claim may hold refused rows only: then there is nothing to observe.
+        oldest = min((_epoch_s(row[created_at]) for row in rows[:produced]
+                      if not refused or row[id_at] not in refused), default=None)
+        if oldest is not None:
             self.metrics.observe("relay_publish_delay_seconds", time.time() - oldest)
         unsent = [row[id_at] for row in rows[produced:]]
         if not failures:

@@ -127,3 +127,23 @@ def test_rows_that_cannot_become_an_event_are_poison_and_the_others_go_out() -> 
     assert relay.stats.poison == 3
     assert relay.metrics.counter("relay_poison_total") == 3
 
+
+
+@pytest.mark.parametrize("rows_of", [
+    pytest.param(lambda rows: [rows[0]._replace(body="b" * 200),
+                               rows[1]._replace(attachments=[None])], id="too-large-and-poison"),
+    pytest.param(lambda rows: [rows[0]._replace(body="b" * 200)], id="too-large-only"),
+])
+def test_a_claim_of_refused_rows_only_publishes_nothing_and_goes_on(
+        rows_of: Callable[[list[Any]], list[Any]]) -> None:
+    # The poison storm found it: a claim holding one row over the cap and one poison row made
+    # the publish-delay observation take min() of no row, and the relay exited.
+    producer = StandInProducer(set())
+    relay = relay_with(producer)
+    relay._settings = Settings(event_max_bytes=100)
+    rows = rows_of(claimed_rows(2))
+    sent = relay._send(rows)
+    assert (sent.acked, sent.released) == ([], [])
+    assert len(sent.too_large) + len(sent.poison) == len(rows)
+    assert producer.produced == []
+    assert relay.metrics.summary("relay_publish_delay_seconds") is None
