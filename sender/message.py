@@ -143,17 +143,14 @@ def build_message(
     message["Date"] = email.utils.format_datetime(now)
     message["Message-ID"] = message_id_for(event.idempotency_key, sender_domain(event.sender))
     message.set_content(event.body, charset="utf-8")
+    budget = FilesBudget(limits.attachments_total_max_bytes,
+                         "the attachments and inline images" if event.inline and event.attachments
+                         else "the inline images" if event.inline else "the attachments")
     if event.html is not None:
-        add_html(message, event, attachments_root, limits)
-    total = 0
+        add_html(message, event, attachments_root, limits, budget)
     for raw_path in event.attachments:
         name, data = read_attachment(raw_path, attachments_root,
-                                     max_bytes=limits.attachment_max_bytes)
-        total += len(data)
-        if total > limits.attachments_total_max_bytes:
-            raise AttachmentError(
-                f"the attachments come to more than {limits.attachments_total_max_bytes} bytes "
-                "(POSTROOM_ATTACHMENTS_TOTAL_MAX_BYTES)", path=raw_path)
+                                     max_bytes=limits.attachment_max_bytes, budget=budget)
         maintype, _, subtype = mime_type_for(name).partition("/")
         try:
             message.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
@@ -186,16 +183,41 @@ def _check_shared_values(sender: str, subject: str) -> None:
         raise UnsafeHeaderError(str(exc)) from None
 
 
+class FilesBudget:
+    """What is left of POSTROOM_ATTACHMENTS_TOTAL_MAX_BYTES for an email's files still to read:
+    its inline images and attachments count together, and a file that would pass it is refused
+    by its size before it is read."""
+
+    def __init__(self, total_max_bytes: int, what: str = "the attachments") -> None:
+        self.total_max_bytes = total_max_bytes
+        self.what = what
+        self.used = 0
+
+    @property
+    def left(self) -> int:
+        return max(0, self.total_max_bytes - self.used)
+
+    def refusal(self, size: int) -> str | None:
+        """Why a file of ``size`` more bytes does not fit, or None."""
+        if self.used + size <= self.total_max_bytes:
+            return None
+        return (f"would take {self.what} to more than {self.total_max_bytes} bytes "
+                "(POSTROOM_ATTACHMENTS_TOTAL_MAX_BYTES)")
+
+
 def add_html(message: EmailMessage, event: EmailRequested, attachments_root: Path | None,
-             limits: SizeLimits = DEFAULT_LIMITS) -> None:
+             limits: SizeLimits = DEFAULT_LIMITS, budget: FilesBudget | None = None) -> None:
     """The HTML body after the text one (multipart/alternative), with its inline images as
     multipart/related parts whose Content-ID is ``<file name>``, so ``cid:<file name>`` in
-    the HTML shows them. Inline files are read like attachments: below the root only."""
+    the HTML shows them. Inline files are read like attachments: below the root only, and
+    within the ``budget`` they share with the attachments."""
+    if budget is None:
+        budget = FilesBudget(limits.attachments_total_max_bytes, "the inline images")
     message.add_alternative(event.html, subtype="html", charset="utf-8")
     *_, html_part = message.iter_parts()  # add_alternative made the message text, then html
     for raw_path in event.inline:
         name, data = read_attachment(raw_path, attachments_root,
-                                     max_bytes=limits.attachment_max_bytes)
+                                     max_bytes=limits.attachment_max_bytes, budget=budget)
         maintype, _, subtype = mime_type_for(name).partition("/")
         html_part.add_related(data, maintype=maintype, subtype=subtype, cid=f"<{name}>",
                               filename=name, disposition="inline")
@@ -213,15 +235,18 @@ def mime_type_for(filename: str) -> str:
 
 
 def read_attachment(raw_path: str, root: Path | None, *,
-                    max_bytes: int = DEFAULT_LIMITS.attachment_max_bytes) -> tuple[str, bytes]:
+                    max_bytes: int = DEFAULT_LIMITS.attachment_max_bytes,
+                    budget: FilesBudget | None = None) -> tuple[str, bytes]:
     """The file name and bytes of one attachment; a relative path is taken from ``root``.
 
     With a root, the path must lie lexically inside it; it is then opened one component at a
     time from a descriptor of the root, never following a symbolic link at any level, so no
     swap of a directory for a link can lead outside. Without a root, only the last component
     must not be a link. The file is opened non-blocking (a FIFO cannot stall the caller) and
-    the opened descriptor must be a regular file of at most ``max_bytes``; errors name the path
-    as given, never where it lies on disk.
+    the opened descriptor must be a regular file of at most ``max_bytes``, and of at most what
+    is left of ``budget`` (which it is then counted in); both are checked by its size before
+    it is read, and no more than they allow is read. Errors name the path as given, never
+    where it lies on disk.
     """
     if has_control(raw_path) or not raw_path:
         raise _refused(raw_path, "is empty or contains a control character")
@@ -246,12 +271,22 @@ def read_attachment(raw_path: str, root: Path | None, *,
         if opened.st_size > max_bytes:
             raise _refused(raw_path, f"is {opened.st_size} bytes, over the limit of {max_bytes} "
                                      "(POSTROOM_ATTACHMENT_MAX_BYTES)")
-        data = _read_at_most(raw_path, fd, max_bytes + 1)  # it may have grown since fstat
+        over_total = budget.refusal(opened.st_size) if budget is not None else None
+        if over_total is not None:
+            raise _refused(raw_path, f"is {opened.st_size} bytes, which {over_total}")
+        # One byte past what may be read: the file may have grown since fstat.
+        readable = max_bytes if budget is None else min(max_bytes, budget.left)
+        data = _read_at_most(raw_path, fd, readable + 1)
     finally:
         os.close(fd)
     if len(data) > max_bytes:
         raise _refused(raw_path, f"is over the limit of {max_bytes} bytes "
                                  "(POSTROOM_ATTACHMENT_MAX_BYTES)")
+    if budget is not None:
+        over_total = budget.refusal(len(data))
+        if over_total is not None:
+            raise _refused(raw_path, f"grew as it was read, and {over_total}")
+        budget.used += len(data)
     return given.name, data
 
 

@@ -389,3 +389,50 @@ def test_without_a_root_any_readable_path_is_allowed(root: Path) -> None:
 def test_attachments_policy(attachments: tuple[str, ...], root: Path | None,
                             refusal: str | None) -> None:
     assert attachments_refusal(event(attachments=attachments), root) == refusal
+
+
+def _bytes_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of every os.read from now on."""
+    sizes: list[int] = []
+    real_read = os.read
+
+    def counting_read(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counting_read)
+    return sizes
+
+
+def test_a_file_past_the_total_is_refused_by_its_size_before_it_is_read(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from postroom.rules import SizeLimits
+
+    for name in "abcdefgh":
+        (root / f"{name}.csv").write_bytes(name.encode() * 60)
+    limits = SizeLimits(attachment_max_bytes=100, attachments_total_max_bytes=100)
+    read = _bytes_read(monkeypatch)
+    with pytest.raises(AttachmentError, match=r"'b.csv' is 60 bytes, which would take the "
+                                              r"attachments to more than 100 bytes"):
+        build_message(event(attachments=tuple(f"{n}.csv" for n in "abcdefgh")),
+                      attachments_root=root, now=NOW, limits=limits)
+    assert sum(read) == 60  # a.csv only: b.csv was refused by its size, the rest never opened
+
+
+def test_a_file_is_read_no_further_than_the_total_leaves(root: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from postroom.rules import SizeLimits
+    from sender.message import FilesBudget
+
+    (root / "a.csv").write_bytes(b"a" * 90)
+    budget = FilesBudget(100)
+    budget.used = 50
+    read = _bytes_read(monkeypatch)
+    # fstat says 90 bytes, under the file's own limit; the budget has 50 left: refused unread.
+    with pytest.raises(AttachmentError, match="90 bytes, which would take"):
+        read_attachment("a.csv", root, max_bytes=SizeLimits().attachment_max_bytes, budget=budget)
+    assert read == []
+    budget.used = 10
+    assert read_attachment("a.csv", root, budget=budget)[1] == b"a" * 90
+    assert budget.used == 100

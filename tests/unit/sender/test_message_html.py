@@ -88,3 +88,23 @@ def test_inline_images_obey_the_attachments_root(root: Path, tmp_path_factory: A
     assert attachments_refusal(event(inline=("chart.png",)), None) == (
         "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set")
     assert attachments_refusal(event(inline=("chart.png",)), root) is None
+
+
+@pytest.mark.parametrize(("inline", "attachments", "what"), [
+    (("one.png", "two.png"), (), "the inline images"),
+    (("one.png",), ("sales.csv",), "the attachments and inline images"),
+])
+def test_inline_images_count_in_the_attachments_total(
+        root: Path, inline: tuple[str, ...], attachments: tuple[str, ...], what: str) -> None:
+    from postroom.rules import SizeLimits
+
+    for name in ("one.png", "two.png", "sales.csv"):
+        (root / name).write_bytes(b"\x89PNG" + b"x" * 56)  # 60 bytes each
+    limits = SizeLimits(attachment_max_bytes=100, attachments_total_max_bytes=100)
+    with pytest.raises(AttachmentError, match=f"would take {what} to more than 100 bytes"):
+        build_message(event(inline=inline, attachments=attachments), attachments_root=root,
+                      now=NOW, limits=limits)
+    within = SizeLimits(attachment_max_bytes=100, attachments_total_max_bytes=120)
+    built = build_message(event(inline=inline, attachments=attachments), attachments_root=root,
+                          now=NOW, limits=within)
+    assert len(list(received(built).walk())) > 2
