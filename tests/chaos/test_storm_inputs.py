@@ -11,8 +11,11 @@ import random
 import pytest
 
 from chaos import storm
+from postroom.errors import InvalidContentError
+from postroom.headers import ATTEMPT_BASE_HEADER, read_headers
 from postroom.rules import SizeLimits
 from relay.recorder import result_problem
+from relay.rows import check_row
 from schemas.codec import EmailResult, SchemaError, decode
 from sender.admission import Admission, admit
 from sender.errors import PoisonRecordError
@@ -68,3 +71,19 @@ def test_the_storm_draws_every_kind() -> None:
             "confluent framing, unknown id", "attempt below its attempt base"} <= kinds
     assert any(k.startswith("postroom.attempt_base=") for k in kinds)
     assert any(k.startswith("postroom.row_id=") for k in kinds)
+
+
+@pytest.mark.parametrize("attempts", [1, 999_999, 1_000_000, 1_000_001, (1 << 31) - 2])
+def test_a_row_the_relay_publishes_has_an_attempt_base_the_sender_reads(attempts: int) -> None:
+    """The storm's row with attempts 2147483646 (SQL): the relay published it with
+    postroom.attempt_base 2147483646, which the sender's header reader refuses (its bound is
+    1,000,000), so its poison result named attempt 1 and the row stayed `published`. What the
+    relay's boundary takes, the sender's reader must read."""
+    row = ("k|a@example.com", "k", 1, "a@example.com", "b@example.com", "s", "body", [],
+           "normal", dt.datetime.now(dt.UTC), attempts + 1, None, None, [])
+    try:
+        check_row(row)
+    except InvalidContentError:
+        return  # refused by the relay: the row ends failed, poison
+    # Published: the relay writes the header (from a second attempt on), the sender reads it.
+    assert read_headers([(ATTEMPT_BASE_HEADER, str(attempts).encode())]).attempt_base == attempts
