@@ -16,6 +16,7 @@ from typing import Any
 
 from postroom import rules
 from postroom.errors import ConfigError, InvalidContentError
+from postroom.logs import escape_unprintable
 
 ENV_PREFIX = "POSTROOM_"
 # How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay
@@ -229,19 +230,22 @@ class Settings:
             try:
                 values[field] = parse(raw)
             except (ValueError, OSError) as exc:
-                raise ConfigError(name, str(exc)) from exc
+                # One line, whatever the value held (a path with a line break).
+                raise ConfigError(name, escape_unprintable(str(exc))) from exc
         password_file = env.get(ENV_PREFIX + "SMTP_PASSWORD_FILE")
         if password_file:
             try:
                 values["smtp_password"] = Secret(Path(password_file).read_text().rstrip("\r\n"))
-            except OSError as exc:
-                raise ConfigError(ENV_PREFIX + "SMTP_PASSWORD_FILE", str(exc)) from exc
+            except (ValueError, OSError) as exc:  # ValueError: a NUL in the path, not UTF-8
+                raise ConfigError(ENV_PREFIX + "SMTP_PASSWORD_FILE",
+                                  escape_unprintable(str(exc))) from exc
         config_file = env.get(ENV_PREFIX + "KAFKA_CONFIG_FILE")
         if config_file:
             try:
                 from_file = parse_kafka_config(Path(config_file).read_text())
             except (ValueError, OSError) as exc:
-                raise ConfigError(ENV_PREFIX + "KAFKA_CONFIG_FILE", str(exc)) from exc
+                raise ConfigError(ENV_PREFIX + "KAFKA_CONFIG_FILE",
+                                  escape_unprintable(str(exc))) from exc
             values["kafka_config"] = {**from_file, **values.get("kafka_config", {})}
         return cls(**values)
 

@@ -136,3 +136,22 @@ def test_any_setting_string_gives_a_value_or_a_config_error_naming_it(name: str,
     except ConfigError as exc:
         assert exc.setting == name
         assert "\n" not in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["SMTP_PASSWORD_FILE", "KAFKA_CONFIG_FILE"]), SETTING_TEXT)
+def test_any_file_setting_gives_a_value_or_one_config_error_line(name: str, text: str) -> None:
+    try:
+        Settings.from_env({P + name: text})
+    except ConfigError as exc:
+        assert exc.setting == P + name
+        assert "\n" not in str(exc)
+
+
+def test_a_password_file_that_is_not_utf8_is_refused_by_name(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_bytes(b"\xffhunter2\xfe")
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({P + "SMTP_PASSWORD_FILE": str(secret)})
+    assert caught.value.setting == P + "SMTP_PASSWORD_FILE"
+    assert "hunter2" not in str(caught.value)
