@@ -197,9 +197,15 @@ def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[s
 
     logs.set_level(settings.log_level)
     engine = make_engine(settings)
-    check_schema_at_start(engine)
-    check_reachable(settings)
-    require_topics(settings)
+    # Ctrl-C while the role waits for its database, broker and topics stops it at once (main
+    # says "interrupted"); ShutdownSignals takes it back for the clean stop once they answer.
+    waiting = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        check_schema_at_start(engine)
+        check_reachable(settings)
+        require_topics(settings)
+    finally:
+        signal.signal(signal.SIGINT, waiting)
     try:
         with service_metrics(settings, smtp=smtp) as metrics:
             yield engine, metrics

@@ -84,7 +84,8 @@ def test_a_closed_kafka_port_is_one_line_naming_the_setting_and_the_addresses_tr
         assert f"tried {first} (Connection refused), {second} (Connection refused)" in line
 
 
-@pytest.mark.parametrize("argv", [["topics", "create"], ["lag"]], ids=" ".join)
+@pytest.mark.parametrize("argv", [["topics", "create"], ["lag"], ["relay"], ["sender"]],
+                         ids=" ".join)
 def test_ctrl_c_while_waiting_for_the_broker_stops_at_once_without_a_traceback(
         closed_port_env: dict[str, str], argv: list[str]) -> None:
     process = subprocess.Popen(postroom_command(*argv), env=closed_port_env, text=True,
