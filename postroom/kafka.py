@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import re
@@ -385,19 +386,39 @@ class Record:
 
     @classmethod
     def from_message(cls, msg: Message) -> Record:
-        try:
-            raw = msg.headers() or []
-        except SystemError:
-            # confluent-kafka cannot decode a header name that is not UTF-8 (and asked again,
-            # gives a list holding NULL): the record keeps only a mark that its headers are
-            # unreadable, which the sender's admission refuses.
-            raw = [(UNREADABLE_HEADERS, None)]
-        headers: Headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
+        headers = message_headers(msg)
         key = msg.key()
         value = msg.value()
         return cls(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
                    key.encode() if isinstance(key, str) else key,
                    value.encode() if isinstance(value, str) else value, headers)
+
+
+# CPython's tuple layout: its item pointers follow the object's fixed part.
+_TUPLE_ITEMS_AT = tuple.__basicsize__
+
+
+def message_headers(msg: Message) -> Headers:
+    """``msg.headers()`` as a list; ``[(UNREADABLE_HEADERS, None)]`` when confluent-kafka could
+    not decode a header name (not UTF-8, as a Go or C producer may write). It then returns a list
+    whose pair holds NULL for the name and leaves the decode error pending: raised as SystemError
+    by an unspecialised call, silently kept by a specialised one (or dropped by a garbage
+    collection), and any later touch of that name crashes the process. So each name is checked
+    to be there, by its pointer, before the list is used, and a pending error is cleared."""
+    try:
+        raw = msg.headers()
+        if not raw:
+            return []
+        pairs = list(raw.items()) if isinstance(raw, dict) else list(raw)
+        for pair in pairs:
+            if type(pair) is not tuple or ctypes.c_void_p.from_address(
+                    id(pair) + _TUPLE_ITEMS_AT).value is None:
+                ctypes.pythonapi.PyErr_Clear()
+                return [(UNREADABLE_HEADERS, None)]
+    except (SystemError, UnicodeDecodeError):  # the pending error, raised (itself or wrapped)
+        # by the first call that checks for one
+        return [(UNREADABLE_HEADERS, None)]
+    return pairs
 
 
 def readable_records(messages: Iterable[Message]) -> Iterator[Record]:
@@ -415,6 +436,7 @@ def topic_retention_s(settings: Settings, topics: Iterable[str],
     """The longest ``retention.ms`` of ``topics``, in seconds; None when one keeps records forever."""
     from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
+    check_reachable(settings)
     admin = make_admin(settings)
     resources = [ConfigResource(ResourceType.TOPIC, name) for name in topics]
     longest = 0.0
@@ -467,6 +489,7 @@ def apply_acls(settings: Settings, acls: Sequence[Acl],
         ResourceType,
     )
 
+    check_reachable(settings)
     admin = make_admin(settings)
     # None matches any name, principal and host (the stubs say str).
     everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,  # type: ignore[arg-type]

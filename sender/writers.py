@@ -5,7 +5,8 @@ has not seen is asked of the registry, which may take its timeout and retries to
 seconds while it is down). Asked on the event loop, that would hold up every send in flight, and
 the ``sent`` mark of every reply already read, for as long. So the new ids of a batch are asked
 for in a worker thread while the loop goes on, and the batch is then decoded from the answers,
-without asking again: an id the registry could not give makes its records poison, as before.
+without asking again: an id the registry could not give raises its error when the batch is
+decoded (SchemaError: poison; SchemaUnavailableError: the record waits, sender/service.py).
 """
 
 from __future__ import annotations
