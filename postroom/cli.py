@@ -305,6 +305,7 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     from postroom.kafka import check_topics
     from relay.db import check_database
     from schemas.registry import check_registry
+    from sender.delivery import AttachmentsOffWarning, check_attachments
     from sender.smtp import check_smtp
 
     role = Role(args.role) if args.role else None
@@ -313,10 +314,13 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
         return check_topics(settings, role)
 
     failed = 0
+    sender = (("attachments", check_attachments),) if role in (None, Role.SENDER) else ()
     for name, check in (("database", check_database), ("kafka", kafka),
-                        ("registry", check_registry), ("smtp", check_smtp)):
+                        ("registry", check_registry), ("smtp", check_smtp), *sender):
         try:
             print(f"ok    {name}: {check(settings)}")
+        except AttachmentsOffWarning as exc:  # said, and not a failure
+            print(f"WARN  {name}: {exc}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
             # Our own errors may list one problem per line (the kafka check, per topic).

@@ -13,16 +13,48 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from postroom.errors import ConfigError, PostroomError
 from postroom.rules import SizeLimits
+from postroom.settings import Settings
 from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
 from sender.message import attachments_refusal, build_message, check_header_values
 from sender.outcome import Failure, SmtpReply, Stage
 from sender.render import Built, Payload, TemplateCache, Templated, plain_lines
 from sender.smtp import SmtpSlot
+
+log = logging.getLogger(__name__)
+
+
+class AttachmentsOffWarning(PostroomError):
+    """POSTROOM_ATTACHMENTS_ROOT is not set."""
+
+
+ATTACHMENTS_OFF = ("POSTROOM_ATTACHMENTS_ROOT is not set: emails with attachments or inline "
+                   "images wait on the retry tiers, not sent, until it names the directory they "
+                   "are written under and the sender is restarted")
+
+
+def check_attachments(settings: Settings) -> str:
+    """What ``postroom check`` says of the attachments root: the directory it is, ConfigError
+    when it is none, AttachmentsOffWarning (a warning, not a failure) when it is not set."""
+    if settings.attachments_root is None:
+        raise AttachmentsOffWarning(ATTACHMENTS_OFF)
+    if not settings.attachments_root.is_dir():
+        raise ConfigError("POSTROOM_ATTACHMENTS_ROOT",
+                          f"not a directory: {settings.attachments_root}")
+    return f"the sender reads attachments below {settings.attachments_root}"
+
+
+def waits_for_configuration(reply: SmtpReply) -> bool:
+    """Whether ``reply`` is our configuration keeping an attempt from being made, not an
+    attempt that failed (no POSTROOM_ATTACHMENTS_ROOT): the email waits, uncounted, until a
+    sender with the setting takes it (sender/retry.py's ``RetryPolicy.wait``)."""
+    return reply.stage is Stage.LOCAL and reply.failure is Failure.CONFIG
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +66,9 @@ class Delivery:
     deadline_s: float
     limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
     templates: TemplateCache = dataclasses.field(default_factory=TemplateCache)
+    # Whether the missing root was logged: once per sender, the metric counts every email.
+    _root_missing_said: list[bool] = dataclasses.field(default_factory=list, repr=False,
+                                                       compare=False)
 
     async def send(self, event: EmailRequested, slot: SmtpSlot, now: dt.datetime,
                    on_accepted: Callable[[str], None] | None = None) -> tuple[SmtpReply, str]:
@@ -44,6 +79,13 @@ class Delivery:
         event = event.with_sender(sender)
         refusal = attachments_refusal(event, self.attachments_root)
         if refusal is not None:
+            if not self._root_missing_said:
+                self._root_missing_said.append(True)
+                log.error("key=%s has attachments or inline images and POSTROOM_ATTACHMENTS_ROOT "
+                          "is not set: set it to the directory they are written under and "
+                          "restart the sender; until then such emails wait on the retry tiers, "
+                          "not counted as attempts (postroom_attachments_waiting_total)",
+                          event.idempotency_key)
             return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""
         try:
             message = await self._payload(event, now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.wait import wait_until
+from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
@@ -54,3 +56,45 @@ def test_without_a_root_attachments_wait_for_the_configuration(
     row = run_one(dataclasses.replace(settings, attachments_root=None), engine, report, "retrying")
     assert "POSTROOM_ATTACHMENTS_ROOT is not set" in row.last_error
     assert row.next_attempt_at is not None
+
+
+def test_without_a_root_they_wait_uncounted_and_go_once_the_sender_has_one(
+        settings: Settings, engine: sa.Engine, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "reports"
+    root.mkdir()
+    report = root / "report.xlsx"
+    report.write_bytes(b"PK")
+    server = DevSmtpServer(port=0)
+    server.start()
+    # Two short tiers: a transient failure would be dead within about a second and a half.
+    base = dataclasses.replace(settings, smtp_host="127.0.0.1", smtp_port=server.port,
+                               smtp_tls=TlsMode.NONE, smtp_timeout_s=5.0,
+                               retry_delays_s=(0.3, 0.3))
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
+                body="b", attachments=[report])
+    metrics = Metrics()
+    pipeline = Pipeline(dataclasses.replace(base, attachments_root=None), engine,
+                        metrics=metrics).start()
+    try:
+        wait_until(lambda: metrics.counter("attachments_waiting_total") >= 10, 30,
+                   "the emails to wait on their tier several times over")
+        rows = outbox_rows(engine, "k")
+    finally:
+        pipeline.stop()
+    assert [(r.status, r.attempts) for r in rows] == [("retrying", 2)] * 2
+    assert all("POSTROOM_ATTACHMENTS_ROOT is not set" in r.last_error for r in rows)
+    said = [r for r in caplog.records if "POSTROOM_ATTACHMENTS_ROOT is not set" in r.getMessage()
+            and r.levelno >= logging.ERROR]
+    assert len(said) == 1 and "restart the sender" in said[0].getMessage()
+    assert server.count() == 0
+
+    pipeline = Pipeline(dataclasses.replace(base, attachments_root=root), engine).start()
+    try:
+        wait_until(lambda: [r.status for r in outbox_rows(engine, "k")] == ["sent"] * 2, 30,
+                   "the emails to be sent once the sender has the root")
+    finally:
+        pipeline.stop()
+        server.stop()
+    assert server.count() == 2
