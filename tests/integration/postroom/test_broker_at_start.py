@@ -26,9 +26,10 @@ BOUNDED_S = BROKER_WAIT_S + 15.0
 ROLES = ("relay", "sender", "recorder")
 COMMANDS = {"check": ["check"], "relay": ["relay"], "sender": ["sender"],
             "recorder": ["recorder"], "topics create": ["topics", "create"],
-            "dlq list": ["dlq", "list"], "lag": ["lag"]}
+            "dlq list": ["dlq", "list"], "lag": ["lag"],
+            "purge": ["purge", "--older-than", "30d", "--dry-run"], "acls apply": ["acls", "apply"]}
 # The line a command prints before it waits on the broker.
-PROGRESS = ("creating topics with prefix ", "reading ")
+PROGRESS = ("creating topics with prefix ", "reading ", "applying ")
 
 
 def run_all(commands: Mapping[str, list[str]], env: Mapping[str, str],
