@@ -95,7 +95,11 @@ class ClientLog:
         self._repeats = repeats
 
     def log(self, level: int, msg: str, *args: object) -> None:
-        line = self._repeats.admit(msg % args if args else msg)
+        try:
+            text = msg % args if args else msg
+        except (TypeError, ValueError):  # a '%' of librdkafka's own in the format
+            text = " ".join(str(part) for part in (msg, *args))
+        line = self._repeats.admit(text)
         if line is not None:
             _librdkafka_log.log(level if level >= logging.WARNING else logging.DEBUG, "%s", line)
 

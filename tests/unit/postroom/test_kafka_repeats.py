@@ -87,3 +87,11 @@ def test_the_addresses_tried_are_said_in_the_order_of_the_bootstrap_list() -> No
     assert describe_attempts(errors, ["127.0.0.1:3", " 127.0.0.1:1"]) == (
         "127.0.0.1:3 (Connection refused), 127.0.0.1:1 (Connection refused), "
         "other:9092 (Connection refused)")
+
+
+def test_a_line_whose_format_holds_a_percent_sign_is_still_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    client_log = ClientLog(RepeatedLines(clock=Clock()))
+    with caplog.at_level(logging.DEBUG, logger="postroom.librdkafka"):
+        client_log.log(logging.WARNING, "100% of %s", "brokers", "down")
+    assert [r.getMessage() for r in caplog.records] == ["100% of %s brokers down"]
