@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from postroom.errors import KafkaClientError, PostroomError
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
-from postroom.kafka import check_reachable, client_config, translate
+from postroom.kafka import check_reachable, client_config, message_headers, translate
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 from relay import sql
@@ -167,7 +167,7 @@ def latest_per_key(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
 
 def _letter(msg: Any, partition: int, offset: int,
             schema_by_id: SchemaById | None = None) -> DeadLetter:
-    headers = list(msg.headers() or [])
+    headers = message_headers(msg)  # any client's record: a header name may not decode
     raw_key = msg.key()
     key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else raw_key
 

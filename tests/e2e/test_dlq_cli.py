@@ -27,6 +27,7 @@ from relay.db import make_engine
 from relay.outbox import enqueue
 from schemas.codec import SCHEMALESS, EmailRequested, Framing
 from schemas.registry import framing_for, register_contract
+from support.foreign import produce_raw
 
 pytestmark = pytest.mark.e2e
 
@@ -215,3 +216,20 @@ def test_hostile_dead_letters_are_listed_not_a_traceback(settings: Settings) -> 
     assert " | k | " in listed[1]
     assert listed[-1] == "2 dead letter(s), 0 replayable with `postroom dlq replay`"
     assert ok(settings, "dlq", "replay", "--all")[-1] == "replayed nothing"
+
+
+def test_a_dead_letter_whose_header_name_is_not_utf8_is_listed(settings: Settings) -> None:
+    """Another client's record on the dead-letter topic with a header name that is not UTF-8:
+    confluent-kafka's headers() left a NULL name behind (a SystemError, or a crash at the next
+    touch); dlq list shows it as one unreadable letter and goes on to the next."""
+    topic = dead_letter_topic(settings.topic_prefix)
+    for n in range(3):  # enough reads before it that the interpreter specialises the call
+        produce_raw(settings, topic, 0, f"warm{n}".encode(), b"\x07", [(b"x", b"1")])
+    produce_raw(settings, topic, 0, b"foreign", b"\x07not avro", [(b"\xff\xfe trace", b"1")])
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(topic, key=b"after", value=b"\x07", partition=0)
+    assert producer.flush(10) == 0
+    listed = ok(settings, "dlq", "list")
+    keys = [line.split(" | ")[1] for line in listed[:-1]]
+    assert keys == ["warm0", "warm1", "warm2", "foreign", "after"]
+    assert listed[-1] == "5 dead letter(s), 0 replayable with `postroom dlq replay`"
