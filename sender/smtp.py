@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import functools
 import logging
+import re
 import socket
 import ssl
 from email.message import EmailMessage
@@ -442,10 +443,26 @@ def check_smtp(settings: Settings) -> str:
             return await pool.probe()
 
     reply = asyncio.run(probe())
+    address = smtp_address(settings.smtp_host, settings.smtp_port)
     if reply.code != 250:
         what = reply.failure.value if reply.failure else reply.code
-        raise PostroomError(f"{reply.stage.value}: {what} {reply.text}".strip())
-    return f"{settings.smtp_host}:{settings.smtp_port} {reply.text}"
+        where = f"at {address}"
+        if reply.stage in (Stage.CONNECT, Stage.GREETING):
+            # Reaching the server at all: the settings that say where it is are the ones to check.
+            where += " (POSTROOM_SMTP_HOST, POSTROOM_SMTP_PORT)"
+        text = _SOCKET_ADDRESS.sub("", reply.text).strip()
+        raise PostroomError(f"{reply.stage.value}: {what} {where}" + (f": {text}" if text else ""))
+    return f"{address} {reply.text}"
+
+
+# The address tuple asyncio's errors end with ("Connect call failed ('127.0.0.1', 25)"): the
+# check names the address itself, with the settings that give it.
+_SOCKET_ADDRESS = re.compile(r"\s*\('[^']*'(?:,\s*\d+)+\)")
+
+
+def smtp_address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _tls_context(config: SmtpConfig) -> ssl.SSLContext:

@@ -844,3 +844,16 @@ def test_a_reply_dripped_a_byte_at_a_time_times_out_within_the_reply_timeout() -
     assert (bad.stage, bad.failure) == (Stage.DATA, Failure.TIMEOUT)
     assert classify_reply(bad).verdict is Verdict.TRANSIENT
     assert (good.stage, good.code) == (Stage.DATA, 250)
+
+
+def test_check_names_the_settings_and_the_address_it_could_not_reach() -> None:
+    from postroom.errors import PostroomError
+    from sender.smtp import check_smtp
+
+    port = free_port()  # nothing listens there
+    with pytest.raises(PostroomError) as raised:
+        check_smtp(Settings(smtp_host="127.0.0.1", smtp_port=port, smtp_connect_timeout_s=5.0))
+    said = str(raised.value)
+    assert said.startswith(f"connect: refused at 127.0.0.1:{port} "
+                           "(POSTROOM_SMTP_HOST, POSTROOM_SMTP_PORT): ")
+    assert "('127.0.0.1'" not in said
