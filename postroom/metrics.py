@@ -122,6 +122,9 @@ CATALOGUE: dict[str, MetricSpec] = {
            "(not sent here).", ("result",)),
     "throttled_total": MetricSpec(
         C, "Sends a server throttled, deferred without counting as an attempt."),
+    "attachments_waiting_total": MetricSpec(
+        C, "Emails with attachments or inline images put back on their retry tier, not "
+           "counted as an attempt, because POSTROOM_ATTACHMENTS_ROOT is not set."),
     "destinations_paused": MetricSpec(G, "Destinations paused by a throttling reply."),
     # recorder
     "recorded_total": MetricSpec(C, "Results applied to the outbox, by status.", ("status",)),
@@ -303,10 +306,17 @@ class Readiness:
         self._running_since = 0.0
 
     def refresh(self) -> None:
-        """Start a run of the checks, unless one runs or the last is fresh; returns at once."""
+        """Start a run of the checks, unless one runs or the last is fresh; returns at once. A
+        check running longer than ``wait_s`` has its ``postroom_ready`` set to 0 meanwhile, so a
+        scrape alone shows it."""
         with self._lock:
-            if self._run is not None or (
-                    self._last is not None and self._clock() - self._last[0] < READY_CACHE_S):
+            if self._run is not None:
+                running = len(self._run)
+                if (time.monotonic() - self._running_since > self._wait_s
+                        and running < len(self._checks)):
+                    self._metrics.set("ready", 0.0, check=self._checks[running][0])
+                return
+            if self._last is not None and self._clock() - self._last[0] < READY_CACHE_S:
                 return
             self._run = []
             self._running_since = time.monotonic()

@@ -83,6 +83,26 @@ def test_a_server_that_never_greets_holds_up_no_scrape_and_readiness_says_not_re
             server.server_close()
 
 
+def test_a_scrape_alone_shows_a_check_that_hangs_as_not_ready() -> None:
+    with silent_smtp_server() as port:
+        settings = Settings(smtp_host="127.0.0.1", smtp_port=port, smtp_tls=TlsMode.NONE)
+        metrics = Metrics()
+        # It passed before: the gauge says 1 until the hang is seen.
+        metrics.set("ready", 1.0, check="smtp")
+        server = serve(metrics, 0, readiness=Readiness(
+            [("smtp", lambda: check_smtp(settings))], metrics))
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        try:
+            get(f"{base}/metrics")  # starts the run
+            time.sleep(READY_WAIT_S + 0.2)
+            status, text, seconds = get(f"{base}/metrics")
+            assert (status, seconds < PROMPT_S) == (200, True), seconds
+            assert 'postroom_ready{check="smtp"} 0.0' in text
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
 def test_a_connection_that_sends_nothing_is_closed_and_connections_are_capped() -> None:
     metrics = Metrics()
     server = serve(metrics, 0, timeout_s=0.5, max_connections=2)
