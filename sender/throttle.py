@@ -4,7 +4,8 @@ the clock is an argument.
 
 In the spirit of Postfix's ``default_destination_concurrency_limit`` (20) and
 ``default_destination_rate_delay`` (off): a throttling reply halves the destination's concurrency
-and pauses it, the pause doubling while replies keep throttling; each clean send adds one back.
+and pauses it once per burst of such replies, the pause doubling when sends after it are throttled
+again; each clean send adds one back.
 """
 
 from __future__ import annotations
@@ -108,12 +109,20 @@ def finished(dest: Destination, limits: ThrottleLimits, now_s: float,
              throttled: bool) -> Destination:
     """A send ended: a throttling reply halves the limit and pauses the destination (the pause
     doubling up to MAX_PAUSE_FACTOR times the first); a clean one adds one back to the limit and
-    resets the pause."""
+    resets the pause.
+
+    While the destination is paused, no send starts, so a reply that comes then ends a send that
+    started before the pause: one of the burst that paused it. It changes nothing but the sends
+    in flight. A burst of throttling replies, however many sends were in flight, pauses the
+    destination once; the pause doubles only when a send after it is throttled again."""
     in_flight = max(0, dest.in_flight - 1)
+    if now_s < dest.paused_until_s:
+        return Destination(dest.limit, in_flight, dest.next_start_s, dest.paused_until_s,
+                           dest.pause_s)
     if throttled:
         return dataclasses.replace(
             dest, in_flight=in_flight, limit=max(1, dest.limit // 2),
-            paused_until_s=max(dest.paused_until_s, now_s + dest.pause_s),
+            paused_until_s=now_s + dest.pause_s,
             pause_s=min(dest.pause_s * PAUSE_GROWTH, limits.pause_s * MAX_PAUSE_FACTOR))
     return Destination(min(limits.concurrency, dest.limit + 1), in_flight, dest.next_start_s,
                        dest.paused_until_s, limits.pause_s)

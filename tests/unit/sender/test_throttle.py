@@ -127,3 +127,36 @@ def test_bad_throttle_settings_name_their_variable(name: str, value: str) -> Non
 
     with pytest.raises(ConfigError, match=f"^{name}: "):
         Settings.from_env({name: value})
+
+
+# Each row: sends started at once, then (time, throttled) of each send's end, in order; the limit,
+# the pause's end and the next pause's length after them. LIMITS pause 10 s, 4 at once.
+@pytest.mark.parametrize(("in_flight", "ends", "limit", "paused_until", "next_pause"), [
+    # Issue 26: four in flight throttled at one moment: paused once for the pause, not 2^4 times.
+    (4, [(0.0, True)] * 4, 2, 10.0, 20.0),
+    (4, [(0.0, True), (1.0, True), (2.0, True), (9.9, True)], 2, 10.0, 20.0),  # all in the pause
+    (4, [(0.0, True), (3.0, False), (4.0, False), (5.0, False)], 2, 10.0, 20.0),  # clean, paused
+    (2, [(0.0, True), (10.0, True)], 1, 30.0, 40.0),  # one after the pause: a new round doubles
+    (2, [(0.0, False), (0.0, True)], 2, 10.0, 20.0),  # a clean one first, then the burst
+])
+def test_one_burst_of_throttling_pauses_once(in_flight: int, ends: list[tuple[float, bool]],
+                                             limit: int, paused_until: float,
+                                             next_pause: float) -> None:
+    dest = Destination.fresh(LIMITS)
+    for _ in range(in_flight):
+        dest = started(dest, LIMITS, 0.0)
+    for now, throttled in ends:
+        dest = finished(dest, LIMITS, now, throttled)
+    assert (dest.limit, dest.in_flight, dest.pause_s) == (limit, 0, next_pause)
+    assert dest.paused_until_s == pytest.approx(paused_until)
+
+
+def test_after_the_pause_sends_start_and_a_throttled_one_doubles_the_pause() -> None:
+    dest = Destination.fresh(LIMITS)
+    for _ in range(4):
+        dest = started(dest, LIMITS, 0.0)
+    for _ in range(4):
+        dest = finished(dest, LIMITS, 0.0, throttled=True)
+    assert wait_s(dest, 5.0) == pytest.approx(5.0)  # paused 10 s, once
+    dest = finished(started(dest, LIMITS, 10.0), LIMITS, 10.5, throttled=True)
+    assert dest.paused_until_s == pytest.approx(30.5)  # the next round: 20 s
