@@ -158,6 +158,7 @@ def poison_storm(rounds: int, per_round: int, gap_s: tuple[float, float]) -> Inj
             run.storm.produce(run, [*storm.storm_records(
                 rng, run.tag, run.settings.topic_prefix, TIERS, 2 * n * per_round, per_round),
                 *run.storm.forged(run, rng, 3)])
+            run.storm.foreign(run, rng, (2 * n + 1) * per_round + per_round // 2, 2)
             run._fault()
     return inject
 

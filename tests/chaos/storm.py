@@ -361,6 +361,54 @@ class Storm:
                                (ROW_ID, str(row.id).encode())])
                 for row in rng.sample(rows, min(count, len(rows)))]
 
+    def foreign(self, run: Any, rng: random.Random, start: int, count: int) -> None:
+        """Records whose header names are not UTF-8, as a Go or C producer may write them
+        (confluent-kafka's Python producer cannot: support.foreign drives librdkafka itself),
+        on the high and low topics, which only the storm writes while it runs: each one's offset
+        is found by reading back the end of its partition for its key."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        from support.foreign import produce_raw
+        fingerprint = headers_for(EmailRequested)[0][1]
+        names = [b"\xff\xfe\xfd", b"postroom.row_id\xff", b"x\xc3(", b"\xed\xa0\x80"]
+        consumer = Consumer({**run.settings.kafka_client_config(), "group.id": f"storm-{run.tag}",
+                             "enable.auto.commit": False})
+        try:
+            for n in range(start, start + count):
+                topic = priority_topic(run.settings.topic_prefix,
+                                       rng.choice([Priority.HIGH, Priority.LOW]))
+                partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+                partition = rng.choice(sorted(partitions))
+                key = f"{run.tag}-foreign-{n}".encode()
+                value = encode(_event(run.tag, n))
+                headers = [(rng.choice(names), b"1"), (SCHEMA.encode(), fingerprint)]
+                produce_raw(run.settings, topic, partition, key, value, headers)
+                offset = self._offset_of(consumer, TopicPartition(topic, partition), key)
+                shown = [(name.decode(errors="replace"), v) for name, v in headers]
+                record = HostileRecord(f"header name {headers[0][0]!r}", topic, key, value,
+                                       list(shown))
+                if offset is None:
+                    self.produce_errors.append(f"{record.kind}: not found on {topic}[{partition}]")
+                else:
+                    self.records.append(Injected(record, partition, offset))
+        finally:
+            consumer.close()
+
+    @staticmethod
+    def _offset_of(consumer: Any, tp: Any, key: bytes) -> int | None:
+        from confluent_kafka import TopicPartition
+        low, high = consumer.get_watermark_offsets(tp, timeout=30)
+        consumer.assign([TopicPartition(tp.topic, tp.partition, max(low, high - 50))])
+        found = None
+        while True:
+            msg = consumer.poll(5)
+            if msg is None:
+                return found
+            if msg.error() is None and msg.key() == key:
+                found = msg.offset()
+            if msg.offset() + 1 >= high:
+                return found
+
     def produce(self, run: Any, records: list[HostileRecord]) -> None:
         from confluent_kafka import KafkaError, Message, Producer
         producer = Producer({**run.settings.kafka_client_config(), "linger.ms": 5})
