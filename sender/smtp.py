@@ -371,7 +371,7 @@ class SmtpPool:
         except aiosmtplib.SMTPResponseException as exc:
             if isinstance(smtp, Pipeline):
                 stage = smtp.stage
-            reply = _code_reply(stage, exc)
+            reply = _out_of_turn(_code_reply(stage, exc))
             if reply.code is None or reply.code == SERVICE_UNAVAILABLE or not smtp.is_connected:
                 _discard(smtp)
                 return reply, False
@@ -501,6 +501,16 @@ def _code_reply(stage: Stage, exc: aiosmtplib.SMTPResponseException) -> SmtpRepl
         # aiosmtplib's code for a reply it could not parse: no real reply came.
         return SmtpReply(stage, None, _one_line(exc.message), Failure.RESET)
     return SmtpReply(stage, exc.code, exc.message)  # multi-line as sent; outcome joins it
+
+
+def _out_of_turn(reply: SmtpReply) -> SmtpReply:
+    """A 2xx or 3xx that ended MAIL, RCPT or DATA is a reply the dialogue has no place for (a
+    252 to RCPT, a 250 to DATA where 354 was due, a 251 to the message): the message was not
+    taken, whatever the code says, so it is a protocol error (transient), never "sent"."""
+    if reply.code is None or reply.code >= 400:
+        return reply
+    return SmtpReply(reply.stage, None, _one_line(f"reply out of turn: {reply.code} {reply.text}"),
+                     Failure.RESET)
 
 
 def _connect_failure(exc: aiosmtplib.SMTPConnectError) -> SmtpReply:

@@ -773,6 +773,9 @@ def run_hostile(hostile: Hostile, *, drip: bool = False) -> list[SmtpReply]:
                     if "bad@" in rcpt and where == "RCPT":
                         writer.write(b"554 5.5.1 no valid recipients\r\n")
                         continue
+                    if bad and where == "DATA":
+                        await say(answer + b"\r\n")
+                        continue
                     writer.write(b"354 go ahead\r\n")
                     while await reader.readline() not in (b".\r\n", b""):
                         pass
@@ -826,6 +829,10 @@ def run_hostile(hostile: Hostile, *, drip: bool = False) -> list[SmtpReply]:
     (("<content>", b"250-2.0.0 Ok\r\n250 \xc3(\x00"), Stage.DATA, Verdict.SENT),
     (("<content>", b"250-" + b"y" * 9000 + b"\r\n250 z"), Stage.DATA, Verdict.TRANSIENT),
     (("MAIL", b"999 \x00"), Stage.MAIL_FROM, Verdict.TRANSIENT),
+    # A 2xx where the dialogue allows none: the message was not taken, whatever the code says.
+    (("RCPT", b"252 2.1.5 cannot verify, will try"), Stage.RCPT_TO, Verdict.TRANSIENT),
+    (("DATA", b"250 2.0.0 no need for the message"), Stage.DATA, Verdict.TRANSIENT),
+    (("<content>", b"251 2.0.0 queued elsewhere"), Stage.DATA, Verdict.TRANSIENT),
     (("greeting", b"\x00\x00\x00 hello"), Stage.CONNECT, Verdict.TRANSIENT),
 ], ids=lambda v: v[0] if isinstance(v, tuple) else str(v))
 def test_a_broken_reply_is_classified_and_the_pool_goes_on(hostile: Hostile, stage: Stage,
