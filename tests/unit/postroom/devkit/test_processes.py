@@ -36,12 +36,12 @@ def test_an_exited_process_is_reported_with_the_end_of_its_log(tmp_path: Path) -
     with processes:
         processes.processes["bad"].wait(60)
         with pytest.raises(ChildProcessError, match=r"postroom bad exited with status 2:\n"
-                                                    r"(.|\n)*invalid int value: 'x'"):
+                                                    r"(.|\n)*not a whole number: 'x'"):
             processes.check_alive()
         with pytest.raises(ChildProcessError):
             processes.wait_logged("never printed", timeout_s=60)
     assert processes.stop_all() == {"bad": 2}
-    assert "invalid int value" in processes.log("bad")  # still readable once stopped
+    assert "not a whole number" in processes.log("bad")  # still readable once stopped
 
 
 def test_a_process_started_with_its_own_env_gets_it_on_top_of_the_shared_one(
@@ -53,4 +53,4 @@ def test_a_process_started_with_its_own_env_gets_it_on_top_of_the_shared_one(
         for name in ("plain", "own"):
             processes.processes[name].wait(60)
     assert "POSTROOM_DATABASE_URL: is not set" in processes.log("plain")
-    assert "POSTROOM_METRICS_PORT: invalid literal" in processes.log("own")
+    assert "POSTROOM_METRICS_PORT: expected a whole number" in processes.log("own")
