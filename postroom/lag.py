@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from postroom.errors import ConfigError, KafkaClientError
-from postroom.kafka import check_reachable, client_config, make_admin, translate
+from postroom.kafka import check_reachable, client_config, make_admin, message_headers, translate
 from postroom.lagrules import (
     CommitWindows,
     Verdict,
@@ -270,7 +270,7 @@ class LagReader:
                         continue
                     key = (msg.topic() or "", msg.partition() or 0)
                     if key not in found:
-                        found[key] = (msg.timestamp()[1], msg.value(), list(msg.headers() or []))
+                        found[key] = (msg.timestamp()[1], msg.value(), message_headers(msg))
                         consumer.pause([TopicPartition(key[0], key[1])])
         finally:
             # A pause outlives the assignment in librdkafka; the next read would find none.
