@@ -207,3 +207,37 @@ def test_any_reply_is_classified_by_the_rules_into_a_result_that_can_be_stored(
 def test_only_the_start_of_a_reply_is_searched_for_throttling_words(text: str,
                                                                     throttling: bool) -> None:
     assert is_throttling(SmtpReply(Stage.RCPT_TO, 451, text)) is throttling
+
+
+class _FakeTransport(_Transport):
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+@BOUNDED
+@given(REPLY_BYTES, st.lists(st.integers(0, 50_000), max_size=8))
+def test_aiosmtplib_takes_any_reply_in_any_pieces_without_an_error_of_its_own(
+        data: bytes, cuts: list[int]) -> None:
+    """The other reader a reply meets (POSTROOM_SMTP_PIPELINING off, and every connection's
+    greeting, EHLO, STARTTLS and AUTH): fed the same pieces, it raises nothing, and what it reads
+    first is the reply the pipelined reader reads first, or a refusal."""
+    points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    chunks = [data[a:b] for a, b in itertools.pairwise(points)]
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = SMTPProtocol(loop=loop)
+        protocol.connection_made(cast(asyncio.Transport, _FakeTransport()))
+        for chunk in chunks:
+            protocol.data_received(chunk)
+        waiter = protocol._response_waiter
+        assert waiter is not None
+        # Not done: still waiting for the rest of a reply, which its timeout ends.
+        refused = waiter.exception() if waiter.done() else None
+        read = waiter.result() if waiter.done() and refused is None else None
+    finally:
+        loop.close()
+    if refused is not None:
+        assert isinstance(refused, aiosmtplib.SMTPResponseException)
+    if read is not None:
+        replies, _ = fed(chunks)
+        assert replies[:1] == [(read.code, read.message)]
