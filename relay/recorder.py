@@ -150,11 +150,22 @@ def apply_each(conn: sa.Connection, results: Sequence[EmailResult], max_attempt:
             with conn.begin_nested():
                 changed += conn.execute(sql.RECORD_RESULT,
                                         result_params(result, max_attempt)).rowcount
-        except (sa.exc.OperationalError, sa.exc.InterfaceError):
-            raise
-        except sa.exc.DatabaseError as exc:
+        except sa.exc.DBAPIError as exc:
+            if not refuses_the_data(exc):
+                raise
             refused.append((result, first_line(exc)))
     return changed, refused
+
+
+def refuses_the_data(exc: sa.exc.DBAPIError) -> bool:
+    """Whether the database refused what a statement carried (SQLSTATE class 22, a data
+    exception, or 23, an integrity violation): only that is one result's doing. Anything else (a
+    read-only standby after a failover, a revoked grant, a lost connection) is the database's,
+    and would refuse every result alike: the batch then waits, uncommitted."""
+    if isinstance(exc, (sa.exc.DataError, sa.exc.IntegrityError)):
+        return True  # psycopg refuses a NUL itself, as a DataError without a SQLSTATE
+    state = getattr(exc.orig, "sqlstate", None) or ""
+    return state.startswith(("22", "23"))
 
 
 @dataclasses.dataclass
@@ -252,9 +263,9 @@ class Recorder:
                 try:
                     with self._engine.begin() as conn:
                         changed = apply_results(conn, results, self._max_attempt)
-                except (sa.exc.OperationalError, sa.exc.InterfaceError):
-                    raise
-                except sa.exc.DatabaseError as exc:
+                except sa.exc.DBAPIError as exc:
+                    if not refuses_the_data(exc):
+                        raise
                     # What one result held, that no check above foresaw: the others are
                     # recorded, that one counted and logged.
                     log.warning("recording %d results failed (%s); recording them one by one",
@@ -262,12 +273,13 @@ class Recorder:
                     with self._engine.begin() as conn:
                         changed, refused = apply_each(conn, results, self._max_attempt)
                 break
-            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            except sa.exc.DBAPIError as exc:
+                # The database's fault, not a result's: the batch waits, uncommitted.
                 if self._stop.is_set():
                     return  # uncommitted: the batch comes again after restart
                 log.warning("recording %d results failed (%s); retrying in %.0fs", len(results),
                             first_line(exc), RETRY_BACKOFF_S)
-                time.sleep(RETRY_BACKOFF_S)
+                self._stop.wait(RETRY_BACKOFF_S)
         for result, why in refused:
             self.stats.unrecordable += 1
             self.metrics.inc("recorder_unrecordable_total")

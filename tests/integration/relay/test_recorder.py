@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from postroom import enqueue
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import results_topic
+from relay import recorder
 from relay.publisher import Relay
 from relay.recorder import Recorder, RecorderStats, apply_each, apply_results
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
@@ -461,3 +463,39 @@ def test_a_result_the_database_refuses_is_skipped_and_the_rest_of_its_batch_reco
     assert [(r.idempotency_key, "NUL" in why) for r, why in refused] == [(a.idempotency_key, True)]
     assert row_state(engine, b).status == "sent"
     assert row_state(engine, a).status == "published"
+
+
+def test_a_database_that_refuses_every_write_holds_the_results_until_it_takes_them(
+        engine: sa.Engine, recorder_settings: Settings, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A read-only database (a standby after a failover) refuses every result alike: that is
+    the database's fault, not a result's. The batch waits uncommitted and is recorded once a
+    recorder can write. Before, each result was refused on its own, counted as unrecordable and
+    its offset committed: the row stayed published for good."""
+    monkeypatch.setattr(recorder, "RETRY_BACKOFF_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="relay.recorder")
+    a = enqueue_and_publish(recorder_settings, engine, "read-only", ["a@example.com"])[
+        "a@example.com"]
+    with engine.begin() as conn, pytest.raises(sa.exc.DBAPIError) as refused:
+        conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+        apply_each(conn, [sent(a, 1)], max_attempt=5)
+    assert refused.value.orig.sqlstate == "25006"  # type: ignore[union-attr]
+    produce(recorder_settings, [sent(a, 1)])
+    schema = recorder_settings.database_schema
+    read_only = sa.create_engine(engine.url, connect_args={
+        "options": f"-c search_path={schema} -c default_transaction_read_only=on"})
+    try:
+        with running(recorder_settings, read_only) as thread:
+            def retries() -> int:
+                thread.check()
+                return sum("retrying in" in r.getMessage() for r in caplog.records
+                           if r.name == "relay.recorder")
+
+            wait_until(lambda: retries() >= 3, WAIT_S, "the batch to be tried three times")
+            assert thread.stats.unrecordable == 0
+            assert thread.recorder.metrics.counter("recorder_unrecordable_total") == 0
+            assert row_state(engine, a).status == "published"
+    finally:
+        read_only.dispose()
+    with running(recorder_settings, engine) as thread:
+        until(engine, a, lambda row: row.status == "sent", "the held result to be recorded")
