@@ -167,18 +167,20 @@ STORM_ENV = (("sender", "POSTROOM_BODY_MAX_BYTES", str(storm.SENDER_BODY_MAX_BYT
 
 
 def poison_storm_scenario(name: str, emails: int, rounds: int, per_round: int,
-                          feed_per_s: float) -> Scenario:
+                          feed_per_s: float, backlog: int) -> Scenario:
+    """``backlog``: the feed goes on past ``emails`` until the last round is in (Run.feed), so
+    every round meets mail in flight."""
     return Scenario(
         name, emails, poison_storm(rounds, per_round, (0.5, 1.5)),
         "hostile records on every topic, hostile rows by SQL and broken server replies while "
         "mail flows: every email delivered once, every hostile input ended and counted, no "
         "role exits, lag back to 0", feed_per_s=feed_per_s, start_faults_at=0.05,
         recipients=storm_recipients, role_env=STORM_ENV, before_stop=storm.before_stop,
-        after_stop=storm.after_stop, drain_timeout_s=180)
+        after_stop=storm.after_stop, drain_timeout_s=180, backlog=backlog)
 
 
-POISON_STORM = poison_storm_scenario("poison storm", 3000, 8, 60, 300.0)
-POISON_STORM_SHORT = poison_storm_scenario("poison storm (short)", 400, 2, 40, 200.0)
+POISON_STORM = poison_storm_scenario("poison storm", 3000, 8, 60, 150.0, 300)
+POISON_STORM_SHORT = poison_storm_scenario("poison storm (short)", 400, 2, 40, 100.0, 100)
 
 
 def random_mix(run: Run, rng: random.Random) -> None:
