@@ -872,7 +872,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except PostroomError as exc:
         print(f"postroom {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    except sa_errors.OperationalError as exc:
+    except sa_errors.DBAPIError as exc:  # unreachable, read-only, a grant missing, ...
         print(f"postroom {args.command}: error: cannot use the database "
               f"(POSTROOM_DATABASE_URL): {first_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE

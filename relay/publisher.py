@@ -338,8 +338,10 @@ class Relay:
                         marking = database.submit(self._mark, db, sent)
                         published = self._account(len(rows), sent)
                     failures = 0
-                except (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
-                        KafkaClientError) as exc:
+                except (sa.exc.DBAPIError, psycopg.Error, KafkaClientError) as exc:
+                    # The database or the broker, not a row (a row no event can carry is
+                    # poison): a lost connection, a read-only standby after a failover, a
+                    # revoked grant. The round's claims are released and it is tried again.
                     self._abandon(db, claimed, marking)
                     claimed = marking = None
                     db.close()

@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import uuid
+from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.settings import Settings
+from relay.db import make_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -59,3 +63,39 @@ def assert_quiet(proc: subprocess.CompletedProcess[str]) -> None:
         lines = [line for line in proc.stderr.splitlines()
                  if not line.startswith(("usage:", "  ", "reading "))]
         assert len(lines) == 1, proc.stderr
+
+
+@pytest.fixture
+def grantless_url(settings: Settings) -> Iterator[str]:
+    """POSTROOM_DATABASE_URL as a role that may use the schema and touch none of its tables (a
+    grant revoked, say)."""
+    role = f"postroom_grantless_{uuid.uuid4().hex[:8]}"
+    engine = make_engine(settings)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD 'grantless'"))
+            conn.execute(sa.text(f'GRANT USAGE ON SCHEMA "{settings.database_schema}" TO {role}'))
+        url = sa.make_url(settings.require("database_url")).set(username=role,
+                                                                password="grantless")  # noqa: S106 - a throwaway role
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'REVOKE ALL ON SCHEMA "{settings.database_schema}" FROM {role}'))
+            conn.execute(sa.text(f"DROP ROLE {role}"))
+        engine.dispose()
+
+
+@pytest.mark.parametrize("argv", [["enqueue", "--key", "ro", "--to", "a@example.com",
+                                   "--subject", "S", "--body", "b"],
+                                  ["requeue", "--key", "ro"], ["status"]],
+                         ids=lambda argv: argv[0])
+def test_a_database_that_refuses_the_role_is_one_line(
+        settings: Settings, grantless_url: str, argv: list[str]) -> None:
+    """A grant missing (or a read-only standby) is an error that is not an OperationalError:
+    one line naming POSTROOM_DATABASE_URL, not a traceback."""
+    proc = run_postroom(*argv, env={**os.environ, **scratch_env(settings),
+                                    "POSTROOM_DATABASE_URL": grantless_url}, timeout_s=90)
+    assert proc.returncode == 1, proc.stderr
+    assert_quiet(proc)
+    assert "cannot use the database (POSTROOM_DATABASE_URL)" in proc.stderr
+    assert "permission denied" in proc.stderr

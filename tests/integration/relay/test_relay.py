@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import io
 import json
+import logging
 import os
 import threading
 import time
@@ -344,6 +345,37 @@ def test_the_relay_survives_a_database_restart(
     assert not thread.is_alive()
     assert sorted(r.key for r in records) == [b"after|b@example.com", b"before|a@example.com"]
     assert unpublished(engine) == 0
+
+
+def test_a_read_only_database_is_waited_out_not_an_exit(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A standby after a failover refuses the claim (SQLSTATE 25006, psycopg's InternalError,
+    not an OperationalError): that is the database's fault, not a row's. The relay used to end
+    with a traceback; it now tries the round again, and publishes once it can write."""
+    caplog.set_level(logging.WARNING, logger="relay.publisher")
+    with engine.begin() as conn:
+        enqueue(conn, key="standby", recipients=["a@example.com"], subject="S", body="b")
+    read_only = sa.create_engine(engine.url, connect_args={
+        "options": f"-c search_path={settings.database_schema} "
+                   "-c default_transaction_read_only=on"})
+    relay = Relay(settings, read_only)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        wait_until(lambda: sum("relay round failed" in r.getMessage()
+                               for r in caplog.records) >= 2 or not thread.is_alive(),
+                   30, "the relay to try its round twice")
+        assert thread.is_alive(), "the relay ended on a read-only database"
+        assert unpublished(engine) == 1
+    finally:
+        relay.stop()
+        thread.join(timeout=15)
+        read_only.dispose()
+    assert not thread.is_alive()
+    Relay(settings, engine).publish_once()
+    [record] = consume(settings, topics(settings), expected=1, timeout_s=15)
+    assert record.key == b"standby|a@example.com"
 
 
 INSERT_BY_HAND = sa.text("""
