@@ -74,7 +74,8 @@ MESSAGE_STAGES = frozenset({Stage.RCPT_TO, Stage.DATA})
 # A server may send kilobytes of text; the reason is one line for a log or a results record.
 REASON_MAX_CHARS = 300
 
-_ENHANCED_CODE = re.compile(r"([245])\.(\d{1,3})\.(\d{1,3})(?=\s|$)")
+# ASCII digits only: \d alone takes any script's ("5.\u0661.\u0661"), which no RFC 3463 code holds.
+_ENHANCED_CODE = re.compile(r"([245])\.(\d{1,3})\.(\d{1,3})(?=\s|$)", re.ASCII)
 _FAILURE_WORDS = {
     Failure.REFUSED: "connection refused",
     Failure.RESET: "connection reset",

@@ -79,7 +79,8 @@ def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
         if failed else ()))
     forward = None
     if decision.action is Action.RETRY:
-        retry = dataclasses.replace(event, attempt=event.attempt + 1, not_before=decision.not_before)
+        retry = dataclasses.replace(event, attempt=event.attempt + decision.counted,
+                                    not_before=decision.not_before)
         forward = Forward(retry_topic(prefix, decision.tier or 1), retry, history)
     elif decision.action in CLASSIFICATION_OF:
         forward = Forward(dead_letter_topic(prefix), event, (

@@ -31,7 +31,7 @@ from schemas.registry import framing_for, reader_for
 from sender.admission import Admission, Admitted, admit
 from sender.claims import busy_wait_s, needs_renewal, send_deadline_s
 from sender.consumer import SenderConsumer
-from sender.delivery import Delivery
+from sender.delivery import Delivery, waits_for_configuration
 from sender.destinations import DestinationGate
 from sender.errors import LedgerUnavailableError, PoisonRecordError
 from sender.ledger import Claim, ClaimResult, Ledger
@@ -313,8 +313,12 @@ class Sender:
             # Given up only now that its outcome is out: a copy of this record read again (we die
             # before its offset is committed, or its partition moves) finds the attempt done.
             started = time.monotonic()
-            await self._ledger_call("release",
-                                    partial(self._ledger.release, key, event.attempt))
+            # An attempt that waited (forwarded with its number kept) was not made: its copies
+            # must find it not done, or the next read of the wait would be taken for a repeat.
+            waited = (routing.status is DeliveryStatus.RETRYING and routing.forward is not None
+                      and routing.forward.event.attempt == event.attempt)
+            await self._ledger_call("release", partial(self._ledger.release, key,
+                                                       None if waited else event.attempt))
             self.metrics.observe("ledger_mark_seconds", time.monotonic() - started,
                                  operation="release")
         self.metrics.inc("outcomes_total", status=routing.status.value)
@@ -437,7 +441,12 @@ class Sender:
             self.metrics.inc("server_faults_total", stage=reply.stage.value)
         now = utcnow()
         # A redriven email has a fresh budget: its retry tiers count from the redrive.
-        decision = self._policy.decide(outcome, event.attempt - admitted.attempt_base, now)
+        in_round = event.attempt - admitted.attempt_base
+        if waits_for_configuration(reply):
+            self.metrics.inc("attachments_waiting_total")
+            decision = self._policy.wait(in_round, now)
+        else:
+            decision = self._policy.decide(outcome, in_round, now)
         if decision.action is Action.DONE_SENT:
             # The duplicate window, from the reply read to the mark's commit: a crash before the
             # mark commits sends the key again.

@@ -534,7 +534,9 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka",
-                                                      "ok    registry", "ok    smtp"]
+                                                      "ok    registry", "ok    smtp",
+                                                      "WARN  attachments"]
+    assert "POSTROOM_ATTACHMENTS_ROOT is not set" in lines[4]  # a warning: the exit code is 0
     assert "all 9 topics exist" in lines[1]
     assert "none configured" in lines[2] and "schemaless" in lines[2]
 
@@ -550,7 +552,9 @@ def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     assert lines[2].endswith("email.high: missing (run `postroom topics create`)"), lines
     assert all(line.endswith(": missing (run `postroom topics create`)") for line in lines[2:11])
     assert lines[11].startswith("ok    registry: none configured")
-    assert lines[12].startswith("FAIL  smtp: connect: refused")
+    assert lines[12].startswith("FAIL  smtp: connect: refused at 127.0.0.1:1 "
+                                "(POSTROOM_SMTP_HOST, POSTROOM_SMTP_PORT)")
+    assert lines[13].startswith("WARN  attachments: POSTROOM_ATTACHMENTS_ROOT is not set")
     assert "Traceback" not in proc.stderr
 
 
