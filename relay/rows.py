@@ -15,6 +15,7 @@ from typing import Any
 
 from postroom import rules
 from postroom.errors import InvalidContentError
+from postroom.headers import ATTEMPT_BASE_MAX
 from postroom.topics import Priority
 from relay.errors import PoisonRowError
 from schemas.codec import Schema, SchemaError, encode_values
@@ -23,7 +24,9 @@ from schemas.codec import Schema, SchemaError, encode_values
 FIELDS = ("idempotency_key", "message_key", "outbox_id", "recipient", "sender", "subject", "body",
           "attachments", "priority", "created_at", "attempt", "not_before", "html", "inline")
 POISON_PREFIX = "poison: "
-ATTEMPT_MAX = (1 << 31) - 1  # the contract's int
+# A redriven row's attempts so far travel as postroom.attempt_base (attempt - 1), which the
+# sender reads up to ATTEMPT_BASE_MAX: a row past it would be refused there, after publishing.
+ATTEMPT_MAX = ATTEMPT_BASE_MAX + 1
 LONG_RANGE = (-(1 << 63), 1 << 63)
 # The times a reader decodes (Python's datetime: years 1 to 9999), in milliseconds since 1970.
 CREATED_RANGE_MS = (-62_135_596_800_000, 253_402_300_799_999)

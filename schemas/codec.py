@@ -580,11 +580,17 @@ def decode(
             raise SchemaError(f"unknown writer schema fingerprint {raw_fp[:64].decode(errors='replace')}")
         writer = found
     reader = reader or load_schema(cls.SCHEMA_NAME)
+    stream = io.BytesIO(payload)
     try:
-        record = fastavro.schemaless_reader(io.BytesIO(payload), writer.parsed, reader.parsed)
+        record = fastavro.schemaless_reader(stream, writer.parsed, reader.parsed)
     except (EOFError, ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError,
             fastavro.read.SchemaResolutionError) as exc:
         raise SchemaError(f"cannot decode {cls.__name__}: {exc!r}") from exc
+    if stream.tell() != len(payload):
+        # No writer of ours leaves bytes behind the record: a record cut from another, or
+        # written by something that only looks like us.
+        raise SchemaError(f"cannot decode {cls.__name__}: {len(payload) - stream.tell()} "
+                          "byte(s) after the record")
     if not isinstance(record, dict):
         raise SchemaError(f"cannot decode {cls.__name__}: not a record")
     return from_record(cls, record)

@@ -168,6 +168,16 @@ def test_round_trip(event: EmailRequested | EmailResult) -> None:
             assert value.utcoffset() == dt.timedelta(0)  # read back in UTC, same instant
 
 
+@pytest.mark.parametrize("event", [FULL_REQUEST, MINIMAL_RESULT], ids=["request", "result"])
+@pytest.mark.parametrize("extra", [b"\x00", b"trailing bytes"])
+def test_bytes_after_the_record_are_refused(event: EmailRequested | EmailResult,
+                                            extra: bytes) -> None:
+    # fastavro reads one record and leaves the rest: the poison storm's valid event followed by
+    # trailing bytes was admitted and delivered.
+    with pytest.raises(SchemaError, match=f"{len(extra)} byte\\(s\\) after the record"):
+        decode(type(event), encode(event) + extra, headers_for(event))
+
+
 @pytest.mark.parametrize("event", [FULL_REQUEST, MINIMAL_REQUEST], ids=["full", "minimal"])
 def test_with_sender_is_replace_with_the_sender(event: EmailRequested) -> None:
     copy = event.with_sender("Reports <reports@example.org>")
