@@ -249,7 +249,7 @@ def hostile_rows(tag: str) -> list[HostileRow]:
         row(7, "recipient without @", recipient="'no-at-sign'"),
         row(8, "recipient 300 characters", recipient="repeat('r', 288) || '@example.com'"),
         row(9, "subject with CRLF", subject="E'Report\\r\\nBcc: x@example.com'"),
-        row(10, "body over the relay's cap", body="repeat('b', 600000)"),
+        row(10, "body of 600,000 bytes, over every cap", body="repeat('b', 600000)"),
         row(11, "idempotency key with a control character", idempotency_key=f"E'{tag}-\\x01k'"),
         row(12, "message key 3,000 characters", message_key="repeat('m', 3000)"),
         row(13, "sender not an address", sender="'not an address'"),
