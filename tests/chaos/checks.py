@@ -19,6 +19,7 @@ from postroom.topics import dead_letter_topic, results_topic
 from relay.db import make_engine, upgrade
 from relay.recorder import apply_each, apply_results, result_problem, storable_result
 from schemas.codec import EmailResult, SchemaError, decode
+from schemas.registry import reader_for
 
 # A server may still read a killed client's last message from its socket buffer.
 KILL_SLACK_S = 0.5
@@ -236,9 +237,12 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
 
     # 4. the recorder's table is a replay of the results topic
     results = []
-    for msg in read_topic(run, results_topic(run.settings.topic_prefix)):
+    topic = results_topic(run.settings.topic_prefix)
+    schema_by_id = reader_for(run.settings, [topic])
+    for msg in read_topic(run, topic):
         try:
-            results.append(decode(EmailResult, msg.value(), msg.headers()))
+            results.append(decode(EmailResult, msg.value(), msg.headers(),
+                                  schema_by_id=schema_by_id))
         except SchemaError:
             outcome.unreadable_results += 1
     replayed = replay(run, results)

@@ -30,6 +30,8 @@ from postroom.kafka import create_topics, make_admin
 from postroom.settings import Settings
 from postroom.topics import all_topics, priority_topic, results_topic, retry_topic
 from relay.db import make_engine, upgrade
+from schemas.registry import register_contract
+from support.registry import delete_subjects
 from support.stack import REPO
 
 SERVICES = REPO / "scripts" / "services.sh"
@@ -131,6 +133,8 @@ class Run:
     def prepare(self) -> None:
         upgrade(self.engine, self.settings.database_schema)
         create_topics(self.settings)
+        if self.settings.schema_registry_url:
+            register_contract(self.settings)
 
     def env(self, role: Role) -> dict[str, str]:
         url = sa.make_url(self.settings.require("database_url")).update_query_dict(
@@ -149,6 +153,8 @@ class Run:
             "POSTROOM_MAIL_FROM": "reports@example.com",
             "POSTROOM_RELAY_POLL_INTERVAL": "200ms",
             "POSTROOM_LOG_LEVEL": "INFO",
+            **({"POSTROOM_SCHEMA_REGISTRY_URL": self.settings.schema_registry_url}
+               if self.settings.schema_registry_url else {}),
             **({"POSTROOM_METRICS_PORT": str(role.metrics_port)} if role.metrics_port else {}),
             **self.extra_env,
             **self.role_env.get(role.command, {}),
@@ -214,6 +220,8 @@ class Run:
         names = all_topics(self.settings.topic_prefix, TIERS)
         for future in admin.delete_topics(names, operation_timeout=30).values():
             future.result()
+        if self.settings.schema_registry_url:
+            delete_subjects(self.settings.schema_registry_url, self.settings)
 
     # -- input -----------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from chaos.checks import Outcome, check
 from chaos.harness import TIERS, Run, check_own_stack, recipients_for
 from chaos.mailserver import ChaosMailServer
 from postroom.settings import Settings, parse_duration_s
+from support.registry import registry_url
 
 Inject = Callable[[Run, random.Random], None]
 Verify = Callable[[Run], list[str]]
@@ -40,6 +41,7 @@ class Scenario:
     role_env: tuple[tuple[str, str, str], ...] = ()  # (command, name, value): one kind of role
     before_stop: Verify | None = None  # more checks while the roles run, after the drain
     after_stop: Verify | None = None   # ... and after they stopped
+    registry: bool = False  # every role with the stack's Schema Registry (Confluent framing)
 
     @property
     def smtp_timeout_s(self) -> float:
@@ -157,7 +159,7 @@ def poison_storm(rounds: int, per_round: int, gap_s: tuple[float, float]) -> Inj
             time.sleep(rng.uniform(*gap_s))
             run.storm.produce(run, [*storm.storm_records(
                 rng, run.tag, run.settings.topic_prefix, TIERS, 2 * n * per_round, per_round),
-                *run.storm.forged(run, rng, 3)])
+                *run.storm.forged(run, rng, 3), *run.storm.cross_framed(run, rng, 3)])
             run.storm.foreign(run, rng, (2 * n + 1) * per_round + per_round // 2, 2)
             run._fault()
     return inject
@@ -167,7 +169,7 @@ STORM_ENV = (("sender", "POSTROOM_BODY_MAX_BYTES", str(storm.SENDER_BODY_MAX_BYT
 
 
 def poison_storm_scenario(name: str, emails: int, rounds: int, per_round: int,
-                          feed_per_s: float, backlog: int) -> Scenario:
+                          feed_per_s: float, backlog: int, registry: bool = False) -> Scenario:
     """``backlog``: the feed goes on past ``emails`` until the last round is in (Run.feed), so
     every round meets mail in flight."""
     return Scenario(
@@ -176,10 +178,12 @@ def poison_storm_scenario(name: str, emails: int, rounds: int, per_round: int,
         "mail flows: every email delivered once, every hostile input ended and counted, no "
         "role exits, lag back to 0", feed_per_s=feed_per_s, start_faults_at=0.05,
         recipients=storm_recipients, role_env=STORM_ENV, before_stop=storm.before_stop,
-        after_stop=storm.after_stop, drain_timeout_s=180, backlog=backlog)
+        after_stop=storm.after_stop, drain_timeout_s=180, backlog=backlog, registry=registry)
 
 
 POISON_STORM = poison_storm_scenario("poison storm", 3000, 8, 60, 150.0, 300)
+POISON_STORM_REGISTRY = poison_storm_scenario(
+    "poison storm, Schema Registry", 3000, 8, 60, 150.0, 300, registry=True)
 POISON_STORM_SHORT = poison_storm_scenario("poison storm (short)", 400, 2, 40, 100.0, 100)
 
 
@@ -247,6 +251,7 @@ FULL = [
     Scenario("sender SIGSTOP 15 s, SIGCONT", 1000, stop_sender,
              "a stopped sender's claims stay its own (its lock is held): no duplicate"),
     POISON_STORM,
+    POISON_STORM_REGISTRY,
 ]
 
 
@@ -254,6 +259,8 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
                  rng: random.Random) -> Outcome:
     """Run one scenario on fresh topics, schema and groups; always leaves the stack running."""
     check_own_stack(base)
+    if scenario.registry:
+        base = dataclasses.replace(base, schema_registry_url=registry_url())
     with ChaosMailServer() as mail:
         role_env: dict[str, dict[str, str]] = {}
         for command, key, value in scenario.role_env:

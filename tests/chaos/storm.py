@@ -409,6 +409,33 @@ class Storm:
             if msg.offset() + 1 >= high:
                 return found
 
+    def cross_framed(self, run: Any, rng: random.Random, count: int) -> list[HostileRecord]:
+        """With a registry: a valid event framed with the id the registry holds for the results
+        schema, and a valid result framed with the event schema's id (a writer that took the
+        wrong subject). None without a registry."""
+        url = run.settings.schema_registry_url
+        if not url:
+            return []
+        from postroom.topics import value_subject
+        from support.registry import client
+        prefix = run.settings.topic_prefix
+        with client(url) as registry:
+            result_id = registry.get_latest_version(
+                value_subject(results_topic(prefix))).schema_id
+            event_id = registry.get_latest_version(
+                value_subject(priority_topic(prefix, Priority.NORMAL))).schema_id
+        out = []
+        for _ in range(count):
+            n = rng.randrange(1 << 30)
+            out.append(HostileRecord(
+                "the results schema's id on an event", rng.choice(sender_topics_of(prefix, 4)),
+                f"{run.tag}-cross-{n}".encode(),
+                b"\x00" + struct.pack(">I", result_id) + encode(_event(run.tag, n)), []))
+            out.append(HostileRecord(
+                "the event schema's id on a result", results_topic(prefix), None,
+                b"\x00" + struct.pack(">I", event_id) + encode(_result(run.tag, n)), []))
+        return out
+
     def produce(self, run: Any, records: list[HostileRecord]) -> None:
         from confluent_kafka import KafkaError, Message, Producer
         producer = Producer({**run.settings.kafka_client_config(), "linger.ms": 5})
