@@ -155,7 +155,7 @@ class Pipeline(asyncio.Protocol):
             self._on_accepted = None
         if final.code == SERVICE_UNAVAILABLE:
             self.close()
-        if final.code != SMTP_OK:
+        if not is_accepted(final.code):
             raise aiosmtplib.SMTPResponseException(final.code, final.message)
         return final
 
@@ -211,7 +211,7 @@ class Pipeline(asyncio.Protocol):
                 self._replies.append(reply)
                 if self._on_accepted is not None:
                     on_accepted, self._on_accepted = self._on_accepted, None
-                    if reply.code == SMTP_OK:
+                    if is_accepted(reply.code):
                         on_accepted(reply.code, reply.message)
                 elif self._group is not None:
                     self._group_replied(self._group, reply)
@@ -282,6 +282,13 @@ def _refusal(mail: SMTPResponse, rcpt: SMTPResponse,
     if data.code != START_MAIL_INPUT:
         return Stage.DATA, data
     return None
+
+
+def is_accepted(code: int) -> bool:
+    """Whether the reply to a message's content takes it: any 2xx (RFC 5321 4.2.1 judges a
+    reply by its first digit), not only 250. A 251 there is a delivery: sent again, it arrives
+    again."""
+    return 200 <= code < 300
 
 
 def data_bytes(content: bytes) -> bytes:

@@ -31,8 +31,11 @@ from sender.pipelining import (
     MAIL_ACCEPTED,
     RCPT_ACCEPTED,
     SERVICE_UNAVAILABLE,
+    START_MAIL_INPUT,
     OnAccepted,
     Pipeline,
+    data_bytes,
+    is_accepted,
 )
 from sender.render import Payload, is_plain_address, payload_of
 
@@ -357,6 +360,7 @@ class SmtpPool:
                           *(option.encode("ascii") for option in options)])
         rcpt = b"RCPT TO:<" + recipient.encode(encoding) + b">"
         stage = Stage.MAIL_FROM
+        message_written = False
         try:
             if isinstance(smtp, Pipeline):
                 response = await smtp.transaction(mail, rcpt, content, on_accepted)
@@ -365,13 +369,22 @@ class SmtpPool:
                 stage = Stage.RCPT_TO
                 await _command(smtp, RCPT_ACCEPTED, rcpt)
                 stage = Stage.DATA
-                response = await smtp.data(content)  # anything but a 250 raises
+                # The DATA command and the message as two commands, not smtp.data(), which
+                # raises alike for a 2xx to DATA (no message was written: out of turn) and for
+                # a 2xx to the message other than 250 (a delivery).
+                await _command(smtp, (START_MAIL_INPUT,), b"DATA")
+                message_written = True
+                response = await _message(smtp, content)
                 if on_accepted is not None:
                     on_accepted(response.code, response.message)
         except aiosmtplib.SMTPResponseException as exc:
             if isinstance(smtp, Pipeline):
                 stage = smtp.stage
-            reply = _out_of_turn(_code_reply(stage, exc))
+            reply = _code_reply(stage, exc)
+            if not message_written:
+                # A 2xx to the message is taken above (and by the Pipeline): past this point
+                # a 2xx or 3xx ended MAIL, RCPT or DATA, where the dialogue has no place for it.
+                reply = _out_of_turn(reply)
             if reply.code is None or reply.code == SERVICE_UNAVAILABLE or not smtp.is_connected:
                 _discard(smtp)
                 return reply, False
@@ -390,6 +403,27 @@ async def _command(smtp: aiosmtplib.SMTP, accepted: tuple[int, ...], command: by
     response = await smtp.execute_command(command)
     if response.code not in accepted:
         raise aiosmtplib.SMTPResponseException(response.code, response.message)
+
+
+async def _message(smtp: aiosmtplib.SMTP, content: bytes) -> aiosmtplib.SMTPResponse:
+    """The message after DATA's 354, written and its reply read as the second half of
+    aiosmtplib's execute_data_command (its command lock, its pending-reply mark: the pin below
+    6 in pyproject.toml holds them, as for sender/pipelining.py); SMTPResponseException unless a
+    2xx takes it. smtp.data() raises alike for a 2xx to the DATA command and to the message."""
+    protocol = smtp.protocol
+    if protocol is None or protocol._command_lock is None:
+        raise aiosmtplib.SMTPServerDisconnected("Connection lost")
+    try:
+        async with protocol._command_lock:
+            protocol._response_pending = True
+            protocol.write(data_bytes(content))
+            response = await protocol.read_response(timeout=smtp.timeout)
+    except (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPTimeoutError):
+        smtp.close()
+        raise
+    if not is_accepted(response.code):
+        raise aiosmtplib.SMTPResponseException(response.code, response.message)
+    return response
 
 
 async def _greet(smtp: aiosmtplib.SMTP) -> None:
@@ -504,9 +538,10 @@ def _code_reply(stage: Stage, exc: aiosmtplib.SMTPResponseException) -> SmtpRepl
 
 
 def _out_of_turn(reply: SmtpReply) -> SmtpReply:
-    """A 2xx or 3xx that ended MAIL, RCPT or DATA is a reply the dialogue has no place for (a
-    252 to RCPT, a 250 to DATA where 354 was due, a 251 to the message): the message was not
-    taken, whatever the code says, so it is a protocol error (transient), never "sent"."""
+    """A 2xx or 3xx that ended MAIL, RCPT or the DATA command is a reply the dialogue has no
+    place for (a 252 to RCPT, a 250 to DATA where 354 was due): the message was not written,
+    whatever the code says, so it is a protocol error (transient), never "sent". Not for the
+    reply to the message itself, whose every 2xx is a delivery."""
     if reply.code is None or reply.code >= 400:
         return reply
     return SmtpReply(reply.stage, None, _one_line(f"reply out of turn: {reply.code} {reply.text}"),
