@@ -153,7 +153,8 @@ class Registry:
     def schema_by_id(self, schema_id: int) -> Schema:
         """The writer schema with registry id ``schema_id`` (fetched once, then kept).
 
-        SchemaError when the registry says it has no such id (HTTP 404) or gives a schema that
+        SchemaError when the registry says it has no such id (HTTP 404 with its error code
+        40401-40403) or gives a schema that
         is not Avro: the record is unreadable. SchemaUnavailableError for any other failure (no
         answer, a server error, a refused login): the record waits until the registry answers.
         """
@@ -164,7 +165,9 @@ class Registry:
         try:
             found = self._call(f"schema id {schema_id}", "get_schema", schema_id)
         except RegistryError as exc:
-            if exc.code in _NOT_FOUND_CODES or exc.status == 404:
+            # Only the registry's own word: an ingress or proxy in front of a registry that
+            # restarts answers a bare 404 too (confluent-kafka gives it code -1).
+            if exc.code in _NOT_FOUND_CODES:
                 raise SchemaError(f"the schema registry has no schema id {schema_id}") from exc
             raise SchemaUnavailableError(str(exc)) from exc
         if (found.schema_type or "AVRO") != "AVRO":

@@ -35,7 +35,11 @@ def registry_answering(answer: Any) -> Registry:
 @pytest.mark.parametrize(("answer", "raised", "message"), [
     (RegistryError("schema id 7: not found (HTTP 404, code 40403)", status=404, code=40403),
      SchemaError, "has no schema id 7"),
-    (RegistryError("not found", status=404, code=None), SchemaError, "has no schema id 7"),
+    # A 404 without the registry's own code is a proxy's page in front of a registry that is
+    # not there yet (confluent-kafka gives it code -1): the registry has said nothing, so wait.
+    (RegistryError("not found", status=404, code=None), SchemaUnavailableError, "not found"),
+    (RegistryError("schema id 7: <html> (HTTP 404, code -1)", status=404, code=-1),
+     SchemaUnavailableError, "HTTP 404"),
     (RegistryError("no answer from the schema registry at http://registry.invalid:8080: "
                    "ConnectError: refused"), SchemaUnavailableError, "ConnectError"),
     (RegistryError("schema id 7: internal (HTTP 500, code 50001)", status=500, code=50001),
