@@ -152,9 +152,11 @@ RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id 
 # replay changes nothing; 'sent' is never undone. A result must name its row consistently: id, key
 # (as now written, or as written before migration 0005, for events still in flight) and recipient;
 # one written to the results topic by anyone else for a row it does not match changes nothing.
-# A 'sent' result also outranks a poison refusal of the same attempt ('failed', 'poison: ...'): a
-# copy of the row's record that the sender refused must not hide that its event went out. The
-# attempts are compared as bigint: a row written by SQL may hold attempts at the int limit.
+# A 'sent' result also outranks a poison refusal ('failed', 'poison: ...') of any attempt: a
+# copy of the row's record that the sender refused, or a forgery under its key, must not hide
+# that its event went out. A poison refusal applies to the row's next attempt at most (a forged
+# postroom.attempt_base cannot push a row past its genuine results). The attempts are compared as
+# bigint: a row written by SQL may hold attempts at the int limit.
 RECORD_RESULT = sa.text("""
     UPDATE outbox
     SET status = :status,
@@ -172,13 +174,16 @@ RECORD_RESULT = sa.text("""
       AND lower(recipient) = lower(:recipient)
       AND status <> 'sent'
       AND CAST(:attempt AS bigint) <= CAST(attempts AS bigint) + CAST(:max_attempt AS bigint)
+      AND (CAST(:status AS text) <> 'failed'
+           OR NOT starts_with(COALESCE(CAST(:error AS text), ''), 'poison: ')
+           OR CAST(:attempt AS bigint) <= CAST(attempts AS bigint) + 1)
       AND (attempts < :attempt
            OR (attempts = :attempt AND
-               ((CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
-                             ELSE 0 END)
-                < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END)
-                OR (status = 'failed' AND CAST(:status AS text) = 'sent'
-                    AND starts_with(last_error, 'poison: ')))))
+               (CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
+                            ELSE 0 END)
+               < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END))
+           OR (status = 'failed' AND CAST(:status AS text) = 'sent'
+               AND starts_with(last_error, 'poison: ')))
 """)
 
 # The relay's backlog: due rows not yet acknowledged by the broker (claimed ones included).

@@ -448,6 +448,34 @@ def test_a_poison_result_ends_a_published_row_and_a_sent_one_of_its_attempt_outr
         assert apply_results(conn, [sent(a, 1)], max_attempt=5) == 0
 
 
+def test_a_forged_poison_refusal_neither_jumps_ahead_nor_hides_a_delivery(
+        engine: sa.Engine, settings: Settings) -> None:
+    """Anyone with produce rights can write garbage under a row's key, row id and a
+    postroom.attempt_base of their choosing: the sender refuses it and publishes a poison
+    result at that attempt. It must not end the row past its next attempt, and a genuine sent
+    of an earlier attempt still wins (review: a forged attempt 5 ended a row the genuine attempt
+    1 then delivered, and the sent result was ignored)."""
+    rows = enqueue_and_publish(settings, engine, "forged", ["a@example.com", "b@example.com"])
+    a, b = rows["a@example.com"], rows["b@example.com"]
+
+    def poison(row: Row, attempt: int) -> EmailResult:
+        return result(row, DeliveryStatus.FAILED, attempt, error="poison: cannot decode")
+
+    with engine.begin() as conn:
+        assert apply_results(conn, [poison(a, 5)], max_attempt=5) == 0  # past the next attempt
+        assert row_state(engine, a).status == "published"
+        assert apply_results(conn, [poison(b, 1), deferred(b, 1), sent(b, 2)], max_attempt=5) == 2
+    found = row_state(engine, b)
+    assert (found.status, found.attempts) == ("sent", 2)
+    # The genuine sent comes after a poison refusal of a later attempt: it still wins.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox SET status = 'failed', attempts = 2, "
+                             "last_error = 'poison: forged' WHERE id = :id"), {"id": a.id})
+        assert apply_results(conn, [sent(a, 1)], max_attempt=5) == 1
+    found = row_state(engine, a)
+    assert (found.status, found.attempts, found.smtp_code) == ("sent", 1, 250)
+
+
 def test_a_result_the_database_refuses_is_skipped_and_the_rest_of_its_batch_recorded(
         engine: sa.Engine, settings: Settings) -> None:
     """Whatever a check did not foresee (here a NUL, which the recorder escapes before it gets
