@@ -83,6 +83,7 @@ class Destination:
     next_start_s: float = 0.0
     paused_until_s: float = 0.0
     pause_s: float = 0.0
+    burst: int = 0  # sends in flight when the last pause began, not yet ended
 
     @classmethod
     def fresh(cls, limits: ThrottleLimits) -> Destination:
@@ -102,7 +103,7 @@ def started(dest: Destination, limits: ThrottleLimits, now_s: float) -> Destinat
     # Built whole rather than by dataclasses.replace, which lists the fields each time: this and
     # finished() run for every email.
     return Destination(dest.limit, dest.in_flight + 1, max(now_s, dest.next_start_s) + gap,
-                       dest.paused_until_s, dest.pause_s)
+                       dest.paused_until_s, dest.pause_s, dest.burst)
 
 
 def finished(dest: Destination, limits: ThrottleLimits, now_s: float,
@@ -111,18 +112,21 @@ def finished(dest: Destination, limits: ThrottleLimits, now_s: float,
     doubling up to MAX_PAUSE_FACTOR times the first); a clean one adds one back to the limit and
     resets the pause.
 
-    While the destination is paused, no send starts, so a reply that comes then ends a send that
-    started before the pause: one of the burst that paused it. It changes nothing but the sends
-    in flight. A burst of throttling replies, however many sends were in flight, pauses the
-    destination once; the pause doubles only when a send after it is throttled again."""
+    The sends in flight when a pause begins are its burst: they started before it, and each of
+    their replies, whenever it comes (during the pause or long after), changes nothing but the
+    sends in flight. A burst of throttling replies, however many sends were in flight and however
+    slowly they answer, pauses the destination once; the pause doubles only when a send started
+    after it is throttled again. Which send ends is not known here, only how many of the burst
+    are left: a send after the pause that ends before the burst's last is counted for it, which
+    keeps the number of rounds right."""
     in_flight = max(0, dest.in_flight - 1)
-    if now_s < dest.paused_until_s:
+    if dest.burst > 0 or now_s < dest.paused_until_s:
         return Destination(dest.limit, in_flight, dest.next_start_s, dest.paused_until_s,
-                           dest.pause_s)
+                           dest.pause_s, max(0, dest.burst - 1))
     if throttled:
-        return dataclasses.replace(
-            dest, in_flight=in_flight, limit=max(1, dest.limit // 2),
-            paused_until_s=now_s + dest.pause_s,
-            pause_s=min(dest.pause_s * PAUSE_GROWTH, limits.pause_s * MAX_PAUSE_FACTOR))
+        return Destination(max(1, dest.limit // 2), in_flight, dest.next_start_s,
+                           now_s + dest.pause_s,
+                           min(dest.pause_s * PAUSE_GROWTH, limits.pause_s * MAX_PAUSE_FACTOR),
+                           in_flight)
     return Destination(min(limits.concurrency, dest.limit + 1), in_flight, dest.next_start_s,
                        dest.paused_until_s, limits.pause_s)
