@@ -21,6 +21,7 @@ from postroom.rules import check_address, check_attachment_path, check_subject
 from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
 from sender.message import build_message
+from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 TOP_HEADERS = ["from", "to", "subject", "date", "message-id"]
@@ -119,7 +120,7 @@ ADDRESS = st.one_of(
     st.builds(lambda local, dom: f"{local}@{dom}", _LOCAL,
               st.sampled_from(["example.com", "bücher.example", "exa mple.com", "x"])),
     TEXT)
-PROPERTY = settings(max_examples=300, deadline=None,
+PROPERTY = settings(max_examples=examples(300), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from postroom.errors import ConfigError, KafkaClientError
 from postroom.kafka import make_producer
 from postroom.settings import FIELDS, Settings, is_secret_key, mask_kafka_config
+from support.fuzz import examples
 
 P = "POSTROOM_"
 README = Path(__file__).parents[3] / "README.md"
@@ -127,7 +128,7 @@ SETTING_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(st.sampled_from(sorted(FIELDS)), SETTING_TEXT)
 def test_any_setting_string_gives_a_value_or_a_config_error_naming_it(name: str,
                                                                        text: str) -> None:
@@ -138,7 +139,7 @@ def test_any_setting_string_gives_a_value_or_a_config_error_naming_it(name: str,
         assert "\n" not in str(exc)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.sampled_from(["SMTP_PASSWORD_FILE", "KAFKA_CONFIG_FILE"]), SETTING_TEXT)
 def test_any_file_setting_gives_a_value_or_one_config_error_line(name: str, text: str) -> None:
     try:

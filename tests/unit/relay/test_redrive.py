@@ -18,6 +18,7 @@ from relay.redrive import (
     render_plan,
     skip_reason,
 )
+from support.fuzz import examples
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -67,7 +68,7 @@ def test_a_skip_says_the_rows_state(row: str | None, recipient: str | None,
         assert "replayed already" not in why
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d"])), max_size=30))
 def test_latest_per_key_keeps_each_keys_last_letter_and_counts_all(keys: list[str | None]) -> None:
     letters = [letter(key, 100 - n, offset=n) for n, key in enumerate(keys)]
@@ -104,7 +105,7 @@ _HEADER_NAMES = st.sampled_from(["postroom.dlq.classification", "postroom.dlq.re
                                  "postroom.dlq.topic", "postroom.error", "postroom.schema", "x"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(key=st.one_of(st.none(), st.binary(max_size=64)),
        value=st.one_of(st.none(), st.binary(max_size=256)),
        headers=st.lists(st.tuples(_HEADER_NAMES, st.one_of(st.none(), st.binary(max_size=64))),

@@ -21,6 +21,7 @@ from relay.retention import (
     parse_age_s,
     render_plan,
 )
+from support.fuzz import examples
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 DAY_S = 86_400.0
@@ -63,7 +64,7 @@ def test_an_age_without_a_unit_is_refused_naming_the_forms(text: str, says: str)
         assert "30d or 30days (days), 12h (hours), 90m (minutes)" in str(refused.value)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.one_of(st.integers(min_value=0, max_value=10**12).map(str),
                  st.floats(min_value=0, max_value=1e9, allow_nan=False).map(repr)))
 def test_a_bare_number_never_means_any_age(number: str) -> None:

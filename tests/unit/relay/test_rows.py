@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from relay.errors import PoisonRowError
 from relay.rows import FIELDS, event_value
 from schemas.codec import SCHEMALESS, EmailRequested, decode, load_schema
+from support.fuzz import examples
 
 SCHEMA = load_schema("email_requested")
 GOOD: dict[str, Any] = {
@@ -137,7 +138,7 @@ def test_any_row_is_an_event_or_poison_and_nothing_else(changes: dict[str, Any])
         assert event.outbox_id == row(**changes)[FIELDS.index("outbox_id")]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.sampled_from(["a", "b", "c"]), max_size=3).map(tuple) | st.just(()),
        st.integers(min_value=0, max_value=20))
 def test_a_row_of_the_wrong_width_is_poison(prefix: tuple[str, ...], extra: int) -> None:

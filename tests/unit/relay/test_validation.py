@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from relay import validation
 from relay.errors import EnqueueError
+from support.fuzz import examples
 
 ANYTHING = st.one_of(st.none(), st.integers(), st.floats(), st.binary(max_size=8),
                      st.text(max_size=40), st.lists(st.text(max_size=8), max_size=3))
@@ -23,7 +24,7 @@ CHECKS: list[Callable[[Any], Any]] = [
 
 
 @pytest.mark.parametrize("check", CHECKS)
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(value=ANYTHING)
 def test_any_input_gets_a_value_or_an_enqueue_error(check: Callable[[Any], Any],
                                                     value: object) -> None:
@@ -33,7 +34,7 @@ def test_any_input_gets_a_value_or_an_enqueue_error(check: Callable[[Any], Any],
         pass  # the documented refusal; a TypeError or any other error fails the test
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(key=st.text(max_size=12), other=st.text(max_size=12),
        a=st.from_regex(r"[a-z|\\]{1,6}@example\.com", fullmatch=True),
        b=st.from_regex(r"[a-z|\\]{1,6}@example\.com", fullmatch=True))

@@ -27,6 +27,7 @@ from sender.render import (
     plain_lines,
     serialise,
 )
+from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, 5, 734512, tzinfo=dt.UTC)  # the Date line drops the fraction
 FLAGS = [(utf8, eight_bit) for utf8 in (False, True) for eight_bit in (True, False)]
@@ -90,7 +91,7 @@ def test_templated_bytes_equal_the_full_build(name: str, utf8: bool, eight_bit: 
 _ATOM = st.text("abcxyzABC019_+-", min_size=1, max_size=12)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(local=st.lists(_ATOM, min_size=1, max_size=3).map(".".join),
        domain=st.lists(st.text("abz09-", min_size=1, max_size=10).filter(
            lambda label: not label.startswith("-") and not label.endswith("-")),
