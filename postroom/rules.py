@@ -8,6 +8,7 @@ record.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import PurePosixPath
 
@@ -148,6 +149,17 @@ def check_key(key: object) -> str:
     if len(text) > MAX_KEY_LEN:
         raise InvalidContentError(f"message key is longer than {MAX_KEY_LEN} characters")
     return text
+
+
+@functools.lru_cache(maxsize=1024)
+def check_shared(sender: str, subject: str, message_key: str) -> None:
+    """What every recipient of one message shares (its sender, subject and key), checked once
+    per message that passes: the relay and the sender check each row and record, and a report
+    has thousands. A failure is not kept: it raises every time."""
+    if sender:  # empty: the sender's POSTROOM_MAIL_FROM
+        check_mailbox(sender)
+    check_subject(subject)
+    check_key(message_key)
 
 
 def check_body(body: object, max_bytes: int = DEFAULT_BODY_MAX_BYTES) -> str:

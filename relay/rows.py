@@ -85,8 +85,8 @@ def check_row(row: Sequence[Any]) -> None:
         raise InvalidContentError(f"recipient {_short(recipient)} is {len(recipient)} "
                                   f"characters, longer than {rules.MAX_ADDRESS_LEN}")
     rules.check_address(recipient)
-    _check_shared(rules.require_str(sender, "sender"), rules.require_str(subject, "subject"),
-                  rules.require_str(message_key, "message key"))
+    rules.check_shared(rules.require_str(sender, "sender"), rules.require_str(subject, "subject"),
+                       rules.require_str(message_key, "message key"))
     if "\x00" in rules.require_str(body, "body"):
         raise InvalidContentError("body contains a NUL character")
     if html is not None and "\x00" in rules.require_str(html, "html"):
@@ -96,15 +96,6 @@ def check_row(row: Sequence[Any]) -> None:
     if inline and html is None:
         raise InvalidContentError("inline images need an html body that shows them")
 
-
-@functools.lru_cache(maxsize=1024)
-def _check_shared(sender: str, subject: str, message_key: str) -> None:
-    """What every recipient of one message shares, checked once per message that passes (a
-    failure is not kept: it raises every time)."""
-    if sender:  # empty: the sender's POSTROOM_MAIL_FROM
-        rules.check_mailbox(sender)
-    rules.check_subject(subject)
-    rules.check_key(message_key)
 
 
 def _check_paths(paths: object, what: str) -> None:

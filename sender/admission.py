@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 from collections.abc import Sequence
 
 from postroom import rules
@@ -187,7 +186,7 @@ def clamp_not_before(event: EmailRequested, now: dt.datetime,
 def _check_content(event: EmailRequested, limits: rules.SizeLimits) -> None:
     """The rules of enqueue, on what the event carries."""
     rules.check_address(event.recipient)
-    _check_shared(event.sender, event.subject, event.message_key)
+    rules.check_shared(event.sender, event.subject, event.message_key)
     if rules.has_control(event.idempotency_key) or not event.idempotency_key.strip():
         raise InvalidContentError("idempotency key is empty or holds a control character")
     rules.check_body(event.body, limits.body_max_bytes)
@@ -195,12 +194,3 @@ def _check_content(event: EmailRequested, limits: rules.SizeLimits) -> None:
     for path in event.attachments:
         rules.check_attachment_path(path)
 
-
-@functools.lru_cache(maxsize=1024)
-def _check_shared(sender: str, subject: str, message_key: str) -> None:
-    """The checks of what every recipient of one report shares, once per report that passes (a
-    failure is not kept: it raises every time)."""
-    if sender:  # empty: the sender's POSTROOM_MAIL_FROM
-        rules.check_mailbox(sender)
-    rules.check_subject(subject)
-    rules.check_key(message_key)
