@@ -57,6 +57,7 @@ class Pipeline(asyncio.Protocol):
         self._extensions = extensions
         self._timeout_s = timeout_s
         self._buffer = bytearray()
+        self._scanned = 0  # how much of the buffer is whole continuation lines (``250-...``)
         self._replies: collections.deque[SMTPResponse] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         # The wait for a reply ends at _deadline. One timer serves every wait: it is armed when
@@ -207,7 +208,8 @@ class Pipeline(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._buffer.extend(data)
         try:
-            while (reply := _take_reply(self._buffer)) is not None:
+            while self._reply_may_be_whole() and (reply := _take_reply(self._buffer)) is not None:
+                self._scanned = 0
                 self._replies.append(reply)
                 if self._on_accepted is not None:
                     on_accepted, self._on_accepted = self._on_accepted, None
@@ -217,10 +219,12 @@ class Pipeline(asyncio.Protocol):
                     self._group_replied(self._group, reply)
         except aiosmtplib.SMTPResponseException as exc:
             self._buffer.clear()
+            self._scanned = 0
             self.close()
             self._set_lost(exc, replace=True)
         if len(self._buffer) > MAX_REPLY_BYTES:
             self._buffer.clear()
+            self._scanned = 0
             self.close()
             self._set_lost(aiosmtplib.SMTPResponseException(-1, "Response too long"),
                            replace=True)
@@ -236,6 +240,22 @@ class Pipeline(asyncio.Protocol):
         if _refusal(*group.replies) is None and self.is_connected and self.transport is not None:
             self._on_accepted = group.on_accepted
             self.transport.write(group.message)
+
+    def _reply_may_be_whole(self) -> bool:
+        """Whether the bytes read since the last look hold a line that can end a reply (one
+        without ``-`` after its code) or a line too long: only then is the reply parsed. A
+        server that drips a reply of thousands of continuation lines, one a segment, would
+        otherwise have every line before parsed again on each segment (seconds of the event
+        loop for 32 KiB)."""
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\n", self._scanned)
+            if end < 0:
+                return len(buffer) - self._scanned >= MAX_REPLY_LINE_BYTES
+            if (buffer[self._scanned + 3:self._scanned + 4] != b"-" or end + 1 > MAX_REPLY_BYTES
+                    or end + 1 - self._scanned > MAX_REPLY_LINE_BYTES):
+                return True
+            self._scanned = end + 1
 
     def eof_received(self) -> bool:
         self._set_lost(aiosmtplib.SMTPServerDisconnected("Unexpected EOF received"))

@@ -11,7 +11,7 @@ import datetime as dt
 import itertools
 import os
 import re
-from typing import cast
+from typing import Any, cast
 
 import aiosmtplib
 import pytest
@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from schemas.codec import DeliveryStatus, EmailResult, decode, encode, headers_for
+from sender import pipelining
 from sender.outcome import (
     MESSAGE_STAGES,
     REASON_MAX_CHARS,
@@ -241,3 +242,22 @@ def test_aiosmtplib_takes_any_reply_in_any_pieces_without_an_error_of_its_own(
     if read is not None:
         replies, _ = fed(chunks)
         assert replies[:1] == [(read.code, read.message)]
+
+
+def test_a_reply_dripped_a_line_at_a_time_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that sends thousands of continuation lines, one a segment: each segment used to
+    parse every line before it again (seconds of the event loop for 32 KiB, review); only a
+    segment that can end the reply is parsed now, and the reply is the same."""
+    parses: list[int] = []
+    take_reply = pipelining._take_reply
+
+    def counted(buffer: bytearray) -> Any:
+        parses.append(len(buffer))
+        return take_reply(buffer)
+
+    monkeypatch.setattr(pipelining, "_take_reply", counted)
+    lines = [b"250-x\r\n"] * 4000 + [b"250 done\r\n", b"221-a\r\n", b"221 b\r\n"]
+    replies, lost = fed(lines)
+    assert lost is None
+    assert replies == [(250, "\n".join(["x"] * 4000 + ["done"])), (221, "a\nb")]
+    assert len(parses) == 2
