@@ -5,12 +5,10 @@ what the command prints. Docs and behaviour cannot drift apart without this fail
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +19,9 @@ from postroom import enqueue
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.settings import Settings, TlsMode
+from postroom.settings import Settings
 from sender.devsmtp import DevSmtpServer
-from support.pipeline import Pipeline, outbox_rows
+from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,11 +58,7 @@ def server() -> Iterator[DevSmtpServer]:
 
 @pytest.fixture
 def pipeline(settings: Settings, engine: sa.Engine, server: DevSmtpServer) -> Iterator[Pipeline]:
-    settings = dataclasses.replace(
-        settings, smtp_host="127.0.0.1", smtp_port=server.port, smtp_tls=TlsMode.NONE,
-        smtp_connect_timeout_s=2.0, smtp_timeout_s=5.0, retry_delays_s=(0.5, 0.5),
-        sender_group=f"doc-{uuid.uuid4().hex[:8]}", recorder_group=f"rec-{uuid.uuid4().hex[:8]}")
-    running = Pipeline(settings, engine).start()
+    running = fast_pipeline(settings, engine, server.port, "doc")
     yield running
     running.stop()
 
