@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
+REASON_MAX_CHARS = 1000  # a refusal's reason goes into a header, a log line and last_error
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, without control characters or lone surrogates, at most
+    REASON_MAX_CHARS long: what a refusal says may quote what a record or a row held."""
+    text = _UNPRINTABLE.sub("?", text)
+    return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS - 3] + "..."
+
 
 def first_line(exc: BaseException) -> str:
     """One line saying what went wrong: the first line of the error's text, taken from the

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from postroom import rules
-from postroom.errors import InvalidContentError
+from postroom.errors import InvalidContentError, printable
 from postroom.headers import ATTEMPT_BASE_MAX
 from postroom.topics import Priority
 from relay.errors import PoisonRowError
@@ -33,8 +32,6 @@ CREATED_RANGE_MS = (-62_135_596_800_000, 253_402_300_799_999)
 # The longest idempotency key enqueue writes: an escaped message key, the bar and an address.
 KEY_MAX_CHARS = 2 * rules.MAX_KEY_LEN + 1 + rules.MAX_ADDRESS_LEN
 # A reason goes into last_error and a log line, and may quote what the row held.
-REASON_MAX_CHARS = 1000
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 _PRIORITIES = frozenset(p.value for p in Priority)
 
 
@@ -122,9 +119,3 @@ def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
-
-def printable(text: str) -> str:
-    """``text`` on one line, without control characters or lone surrogates, at most
-    REASON_MAX_CHARS long."""
-    text = _UNPRINTABLE.sub("?", text)
-    return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS - 3] + "..."

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
-from postroom.errors import PostroomError
+from postroom.errors import PostroomError, printable
 from schemas.codec import EmailRequested
 
 
@@ -50,12 +48,4 @@ class PoisonRecordError(PostroomError):
         super().__init__(self.reason)
 
 
-REASON_MAX_CHARS = 1000  # a reason goes into a header, a log line and the outbox's last_error
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
-
-def printable(text: str) -> str:
-    """``text`` on one line, without control characters or lone surrogates, at most
-    REASON_MAX_CHARS long: what a refusal says may quote what the record held."""
-    text = _UNPRINTABLE.sub("?", text)
-    return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS - 3] + "..."

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from postroom.errors import InvalidContentError
+from postroom.errors import InvalidContentError, printable
 from postroom.headers import (
     ATTEMPT_BASE_HEADER,
     DLQ_CLASS_HEADER,
@@ -41,7 +41,7 @@ from schemas.codec import (
     load_schema,
 )
 from sender.admission import Admission, Admitted, admit, readable_key
-from sender.errors import PoisonRecordError, printable
+from sender.errors import PoisonRecordError
 from sender.outcome import Outcome, Verdict
 from sender.retry import RetryPolicy, due_in_s
 from sender.routing import Origin, dead_letter_headers, poison_result
