@@ -58,18 +58,6 @@ def read_headers(headers: HeaderList | None) -> PostroomHeaders:
     return PostroomHeaders(base, row_id)
 
 
-def attempt_base(headers: HeaderList | None) -> int:
-    """The attempt base a record carries (0 when it carries none or an unreadable one)."""
-    found = 0
-    for name, value in headers or ():
-        if name == ATTEMPT_BASE_HEADER and value is not None:
-            try:
-                found = _number(value, ATTEMPT_BASE_HEADER, 0, ATTEMPT_BASE_MAX)
-            except InvalidContentError:
-                found = 0
-    return found
-
-
 def _number(value: str | bytes, name: str, low: int, high: int) -> int:
     """``value`` as the ASCII decimal number postroom writes, within ``low..high``. Not
     ``str.isdigit()``: it takes '²' and other digits ``int()`` refuses."""

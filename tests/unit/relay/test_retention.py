@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from postroom.headers import ATTEMPT_BASE_HEADER, attempt_base
+from postroom.errors import InvalidContentError
+from postroom.headers import ATTEMPT_BASE_HEADER, read_headers
 from postroom.rules import SizeLimits
 from relay.report import BODY_MAX_LINES, Failure, render_csv, report_body, report_key
 from relay.retention import (
@@ -110,13 +111,19 @@ def test_the_same_failures_give_the_same_report_key_and_a_change_a_new_one() -> 
     ([(ATTEMPT_BASE_HEADER, b"3")], 3),
     ([(ATTEMPT_BASE_HEADER, "4")], 4),
     ([(ATTEMPT_BASE_HEADER, b"1"), (ATTEMPT_BASE_HEADER, b"6")], 6),  # the last one counts
-    ([(ATTEMPT_BASE_HEADER, b"-2")], 0),
-    ([(ATTEMPT_BASE_HEADER, b"x")], 0),
+    ([(ATTEMPT_BASE_HEADER, b"-2")], None),
+    ([(ATTEMPT_BASE_HEADER, b"x")], None),
     ([(ATTEMPT_BASE_HEADER, None)], 0),
     ([("postroom.error", b"attempt=1")], 0),
 ])
-def test_attempt_base(headers: list[tuple[str, str | bytes | None]] | None, expected: int) -> None:
-    assert attempt_base(headers) == expected
+def test_attempt_base(headers: list[tuple[str, str | bytes | None]] | None,
+                      expected: int | None) -> None:
+    """The attempt base a redrive writes, as the sender reads it; None: refused (poison)."""
+    if expected is None:
+        with pytest.raises(InvalidContentError):
+            read_headers(headers)
+    else:
+        assert read_headers(headers).attempt_base == expected
 
 
 @pytest.mark.parametrize(("count", "body_max", "attached", "listed"), [
