@@ -287,12 +287,10 @@ class Relay:
         # Separate statements, each its own transaction: they touch different rows. A relay that
         # dies before marking a poison row leaves it claimed; after the claim's TTL it is claimed
         # and refused again, as rows not acknowledged are published again.
-        if sent.poison:
-            db.marks().execute(sql.MARK_POISON, {"ids": [row_id for row_id, _ in sent.poison],
-                                                 "errors": [error for _, error in sent.poison]})
-        if sent.too_large:
-            db.marks().execute(sql.MARK_TOO_LARGE, {"ids": sent.too_large,
-                                                    "error": TOO_LARGE_ERROR})
+        failed = [*sent.poison, *((row_id, TOO_LARGE_ERROR) for row_id in sent.too_large)]
+        if failed:
+            db.marks().execute(sql.MARK_FAILED, {"ids": [row_id for row_id, _ in failed],
+                                                 "errors": [error for _, error in failed]})
         if sent.acked:
             db.marks().execute(sql.MARK_PUBLISHED, {"ids": sent.acked})
         if sent.released:

@@ -122,17 +122,9 @@ MARK_PUBLISHED = sa.text("""
     WHERE id = ANY(ARRAY(SELECT id FROM done))
 """)
 
-# Rows whose event can never be published: off the queue, recorded as a permanent failure.
-MARK_TOO_LARGE = sa.text("""
-    WITH done AS (DELETE FROM outbox_queue WHERE id = ANY(:ids) RETURNING id)
-    UPDATE outbox
-    SET status = 'failed', last_error = :error, updated_at = now()
-    WHERE id = ANY(ARRAY(SELECT id FROM done)) AND status IN ('pending', 'published')
-""")
-
-# Rows that can never become an event (relay.rows): off the queue, failed with the reason, one
-# per row.
-MARK_POISON = sa.text("""
+# Rows that can never be published (no event can carry them, relay.rows, or theirs is too large):
+# off the queue, failed with the reason, one per row.
+MARK_FAILED = sa.text("""
     WITH refused AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS r(id, error)
     ), done AS (
