@@ -1,7 +1,8 @@
-"""README's Quick start by hand, run as written: its fenced `sh` block, line by line, as a shell
-would (`export`, `&` for the long-running commands), against a schema and a topic prefix of this
-test's own. One substitution: the dev SMTP server's port 8025 becomes a free one, since other
-runs share this machine. `make services && . .dev/env` is the stack the tests already run on."""
+"""README's pipeline by hand (beside its two-command Quick start), run as written: its fenced
+`sh` block, line by line, as a shell would (`export`, `&` for the long-running commands),
+against a schema and a topic prefix of this test's own. One substitution: the dev SMTP server's
+port 8025 becomes a free one, since other runs share this machine. `make services && . .dev/env`
+is the stack the tests already run on."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ DOCUMENTED_PORT = "8025"
 
 
 def quick_start_lines() -> list[str]:
-    section = README.read_text(encoding="utf-8").split("\n## Quick start\n", 1)[1]
+    section = README.read_text(encoding="utf-8").split("\n## The pipeline by hand\n", 1)[1]
     section = section.split("\n## ", 1)[0]
     [block] = re.findall(r"^```sh\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
