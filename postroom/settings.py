@@ -217,6 +217,13 @@ class Settings:
     metrics_port: int | None = None
     log_level: str = "INFO"
     event_loop: str = "auto"  # the sender's asyncio loop: "uvloop", "asyncio", or uvloop if installed
+    # bounces (VERP return paths, DSN requests, the intake role) and the suppression list
+    bounce_address: str | None = None  # None: envelope sender as before, no DSN requested
+    bounce_secrets: tuple[bytes, ...] = ()  # the first signs tokens, all verify (rotation)
+    bounce_listen: tuple[str, int] = ("127.0.0.1", 2526)
+    bounce_token_max_age_s: float = 60 * 86400.0
+    suppression_expiry_s: float = 30 * 86400.0
+    soft_bounce_limit: int = 3  # dead results in a row that suppress an address; 0: never
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -239,6 +246,15 @@ class Settings:
             except (ValueError, OSError) as exc:  # ValueError: a NUL in the path, not UTF-8
                 raise ConfigError(ENV_PREFIX + "SMTP_PASSWORD_FILE",
                                   escape_unprintable(str(exc))) from exc
+        secret_file = env.get(ENV_PREFIX + "BOUNCE_SECRET_FILE")
+        if secret_file:
+            name = ENV_PREFIX + "BOUNCE_SECRET_FILE"
+            if env.get(ENV_PREFIX + "BOUNCE_SECRET"):
+                raise ConfigError(name, "set this or POSTROOM_BOUNCE_SECRET, not both")
+            try:
+                values["bounce_secrets"] = _bounce_secrets(Path(secret_file).read_text())
+            except (ValueError, OSError) as exc:
+                raise ConfigError(name, escape_unprintable(str(exc))) from exc
         config_file = env.get(ENV_PREFIX + "KAFKA_CONFIG_FILE")
         if config_file:
             try:
@@ -258,6 +274,11 @@ class Settings:
                               f"must be longer than the producer's message timeout "
                               f"({PRODUCER_MESSAGE_TIMEOUT_MS / 1000:g}s), got "
                               f"{self.relay_claim_ttl_s:g}s")
+        if self.bounce_address is not None and not self.bounce_secrets:
+            # Named by the variable that was set: it is the one that cannot work alone.
+            raise ConfigError(env_name("bounce_address"),
+                              "needs POSTROOM_BOUNCE_SECRET or POSTROOM_BOUNCE_SECRET_FILE "
+                              "to sign the return paths")
 
     def __repr__(self) -> str:
         shown = []
@@ -269,6 +290,8 @@ class Settings:
                 value = mask_kafka_config(value)
             elif field.name == "schema_registry_config":
                 value = mask_registry_config(value)
+            elif field.name == "bounce_secrets":
+                value = tuple("********" for _ in value)
             shown.append(f"{field.name}={value!r}")
         return f"Settings({', '.join(shown)})"
 
@@ -494,6 +517,58 @@ def _event_loop(text: str) -> str:
     return loop
 
 
+# The longest token postroom.verp makes (35 characters) and "+": the bounce address's local part
+# must leave room for them within RFC 5321's 64.
+BOUNCE_LOCAL_MAX_CHARS = 64 - 36
+BOUNCE_SECRET_MIN_BYTES = 16
+
+
+def _bounce_address(text: str) -> str:
+    # The envelope sender of every email: one bare ASCII address, with room for the token.
+    try:
+        address = rules.check_address(text, what="the bounce address")
+    except InvalidContentError as exc:
+        raise ValueError(str(exc)) from None
+    if not address.isascii():
+        raise ValueError(f"the bounce address {_shown(address)} must be ASCII (it is the "
+                         "envelope sender of every email, whatever the server supports)")
+    if len(address.rpartition("@")[0]) > BOUNCE_LOCAL_MAX_CHARS:
+        raise ValueError(f"the bounce address's local part may be at most "
+                         f"{BOUNCE_LOCAL_MAX_CHARS} characters (a token is added to it)")
+    return address
+
+
+def _bounce_secrets(text: str) -> tuple[bytes, ...]:
+    """Secrets separated by commas (or lines, in a file): the first signs, all verify."""
+    secrets = tuple(part.strip() for part in re.split(r"[,\r\n]", text) if part.strip())
+    if not secrets:
+        raise ValueError("no secret given")
+    for number, secret in enumerate(secrets, start=1):
+        # Never echo a secret, not even a short one.
+        if len(secret.encode()) < BOUNCE_SECRET_MIN_BYTES:
+            raise ValueError(f"secret {number} is shorter than {BOUNCE_SECRET_MIN_BYTES} bytes")
+    return tuple(secret.encode() for secret in secrets)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces)."""
+    host, colon, port = text.strip().rpartition(":")
+    if not colon:
+        raise ValueError(f"expected host:port such as 127.0.0.1:2526, got {_shown(text)}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not re.fullmatch(r"[A-Za-z0-9._:-]*", host):
+        raise ValueError(f"expected host:port such as 127.0.0.1:2526, got {_shown(text)}")
+    return (host or "0.0.0.0", _port(port))  # noqa: S104 - ":port" asks for every interface
+
+
+def _limit_or_off(text: str) -> int:
+    value = _whole_number(text, "3, or 0 for off")
+    if value < 0:
+        raise ValueError(f"must be 0 (off) or more, got {value}")
+    return value
+
+
 FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "DATABASE_URL": ("database_url", _database_url),
     ENV_PREFIX + "DATABASE_SCHEMA": ("database_schema", _identifier),
@@ -539,6 +614,12 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "METRICS_PORT": ("metrics_port", _port),
     ENV_PREFIX + "LOG_LEVEL": ("log_level", _log_level),
     ENV_PREFIX + "EVENT_LOOP": ("event_loop", _event_loop),
+    ENV_PREFIX + "BOUNCE_ADDRESS": ("bounce_address", _bounce_address),
+    ENV_PREFIX + "BOUNCE_SECRET": ("bounce_secrets", _bounce_secrets),
+    ENV_PREFIX + "BOUNCE_LISTEN": ("bounce_listen", _listen),
+    ENV_PREFIX + "BOUNCE_TOKEN_MAX_AGE": ("bounce_token_max_age_s", parse_duration_s),
+    ENV_PREFIX + "SUPPRESSION_EXPIRY": ("suppression_expiry_s", parse_duration_s),
+    ENV_PREFIX + "SOFT_BOUNCE_LIMIT": ("soft_bounce_limit", _limit_or_off),
 }
 
 
