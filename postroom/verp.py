@@ -19,7 +19,8 @@ OUTBOX_ID_MAX = 2**63 - 1  # the outbox's bigint
 _DAY_ZERO = dt.date(1970, 1, 1)
 _MAC_CONTEXT = b"postroom-verp-v1"
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
-_TOKEN = re.compile(rf"([0-9a-z]{{1,13}})-([0-9a-z]{{1,5}})-([a-z2-7]{{{MAC_CHARS}}})")
+DAY_MAX = 36**4 - 1  # days since 1970 in four base36 digits: until 6568-08-18
+_TOKEN = re.compile(rf"([0-9a-z]{{1,13}})-([0-9a-z]{{1,4}})-([a-z2-7]{{{MAC_CHARS}}})")
 
 
 class TokenError(PostroomError, ValueError):
@@ -61,12 +62,15 @@ def _mac(secret: bytes, id_part: str, day_part: str) -> str:
 
 def make_token(outbox_id: int, secret: bytes, now: dt.datetime) -> str:
     """The token naming ``outbox_id``, made on ``now``'s (UTC) day and signed with ``secret``:
-    ``<id base36>-<day base36>-<16 chars of HMAC-SHA256, base32>``, lowercase, at most 36 chars."""
+    ``<id base36>-<day base36>-<16 chars of HMAC-SHA256, base32>``, lowercase, at most 35 chars."""
     if not 0 < outbox_id <= OUTBOX_ID_MAX:
         raise ValueError(f"outbox id out of range: {outbox_id}")
     if not secret:
         raise ValueError("the bounce secret is empty")
-    id_part, day_part = _base36(outbox_id), _base36(_day_of(now))
+    day = _day_of(now)
+    if not 0 <= day <= DAY_MAX:
+        raise ValueError(f"the clock is out of the token's range: {now.isoformat()}")
+    id_part, day_part = _base36(outbox_id), _base36(day)
     return f"{id_part}-{day_part}-{_mac(secret, id_part, day_part)}"
 
 
