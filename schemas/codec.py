@@ -42,6 +42,10 @@ class DeliveryStatus(enum.StrEnum):
     RETRYING = "retrying"
     FAILED = "failed"
     DEAD = "dead"
+    # from postroom bounces: reports that arrive after the server accepted the email
+    BOUNCED = "bounced"
+    DELAYED = "delayed"
+    COMPLAINED = "complained"
 
 
 @dataclasses.dataclass(frozen=True)

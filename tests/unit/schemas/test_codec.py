@@ -529,7 +529,8 @@ def test_known_writer_schemas_keeps_todays_first_and_adds_extras() -> None:
     assert known_writer_schemas("email_requested") == {
         V1.fingerprint: V1, **{e.fingerprint: e for e in earlier}}
     assert known_writer_schemas("email_result") == {
-        load_schema("email_result").fingerprint: load_schema("email_result")}
+        load_schema("email_result").fingerprint: load_schema("email_result"),
+        **{e.fingerprint: e for e in earlier_versions("email_result")}}
 
 @pytest.mark.parametrize("millis", [2**62, -(2**62), 10**15])
 def test_an_out_of_range_timestamp_raises_schema_error(millis: int) -> None:
