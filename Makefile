@@ -12,7 +12,8 @@ ENV_FILE := $(DEV_DIR)/env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k relay -x'
 PYTEST_ARGS ?=
 
-.PHONY: help venv services services-down services-status services-clean test chaos fuzz demo lint bench check-alerts
+.PHONY: help venv services services-down services-status services-clean test chaos fuzz demo lint bench check-alerts \
+	services-cluster services-cluster-down chaos-cluster
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -38,6 +39,22 @@ test: services ## run the whole test suite against the local stack (PYTEST_ARGS=
 
 chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays a random mix)
 	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m chaos -s $(PYTEST_ARGS)
+
+# The three-node cluster of the failover suite: a stack of its own (state dir and ports), so its
+# faults never touch the default stack's single broker.
+CLUSTER_DEV_DIR ?= .dev-cluster
+CLUSTER_ENV := POSTROOM_DEV_DIR=$(CLUSTER_DEV_DIR) POSTROOM_DEV_BROKERS=3 \
+	POSTROOM_DEV_KAFKA_PORT=29092 POSTROOM_DEV_KAFKA_CONTROLLER_PORT=29093 \
+	POSTROOM_DEV_KAFKA_SECURE_PORT=29094 POSTROOM_DEV_PG_PORT=25432 POSTROOM_DEV_REGISTRY_PORT=28081
+
+services-cluster: venv ## start the three-node Kafka cluster stack (.dev-cluster, ports 29092...)
+	@$(CLUSTER_ENV) scripts/services.sh up
+
+services-cluster-down: ## stop the three-node cluster stack (data is kept)
+	@$(CLUSTER_ENV) scripts/services.sh down
+
+chaos-cluster: services-cluster ## the failover scenarios on the three-node cluster (~25 min)
+	. $(CLUSTER_DEV_DIR)/env && $(PYTHON) -m pytest tests/chaos -m failover -s $(PYTEST_ARGS)
 
 # Examples per property for make fuzz (the normal run's counts are each test file's own).
 FUZZ_EXAMPLES ?= 2000

@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # The local stack postroom's tests, demo and benchmarks run against: a single-node Kafka
-# (KRaft, broker+controller in one JVM), a throwaway PostgreSQL cluster and an Apicurio Schema
-# Registry (in-memory storage), all on 127.0.0.1.
+# (KRaft, broker+controller in one JVM; POSTROOM_DEV_BROKERS=3 for a three-node cluster), a
+# throwaway PostgreSQL cluster and an Apicurio Schema Registry (in-memory storage), all on 127.0.0.1.
 #
 #   scripts/services.sh up       start all three (idempotent), write $POSTROOM_DEV_DIR/env
 #   scripts/services.sh down     stop them; Kafka and PostgreSQL data is kept
 #   scripts/services.sh status   what runs; exit 0 when all run, 3 otherwise
 #   scripts/services.sh env      print the env file (source it: . .dev/env)
 #   scripts/services.sh clean    down, then delete all data
-#   scripts/services.sh kill-kafka        SIGKILL this stack's broker (fault injection; `up` restarts it)
+#   scripts/services.sh kill-kafka        SIGKILL this stack's brokers (fault injection; `up` restarts them)
 #   scripts/services.sh restart-postgres  fast shutdown and restart of this stack's PostgreSQL
+#   scripts/services.sh kill-broker N     SIGKILL node N (1..POSTROOM_DEV_BROKERS)
+#   scripts/services.sh stop-broker N     SIGTERM node N and wait until it has stopped (a clean
+#                                         shutdown: its leaderships move first)
+#   scripts/services.sh start-broker N    start node N and wait until it answers
+#   scripts/services.sh controller        print the node id of the active KRaft controller
+#   scripts/services.sh leader TOPIC [P]  print the node id leading partition P (default 0)
 #
 # Environment (all optional):
 #   POSTROOM_DEV_DIR                    state dir (default: <repo>/.dev)
+#   POSTROOM_DEV_BROKERS                Kafka nodes: 1 (default) or more, each broker+controller;
+#                                       kept in the state dir by `up`, so later commands need it
+#                                       not. Node N's ports are node 1's + 10*(N-1): with the
+#                                       defaults 19092/19093/19094, 19102/19103/19104, ...
 #   POSTROOM_DEV_KAFKA_PORT             Kafka PLAINTEXT listener (default 19092)
 #   POSTROOM_DEV_KAFKA_CONTROLLER_PORT  KRaft controller listener (default 19093)
 #   POSTROOM_DEV_KAFKA_SECURE_PORT      Kafka SASL_SSL (SCRAM-SHA-512) listener (default: the
@@ -44,11 +54,13 @@ KAFKA_POM="$REPO/dev/kafka/pom.xml"
 KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")
 KAFKA_CACHE="$REPO/.cache/kafka-$KAFKA_VERSION"
 KAFKA_LIBS="$KAFKA_CACHE/libs"
-KAFKA_DIR="$DEV_DIR/kafka"
-KAFKA_DATA="$KAFKA_DIR/data"
-KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
-KAFKA_LOG="$KAFKA_DIR/broker.log"
-KAFKA_OUT="$KAFKA_DIR/kafka.out"
+# How many Kafka nodes: the variable, else what the last `up` in this state dir started, else 1.
+BROKERS_FILE="$DEV_DIR/kafka-brokers"
+BROKERS=${POSTROOM_DEV_BROKERS:-$(cat "$BROKERS_FILE" 2>/dev/null || echo 1)}
+NODE_PORT_STRIDE=10
+# The cluster's id, shared by every node's storage (the single node makes its own at format).
+CLUSTER_ID_FILE="$DEV_DIR/kafka-cluster-id"
+# KAFKA_DIR, KAFKA_DATA, ..., NODE_PORT, NODE_CONTROLLER_PORT, NODE_SECURE_PORT: set by select_node.
 KAFKA_START_TIMEOUT_S=60
 KAFKA_STOP_TIMEOUT_S=30
 
@@ -232,6 +244,50 @@ fetch_kafka() {
     printf '%s\n' "$want" >"$stamp"
 }
 
+# select_node N: point the per-node globals at node N. The single node keeps the layout of a
+# stack from before clusters ($DEV_DIR/kafka), so a running one is found again.
+select_node() {
+    NODE_ID=$1
+    local offset=$(((NODE_ID - 1) * NODE_PORT_STRIDE))
+    NODE_PORT=$((10#$KAFKA_PORT + offset))
+    NODE_CONTROLLER_PORT=$((10#$CONTROLLER_PORT + offset))
+    NODE_SECURE_PORT=$((10#$SECURE_PORT + offset))
+    if [[ $BROKERS -eq 1 ]]; then
+        KAFKA_DIR="$DEV_DIR/kafka"
+    else
+        KAFKA_DIR="$DEV_DIR/kafka-$NODE_ID"
+    fi
+    KAFKA_DATA="$KAFKA_DIR/data"
+    KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
+    KAFKA_LOG="$KAFKA_DIR/broker.log"
+    KAFKA_OUT="$KAFKA_DIR/kafka.out"
+}
+
+# node_list TEMPLATE: TEMPLATE for each node, {id}, {plain}, {controller} and {secure} replaced
+# by its id and ports, joined by commas.
+node_list() {
+    local n offset item out=()
+    for ((n = 1; n <= BROKERS; n++)); do
+        offset=$(((n - 1) * NODE_PORT_STRIDE))
+        item=${1//\{id\}/$n}
+        item=${item//\{plain\}/$((10#$KAFKA_PORT + offset))}
+        item=${item//\{controller\}/$((10#$CONTROLLER_PORT + offset))}
+        item=${item//\{secure\}/$((10#$SECURE_PORT + offset))}
+        out+=("$item")
+    done
+    local IFS=,
+    echo "${out[*]}"
+}
+
+plain_bootstrap() { node_list "$HOST:{plain}"; }
+secure_bootstrap_servers() { node_list "$HOST:{secure}"; }
+
+# A node argument of the per-broker commands: 1..BROKERS.
+check_node() {
+    [[ ${1:-} =~ ^[0-9]+$ ]] && ((10#$1 >= 1 && 10#$1 <= BROKERS)) \
+        || die "node '${1:-}' is not one of 1..$BROKERS (POSTROOM_DEV_BROKERS=$BROKERS)"
+}
+
 kafka_pid() {
     local pid
     pid=$(cat "$KAFKA_PIDFILE" 2>/dev/null) || return 1
@@ -245,10 +301,10 @@ write_kafka_config() {
     cat >"$KAFKA_DIR/server.properties" <<EOF
 # Generated by scripts/services.sh at each start; edit that script, not this file.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SECURE_PORT
-advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT,SASL_SSL://$HOST:$SECURE_PORT
+node.id=$NODE_ID
+controller.quorum.voters=$(node_list "{id}@$HOST:{controller}")
+listeners=PLAINTEXT://$HOST:$NODE_PORT,CONTROLLER://$HOST:$NODE_CONTROLLER_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT
+advertised.listeners=PLAINTEXT://$HOST:$NODE_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
@@ -256,16 +312,16 @@ log.dirs=$KAFKA_DATA
 # postroom creates every topic it uses; a typo must fail, not create a topic.
 auto.create.topics.enable=false
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
+default.replication.factor=$REPLICATION
+min.insync.replicas=$MIN_ISR
+offsets.topic.replication.factor=$REPLICATION
 # fewer internal partitions: the first consumer group of a test run is ready sooner
 offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$REPLICATION
+transaction.state.log.min.isr=$MIN_ISR
 transaction.state.log.num.partitions=10
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$REPLICATION
+share.coordinator.state.topic.min.isr=$MIN_ISR
 group.initial.rebalance.delay.ms=0
 # group.coordinator.rebalance.protocols is left at 4.1's default, classic,consumer,streams:
 # clients may use either group.protocol=classic or KIP-848's group.protocol=consumer.
@@ -300,8 +356,13 @@ format_kafka_storage() {
     [[ -f $KAFKA_DATA/meta.properties ]] && return
     say "formatting Kafka storage in ${KAFKA_DATA} (once)"
     local cluster_id out="$KAFKA_DIR/format.out"
-    cluster_id=$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>"$out") \
-        || die "kafka StorageTool random-uuid failed" "$out"
+    if [[ $BROKERS -gt 1 && -s $CLUSTER_ID_FILE ]]; then
+        cluster_id=$(cat "$CLUSTER_ID_FILE")
+    else
+        cluster_id=$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>"$out") \
+            || die "kafka StorageTool random-uuid failed" "$out"
+        if [[ $BROKERS -gt 1 ]]; then printf '%s\n' "$cluster_id" >"$CLUSTER_ID_FILE"; fi
+    fi
     java -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
         kafka.tools.StorageTool format --cluster-id "$cluster_id" \
         --config "$KAFKA_DIR/server.properties" >"$out" 2>&1 \
@@ -311,11 +372,11 @@ format_kafka_storage() {
 # Waits until the broker answers a metadata request, or gives up when it died or took too long.
 wait_for_kafka() {
     local pid=$1
-    "$VENV_PY" - "$HOST:$KAFKA_PORT" "$pid" "$KAFKA_START_TIMEOUT_S" <<'EOF'
+    "$VENV_PY" - "$HOST:$NODE_PORT" "$pid" "$KAFKA_START_TIMEOUT_S" "$NODE_ID" <<'EOF'
 import os, sys, time
 from confluent_kafka.admin import AdminClient
 
-bootstrap, pid, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+bootstrap, pid, timeout_s, node = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
 deadline = time.monotonic() + timeout_s
 while time.monotonic() < deadline:
@@ -324,7 +385,8 @@ while time.monotonic() < deadline:
     except OSError:
         sys.exit(2)
     try:
-        if admin.list_topics(timeout=2).brokers:
+        # This node itself is in the metadata once it has registered with the quorum.
+        if node in admin.list_topics(timeout=2).brokers:
             sys.exit(0)
     except Exception:  # not up yet: ask again
         time.sleep(0.5)
@@ -332,55 +394,85 @@ sys.exit(1)
 EOF
 }
 
-kafka_up() {
+# node_start: start the selected node unless it runs (no waiting); its pid in NODE_PID.
+node_start() {
     mkdir -p "$KAFKA_DATA"
     secure_restart_if_missing
     local pid
     if pid=$(kafka_pid); then
-        if port_answers "$KAFKA_PORT"; then
-            say "kafka: already running (pid $pid, $HOST:$KAFKA_PORT)"
-            return
+        if port_answers "$NODE_PORT"; then
+            say "$(node_name): already running (pid $pid, $HOST:$NODE_PORT)"
+        else
+            say "$(node_name): pid $pid runs but $HOST:$NODE_PORT does not answer yet; waiting"
         fi
-        say "kafka: pid $pid runs but $HOST:$KAFKA_PORT does not answer yet; waiting"
-    else
-        local port
-        for port in "$KAFKA_PORT" "$CONTROLLER_PORT" "$SECURE_PORT"; do
-            if port_answers "$port"; then
-                local hint="set POSTROOM_DEV_KAFKA_PORT / _CONTROLLER_PORT / _SECURE_PORT"
-                die "port $port is taken by another program ($hint to free ones)"
-            fi
-        done
-        ensure_java_and_maven
-        fetch_kafka
-        secure_make_certs
-        write_kafka_config
-        write_secure_kafka_config
-        format_kafka_storage
-        say "kafka: starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (log: $KAFKA_LOG)"
-        # A pid file left by a broker that died with the machine would be read below before
-        # the new broker writes its own, and the new broker taken for dead.
-        rm -f "$KAFKA_PIDFILE"
-        # setsid: the broker outlives this script and a Ctrl-C in the shell that ran it.
-        # The inner shell writes its own pid, then becomes java with exec.
-        # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
-        setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
-            java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
-            -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
-            -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
-            </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
-        pid=$(pid_from_file kafka "$KAFKA_PIDFILE" "$KAFKA_OUT")
+        NODE_PID=$pid
+        return
     fi
-    local started=$SECONDS rc=0
+    local port
+    for port in "$NODE_PORT" "$NODE_CONTROLLER_PORT" "$NODE_SECURE_PORT"; do
+        if port_answers "$port"; then
+            local hint="set POSTROOM_DEV_KAFKA_PORT / _CONTROLLER_PORT / _SECURE_PORT"
+            die "port $port is taken by another program ($hint to free ones)"
+        fi
+    done
+    ensure_java_and_maven
+    fetch_kafka
+    secure_make_certs
+    write_kafka_config
+    write_secure_kafka_config
+    format_kafka_storage
+    say "$(node_name): starting Kafka $KAFKA_VERSION on $HOST:$NODE_PORT (log: $KAFKA_LOG)"
+    # A pid file left by a broker that died with the machine would be read below before
+    # the new broker writes its own, and the new broker taken for dead.
+    rm -f "$KAFKA_PIDFILE"
+    # Three JVMs share the machine with everything else: smaller heaps than the single node's.
+    local heap=(-Xms256m -Xmx512m)
+    if [[ $BROKERS -gt 1 ]]; then heap=(-Xms128m -Xmx384m); fi
+    # setsid: the broker outlives this script and a Ctrl-C in the shell that ran it.
+    # The inner shell writes its own pid, then becomes java with exec.
+    # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
+    setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
+        java "${heap[@]}" -XX:+UseG1GC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+        -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
+        </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
+    NODE_PID=$(pid_from_file "$(node_name)" "$KAFKA_PIDFILE" "$KAFKA_OUT")
+}
+
+# node_wait PID: until the selected node answers, or die saying why not.
+node_wait() {
+    local pid=$1 started=$SECONDS rc=0
     wait_for_kafka "$pid" || rc=$?
     case $rc in
-        0) say "kafka: ready in $((SECONDS - started)) s (pid $pid)" ;;
-        2) die "kafka: the broker exited during startup" "$KAFKA_OUT" "$KAFKA_LOG" ;;
+        0) say "$(node_name): ready in $((SECONDS - started)) s (pid $pid)" ;;
+        2) die "$(node_name): the broker exited during startup" "$KAFKA_OUT" "$KAFKA_LOG" ;;
         *)
-            stop_pid "$pid" kafka
-            die "kafka: no answer on $HOST:$KAFKA_PORT within $KAFKA_START_TIMEOUT_S s; stopped it" \
+            stop_pid "$pid" "$(node_name)"
+            die "$(node_name): no answer on $HOST:$NODE_PORT within $KAFKA_START_TIMEOUT_S s; stopped it" \
                 "$KAFKA_OUT" "$KAFKA_LOG"
             ;;
     esac
+}
+
+node_name() {
+    if [[ $BROKERS -eq 1 ]]; then echo kafka; else echo "kafka node $NODE_ID"; fi
+}
+
+# Every node started first, then waited for: a node of a cluster answers only once a majority
+# of the controllers has elected a leader.
+kafka_up() {
+    local n pids=()
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        node_start
+        pids[n]=$NODE_PID
+    done
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        node_wait "${pids[n]}"
+    done
+    select_node 1
+    printf '%s\n' "$BROKERS" >"$BROKERS_FILE"
 }
 
 # stop_pid PID NAME: SIGTERM (a clean shutdown), then SIGKILL when it takes too long.
@@ -425,7 +517,12 @@ stop_service() {
 }
 
 kafka_down() {
-    stop_service kafka "$(kafka_pid || true)" "$KAFKA_PIDFILE" "$KAFKA_LOG"
+    local n
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        stop_service "$(node_name)" "$(kafka_pid || true)" "$KAFKA_PIDFILE" "$KAFKA_LOG"
+    done
+    select_node 1
 }
 
 # service_status NAME PID_FUNCTION PORT DETAIL: says whether NAME runs and answers on PORT;
@@ -444,12 +541,21 @@ service_status() {
 }
 
 kafka_status() {
-    service_status kafka kafka_pid "$KAFKA_PORT" "$HOST:$KAFKA_PORT, data $KAFKA_DATA" || return 1
-    if port_answers "$SECURE_PORT"; then
-        say "kafka: SASL_SSL on $HOST:$SECURE_PORT"
-    else
-        say "kafka: SASL_SSL on $HOST:$SECURE_PORT does not answer"
-    fi
+    local n rc=0
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        if ! service_status "$(node_name)" kafka_pid "$NODE_PORT" "$HOST:$NODE_PORT, data $KAFKA_DATA"; then
+            rc=1
+            continue
+        fi
+        if port_answers "$NODE_SECURE_PORT"; then
+            say "$(node_name): SASL_SSL on $HOST:$NODE_SECURE_PORT"
+        else
+            say "$(node_name): SASL_SSL on $HOST:$NODE_SECURE_PORT does not answer"
+        fi
+    done
+    select_node 1
+    return $rc
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -517,9 +623,9 @@ EOF
 # A broker started by a services.sh from before the SASL_SSL listener: restart it with one.
 secure_restart_if_missing() {
     local pid
-    if pid=$(kafka_pid) && port_answers "$KAFKA_PORT" && ! port_answers "$SECURE_PORT"; then
-        say "kafka: pid $pid has no SASL_SSL listener on $HOST:$SECURE_PORT yet; restarting it"
-        kafka_down
+    if pid=$(kafka_pid) && port_answers "$NODE_PORT" && ! port_answers "$NODE_SECURE_PORT"; then
+        say "$(node_name): pid $pid has no SASL_SSL listener on $HOST:$NODE_SECURE_PORT yet; restarting it"
+        stop_service "$(node_name)" "$pid" "$KAFKA_PIDFILE" "$KAFKA_LOG"
     fi
 }
 
@@ -540,7 +646,7 @@ write_secure_env_files() {
         cat >"$SECURE_DIR/$role.env" <<EOF
 # Written by scripts/services.sh up: postroom-$role on the SASL_SSL listener.
 # Source it after the stack's env: . $ENV_FILE && . $SECURE_DIR/$role.env
-export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$HOST:$SECURE_PORT
+export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$(secure_bootstrap_servers)
 export POSTROOM_KAFKA_CONFIG='security.protocol=SASL_SSL;sasl.mechanism=SCRAM-SHA-512;sasl.username=postroom-$role;ssl.ca.location=$SECURE_DIR/ca.crt'
 export POSTROOM_KAFKA_CONFIG_FILE=$SECURE_DIR/$role.properties
 EOF
@@ -556,7 +662,7 @@ secure_bootstrap() {
     want=$(cat "$SECURE_DIR"/*.properties | sha256sum | cut -d' ' -f1)
     [[ -f $stamp && $(cat "$stamp") == "$want" ]] && return
     say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,admin} and their ACLs (once)"
-    "$VENV_PY" - "$HOST:$KAFKA_PORT" "$SECURE_DIR" "$SCRAM_ITERATIONS" "${SECURE_ROLES[@]}" \
+    "$VENV_PY" - "$(plain_bootstrap)" "$SECURE_DIR" "$SCRAM_ITERATIONS" "${SECURE_ROLES[@]}" \
         >"$out" 2>&1 <<'EOF' || die "kafka: creating the SCRAM users failed" "$out"
 import sys
 from pathlib import Path
@@ -607,7 +713,7 @@ runs; restart the stack (scripts/services.sh down, then up) to make new certific
     secure_make_passwords
     write_secure_env_files
     secure_bootstrap
-    say "kafka: SASL_SSL on $HOST:$SECURE_PORT; role env files in $SECURE_DIR/{relay,sender,recorder,admin}.env"
+    say "kafka: SASL_SSL on $(secure_bootstrap_servers); role env files in $SECURE_DIR/{relay,sender,recorder,admin}.env"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -870,13 +976,28 @@ write_env_file() {
     cat >"$ENV_FILE" <<EOF
 # Written by scripts/services.sh up; source it: . ${ENV_FILE}
 export POSTROOM_DATABASE_URL=postgresql+psycopg://postroom@$HOST:$PG_PORT/postroom
-export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$HOST:$KAFKA_PORT
-export POSTROOM_TOPIC_REPLICATION_FACTOR=1
+export POSTROOM_KAFKA_BOOTSTRAP_SERVERS=$(plain_bootstrap)
+export POSTROOM_TOPIC_REPLICATION_FACTOR=$REPLICATION
 export POSTROOM_TOPIC_PARTITIONS=3
 # The local Schema Registry. postroom uses a registry only when POSTROOM_SCHEMA_REGISTRY_URL
 # is set (to this, say); otherwise it writes schemaless Avro.
 export POSTROOM_DEV_REGISTRY_URL=$(registry_url)
 EOF
+    # A cluster is never the default stack: its env names its own state dir and ports, so that
+    # what sources it (the failover suite's faults: scripts/services.sh kill-broker ...) acts on
+    # it and not on the default stack.
+    if [[ $BROKERS -gt 1 ]]; then
+        cat >>"$ENV_FILE" <<EOF
+# A $BROKERS-node cluster: the commands of scripts/services.sh act on it with these.
+export POSTROOM_DEV_DIR=$DEV_DIR
+export POSTROOM_DEV_BROKERS=$BROKERS
+export POSTROOM_DEV_KAFKA_PORT=$KAFKA_PORT
+export POSTROOM_DEV_KAFKA_CONTROLLER_PORT=$CONTROLLER_PORT
+export POSTROOM_DEV_KAFKA_SECURE_PORT=$SECURE_PORT
+export POSTROOM_DEV_PG_PORT=$PG_PORT
+export POSTROOM_DEV_REGISTRY_PORT=$REGISTRY_PORT
+EOF
+    fi
 }
 
 # One command at a time per state dir: two concurrent `up`s would start two brokers.
@@ -922,12 +1043,88 @@ cmd_env() {
 # Fault injection for tests/chaos: only ever this state dir's own servers.
 cmd_kill_kafka() {
     take_lock
+    local n killed=0
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        kill_node && killed=$((killed + 1))
+    done
+    [[ $killed -gt 0 ]] || die "kafka: not running"
+}
+
+# kill_node: SIGKILL the selected node and wait until it is gone; fails when it did not run.
+kill_node() {
     local pid
-    pid=$(kafka_pid) || die "kafka: not running"
+    pid=$(kafka_pid) || return 1
     kill -KILL "$pid"
     while pid_alive "$pid"; do sleep 0.1; done
     rm -f "$KAFKA_PIDFILE"
-    say "kafka: killed pid $pid"
+    say "$(node_name): killed pid $pid"
+}
+
+cmd_kill_broker() {
+    check_node "${1:-}"
+    take_lock
+    select_node "$1"
+    kill_node || die "$(node_name): not running"
+}
+
+cmd_stop_broker() {
+    check_node "${1:-}"
+    take_lock
+    select_node "$1"
+    local pid
+    pid=$(kafka_pid) || die "$(node_name): not running"
+    stop_service "$(node_name)" "$pid" "$KAFKA_PIDFILE" "$KAFKA_LOG"
+}
+
+cmd_start_broker() {
+    check_node "${1:-}"
+    take_lock
+    select_node "$1"
+    node_start
+    node_wait "$NODE_PID"
+}
+
+# The active controller: the leader of the highest epoch any running node has written to its
+# quorum-state file (each voter writes it at every election it sees). Exit 3 when that leader
+# does not run: the quorum is electing, or has no majority.
+cmd_controller() {
+    local n best_epoch=-1 leader="" state epoch
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        kafka_pid >/dev/null || continue
+        state=$(cat "$KAFKA_DATA/__cluster_metadata-0/quorum-state" 2>/dev/null) || continue
+        epoch=$(sed -n 's/.*"leaderEpoch":\([0-9-]*\).*/\1/p' <<<"$state")
+        if [[ -n $epoch ]] && ((epoch > best_epoch)); then
+            best_epoch=$epoch
+            leader=$(sed -n 's/.*"leaderId":\([0-9-]*\).*/\1/p' <<<"$state")
+        fi
+    done
+    [[ -n $leader && $leader -ge 1 ]] || { warn "no running node knows a controller leader"; exit 3; }
+    select_node "$leader"
+    kafka_pid >/dev/null || { warn "node $leader led epoch $best_epoch but does not run"; exit 3; }
+    echo "$leader"
+}
+
+# The node leading a partition, from the metadata of any running node; exit 3 when it has none.
+cmd_leader() {
+    local topic=${1:-} partition=${2:-0}
+    [[ -n $topic ]] || die "usage: scripts/services.sh leader TOPIC [PARTITION]"
+    "$VENV_PY" - "$(plain_bootstrap)" "$topic" "$partition" <<'EOF'
+import sys
+from confluent_kafka.admin import AdminClient
+
+bootstrap, topic, partition = sys.argv[1], sys.argv[2], int(sys.argv[3])
+admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+found = admin.list_topics(topic, timeout=10).topics.get(topic)
+if found is None or found.error is not None or partition not in found.partitions:
+    sys.exit(f"services: no partition {topic}/{partition}")
+leader = found.partitions[partition].leader
+if leader < 0:
+    print(f"services: {topic}/{partition} has no leader", file=sys.stderr)
+    sys.exit(3)
+print(leader)
+EOF
 }
 
 cmd_restart_postgres() {
@@ -941,10 +1138,15 @@ cmd_restart_postgres() {
 
 cmd_clean() {
     cmd_down
-    say "clean: removing $KAFKA_DIR, $REGISTRY_DIR, $PG_ROOT and $ENV_FILE"
+    local n kafka_dirs=()
+    for ((n = 1; n <= BROKERS; n++)); do
+        select_node "$n"
+        kafka_dirs+=("$KAFKA_DIR")
+    done
+    say "clean: removing ${kafka_dirs[*]}, $REGISTRY_DIR, $PG_ROOT and $ENV_FILE"
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
-    rm -rf "$PG_ROOT" "$KAFKA_DIR" "$SECURE_DIR" "$REGISTRY_DIR"
-    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock"
+    rm -rf "$PG_ROOT" "${kafka_dirs[@]}" "$SECURE_DIR" "$REGISTRY_DIR"
+    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock" "$BROKERS_FILE" "$CLUSTER_ID_FILE"
     rmdir "$DEV_DIR" 2>/dev/null || true
 }
 
@@ -954,6 +1156,18 @@ main() {
     check_port POSTROOM_DEV_KAFKA_SECURE_PORT "$SECURE_PORT"
     check_port POSTROOM_DEV_PG_PORT "$PG_PORT"
     check_port POSTROOM_DEV_REGISTRY_PORT "$REGISTRY_PORT"
+    if ! [[ $BROKERS =~ ^[0-9]+$ ]] || ((10#$BROKERS < 1 || 10#$BROKERS > 9)); then
+        die "POSTROOM_DEV_BROKERS=$BROKERS is not a node count from 1 to 9"
+    fi
+    BROKERS=$((10#$BROKERS))
+    local last=$(((BROKERS - 1) * NODE_PORT_STRIDE)) port
+    for port in "$KAFKA_PORT" "$CONTROLLER_PORT" "$SECURE_PORT"; do
+        check_port "node $BROKERS's port (a POSTROOM_DEV_KAFKA_*_PORT + $last)" "$((10#$port + last))"
+    done
+    # A platform's shape from three nodes on: every write in two replicas before it is acknowledged.
+    REPLICATION=$((BROKERS < 3 ? BROKERS : 3))
+    MIN_ISR=$((BROKERS < 3 ? 1 : 2))
+    select_node 1
     case ${1:-} in
         up) cmd_up ;;
         down) cmd_down ;;
@@ -962,6 +1176,11 @@ main() {
         clean) cmd_clean ;;
         kill-kafka) cmd_kill_kafka ;;
         restart-postgres) cmd_restart_postgres ;;
+        kill-broker) cmd_kill_broker "${2:-}" ;;
+        stop-broker) cmd_stop_broker "${2:-}" ;;
+        start-broker) cmd_start_broker "${2:-}" ;;
+        controller) cmd_controller ;;
+        leader) cmd_leader "${2:-}" "${3:-}" ;;
         *)
             sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
             exit 2
