@@ -20,7 +20,9 @@ from pathlib import Path
 from postroom.errors import ConfigError, PostroomError
 from postroom.rules import SizeLimits
 from postroom.settings import Settings
+from postroom.verp import make_token, return_path
 from schemas.codec import EmailRequested
+from sender.claims import send_deadline_s
 from sender.errors import AttachmentError
 from sender.message import attachments_refusal, build_message, check_header_values
 from sender.outcome import Failure, SmtpReply, Stage
@@ -59,16 +61,35 @@ def waits_for_configuration(reply: SmtpReply) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Delivery:
-    """How the sender delivers: the default sender address, the attachments root, the deadline."""
+    """How the sender delivers: the default sender address, the attachments root, the deadline,
+    and with a bounce address, each email's own return path (VERP) signed with ``bounce_secret``."""
 
     mail_from: str
     attachments_root: Path | None
     deadline_s: float
     limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
     templates: TemplateCache = dataclasses.field(default_factory=TemplateCache)
+    bounce_address: str | None = None  # None: the envelope sender is the From address
+    bounce_secret: bytes = dataclasses.field(default=b"", repr=False)
     # Whether the missing root was logged: once per sender, the metric counts every email.
     _root_missing_said: list[bool] = dataclasses.field(default_factory=list, repr=False,
                                                        compare=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Delivery:
+        """The sender's delivery as the settings give it; the first bounce secret signs."""
+        return cls(settings.mail_from, settings.attachments_root, send_deadline_s(settings),
+                   settings.size_limits(), bounce_address=settings.bounce_address,
+                   bounce_secret=settings.bounce_secrets[0] if settings.bounce_secrets else b"")
+
+    def envelope_sender(self, event: EmailRequested, now: dt.datetime) -> tuple[str, str | None]:
+        """The MAIL FROM address of ``event`` (whose sender is set) and the DSN envelope id to
+        ask for: its From address and None without a bounce address; else its return path
+        ``bounces+<token>@...`` and the token. ValueError when no token can name its row."""
+        if self.bounce_address is None:
+            return event.sender, None
+        token = make_token(event.outbox_id, self.bounce_secret, now)
+        return return_path(self.bounce_address, token), token
 
     async def send(self, event: EmailRequested, slot: SmtpSlot, now: dt.datetime,
                    on_accepted: Callable[[str], None] | None = None) -> tuple[SmtpReply, str]:
@@ -88,6 +109,11 @@ class Delivery:
                           event.idempotency_key)
             return SmtpReply(Stage.LOCAL, None, refusal, Failure.CONFIG), ""
         try:
+            envelope_sender, envid = self.envelope_sender(event, now)
+        except ValueError as exc:
+            return SmtpReply(Stage.LOCAL, None, f"no return path for this email: {exc}",
+                             Failure.BAD_MESSAGE), ""
+        try:
             message = await self._payload(event, now)
         except (AttachmentError, ValueError) as exc:
             return SmtpReply(Stage.LOCAL, None, str(exc), Failure.BAD_MESSAGE), ""
@@ -101,7 +127,10 @@ class Delivery:
 
         try:
             async with asyncio.timeout(self.deadline_s):
-                return await slot.send(message, sender, event.recipient, on_reply), message_id
+                if envid is None:
+                    return await slot.send(message, sender, event.recipient, on_reply), message_id
+                return await slot.send(message, envelope_sender, event.recipient, on_reply,
+                                       dsn_envid=envid), message_id
         except TimeoutError:
             if accepted:
                 return SmtpReply(Stage.DATA, *accepted[0]), message_id

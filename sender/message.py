@@ -364,3 +364,33 @@ def sender_domain(address: str) -> str:
     """The domain of the sender's address: the Message-ID's right-hand side."""
     _, addr_spec = email.utils.parseaddr(address)
     return (addr_spec or address).rpartition("@")[2] or "localhost"
+
+
+# -- the envelope's DSN parameters (RFC 3461) -----------------------------------------------------
+
+# What a bounce should carry: the headers only (RET=HDRS), never the report's body and files
+# again; and a notice on failure or delay, none on success.
+DSN_RET = "HDRS"
+DSN_NOTIFY = "FAILURE,DELAY"
+
+
+def xtext(text: str) -> str:
+    """``text`` as RFC 3461 section 4 xtext: printable ASCII but ``+`` and ``=`` kept, every other
+    octet of its UTF-8 form written ``+HH``."""
+    return "".join(chr(b) if 33 <= b <= 126 and b not in (43, 61) else f"+{b:02X}"
+                   for b in text.encode("utf-8"))
+
+
+def dsn_mail_parameters(envid: str) -> tuple[str, ...]:
+    """The MAIL FROM parameters that ask a DSN-offering server to return the headers and
+    ``envid`` in any notice."""
+    return (f"RET={DSN_RET}", f"ENVID={xtext(envid)}")
+
+
+def dsn_rcpt_parameters(recipient: str) -> tuple[str, ...]:
+    """The RCPT TO parameters asking for a notice on failure or delay, naming ``recipient`` as
+    the original recipient: ORCPT's rfc822 type holds only an ASCII address, so a non-ASCII one
+    goes without it (the notice names the recipient in Final-Recipient still)."""
+    if not recipient.isascii():
+        return (f"NOTIFY={DSN_NOTIFY}",)
+    return (f"NOTIFY={DSN_NOTIFY}", f"ORCPT=rfc822;{xtext(recipient)}")

@@ -26,6 +26,7 @@ from aiosmtplib.email import parse_address
 from postroom.errors import ConfigError, PostroomError, UnsafeHeaderError
 from postroom.rules import ascii_domain_address
 from postroom.settings import Secret, Settings, TlsMode
+from sender.message import dsn_mail_parameters, dsn_rcpt_parameters
 from sender.outcome import Failure, SmtpReply, Stage
 from sender.pipelining import (
     MAIL_ACCEPTED,
@@ -110,10 +111,14 @@ class SmtpSlot:
         self._pool = pool
 
     async def send(self, message: EmailMessage | Payload, sender: str, recipient: str,
-                   on_accepted: OnAccepted | None = None) -> SmtpReply:
+                   on_accepted: OnAccepted | None = None, *,
+                   dsn_envid: str | None = None) -> SmtpReply:
         """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none.
-        ``on_accepted`` is told a 250 to the message as soon as it is read."""
-        return await self._pool._send_in_slot(payload_of(message), sender, recipient, on_accepted)
+        ``on_accepted`` is told a 250 to the message as soon as it is read. With ``dsn_envid``,
+        a server that offers DSN is asked for notices of failure and delay (RFC 3461) naming
+        it; one that does not offer it gets the same commands as without."""
+        return await self._pool._send_in_slot(payload_of(message), sender, recipient, on_accepted,
+                                              dsn_envid)
 
 
 class _HeldSlot:
@@ -159,13 +164,14 @@ class SmtpPool:
         return _HeldSlot(self)
 
     async def send(self, message: EmailMessage | Payload, sender: str,
-                   recipient: str) -> SmtpReply:
+                   recipient: str, *, dsn_envid: str | None = None) -> SmtpReply:
         """Deliver ``message`` to ``recipient`` alone; the final reply, or why there was none."""
         async with self.slot() as slot:
-            return await slot.send(message, sender, recipient)
+            return await slot.send(message, sender, recipient, dsn_envid=dsn_envid)
 
     async def _send_in_slot(self, message: Payload, sender: str, recipient: str,
-                            on_accepted: OnAccepted | None) -> SmtpReply:
+                            on_accepted: OnAccepted | None,
+                            dsn_envid: str | None = None) -> SmtpReply:
         if self._closed:
             raise RuntimeError("SmtpPool is closed")
         (sender_at, sender_problem), (recipient_at, recipient_problem) = (
@@ -179,7 +185,8 @@ class SmtpPool:
         try:
             if smtp is None:
                 smtp = await self._open_for_sending()
-            reply, healthy = await self._transaction(smtp, message, sender, recipient, on_accepted)
+            reply, healthy = await self._transaction(smtp, message, sender, recipient, on_accepted,
+                                                     dsn_envid)
             if reused and _stale(reply):
                 # The server dropped the idle connection before we spoke; nothing was sent.
                 logger.debug("smtp idle connection went stale; reconnecting",
@@ -187,7 +194,7 @@ class SmtpPool:
                 _discard(smtp)
                 smtp = await self._open_for_sending()
                 reply, healthy = await self._transaction(smtp, message, sender, recipient,
-                                                         on_accepted)
+                                                         on_accepted, dsn_envid)
         except _Failed as failed:
             if smtp is not None:
                 _discard(smtp)
@@ -329,7 +336,7 @@ class SmtpPool:
 
     async def _transaction(
         self, smtp: Connection, message: Payload, sender: str, recipient: str,
-        on_accepted: OnAccepted | None,
+        on_accepted: OnAccepted | None, dsn_envid: str | None = None,
     ) -> tuple[SmtpReply, bool]:
         """MAIL, RCPT, DATA: the final reply, and whether the connection can be reused."""
         utf8 = not (sender.isascii() and recipient.isascii())
@@ -354,11 +361,16 @@ class SmtpPool:
             options.append("BODY=8BITMIME")
         if utf8:
             options.append("SMTPUTF8")
+        rcpt_options: tuple[str, ...] = ()
+        if dsn_envid is not None and smtp.supports_extension("dsn"):
+            options.extend(dsn_mail_parameters(dsn_envid))
+            rcpt_options = dsn_rcpt_parameters(recipient)
         encoding = "utf-8" if utf8 else "ascii"
         # Not smtp.mail() and smtp.rcpt(): they parse and quote the checked addresses again.
         mail = b" ".join([b"MAIL", b"FROM:<" + sender.encode(encoding) + b">",
                           *(option.encode("ascii") for option in options)])
-        rcpt = b"RCPT TO:<" + recipient.encode(encoding) + b">"
+        rcpt = b" ".join([b"RCPT TO:<" + recipient.encode(encoding) + b">",
+                          *(option.encode("ascii") for option in rcpt_options)])
         stage = Stage.MAIL_FROM
         message_written = False
         try:
