@@ -1,5 +1,5 @@
-"""Decides how long a ledger claim lasts, when it must be renewed before its send, and how long to
-wait when another sender holds one. Pure.
+"""Decides what a batch of ledger claims answers, how long a claim lasts, when it must be renewed
+before its send, and how long to wait when another sender holds one. Pure.
 
 A claim's lease must outlast the longest send, so a live sender never loses a key it is sending;
 a sender that finds a key leased elsewhere waits for that sender's answer, its death or the end
@@ -8,7 +8,10 @@ of its lease instead of sending it a second time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import enum
+from collections.abc import Iterable, Mapping, Sequence
 
 from postroom.settings import Settings
 from sender.retry import due_in_s
@@ -50,3 +53,77 @@ def busy_wait_s(lease_until: dt.datetime | None, now: dt.datetime) -> float:
     if lease_until is None:
         return BUSY_WAIT_UNKNOWN_S
     return max(BUSY_WAIT_MIN_S, min(due_in_s(lease_until, now) + BUSY_WAIT_MIN_S, BUSY_WAIT_MAX_S))
+
+
+class Claim(enum.StrEnum):
+    MINE = "mine"          # go ahead and send
+    SENT = "sent"          # a server accepted this key already: do not send again
+    BUSY = "busy"          # another sender holds a live lease: wait for its answer
+    DONE = "done"          # this attempt was made and its outcome published: not again
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimResult:
+    claim: Claim
+    attempt: int | None = None
+    message_id: str | None = None
+    lease_until: dt.datetime | None = None
+    taken_from: str | None = None  # MINE by taking over the claim of this owner
+    session: int = 0  # the claims session it was taken on (Ledger.session)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyState:
+    """A ``sender_ledger`` row as a claim that did not take it reads it."""
+
+    key: str
+    state: str  # 'sending', 'sent' or 'released'
+    lease_until: dt.datetime | None = None
+    attempt: int | None = None
+    message_id: str | None = None
+    done_attempt: int | None = None
+
+
+def first_attempts(items: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """The keys one claim statement asks for, each with the attempt of its first request: the
+    same key twice in one statement is an error in PostgreSQL."""
+    first: dict[str, int] = {}
+    for key, attempt in items:
+        first.setdefault(key, attempt)
+    return first
+
+
+def decide_claims(items: Sequence[tuple[str, int]], taken: Mapping[str, str | None],
+                  others: Iterable[KeyState], session: int) -> list[ClaimResult]:
+    """The answer to each ``(key, attempt)`` of one batch, in order, once the claim statement
+    (asked :func:`first_attempts`) took the keys of ``taken`` (each with the owner it took the
+    key over from, or None) and the rows of the keys it did not take read as ``others``.
+
+    A key's later copies in the batch wait (BUSY) for its first, as a second sender would. A
+    DONE found for the key's first attempt answers only the attempts it covers: a later attempt
+    (its next tier's record, read with a copy of the last) is not done and asks again, alone."""
+    first = first_attempts(items)
+    known: dict[str, ClaimResult] = {
+        key: ClaimResult(Claim.MINE, taken_from=taken_from, session=session)
+        for key, taken_from in taken.items()}
+    dones: dict[str, int] = {}
+    for row in others:
+        if row.key in taken or row.key not in first:
+            continue  # not a row this statement left to be read
+        done = row.done_attempt
+        claim = (Claim.SENT if row.state == "sent" else
+                 Claim.DONE if done is not None and done >= first[row.key] else Claim.BUSY)
+        known[row.key] = ClaimResult(claim, row.attempt, row.message_id, row.lease_until)
+        if done is not None:
+            dones[row.key] = done
+    results: list[ClaimResult] = []
+    handed: set[str] = set()
+    for key, attempt in items:
+        result = known.get(key, ClaimResult(Claim.BUSY))
+        if result.claim is Claim.MINE and key in handed:
+            result = ClaimResult(Claim.BUSY)
+        elif result.claim is Claim.DONE and dones[key] < attempt:
+            result = ClaimResult(Claim.BUSY)
+        handed.add(key)
+        results.append(result)
+    return results
