@@ -44,6 +44,7 @@ THROTTLE_REPLY = ("450 4.2.1 The user you are trying to contact is receiving mai
 # A fault of this server (its Maildir, a bug): temporary, never the recipient's refusal.
 LOCAL_ERROR_REPLY = "451 4.3.0 local error in processing"
 STOP_TIMEOUT_S = 2.0
+DSN_PARAMETERS = ("RET", "ENVID", "NOTIFY", "ORCPT")  # RFC 3461's, taken when DSN is offered
 # What the server keeps in memory: the newest messages, at most this many and this many bytes.
 DEFAULT_MAX_KEPT = 10_000
 DEFAULT_MAX_KEPT_BYTES = 256 * 1024 * 1024
@@ -56,6 +57,9 @@ class ReceivedMessage(NamedTuple):
     rcpt: str
     message_id: str | None
     raw: bytes
+    # The MAIL and RCPT parameters as aiosmtpd keeps them (upper-cased), e.g. RET=HDRS.
+    mail_options: tuple[str, ...] = ()
+    rcpt_options: tuple[str, ...] = ()
 
 
 class _Handler:
@@ -72,8 +76,10 @@ class _Handler:
         max_kept: int = DEFAULT_MAX_KEPT,
         max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
         pipelining: bool = True,
+        dsn: bool = False,
     ) -> None:
         self.pipelining = pipelining
+        self.dsn = dsn
         self.max_kept = max_kept
         self.max_kept_bytes = max_kept_bytes
         self.kept_bytes = 0
@@ -146,6 +152,8 @@ class _Handler:
             # aiosmtpd reads each command from its buffer in turn, so a group works; it just
             # does not say so.
             responses.insert(len(responses) - 1, "250-PIPELINING")
+        if self.dsn:
+            responses.insert(len(responses) - 1, "250-DSN")
         return responses
 
     async def handle_HELO(
@@ -211,7 +219,9 @@ class _Handler:
                     logger.warning("devsmtp cannot store the message in the Maildir: %s", exc)
                     return LOCAL_ERROR_REPLY  # our disk, not the recipient: try again later
             with self.lock:
-                self._keep(ReceivedMessage(mail_from, rcpt, message_id, raw))
+                self._keep(ReceivedMessage(mail_from, rcpt, message_id, raw,
+                                           tuple(envelope.mail_options),
+                                           tuple(envelope.rcpt_options)))
             logger.info("devsmtp accept %s %s", rcpt, message_id,
                         extra={"rcpt": rcpt, "message_id": message_id, "queue_id": queue_id})
         return f"250 2.0.0 Ok queued as {queue_id}"
@@ -262,6 +272,15 @@ class _DevSMTP(SMTP):
         super().connection_lost(error)
         self.event_handler.closed(self)
 
+    def _getparams(self, params: Sequence[str]) -> dict[str, str | bool] | None:
+        # aiosmtpd refuses parameters it does not know (555); offering DSN, take RFC 3461's,
+        # which it keeps in the envelope's mail_options and rcpt_options.
+        found = super()._getparams(params)
+        if found is not None and self.event_handler.dsn:
+            for name in DSN_PARAMETERS:
+                found.pop(name, None)
+        return found
+
 
 class _Controller(Controller):
     def factory(self) -> SMTP:
@@ -280,7 +299,8 @@ class DevSmtpServer:
     ``reject``: RCPT TO gets ``550 5.1.1``. ``defer``: RCPT TO gets ``451 4.3.0`` for the first N
     tries of each address. ``drop``: the connection is closed after the message content, with no
     reply. ``latency_ms``: delay before replying to the message content. ``tls_context``: offer
-    STARTTLS with this server context. ``pipelining``: offer PIPELINING (RFC 2920). ``port=0``
+    STARTTLS with this server context. ``pipelining``: offer PIPELINING (RFC 2920). ``dsn``: offer
+    DSN (RFC 3461) and keep its parameters in each message's ``mail_options``. ``port=0``
     picks a free port (read ``.port`` after start).
     """
 
@@ -298,12 +318,14 @@ class DevSmtpServer:
         max_kept: int = DEFAULT_MAX_KEPT,
         max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
         pipelining: bool = True,
+        dsn: bool = False,
     ) -> None:
         self.host = host
         self._port = port
         self._handler = _Handler(reject=reject, defer=defer or {}, drop=drop,
                                  latency_ms=latency_ms, maildir=maildir, max_kept=max_kept,
-                                 max_kept_bytes=max_kept_bytes, pipelining=pipelining)
+                                 max_kept_bytes=max_kept_bytes, pipelining=pipelining,
+                                 dsn=dsn)
         self._tls_context = tls_context
         self._controller: _Controller | None = None
 
