@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
 # The local stack postroom's tests, demo and benchmarks run against: a single-node Kafka
-# (KRaft, broker+controller in one JVM; POSTROOM_DEV_BROKERS=3 for a three-node cluster), a
-# throwaway PostgreSQL cluster and an Apicurio Schema Registry (in-memory storage), all on 127.0.0.1.
+# (KRaft, broker+controller in one JVM; POSTROOM_DEV_BROKERS=3 for a cluster of three brokers
+# and three controllers, each a JVM of its own), a throwaway PostgreSQL cluster and an Apicurio
+# Schema Registry (in-memory storage), all on 127.0.0.1.
 #
 #   scripts/services.sh up       start all three (idempotent), write $POSTROOM_DEV_DIR/env
 #   scripts/services.sh down     stop them; Kafka and PostgreSQL data is kept
 #   scripts/services.sh status   what runs; exit 0 when all run, 3 otherwise
 #   scripts/services.sh env      print the env file (source it: . .dev/env)
 #   scripts/services.sh clean    down, then delete all data
-#   scripts/services.sh kill-kafka        SIGKILL this stack's brokers (fault injection; `up` restarts them)
+#   scripts/services.sh kill-kafka        SIGKILL this stack's Kafka JVMs (fault injection; `up` restarts them)
 #   scripts/services.sh restart-postgres  fast shutdown and restart of this stack's PostgreSQL
-#   scripts/services.sh kill-broker N     SIGKILL node N (1..POSTROOM_DEV_BROKERS)
-#   scripts/services.sh stop-broker N     SIGTERM node N and wait until it has stopped (a clean
+# On a cluster (POSTROOM_DEV_BROKERS above 1), for the failover suite:
+#   scripts/services.sh kill-broker N     SIGKILL broker N (1..POSTROOM_DEV_BROKERS)
+#   scripts/services.sh stop-broker N     SIGTERM broker N and wait until it has stopped (a clean
 #                                         shutdown: its leaderships move first)
-#   scripts/services.sh start-broker N    start node N and wait until it answers
-#   scripts/services.sh controller        print the node id of the active KRaft controller
-#   scripts/services.sh leader TOPIC [P]  print the node id leading partition P (default 0)
+#   scripts/services.sh start-broker N    start broker N and wait until it answers
+#   scripts/services.sh kill-controller N / stop-controller N / start-controller N   the same for
+#                                         controller N (node id 100+N)
+#   scripts/services.sh controller        print N of the active KRaft controller
+#   scripts/services.sh leader TOPIC [P]  print the broker leading partition P (default 0)
 #
 # Environment (all optional):
 #   POSTROOM_DEV_DIR                    state dir (default: <repo>/.dev)
-#   POSTROOM_DEV_BROKERS                Kafka nodes: 1 (default) or more, each broker+controller;
-#                                       kept in the state dir by `up`, so later commands need it
-#                                       not. Node N's ports are node 1's + 10*(N-1): with the
-#                                       defaults 19092/19093/19094, 19102/19103/19104, ...
+#   POSTROOM_DEV_BROKERS                Kafka brokers: 1 (default: one JVM, broker and controller)
+#                                       or more (that many brokers and as many controllers, each
+#                                       in a JVM of its own); kept in the state dir by `up`, so
+#                                       later commands need it not. Broker N's ports and
+#                                       controller N's are node 1's + 10*(N-1): with the default
+#                                       ports 19092/19093/19094, then 19102/19103/19104, ...
 #   POSTROOM_DEV_KAFKA_PORT             Kafka PLAINTEXT listener (default 19092)
 #   POSTROOM_DEV_KAFKA_CONTROLLER_PORT  KRaft controller listener (default 19093)
 #   POSTROOM_DEV_KAFKA_SECURE_PORT      Kafka SASL_SSL (SCRAM-SHA-512) listener (default: the
@@ -60,7 +66,7 @@ BROKERS=${POSTROOM_DEV_BROKERS:-$(cat "$BROKERS_FILE" 2>/dev/null || echo 1)}
 NODE_PORT_STRIDE=10
 # The cluster's id, shared by every node's storage (the single node makes its own at format).
 CLUSTER_ID_FILE="$DEV_DIR/kafka-cluster-id"
-# KAFKA_DIR, KAFKA_DATA, ..., NODE_PORT, NODE_CONTROLLER_PORT, NODE_SECURE_PORT: set by select_node.
+# NODE_*, KAFKA_DIR, KAFKA_DATA, KAFKA_PIDFILE, KAFKA_LOG, KAFKA_OUT: set by select_node.
 KAFKA_START_TIMEOUT_S=60
 KAFKA_STOP_TIMEOUT_S=30
 
@@ -246,16 +252,30 @@ fetch_kafka() {
 
 # select_node N: point the per-node globals at node N. The single node keeps the layout of a
 # stack from before clusters ($DEV_DIR/kafka), so a running one is found again.
+#
+# A cluster runs its controllers apart from its brokers, as a platform does (Kafka advises
+# against combined nodes beyond development): two brokers down leave a controller majority that
+# shrinks the in-sync replicas and refuses writes with NOT_ENOUGH_REPLICAS, and a controller
+# failover moves no partition leader. Controller N is node id CONTROLLER_ID_BASE+N.
+CONTROLLER_ID_BASE=100
+
+# select_node N [broker|controller]
 select_node() {
-    NODE_ID=$1
-    local offset=$(((NODE_ID - 1) * NODE_PORT_STRIDE))
+    NODE_N=$1
+    NODE_ROLE=${2:-broker}
+    local offset=$(((NODE_N - 1) * NODE_PORT_STRIDE))
     NODE_PORT=$((10#$KAFKA_PORT + offset))
     NODE_CONTROLLER_PORT=$((10#$CONTROLLER_PORT + offset))
     NODE_SECURE_PORT=$((10#$SECURE_PORT + offset))
     if [[ $BROKERS -eq 1 ]]; then
+        NODE_ID=1
         KAFKA_DIR="$DEV_DIR/kafka"
+    elif [[ $NODE_ROLE == controller ]]; then
+        NODE_ID=$((CONTROLLER_ID_BASE + NODE_N))
+        KAFKA_DIR="$DEV_DIR/controller-$NODE_N"
     else
-        KAFKA_DIR="$DEV_DIR/kafka-$NODE_ID"
+        NODE_ID=$NODE_N
+        KAFKA_DIR="$DEV_DIR/broker-$NODE_N"
     fi
     KAFKA_DATA="$KAFKA_DIR/data"
     KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
@@ -282,8 +302,23 @@ node_list() {
 plain_bootstrap() { node_list "$HOST:{plain}"; }
 secure_bootstrap_servers() { node_list "$HOST:{secure}"; }
 
-# A node argument of the per-broker commands: 1..BROKERS.
+# The voters: every controller of a cluster, the one node of a single broker.
+quorum_voters() {
+    if [[ $BROKERS -eq 1 ]]; then
+        echo "1@$HOST:$CONTROLLER_PORT"
+    else
+        local n out=()
+        for ((n = 1; n <= BROKERS; n++)); do
+            out+=("$((CONTROLLER_ID_BASE + n))@$HOST:$((10#$CONTROLLER_PORT + (n - 1) * NODE_PORT_STRIDE))")
+        done
+        local IFS=,
+        echo "${out[*]}"
+    fi
+}
+
+# A node argument of the per-node commands: 1..BROKERS, on a cluster.
 check_node() {
+    [[ $BROKERS -gt 1 ]] || die "$2 works on a cluster only (POSTROOM_DEV_BROKERS=3 scripts/services.sh up)"
     [[ ${1:-} =~ ^[0-9]+$ ]] && ((10#$1 >= 1 && 10#$1 <= BROKERS)) \
         || die "node '${1:-}' is not one of 1..$BROKERS (POSTROOM_DEV_BROKERS=$BROKERS)"
 }
@@ -297,16 +332,30 @@ kafka_pid() {
 }
 
 write_kafka_config() {
+    local roles listeners
+    if [[ $BROKERS -eq 1 ]]; then
+        roles=broker,controller
+        listeners="listeners=PLAINTEXT://$HOST:$NODE_PORT,CONTROLLER://$HOST:$NODE_CONTROLLER_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT
+advertised.listeners=PLAINTEXT://$HOST:$NODE_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT"
+    elif [[ $NODE_ROLE == controller ]]; then
+        roles=controller
+        listeners="listeners=CONTROLLER://$HOST:$NODE_CONTROLLER_PORT"
+    else
+        roles=broker
+        listeners="listeners=PLAINTEXT://$HOST:$NODE_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT
+advertised.listeners=PLAINTEXT://$HOST:$NODE_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT"
+    fi
+    local inter_broker="inter.broker.listener.name=PLAINTEXT"
+    [[ $roles != controller ]] || inter_broker="# a controller: no inter-broker listener"
     # Written at every start so a port change takes effect; formatting happens only once.
     cat >"$KAFKA_DIR/server.properties" <<EOF
 # Generated by scripts/services.sh at each start; edit that script, not this file.
-process.roles=broker,controller
+process.roles=$roles
 node.id=$NODE_ID
-controller.quorum.voters=$(node_list "{id}@$HOST:{controller}")
-listeners=PLAINTEXT://$HOST:$NODE_PORT,CONTROLLER://$HOST:$NODE_CONTROLLER_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT
-advertised.listeners=PLAINTEXT://$HOST:$NODE_PORT,SASL_SSL://$HOST:$NODE_SECURE_PORT
+controller.quorum.voters=$(quorum_voters)
+$listeners
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
-inter.broker.listener.name=PLAINTEXT
+$inter_broker
 controller.listener.names=CONTROLLER
 log.dirs=$KAFKA_DATA
 # postroom creates every topic it uses; a typo must fail, not create a topic.
@@ -326,6 +375,15 @@ group.initial.rebalance.delay.ms=0
 # group.coordinator.rebalance.protocols is left at 4.1's default, classic,consumer,streams:
 # clients may use either group.protocol=classic or KIP-848's group.protocol=consumer.
 EOF
+    if [[ $BROKERS -gt 1 ]]; then
+        cat >>"$KAFKA_DIR/server.properties" <<EOF
+# ---- a cluster (POSTROOM_DEV_BROKERS=$BROKERS) ----
+# KIP-848 groups may set their own session timeout down to 6 s, as classic groups may
+# (group.min.session.timeout.ms); Kafka's floor for them is 45 s, and its heartbeat floor 5 s.
+group.consumer.min.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=1000
+EOF
+    fi
     cat >"$KAFKA_DIR/log4j2.properties" <<EOF
 # Generated by scripts/services.sh. WARN and up, plus the lines that say the broker started
 # and stopped; rolled at 10 MB so long test runs stay small.
@@ -400,16 +458,16 @@ node_start() {
     secure_restart_if_missing
     local pid
     if pid=$(kafka_pid); then
-        if port_answers "$NODE_PORT"; then
-            say "$(node_name): already running (pid $pid, $HOST:$NODE_PORT)"
+        if port_answers "$(node_port)"; then
+            say "$(node_name): already running (pid $pid, $HOST:$(node_port))"
         else
-            say "$(node_name): pid $pid runs but $HOST:$NODE_PORT does not answer yet; waiting"
+            say "$(node_name): pid $pid runs but $HOST:$(node_port) does not answer yet; waiting"
         fi
         NODE_PID=$pid
         return
     fi
     local port
-    for port in "$NODE_PORT" "$NODE_CONTROLLER_PORT" "$NODE_SECURE_PORT"; do
+    for port in $(node_ports); do
         if port_answers "$port"; then
             local hint="set POSTROOM_DEV_KAFKA_PORT / _CONTROLLER_PORT / _SECURE_PORT"
             die "port $port is taken by another program ($hint to free ones)"
@@ -421,13 +479,17 @@ node_start() {
     write_kafka_config
     write_secure_kafka_config
     format_kafka_storage
-    say "$(node_name): starting Kafka $KAFKA_VERSION on $HOST:$NODE_PORT (log: $KAFKA_LOG)"
+    say "$(node_name): starting Kafka $KAFKA_VERSION on $HOST:$(node_port) (log: $KAFKA_LOG)"
     # A pid file left by a broker that died with the machine would be read below before
     # the new broker writes its own, and the new broker taken for dead.
     rm -f "$KAFKA_PIDFILE"
     # Three JVMs share the machine with everything else: smaller heaps than the single node's.
     local heap=(-Xms256m -Xmx512m)
-    if [[ $BROKERS -gt 1 ]]; then heap=(-Xms128m -Xmx384m); fi
+    if [[ $BROKERS -gt 1 && $NODE_ROLE == controller ]]; then
+        heap=(-Xms64m -Xmx192m)
+    elif [[ $BROKERS -gt 1 ]]; then
+        heap=(-Xms128m -Xmx384m)
+    fi
     # setsid: the broker outlives this script and a Ctrl-C in the shell that ran it.
     # The inner shell writes its own pid, then becomes java with exec.
     # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
@@ -442,35 +504,82 @@ node_start() {
 # node_wait PID: until the selected node answers, or die saying why not.
 node_wait() {
     local pid=$1 started=$SECONDS rc=0
-    wait_for_kafka "$pid" || rc=$?
+    if [[ $NODE_ROLE == controller && $BROKERS -gt 1 ]]; then
+        wait_for_controller "$pid" || rc=$?
+    else
+        wait_for_kafka "$pid" || rc=$?
+    fi
     case $rc in
         0) say "$(node_name): ready in $((SECONDS - started)) s (pid $pid)" ;;
         2) die "$(node_name): the broker exited during startup" "$KAFKA_OUT" "$KAFKA_LOG" ;;
         *)
             stop_pid "$pid" "$(node_name)"
-            die "$(node_name): no answer on $HOST:$NODE_PORT within $KAFKA_START_TIMEOUT_S s; stopped it" \
+            die "$(node_name): no answer on $HOST:$(node_port) within $KAFKA_START_TIMEOUT_S s; stopped it" \
                 "$KAFKA_OUT" "$KAFKA_LOG"
             ;;
     esac
 }
 
-node_name() {
-    if [[ $BROKERS -eq 1 ]]; then echo kafka; else echo "kafka node $NODE_ID"; fi
+# A controller serves no client request: it is up once its listener accepts connections.
+wait_for_controller() {
+    local pid=$1 deadline=$((SECONDS + KAFKA_START_TIMEOUT_S))
+    until port_answers "$NODE_CONTROLLER_PORT"; do
+        pid_alive "$pid" || return 2
+        [[ $SECONDS -lt $deadline ]] || return 1
+        sleep 0.5
+    done
 }
 
-# Every node started first, then waited for: a node of a cluster answers only once a majority
+node_name() {
+    if [[ $BROKERS -eq 1 ]]; then echo kafka; else echo "kafka $NODE_ROLE $NODE_N"; fi
+}
+
+# The port the selected node is known by, and every port it listens on.
+node_port() {
+    if [[ $BROKERS -gt 1 && $NODE_ROLE == controller ]]; then
+        echo "$NODE_CONTROLLER_PORT"
+    else
+        echo "$NODE_PORT"
+    fi
+}
+
+node_ports() {
+    if [[ $BROKERS -eq 1 ]]; then
+        echo "$NODE_PORT $NODE_CONTROLLER_PORT $NODE_SECURE_PORT"
+    elif [[ $NODE_ROLE == controller ]]; then
+        echo "$NODE_CONTROLLER_PORT"
+    else
+        echo "$NODE_PORT $NODE_SECURE_PORT"
+    fi
+}
+
+# Every node of the stack as "N role", controllers first (the order to start them in).
+all_nodes() {
+    local n
+    if [[ $BROKERS -eq 1 ]]; then
+        echo "1 broker"
+        return
+    fi
+    for ((n = 1; n <= BROKERS; n++)); do echo "$n controller"; done
+    for ((n = 1; n <= BROKERS; n++)); do echo "$n broker"; done
+}
+
+# Every node started first, then waited for: a broker of a cluster answers only once a majority
 # of the controllers has elected a leader.
 kafka_up() {
-    local n pids=()
-    for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
+    local node pids=() i=0
+    while read -r node; do
+        # shellcheck disable=SC2086 # "N role" splits in two on purpose
+        select_node $node
         node_start
-        pids[n]=$NODE_PID
-    done
-    for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
-        node_wait "${pids[n]}"
-    done
+        pids[i++]=$NODE_PID
+    done < <(all_nodes)
+    i=0
+    while read -r node; do
+        # shellcheck disable=SC2086
+        select_node $node
+        node_wait "${pids[i++]}"
+    done < <(all_nodes)
     select_node 1
     printf '%s\n' "$BROKERS" >"$BROKERS_FILE"
 }
@@ -516,12 +625,14 @@ stop_service() {
     rm -f "$pidfile"
 }
 
+# Brokers before controllers: a broker's clean shutdown asks the controller to move its leaders.
 kafka_down() {
-    local n
-    for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
+    local node
+    while read -r node; do
+        # shellcheck disable=SC2086
+        select_node $node
         stop_service "$(node_name)" "$(kafka_pid || true)" "$KAFKA_PIDFILE" "$KAFKA_LOG"
-    done
+    done < <(all_nodes | tac)
     select_node 1
 }
 
@@ -541,19 +652,21 @@ service_status() {
 }
 
 kafka_status() {
-    local n rc=0
-    for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
-        if ! service_status "$(node_name)" kafka_pid "$NODE_PORT" "$HOST:$NODE_PORT, data $KAFKA_DATA"; then
+    local node rc=0
+    while read -r node; do
+        # shellcheck disable=SC2086
+        select_node $node
+        if ! service_status "$(node_name)" kafka_pid "$(node_port)" "$HOST:$(node_port), data $KAFKA_DATA"; then
             rc=1
             continue
         fi
+        [[ $BROKERS -eq 1 || $NODE_ROLE == broker ]] || continue
         if port_answers "$NODE_SECURE_PORT"; then
             say "$(node_name): SASL_SSL on $HOST:$NODE_SECURE_PORT"
         else
             say "$(node_name): SASL_SSL on $HOST:$NODE_SECURE_PORT does not answer"
         fi
-    done
+    done < <(all_nodes)
     select_node 1
     return $rc
 }
@@ -605,6 +718,17 @@ secure_make_certs() {
 
 # The broker settings of the SASL_SSL listener, appended to server.properties at each start.
 write_secure_kafka_config() {
+    if [[ $BROKERS -gt 1 && $NODE_ROLE == controller ]]; then
+        # A controller serves no client, but authorizes what the brokers forward to it.
+        cat >>"$KAFKA_DIR/server.properties" <<EOF
+# ---- the ACLs of the SASL_SSL listener (scripts/services.sh: secure_* functions) ----
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:ANONYMOUS
+EOF
+        chmod 600 "$KAFKA_DIR/server.properties"
+        return
+    fi
     cat >>"$KAFKA_DIR/server.properties" <<EOF
 # ---- the SASL_SSL listener (scripts/services.sh: secure_* functions) ----
 listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
@@ -623,6 +747,7 @@ EOF
 # A broker started by a services.sh from before the SASL_SSL listener: restart it with one.
 secure_restart_if_missing() {
     local pid
+    [[ $BROKERS -eq 1 || $NODE_ROLE == broker ]] || return 0
     if pid=$(kafka_pid) && port_answers "$NODE_PORT" && ! port_answers "$NODE_SECURE_PORT"; then
         say "$(node_name): pid $pid has no SASL_SSL listener on $HOST:$NODE_SECURE_PORT yet; restarting it"
         stop_service "$(node_name)" "$pid" "$KAFKA_PIDFILE" "$KAFKA_LOG"
@@ -1043,11 +1168,12 @@ cmd_env() {
 # Fault injection for tests/chaos: only ever this state dir's own servers.
 cmd_kill_kafka() {
     take_lock
-    local n killed=0
-    for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
-        kill_node && killed=$((killed + 1))
-    done
+    local node killed=0
+    while read -r node; do
+        # shellcheck disable=SC2086
+        select_node $node
+        if kill_node; then killed=$((killed + 1)); fi
+    done < <(all_nodes)
     [[ $killed -gt 0 ]] || die "kafka: not running"
 }
 
@@ -1061,26 +1187,27 @@ kill_node() {
     say "$(node_name): killed pid $pid"
 }
 
-cmd_kill_broker() {
-    check_node "${1:-}"
+# cmd_kill_node ROLE N, cmd_stop_node ROLE N, cmd_start_node ROLE N
+cmd_kill_node() {
+    check_node "${2:-}" "kill-$1"
     take_lock
-    select_node "$1"
+    select_node "$2" "$1"
     kill_node || die "$(node_name): not running"
 }
 
-cmd_stop_broker() {
-    check_node "${1:-}"
+cmd_stop_node() {
+    check_node "${2:-}" "stop-$1"
     take_lock
-    select_node "$1"
+    select_node "$2" "$1"
     local pid
     pid=$(kafka_pid) || die "$(node_name): not running"
     stop_service "$(node_name)" "$pid" "$KAFKA_PIDFILE" "$KAFKA_LOG"
 }
 
-cmd_start_broker() {
-    check_node "${1:-}"
+cmd_start_node() {
+    check_node "${2:-}" "start-$1"
     take_lock
-    select_node "$1"
+    select_node "$2" "$1"
     node_start
     node_wait "$NODE_PID"
 }
@@ -1089,9 +1216,10 @@ cmd_start_broker() {
 # quorum-state file (each voter writes it at every election it sees). Exit 3 when that leader
 # does not run: the quorum is electing, or has no majority.
 cmd_controller() {
+    check_node 1 controller
     local n best_epoch=-1 leader="" state epoch
     for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
+        select_node "$n" controller
         kafka_pid >/dev/null || continue
         state=$(cat "$KAFKA_DATA/__cluster_metadata-0/quorum-state" 2>/dev/null) || continue
         epoch=$(sed -n 's/.*"leaderEpoch":\([0-9-]*\).*/\1/p' <<<"$state")
@@ -1100,10 +1228,11 @@ cmd_controller() {
             leader=$(sed -n 's/.*"leaderId":\([0-9-]*\).*/\1/p' <<<"$state")
         fi
     done
-    [[ -n $leader && $leader -ge 1 ]] || { warn "no running node knows a controller leader"; exit 3; }
-    select_node "$leader"
-    kafka_pid >/dev/null || { warn "node $leader led epoch $best_epoch but does not run"; exit 3; }
-    echo "$leader"
+    [[ -n $leader && $leader -gt $CONTROLLER_ID_BASE ]] \
+        || { warn "no running controller names a leader (an election may be under way)"; exit 3; }
+    select_node "$((leader - CONTROLLER_ID_BASE))" controller
+    kafka_pid >/dev/null || { warn "controller $NODE_N led epoch $best_epoch but does not run"; exit 3; }
+    echo "$NODE_N"
 }
 
 # The node leading a partition, from the metadata of any running node; exit 3 when it has none.
@@ -1138,11 +1267,12 @@ cmd_restart_postgres() {
 
 cmd_clean() {
     cmd_down
-    local n kafka_dirs=()
-    for ((n = 1; n <= BROKERS; n++)); do
-        select_node "$n"
+    local node kafka_dirs=()
+    while read -r node; do
+        # shellcheck disable=SC2086
+        select_node $node
         kafka_dirs+=("$KAFKA_DIR")
-    done
+    done < <(all_nodes)
     say "clean: removing ${kafka_dirs[*]}, $REGISTRY_DIR, $PG_ROOT and $ENV_FILE"
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
     rm -rf "$PG_ROOT" "${kafka_dirs[@]}" "$SECURE_DIR" "$REGISTRY_DIR"
@@ -1176,9 +1306,9 @@ main() {
         clean) cmd_clean ;;
         kill-kafka) cmd_kill_kafka ;;
         restart-postgres) cmd_restart_postgres ;;
-        kill-broker) cmd_kill_broker "${2:-}" ;;
-        stop-broker) cmd_stop_broker "${2:-}" ;;
-        start-broker) cmd_start_broker "${2:-}" ;;
+        kill-broker | kill-controller) cmd_kill_node "${1#kill-}" "${2:-}" ;;
+        stop-broker | stop-controller) cmd_stop_node "${1#stop-}" "${2:-}" ;;
+        start-broker | start-controller) cmd_start_node "${1#start-}" "${2:-}" ;;
         controller) cmd_controller ;;
         leader) cmd_leader "${2:-}" "${3:-}" ;;
         *)
