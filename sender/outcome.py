@@ -96,6 +96,13 @@ def parse_enhanced_code(text: str) -> str | None:
     return match.group(0) if match else None
 
 
+def waits_for_configuration(reply: SmtpReply) -> bool:
+    """Whether ``reply`` is our configuration keeping an attempt from being made, not an
+    attempt that failed (no POSTROOM_ATTACHMENTS_ROOT): the email waits, uncounted, until a
+    sender with the setting takes it (sender/retry.py's ``RetryPolicy.wait``)."""
+    return reply.stage is Stage.LOCAL and reply.failure is Failure.CONFIG
+
+
 def classify_reply(reply: SmtpReply) -> Outcome:
     """Decide whether ``reply`` means sent, retry later (transient) or give up (permanent).
 

@@ -27,7 +27,7 @@ class SenderThread:
     def __init__(self, settings: Settings, engine: sa.Engine, **kwargs: Any) -> None:
         self.ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                              schema=settings.database_schema)
-        self.sender = Sender(settings, ledger=self.ledger, **kwargs)
+        self.sender = Sender.from_settings(settings, ledger=self.ledger, **kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="sender", daemon=True)

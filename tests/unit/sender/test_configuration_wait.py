@@ -12,8 +12,8 @@ import pytest
 from postroom.rules import SizeLimits
 from schemas.codec import DeliveryStatus, EmailRequested
 from sender.admission import Admission, refuse_event
-from sender.delivery import Delivery, waits_for_configuration
-from sender.outcome import Failure, SmtpReply, Stage, classify_reply
+from sender.delivery import Delivery
+from sender.outcome import Failure, SmtpReply, Stage, classify_reply, waits_for_configuration
 from sender.retry import Action, RetryDecision, RetryPolicy
 from sender.routing import Origin, route
 

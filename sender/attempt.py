@@ -1,0 +1,259 @@
+"""What happens to one admitted event: claim its key while it waits for its destination's turn, send
+it, classify the reply, mark a delivery in the ledger, route and publish the outcome, release the
+claim. The decisions are the pure modules'; the I/O goes through sender/ports.py's protocols, with
+the clock passed in, so every path runs against in-memory fakes (tests/unit/sender/test_attempt.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TypeVar
+
+from postroom.metrics import Metrics
+from schemas.codec import DeliveryStatus, EmailRequested
+from sender.admission import Admitted
+from sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
+from sender.errors import LedgerUnavailableError
+from sender.outcome import SmtpReply, Verdict, classify_reply, waits_for_configuration
+from sender.ports import ClaimsLedger, Clock, DestinationLine, MailSlot, MailTransport, Outcomes
+from sender.retry import Action, RetryPolicy
+from sender.routing import Origin, Routing, already_sent, outcome_line, route
+from sender.throttle import is_throttling
+
+log = logging.getLogger(__name__)
+
+LEDGER_RETRY_S = 2.0
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRules:
+    """What the core needs of the settings."""
+
+    topic_prefix: str
+    policy: RetryPolicy
+    destination_of: Callable[[str], str]  # a recipient's destination (sender/throttle.py)
+    throttle_max_wait_s: float  # POSTROOM_THROTTLE_MAX_WAIT
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sent:
+    """One send: the reply, the Message-ID, when the reply was read, for a 250 its ledger mark
+    (started as the reply was read), and whether the reply defers the send as throttling."""
+
+    reply: SmtpReply
+    message_id: str
+    read_at: float
+    mark: asyncio.Future[float] | None
+    throttled: bool
+
+
+class Attempts:
+    """``await deliver(origin, admitted)`` for each event; it returns once the event's outcome
+    is published and its claim released, or when the event needs nothing more (sent before,
+    or this attempt already made)."""
+
+    def __init__(self, rules: AttemptRules, *, ledger: ClaimsLedger, transport: MailTransport,
+                 line: DestinationLine, outcomes: Outcomes, metrics: Metrics, clock: Clock) -> None:
+        self._rules = rules
+        self._ledger = ledger
+        self._transport = transport
+        self._line = line
+        self._outcomes = outcomes
+        self._metrics = metrics
+        self._clock = clock
+
+    async def deliver(self, origin: Origin, admitted: Admitted) -> None:
+        """Claim, send and record one event; then publish where its outcome routes it."""
+        event = admitted.event
+        routing = await self._claim_and_send(origin, admitted)
+        if routing is None:
+            return
+        key = event.idempotency_key
+        if routing.forward is None:
+            await self._outcomes.result(key, routing.result)  # no gather: it is a task per call
+        else:
+            await asyncio.gather(
+                self._outcomes.result(key, routing.result),
+                self._outcomes.forward(origin, event, routing.forward, self._clock.utcnow()))
+        if routing.status is not DeliveryStatus.SENT:
+            await self._release_after(event, routing)
+        self._metrics.inc("outcomes_total", status=routing.status.value)
+
+    async def _release_after(self, event: EmailRequested, routing: Routing) -> None:
+        """Give the claim up only now that the outcome is out: a copy of this record read again
+        (we die before its offset is committed, or its partition moves) finds the attempt done.
+        An attempt that waited (forwarded with its number kept) was not made: its copies must
+        find it not done, or the next read of the wait would be taken for a repeat."""
+        started = self._clock.monotonic()
+        waited = (routing.status is DeliveryStatus.RETRYING and routing.forward is not None
+                  and routing.forward.event.attempt == event.attempt)
+        await self._ledger_call("release", partial(self._ledger.release, event.idempotency_key,
+                                                   None if waited else event.attempt))
+        self._metrics.observe("ledger_mark_seconds", self._clock.monotonic() - started,
+                              operation="release")
+
+    async def _claim_and_send(self, origin: Origin, admitted: Admitted) -> Routing | None:
+        """Send the event once its destination lets it and its claim is ours, and route the
+        outcome; None when nothing more is to be done (a server accepted its key before: its
+        result is published here; or this attempt was made already). A throttling reply defers
+        the send without counting it as an attempt, until POSTROOM_THROTTLE_MAX_WAIT has passed."""
+        event = admitted.event
+        key = event.idempotency_key
+        destination = self._rules.destination_of(event.recipient)
+        deferred_since: float | None = None
+        busy_waits = 0
+        while True:
+            may_defer = (deferred_since is None or self._clock.monotonic() - deferred_since
+                         < self._rules.throttle_max_wait_s)
+            claim, claimed_at = await self._claim_in_line(destination, key, event.attempt)
+            if claim.claim is Claim.MINE:
+                sent = await self._send_in_turn(destination, event, claim, claimed_at, may_defer)
+                if sent is None:
+                    log.warning("key=%s is no longer ours after it waited for its turn (another "
+                                "sender took it, or a server accepted it); asking the ledger "
+                                "again", key)
+                    continue
+                # The slot and the destination are free again: the next send need not wait
+                # for this one's ledger write.
+                if not sent.throttled:
+                    return await self._conclude(origin, admitted, sent)
+                await self._defer(event)
+                deferred_since = deferred_since or self._clock.monotonic()
+                continue
+            if claim.claim is Claim.SENT:
+                self._metrics.inc("duplicates_suppressed_total")
+                log.info("key=%s already accepted by the server; not sending again", key)
+                await self._outcomes.result(
+                    key, already_sent(event, claim.message_id, self._clock.utcnow()))
+                return None
+            if claim.claim is Claim.DONE:
+                # Its result and its retry or dead letter went out with the attempt.
+                self._metrics.inc("repeated_attempts_suppressed_total")
+                log.info("key=%s attempt=%d already made and its outcome published; not "
+                         "making it again", key, event.attempt)
+                return None
+            await self._wait_busy(key, claim, first=busy_waits == 0)
+            busy_waits += 1
+
+    async def _claim_in_line(self, destination: str, key: str,
+                             attempt: int) -> tuple[ClaimResult, float]:
+        """Claim ``key`` while it waits in its destination's line, so the claim's round trip
+        overlaps the sends before it; the claim and when it was taken. When it is ours, the
+        destination has let its send start (release it after the send)."""
+        await self._line.queue(destination)
+        try:
+            claim = await self._ledger_call("claim", partial(self._ledger.claim, key, attempt))
+            claimed_at = self._clock.monotonic()
+            if claim.claim is Claim.MINE:
+                await self._line.acquire(destination)
+        finally:
+            self._line.unqueue(destination)
+        return claim, claimed_at
+
+    async def _send_in_turn(self, destination: str, event: EmailRequested, claim: ClaimResult,
+                            claimed_at: float, may_defer: bool) -> Sent | None:
+        """Send through a held connection, the destination's turn given back after it; None
+        when the claim was lost while the send waited."""
+        throttled = False
+        try:
+            async with self._transport.slot() as slot:
+                if not await self._still_ours(event.idempotency_key, claim, claimed_at):
+                    return None
+                sent = await self._send(event, slot, may_defer)
+                throttled = sent.throttled
+                return sent
+        finally:
+            await self._line.release(destination, throttled=throttled)
+
+    async def _still_ours(self, key: str, claim: ClaimResult, claimed_at: float) -> bool:
+        """Renew a claim that waited too long for its turn, or that an ended ledger session took;
+        False when another sender has it now. Called as the send starts."""
+        if not needs_renewal(self._clock.monotonic() - claimed_at,
+                             claim.session == self._ledger.session):
+            return True
+        kept = await self._ledger_call("renew", partial(self._ledger.renew, key))
+        self._metrics.inc("claims_renewed_total", result="kept" if kept else "lost")
+        return kept
+
+    async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool) -> Sent:
+        key = event.idempotency_key
+        started = self._clock.monotonic()
+        marks: list[tuple[asyncio.Future[float], float]] = []
+
+        def accepted(message_id: str) -> None:
+            # The duplicate window opens as the 250 is read: its mark leaves from here, before
+            # the send's coroutine resumes, the slot and the destination are given back, or the
+            # loop turns.
+            marks.append((self._ledger.start_mark(key, message_id), self._clock.monotonic()))
+
+        reply, message_id = await slot.send(event, self._clock.utcnow(), accepted)
+        mark, read_at = marks[0] if marks else (None, self._clock.monotonic())
+        self._metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
+        return Sent(reply, message_id, read_at, mark, may_defer and is_throttling(reply))
+
+    async def _defer(self, event: EmailRequested) -> None:
+        """A throttling reply: the claim is released without an attempt, nothing is published,
+        and the send waits for its destination's pause."""
+        key = event.idempotency_key
+        await self._ledger_call("release", partial(self._ledger.release, key))
+        self._metrics.inc("throttled_total")
+        self._metrics.set("destinations_paused", self._line.paused())
+        log.info("key=%s domain=%s attempt=%d throttled by the server: deferred, not counted as "
+                 "an attempt", key, event.recipient.rpartition("@")[2], event.attempt)
+
+    async def _conclude(self, origin: Origin, admitted: Admitted, sent: Sent) -> Routing:
+        """Classify the reply, decide what comes next, mark a delivery sent in the ledger, and
+        route the outcome. A failed attempt keeps its claim until its outcome is published."""
+        reply, message_id = sent.reply, sent.message_id
+        event = admitted.event
+        outcome = classify_reply(reply)
+        self._metrics.inc("attempts_total", verdict=outcome.verdict.value)
+        if outcome.server_fault and outcome.verdict is not Verdict.SENT:
+            self._metrics.inc("server_faults_total", stage=reply.stage.value)
+        now = self._clock.utcnow()
+        # A redriven email has a fresh budget: its retry tiers count from the redrive.
+        in_round = event.attempt - admitted.attempt_base
+        if waits_for_configuration(reply):
+            self._metrics.inc("attachments_waiting_total")
+            decision = self._rules.policy.wait(in_round, now)
+        else:
+            decision = self._rules.policy.decide(outcome, in_round, now)
+        if decision.action is Action.DONE_SENT:
+            # The duplicate window, from the reply read to the mark's commit: a crash before the
+            # mark commits sends the key again.
+            committed_at = await self._ledger_call(
+                "mark sent", partial(self._ledger.mark_sent, event.idempotency_key, message_id),
+                sent.mark)
+            window_s = committed_at - sent.read_at  # the mark started with the read
+            self._metrics.observe("sent_mark_window_seconds", window_s)
+            self._metrics.observe("ledger_mark_seconds", window_s, operation="sent")
+        log.log(*outcome_line(event, decision, outcome.reason))
+        return route(self._rules.topic_prefix, origin, event, outcome, decision, message_id, now)
+
+    async def _wait_busy(self, key: str, claim: ClaimResult, *, first: bool) -> None:
+        """Another sender holds the key: ask again just past its lease, or sooner."""
+        wait_s = busy_wait_s(claim.lease_until, self._clock.utcnow())
+        log.log(logging.INFO if first else logging.DEBUG,
+                "key=%s is being sent elsewhere (lease until %s); asking again in %.1fs",
+                key, claim.lease_until, wait_s)
+        await self._clock.sleep(wait_s)
+
+    async def _ledger_call(self, what: str, call: Callable[[], Awaitable[T]],
+                           started: Awaitable[T] | None = None) -> T:
+        """``call()`` until the ledger answers (a shutdown cancels the wait); ``started``: the
+        first such call, already under way."""
+        while True:
+            try:
+                if started is not None:
+                    first, started = started, None
+                    return await first
+                return await call()
+            except LedgerUnavailableError as exc:
+                log.warning("ledger %s failed (%s); retrying in %.0fs", what, exc, LEDGER_RETRY_S)
+                await self._clock.sleep(LEDGER_RETRY_S)

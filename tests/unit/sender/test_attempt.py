@@ -1,0 +1,265 @@
+"""The attempt core (sender/attempt.py) over in-memory fakes: every claim state crossed with a claim
+lost while it waited for its turn and with the reply (sent, transient, permanent, throttled and
+deferred, throttled past the deferral's end), in milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from typing import Any
+
+import pytest
+from unit.sender.fakes import (
+    EPOCH,
+    OK,
+    FakeClock,
+    FakeLine,
+    FakeOutcomes,
+    FakeTransport,
+    InMemoryLedger,
+    Row,
+    Trace,
+)
+
+from postroom.metrics import Metrics
+from postroom.topics import dead_letter_topic, retry_topic
+from schemas.codec import EmailRequested
+from sender.admission import Admitted
+from sender.attempt import LEDGER_RETRY_S, AttemptRules, Attempts
+from sender.claims import RENEW_AFTER_S, Claim
+from sender.destinations import DestinationGate
+from sender.outcome import Failure, SmtpReply, Stage
+from sender.retry import RetryPolicy
+from sender.routing import Origin
+from sender.throttle import ThrottleLimits
+
+PREFIX = "t."
+KEY = "k|ops@example.com"
+ORIGIN = Origin("t.email.requested", 0, 41)
+DELAYS_S = (60.0, 300.0)
+THROTTLE_MAX_WAIT_S = 10.0
+THROTTLING = SmtpReply(Stage.RCPT_TO, 450, "4.2.1 rate limited, slow down")
+TRANSIENT = SmtpReply(Stage.RCPT_TO, 451, "4.3.0 try again later")
+PERMANENT = SmtpReply(Stage.RCPT_TO, 550, "5.1.1 user unknown")
+
+
+def event(attempt: int = 1, attachments: tuple[str, ...] = ()) -> EmailRequested:
+    return EmailRequested(
+        idempotency_key=KEY, message_key="k", outbox_id=7, recipient="ops@example.com",
+        sender="reports@example.com", subject="S", body="b", attachments=attachments,
+        priority="normal", created_at=EPOCH, attempt=attempt)
+
+
+@dataclasses.dataclass
+class World:
+    trace: Trace
+    clock: FakeClock
+    ledger: InMemoryLedger
+    transport: FakeTransport
+    line: FakeLine
+    outcomes: FakeOutcomes
+    metrics: Metrics
+    attempts: Attempts
+
+    def deliver(self, admitted: Admitted) -> None:
+        async def main() -> None:
+            await asyncio.wait_for(self.attempts.deliver(ORIGIN, admitted), 5)
+
+        asyncio.run(main())
+
+    def count(self, name: str, **labels: str) -> float:
+        return self.metrics.counter(name, **labels)
+
+    def calls(self, what: str) -> list[tuple[Any, ...]]:
+        return [step for step in self.trace if step[0] == what]
+
+
+def world(replies: list[SmtpReply] | None = None, *, otherwise: SmtpReply = OK,
+          send_s: float = 0.0, line: Any = None) -> World:
+    trace: Trace = []
+    clock = FakeClock(trace)
+    ledger = InMemoryLedger(clock)
+    transport = FakeTransport(clock, replies, otherwise, send_s)
+    the_line = line if line is not None else FakeLine(trace)
+    outcomes = FakeOutcomes(trace)
+    metrics = Metrics()
+    rules = AttemptRules(PREFIX, RetryPolicy(DELAYS_S), lambda recipient: "example.com",
+                         THROTTLE_MAX_WAIT_S)
+    attempts = Attempts(rules, ledger=ledger, transport=transport, line=the_line,
+                        outcomes=outcomes, metrics=metrics, clock=clock)
+    return World(trace, clock, ledger, transport, FakeLine(trace) if line is not None else the_line,
+                 outcomes, metrics, attempts)
+
+
+def other_gives_up(ledger: InMemoryLedger) -> None:
+    """The other sender holding the key releases it without an attempt (it was deferred)."""
+    row = ledger.rows.get(KEY)
+    if row is not None and row.owner == "other" and row.state == "sending":
+        row.state, row.lease_until_s = "released", None
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    sends: int
+    results: tuple[str, ...]
+    forwards: tuple[tuple[str, int], ...]   # (topic, attempt)
+    row: tuple[str, int | None]             # the ledger row's state and done attempt after
+    verdict: str                            # of the one attempt counted
+    throttled: int = 0                      # sends deferred, not counted
+
+
+# What each reply leads to when the claim is ours at once.
+REPLIES: dict[str, tuple[list[SmtpReply], SmtpReply, float, Expected]] = {
+    "sent": ([OK], OK, 0.0, Expected(1, ("sent",), (), ("sent", None), "sent")),
+    "transient": ([TRANSIENT], OK, 0.0, Expected(
+        1, ("retrying",), ((retry_topic(PREFIX, 1), 2),), ("released", 1), "transient")),
+    "permanent": ([PERMANENT], OK, 0.0, Expected(
+        1, ("failed",), ((dead_letter_topic(PREFIX), 1),), ("released", 1), "permanent")),
+    # Deferred once (the claim released, nothing published), then sent.
+    "throttled, then sent": ([THROTTLING], OK, 0.0, Expected(
+        2, ("sent",), (), ("sent", None), "sent", throttled=1)),
+    # Each send takes 4 s: deferred at 4, 8, 12 and 16 s; the fifth, 12 s after the first
+    # deferral (POSTROOM_THROTTLE_MAX_WAIT is 10 s), counts as a transient failure.
+    "throttled past the deferral": ([], THROTTLING, 4.0, Expected(
+        5, ("retrying",), ((retry_topic(PREFIX, 1), 2),), ("released", 1), "transient",
+        throttled=4)),
+}
+CLAIMS = [Claim.MINE, Claim.BUSY, Claim.SENT, Claim.DONE]
+
+
+def arrange(w: World, claim: Claim) -> None:
+    """The ledger as the first claim finds it."""
+    if claim is Claim.BUSY:
+        w.ledger.take(KEY, 1, "other")  # its lease is live; it gives the key up as we wait
+    elif claim is Claim.SENT:
+        w.ledger.rows[KEY] = Row("sent", "other", None, 1, "<earlier@x>")
+    elif claim is Claim.DONE:
+        w.ledger.rows[KEY] = Row("released", "other", None, 1, None, done_attempt=1)
+    w.clock.on_sleep = lambda: other_gives_up(w.ledger)
+
+
+def lose_the_claim_while_waiting(w: World) -> None:
+    """As the send's turn comes, it has waited past RENEW_AFTER_S and another sender has taken
+    the key meanwhile: the renewal finds it gone."""
+    def taken() -> None:
+        w.clock.advance(RENEW_AFTER_S + 1)
+        w.ledger.take(KEY, 1, "other")
+
+    w.line.on_acquire.append(taken)
+
+
+@pytest.mark.parametrize(("claim", "lost", "reply"),
+                         list(itertools.product(CLAIMS, [False, True], REPLIES)))
+def test_one_event_through_every_claim_state(claim: Claim, lost: bool, reply: str) -> None:
+    replies, otherwise, send_s, expected = REPLIES[reply]
+    w = world(replies, otherwise=otherwise, send_s=send_s)
+    arrange(w, claim)
+    if lost:
+        lose_the_claim_while_waiting(w)
+
+    w.deliver(Admitted(event()))
+
+    if claim is Claim.SENT:
+        # Never sent again; the earlier delivery's result is published once more, no release.
+        assert (len(w.transport.sent), w.calls("release")) == (0, [])
+        assert [(r.status.value, r.message_id) for r in w.outcomes.results] == [
+            ("sent", "<earlier@x>")]
+        assert w.count("duplicates_suppressed_total") == 1
+    elif claim is Claim.DONE:
+        # A copy of an attempt whose outcome went out: nothing again.
+        assert (len(w.transport.sent), w.outcomes.results, w.calls("release")) == (0, [], [])
+        assert w.count("repeated_attempts_suppressed_total") == 1
+    else:
+        assert len(w.transport.sent) == expected.sends
+        assert tuple(r.status.value for r in w.outcomes.results) == expected.results
+        assert tuple((f.topic, f.event.attempt) for _, f in w.outcomes.forwards) == (
+            expected.forwards)
+        row = w.ledger.rows[KEY]
+        assert (row.state, row.done_attempt) == expected.row
+        assert row.owner == "me"
+        assert w.count("throttled_total") == expected.throttled
+        assert w.count("attempts_total", verdict=expected.verdict) == 1
+        assert w.count("outcomes_total", status=expected.results[0]) == 1
+        assert w.count("claims_renewed_total", result="lost") == (1 if lost else 0)
+        # Each wait for another sender's answer is one sleep; the lost claim asks again.
+        busy_waits = (claim is Claim.BUSY) + lost
+        assert len(w.calls("sleep")) == busy_waits
+        turns = [throttled for _, _, throttled in w.calls("turn over")]
+        assert turns == [False] * lost + [True] * expected.throttled + [False] * (
+            expected.sends - expected.throttled)
+        if expected.results == ("sent",):
+            assert w.calls("mark")[-1][1] == KEY  # marked as the 250 was read
+    # Whatever happened, the turn and the connection are given back and no claim of ours is
+    # left held.
+    assert (w.line.in_turn, w.line.queued, w.transport.held) == (0, 0, 0)
+    assert not (w.ledger.rows[KEY].owner == "me" and w.ledger.rows[KEY].state == "sending")
+
+
+# -- paths beside the table ----------------------------------------------------------------------
+
+def test_a_ledger_that_does_not_answer_is_asked_again_every_few_seconds() -> None:
+    w = world([TRANSIENT])
+    w.ledger.unavailable = {"claim": 2, "release": 1}
+    w.deliver(Admitted(event()))
+    assert w.calls("sleep") == [("sleep", LEDGER_RETRY_S)] * 3
+    assert [r.status.value for r in w.outcomes.results] == ["retrying"]
+    assert w.ledger.rows[KEY].done_attempt == 1
+
+
+def test_a_mark_that_failed_is_written_again_before_the_outcome_goes_out() -> None:
+    w = world([OK])
+    w.ledger.unavailable = {"mark": 1}
+    w.deliver(Admitted(event()))
+    assert [step[0] for step in w.trace if step[0] in ("mark", "sleep", "mark again", "result")
+            ] == ["mark", "sleep", "mark again", "result"]
+    assert w.ledger.rows[KEY].state == "sent"
+
+
+def test_a_claim_taken_on_an_ended_session_is_renewed_before_its_send() -> None:
+    w = world([OK])
+    w.line.on_acquire.append(lambda: setattr(w.ledger, "session", 2))  # reconnected meanwhile
+    w.deliver(Admitted(event()))
+    assert w.calls("renew") == [("renew", KEY, True)]
+    assert w.count("claims_renewed_total", result="kept") == 1
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+
+
+def test_an_attempt_our_configuration_kept_back_waits_with_its_number_and_is_not_done() -> None:
+    """No POSTROOM_ATTACHMENTS_ROOT: attempt 2 goes back to tier 1 as attempt 2, and its claim
+    is released without the attempt marked done, so the wait's next read is not a repeat."""
+    waiting = SmtpReply(Stage.LOCAL, None, "attachments are off", Failure.CONFIG)
+    w = world([waiting])
+    w.deliver(Admitted(event(attempt=2, attachments=("/srv/q3.xlsx",))))
+    assert [(f.topic, f.event.attempt) for _, f in w.outcomes.forwards] == [
+        (retry_topic(PREFIX, 1), 2)]
+    assert w.calls("release") == [("release", KEY, None)]
+    assert w.count("attachments_waiting_total") == 1
+
+
+def test_a_redriven_email_counts_its_tiers_from_the_redrive() -> None:
+    w = world([TRANSIENT])
+    w.deliver(Admitted(event(attempt=4), attempt_base=3))  # the redrive's first attempt
+    assert [(f.topic, f.event.attempt) for _, f in w.outcomes.forwards] == [
+        (retry_topic(PREFIX, 1), 5)]
+
+
+def test_a_send_that_raises_gives_its_turn_and_connection_back() -> None:
+    w = world()
+    w.transport.raises = RuntimeError("a bug in the transport")
+    with pytest.raises(RuntimeError):
+        w.deliver(Admitted(event()))
+    assert (w.line.in_turn, w.line.queued, w.transport.held) == (0, 0, 0)
+    assert w.calls("turn over") == [("turn over", "example.com", False)]
+
+
+def test_the_core_runs_against_the_real_destination_gate() -> None:
+    """The gate the sender wires in, with a 10 ms pause after the throttling reply."""
+    gate = DestinationGate(ThrottleLimits(2, 0.0, 0.01))
+    w = world([THROTTLING], line=gate)
+    w.deliver(Admitted(event()))
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+    assert len(w.transport.sent) == 2
+    assert gate.waiting == 0
