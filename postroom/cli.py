@@ -300,6 +300,14 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
 
 
 
+def cmd_bounces(settings: Settings, args: argparse.Namespace) -> int:
+    from bounces.service import BounceIntake, bounce_config
+
+    bounce_config(settings)  # a missing address says so before the waits for the services
+    return _run_until_signalled(
+        settings, lambda engine, metrics: BounceIntake(settings, engine, metrics=metrics))
+
+
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
     from postroom.kafka import check_topics
@@ -739,6 +747,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "error) into its outbox row; results only move a row forward, so reading "
                     "them again changes nothing. " + running
     ).set_defaults(handler=cmd_recorder)
+    commands.add_parser(
+        "bounces", help="take bounces and complaints (RFC 3464 DSNs, RFC 5965 reports) by SMTP",
+        description="Listen on POSTROOM_BOUNCE_LISTEN for the mail the platform's relay routes "
+                    "to the bounce domain of POSTROOM_BOUNCE_ADDRESS; each delivery status "
+                    "notification or feedback report whose signed return path names an outbox "
+                    "row becomes a bounced, delayed or complained result for the recorder. "
+                    "Forged, expired or unknown tokens, auto-replies and malformed or huge "
+                    "reports are refused and counted; while Kafka or the database is down the "
+                    "relay is answered 451 and keeps the report. " + running
+    ).set_defaults(handler=cmd_bounces)
     check = commands.add_parser(
         "check", help="is everything ready? database schema, broker and topics, the schema "
                       "registry's subjects (when one is set), SMTP server (exit code 0 when all "

@@ -134,6 +134,17 @@ CATALOGUE: dict[str, MetricSpec] = {
         C, "Results whose attempt, status and times do not fit together (skipped)."),
     "recorder_unrecordable_total": MetricSpec(
         C, "Results the database refused, recorded one by one beside the rest (skipped)."),
+    # bounces (postroom bounces)
+    "bounce_reports_total": MetricSpec(
+        C, "Results published from delivery status notifications and feedback reports, by "
+           "status: bounced, delayed, complained.", ("status",)),
+    "bounce_refused_total": MetricSpec(
+        C, "Addresses and reports the bounce intake refused or ignored, changing no row, by "
+           "reason (forged_token, expired_token, unknown_row, auto_reply, too_large, ...).",
+        ("reason",)),
+    "bounce_held_total": MetricSpec(
+        C, "Reports answered 451 because the database or Kafka could not take them (the MTA "
+           "tries again)."),
     # lag (postroom lag --watch), under kafka-lag-exporter's names and labels
     "kafka_consumergroup_group_lag": MetricSpec(
         G, "Messages a group has not committed yet, per partition.", LAG_LABELS, namespaced=False),

@@ -178,6 +178,11 @@ RECORD_RESULT = sa.text("""
                AND starts_with(last_error, 'poison: ')))
 """)
 
+# The row a bounce's token names, read by postroom bounces for the result it publishes (the
+# recorder stays the one writer of rows).
+ROW_OF_REPORT = sa.text(
+    "SELECT id, idempotency_key, recipient, attempts, status FROM outbox WHERE id = :id")
+
 # The relay's backlog: due rows not yet acknowledged by the broker (claimed ones included).
 OUTBOX_BACKLOG = sa.text("""
     SELECT count(*), extract(epoch FROM now() - min(available_at))

@@ -12,11 +12,13 @@ import pytest
 from postroom.cli import build_parser, main
 from postroom.settings import FIELDS
 
-COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "check",
+COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "bounces",
+            "check",
             "lag", "dlq", "requeue", "report", "purge", "devsmtp", "status"]
 SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["acls"],
                ["enqueue"], ["relay"],
-               ["sender"], ["recorder"], ["check"], ["lag"], ["dlq", "list"], ["dlq", "replay"],
+               ["sender"], ["recorder"], ["bounces"], ["check"], ["lag"], ["dlq", "list"],
+               ["dlq", "replay"],
                ["requeue"], ["report", "failures"], ["purge"], ["status"]]
 README = Path(__file__).resolve().parents[3] / "README.md"
 ENQUEUE = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]

@@ -1,4 +1,5 @@
-"""What a production install carries: the core dependencies, and the test server only as an extra."""
+"""What a production install carries: the core dependencies (the bounce intake's aiosmtpd among
+them), and what `postroom devsmtp` says where aiosmtpd is missing."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ def project() -> dict[str, object]:
     return table
 
 
-def test_the_smtp_test_server_is_an_extra_not_a_core_dependency() -> None:
+def test_aiosmtpd_is_a_core_dependency_since_postroom_bounces_listens_with_it() -> None:
+    """The bounce intake is a production role (issue 24); the extras that named aiosmtpd for the
+    test server keep it, so an install of an extra alone still has it."""
     core = project()["dependencies"]
     extras = project()["optional-dependencies"]
     assert isinstance(core, list) and isinstance(extras, dict)
-    assert not [d for d in core if d.startswith("aiosmtpd")]
+    assert [d for d in core if d.startswith("aiosmtpd")]
+    assert [d for d in core if d.startswith("flufl.bounce")]
     for extra in ("devsmtp", "demo", "test"):
         assert [d for d in extras[extra] if d.startswith("aiosmtpd")], extra
 

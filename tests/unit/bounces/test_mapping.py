@@ -1,0 +1,48 @@
+"""Which notices of a report concern the row its token names, and the result each becomes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from bounces.mapping import OutboxRow, concerns, results_for
+from bounces.reports import Notice, Report
+from schemas.codec import DeliveryStatus
+
+NOW = dt.datetime(2026, 12, 2, 22, 5, tzinfo=dt.UTC)
+ROW = OutboxRow(5, "k|old.manager@example.com", "Old.Manager@example.com", 3, "sent")
+B = DeliveryStatus.BOUNCED
+
+
+@pytest.mark.parametrize(("notice", "of", "expected"), [
+    (Notice(B, "old.manager@example.com"), 1, True),   # named so, whatever the case
+    (Notice(B, "old.manager@example.com"), 3, True),
+    (Notice(B, "forwarded@elsewhere.example"), 1, True),   # the report's only notice
+    (Notice(B, "someone.else@example.com"), 2, False),
+    (Notice(B, None), 2, True),
+    (Notice(B, "forwarded@elsewhere.example", exact_recipient=True), 1, False),  # heuristics
+    (Notice(B, "OLD.MANAGER@example.com ", exact_recipient=True), 1, True),
+])
+def test_concerns(notice: Notice, of: int, expected: bool) -> None:
+    assert concerns(notice, ROW, of) is expected
+
+
+def test_results_carry_the_rows_key_id_recipient_and_attempt() -> None:
+    report = Report("dsn", (Notice(B, "old.manager@example.com", "5.1.1", 550,
+                                   "550 5.1.1 User unknown\x00"),
+                            Notice(B, "someone.else@example.com", "5.1.1")))
+    mapped = results_for(report, ROW, NOW)
+    assert mapped.mismatched == 1
+    [result] = mapped.results
+    assert (result.idempotency_key, result.outbox_id, result.recipient, result.attempt) == (
+        ROW.idempotency_key, 5, ROW.recipient, 3)
+    assert (result.status, result.enhanced_code, result.smtp_code, result.occurred_at) == (
+        B, "5.1.1", 550, NOW)
+    assert result.error == "550 5.1.1 User unknown?"  # printable, one line
+
+
+def test_a_notice_without_diagnostic_says_its_status() -> None:
+    report = Report("dsn", (Notice(DeliveryStatus.DELAYED, None, "4.4.1"),))
+    [result] = results_for(report, OutboxRow(1, "k", "a@example.com", 0, "sent"), NOW).results
+    assert (result.error, result.attempt) == ("delayed: Status 4.4.1", 1)
