@@ -35,7 +35,6 @@ def ledger_conninfo(conninfo: str, schema: str | None) -> str:
     return make_conninfo(conninfo, options=" ".join(o for o in options if o))
 
 
-
 class Batcher(Generic[T, R]):
     """Runs requests that arrive while one batch is in flight together in the next batch,
     so concurrent senders share database round trips (group commit)."""
@@ -144,16 +143,10 @@ class Session:
             self._conn = None
 
 
-
 def session_ended(results: list[psycopg.pq.abc.PGresult]) -> bool:
     """Whether one of ``results`` is an error that ends the session (FATAL, PANIC)."""
     severity = psycopg.pq.DiagnosticField.SEVERITY_NONLOCALIZED
     return any(r.error_field(severity) in (b"FATAL", b"PANIC") for r in results)
-
-
-def _retrieve(future: asyncio.Future[float]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def first_of(message: str, otherwise: str) -> str:

@@ -53,7 +53,7 @@ class Marker:
         """Write the mark now, or as soon as the connection is open."""
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         # Its awaiter may be gone (a shutdown) before a failure comes: not an unretrieved error.
-        future.add_done_callback(retrieve)
+        future.add_done_callback(_retrieve)
         self._waiting.append(Mark(key, message_id, future))
         self._write()
         return future
@@ -129,7 +129,7 @@ class Marker:
         failed = next((r for r in results if r.status != psycopg.pq.ExecStatus.COMMAND_OK), None)
         if failed is not None:
             message = (failed.error_message or b"").decode(errors="replace")
-            fail(batch, LedgerUnavailableError(first_of(message, "the mark failed")))
+            _fail(batch, LedgerUnavailableError(first_of(message, "the mark failed")))
             return
         committed_at = time.monotonic()
         for mark in batch:
@@ -142,7 +142,7 @@ class Marker:
         self._close_connection()
         error = LedgerUnavailableError(first_of(why, "the connection broke"))
         while self._in_flight:
-            fail(self._in_flight.popleft(), error)
+            _fail(self._in_flight.popleft(), error)
         self._results = []
         if self._waiting:
             self._write()
@@ -172,7 +172,7 @@ class Marker:
                 raise
         except psycopg.Error as exc:
             waiting, self._waiting = self._waiting, []
-            fail(waiting, LedgerUnavailableError(f"cannot connect: {first_line(exc)}"))
+            _fail(waiting, LedgerUnavailableError(f"cannot connect: {first_line(exc)}"))
             return
         finally:
             self._connecting = None
@@ -195,8 +195,8 @@ class Marker:
         self._close_connection()
         error = LedgerUnavailableError("the ledger closed before the mark was answered")
         while self._in_flight:
-            fail(self._in_flight.popleft(), error)
-        fail(self._waiting, error)
+            _fail(self._in_flight.popleft(), error)
+        _fail(self._waiting, error)
         self._waiting = []
 
 
@@ -207,16 +207,14 @@ class Mark:
     future: asyncio.Future[float]
 
 
-
-def fail(marks: list[Mark], error: LedgerUnavailableError) -> None:
+def _fail(marks: list[Mark], error: LedgerUnavailableError) -> None:
     """``error`` for every mark of ``marks`` not yet settled."""
     for mark in marks:
         if not mark.future.done():
             mark.future.set_exception(error)
 
 
-
-def retrieve(future: asyncio.Future[float]) -> None:
+def _retrieve(future: asyncio.Future[float]) -> None:
     if not future.cancelled():
         future.exception()
 
