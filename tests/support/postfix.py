@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -41,9 +42,9 @@ def started_smarthost(port: int, routes: Mapping[str, tuple[str, int]], *,
 class IntakeThread:
     """`postroom bounces` on a thread, with metrics the test reads."""
 
-    def __init__(self, settings: Settings, engine: sa.Engine) -> None:
+    def __init__(self, settings: Settings, engine: sa.Engine, **kwargs: Any) -> None:
         self.metrics = Metrics()
-        self.intake = BounceIntake(settings, engine, metrics=self.metrics)
+        self.intake = BounceIntake(settings, engine, metrics=self.metrics, **kwargs)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="bounces", daemon=True)
 

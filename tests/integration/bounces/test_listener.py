@@ -1,0 +1,106 @@
+"""`postroom bounces` over real SMTP, PostgreSQL and Kafka: a DSN becomes a result on the results
+topic; a Kafka that does not acknowledge is a 451 (the MTA keeps the report); a report over the
+size limit is refused 552 and counted; an auto-reply is taken and ignored."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import smtplib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from bounces.adapters import DatabaseRows, KafkaResults
+from bounces.intake import MAX_REPORT_BYTES
+from postroom import enqueue
+from postroom.devkit.ports import free_port
+from postroom.metrics import Metrics
+from postroom.settings import Settings
+from postroom.topics import results_topic
+from postroom.verp import make_token, return_path
+from schemas.codec import SCHEMALESS, DeliveryStatus, EmailResult, decode
+from support.postfix import IntakeThread
+
+pytestmark = pytest.mark.integration
+
+BOUNCE = "bounces@bounce.example.com"
+SECRET = b"integration-bounce-secret-0123456789"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "bounces"
+
+
+@pytest.fixture
+def bounce_settings(settings: Settings) -> Settings:
+    return dataclasses.replace(settings, bounce_address=BOUNCE, bounce_secrets=(SECRET,),
+                               bounce_listen=("127.0.0.1", free_port()))
+
+
+@pytest.fixture
+def row_token(engine: sa.Engine) -> tuple[int, str]:
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["gone@example.com"], subject="S", body="b")
+        outbox_id = conn.execute(sa.text("SELECT id FROM outbox")).scalar_one()
+    return outbox_id, make_token(outbox_id, SECRET, dt.datetime.now(dt.UTC))
+
+
+def dsn(token: str, name: str = "postfix_failed.eml") -> bytes:
+    return (FIXTURES / name).read_bytes().replace(b"1-a-aaaa", token.encode()).replace(
+        b"TOKEN", token.encode())
+
+
+def send(port: int, token: str, raw: bytes) -> None:
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as client:
+        client.sendmail("", [return_path(BOUNCE, token)], raw)
+
+
+def test_a_dsn_becomes_a_bounced_result_on_the_results_topic(
+        bounce_settings: Settings, engine: sa.Engine, row_token: tuple[int, str],
+        consume: Callable[..., list]) -> None:
+    outbox_id, token = row_token
+    with IntakeThread(bounce_settings, engine) as intake:
+        send(bounce_settings.bounce_listen[1], token, dsn(token))
+    [record] = consume(bounce_settings, [results_topic(bounce_settings.topic_prefix)], 1)
+    result = decode(EmailResult, record.value, record.headers)
+    assert (result.outbox_id, result.status, result.enhanced_code, result.smtp_code,
+            result.recipient, result.attempt) == (
+        outbox_id, DeliveryStatus.BOUNCED, "5.1.1", 550, "gone@example.com", 1)
+    assert intake.metrics.counter("bounce_reports_total", status="bounced") == 1
+
+
+@pytest.fixture
+def unreachable_kafka_intake(bounce_settings: Settings,
+                             engine: sa.Engine) -> Iterator[tuple[IntakeThread, Metrics]]:
+    down = dataclasses.replace(bounce_settings, kafka_bootstrap_servers="127.0.0.1:1")
+    thread = IntakeThread(bounce_settings, engine, rows=DatabaseRows(engine),
+                          results=KafkaResults(down, SCHEMALESS, timeout_s=1.0))
+    with thread:
+        yield thread, thread.metrics
+
+
+def test_a_kafka_that_does_not_acknowledge_holds_the_report(
+        unreachable_kafka_intake: tuple[IntakeThread, Metrics], bounce_settings: Settings,
+        row_token: tuple[int, str]) -> None:
+    _thread, metrics = unreachable_kafka_intake
+    _outbox_id, token = row_token
+    with pytest.raises(smtplib.SMTPDataError) as held:
+        send(bounce_settings.bounce_listen[1], token, dsn(token))
+    assert held.value.smtp_code == 451
+    assert metrics.counter("bounce_held_total") == 1
+
+
+def test_too_large_and_auto_replies_are_counted(bounce_settings: Settings, engine: sa.Engine,
+                                                row_token: tuple[int, str]) -> None:
+    _outbox_id, token = row_token
+    huge = dsn(token) + b"x" * 998 + b"\r\n" * 1 + (b"y" * 998 + b"\r\n") * (
+        MAX_REPORT_BYTES // 1000 + 1)
+    with IntakeThread(bounce_settings, engine) as intake:
+        port = bounce_settings.bounce_listen[1]
+        with pytest.raises(smtplib.SMTPException) as refused:
+            send(port, token, huge)
+        assert "552" in str(refused.value)
+        assert intake.refused("too_large") >= 1
+        send(port, token, dsn(token, "vacation.eml"))  # taken (250), nothing recorded
+        assert intake.refused("auto_reply") == 1
+        assert intake.metrics.counter("bounce_reports_total", status="bounced") == 0
