@@ -273,7 +273,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     from sender.service import Sender, event_loop_factory
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
-        sender = Sender(settings, ledger=ledger, metrics=metrics)
+        sender = Sender.from_settings(settings, ledger=ledger, metrics=metrics)
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
@@ -310,7 +310,7 @@ def cmd_bounces(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
-    from postroom.kafka import check_topics
+    from postroom.kafka import KafkaDegraded, check_kafka
     from relay.db import check_database
     from schemas.registry import check_registry
     from sender.delivery import AttachmentsOffWarning, check_attachments
@@ -319,7 +319,7 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     role = Role(args.role) if args.role else None
 
     def kafka(settings: Settings) -> str:
-        return check_topics(settings, role)
+        return check_kafka(settings, role)
 
     failed = 0
     sender = (("attachments", check_attachments),) if role in (None, Role.SENDER) else ()
@@ -327,7 +327,7 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
                         ("registry", check_registry), ("smtp", check_smtp), *sender):
         try:
             print(f"ok    {name}: {check(settings)}")
-        except AttachmentsOffWarning as exc:  # said, and not a failure
+        except (AttachmentsOffWarning, KafkaDegraded) as exc:  # said, and not a failure
             print(f"WARN  {name}: {exc}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1

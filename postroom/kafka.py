@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from postroom.acls import (
     Acl,
+    Operation,
     Pattern,
     Resource,
     Role,
@@ -26,6 +27,13 @@ from postroom.acls import (
 )
 from postroom.errors import KafkaClientError
 from postroom.headers import UNREADABLE_HEADERS
+from postroom.replication import (
+    PartitionReplicas,
+    Severity,
+    replication_findings,
+    replication_refusal,
+    summary,
+)
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings, mask_kafka_config
 from postroom.topics import all_topics
 
@@ -41,6 +49,8 @@ CONSUMER_FETCH_WAIT_MS = 50
 # group.min.session.timeout.ms is 6 s by default.
 CONSUMER_SESSION_TIMEOUT_MS = 10_000
 CONSUMER_HEARTBEAT_INTERVAL_MS = 2_000
+# The broker's assignor (KIP-848) for each client-side strategy postroom asks for.
+REMOTE_ASSIGNOR = {"range": "range", "cooperative-sticky": "uniform"}
 
 
 # A client's errors and librdkafka's own log lines repeat while a broker is down (about 20 a
@@ -163,13 +173,19 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
 
     POSTROOM_KAFKA_CONSUMER_CONFIG may change the tuning (session.timeout.ms,
     auto.commit.interval.ms, fetch sizes, ...) but not how offsets are stored and committed.
+    With its ``group.protocol=consumer`` (KIP-848) the broker times the session and assigns:
+    postroom's session and heartbeat defaults are left out, and its assignment strategy is
+    asked of the broker (``group.remote.assignor``), as librdkafka refuses them otherwise.
     """
-    return {
+    kip848 = str({**settings.kafka_consumer_config, **overrides}.get(
+        "group.protocol", "classic")).lower() == "consumer"
+    timing = {} if kip848 else {"session.timeout.ms": CONSUMER_SESSION_TIMEOUT_MS,
+                                "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS}
+    config: dict[str, Any] = {
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
         # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
-        "session.timeout.ms": CONSUMER_SESSION_TIMEOUT_MS,
-        "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS,
+        **timing,
         # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
         "client.id": f"postroom-{group_id}",
         **client_config(settings),
@@ -181,6 +197,10 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         "partition.assignment.strategy": "cooperative-sticky",
         **overrides,
     }
+    if kip848:
+        strategy = config.pop("partition.assignment.strategy")
+        config.setdefault("group.remote.assignor", REMOTE_ASSIGNOR.get(strategy, "uniform"))
+    return config
 
 
 def make_producer(settings: Settings, **overrides: Any) -> Producer:
@@ -311,20 +331,26 @@ def require_topics(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> None
             f"create` (with the same POSTROOM_TOPIC_PREFIX={settings.topic_prefix!r})")
 
 
+def _checked_topics(settings: Settings, role: Role | None,
+                    ) -> tuple[list[str], dict[str, set[Operation]] | None]:
+    """The topics ``postroom check`` looks at (a role's only, with what it needs on each)."""
+    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
+    if role is None:
+        return topics, None
+    acls = role_acls(settings.topic_prefix, sender_group=settings.sender_group,
+                     recorder_group=settings.recorder_group)
+    needed = needed_on_topics(acls, role, topics)
+    return list(needed), needed
+
+
 def check_topics(settings: Settings, role: Role | None = None, timeout_s: float = 10.0) -> str:
-    """What ``postroom check`` says of Kafka: the broker answers and every topic exists; for a
+    """What a role's readiness says of Kafka: the broker answers and every topic exists; for a
     role, that this client's principal may do on each of the role's topics what the role needs.
 
     A failure lists one line per topic that is missing or not authorized.
     """
     check_reachable(settings, timeout_s)
-    topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    needed = None
-    if role is not None:
-        acls = role_acls(settings.topic_prefix, sender_group=settings.sender_group,
-                         recorder_group=settings.recorder_group)
-        needed = needed_on_topics(acls, role, topics)
-        topics = list(needed)
+    topics, needed = _checked_topics(settings, role)
     problems = topic_problems(topic_access(settings, topics, timeout_s), needed)
     if problems:
         by = f" by the {role.value}" if role is not None else ""
@@ -333,6 +359,105 @@ def check_topics(settings: Settings, role: Role | None = None, timeout_s: float 
     if role is not None:
         return f"broker answers; the {role.value} may use all {len(topics)} of its topics"
     return f"broker answers; all {len(topics)} topics exist"
+
+
+class KafkaDegraded(KafkaClientError):
+    """postroom's topics are under-replicated; every record is still written and read."""
+
+
+def check_kafka(settings: Settings, role: Role | None = None, timeout_s: float = 10.0) -> str:
+    """What ``postroom check`` says of Kafka: :func:`check_topics`, then the replication of
+    those topics' partitions, one line per finding naming topic, partition, replicas and ISR.
+
+    Raises KafkaClientError when a partition is offline or refuses writes (below
+    ``min.insync.replicas``), KafkaDegraded when some are only under-replicated.
+    """
+    said = check_topics(settings, role, timeout_s)
+    topics, _ = _checked_topics(settings, role)
+    partitions, _brokers = topic_replicas(settings, topics, timeout_s)
+    min_insync = min_insync_replicas(settings, topics, timeout_s)
+    findings = replication_findings(partitions, min_insync)
+    text = "\n".join([f"{said}; {summary(findings, len(partitions))}",
+                      *(f"      {f.line()}" for f in findings)])
+    if any(f.severity is Severity.FAIL for f in findings):
+        raise KafkaClientError(text)
+    if findings:
+        raise KafkaDegraded(text)
+    return text
+
+
+def topic_replicas(settings: Settings, topics: Sequence[str], timeout_s: float = 10.0,
+                   admin: AdminClient | None = None,
+                   ) -> tuple[list[PartitionReplicas], int]:
+    """Leader, replicas and ISR of every partition of ``topics`` the cluster's metadata shows
+    (a topic missing or not visible has none), and how many brokers answer."""
+    admin = admin or make_admin(settings)
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise translate(exc, "cannot read the cluster's metadata") from exc
+    found = [PartitionReplicas(topic, p.id, p.leader, tuple(p.replicas), tuple(p.isrs))
+             for topic in topics if topic in metadata.topics
+             for p in metadata.topics[topic].partitions.values()]
+    return found, len(metadata.brokers)
+
+
+def min_insync_replicas(settings: Settings, topics: Sequence[str], timeout_s: float = 10.0,
+                        admin: AdminClient | None = None) -> dict[str, int | None]:
+    """Each topic's effective ``min.insync.replicas`` (its own or the broker's); None where the
+    broker would not say (a principal without DESCRIBE_CONFIGS, a topic missing)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+    if not topics:
+        return {}
+    admin = admin or make_admin(settings)
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in topics]
+    found: dict[str, int | None] = dict.fromkeys(topics)
+    futures = admin.describe_configs(resources, request_timeout=timeout_s)
+    for resource, future in futures.items():
+        try:
+            entry = future.result().get("min.insync.replicas")
+        except KafkaException:
+            continue  # not authorized, or gone: judged without it
+        if entry is not None and entry.value is not None and entry.value.isdigit():
+            found[resource.name] = int(entry.value)
+    return found
+
+
+def broker_settings(admin: AdminClient, broker: int, names: Sequence[str],
+                    timeout_s: float = 10.0) -> dict[str, int | None]:
+    """Whole-number configs of one broker (``min.insync.replicas``, ``default.replication.
+    factor``); None for each when this principal may not read them (DESCRIBE_CONFIGS on the
+    cluster)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+    found: dict[str, int | None] = dict.fromkeys(names)
+    resource = ConfigResource(ResourceType.BROKER, str(broker))
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+    except KafkaException:
+        return found
+    for name in names:
+        entry = entries.get(name)
+        if entry is not None and str(entry.value).isdigit():
+            found[name] = int(entry.value)
+    return found
+
+
+def planned_replication(settings: Settings, admin: AdminClient, metadata: Any,
+                        timeout_s: float = 10.0) -> tuple[int, int, int | None, str]:
+    """(replication factor, brokers answering, min.insync.replicas or None, the setting that
+    gave the factor) for topics created now: POSTROOM_TOPIC_REPLICATION_FACTOR, or with -1 the
+    broker's default.replication.factor (-1 again when this principal may not read it)."""
+    configs = broker_settings(admin, min(metadata.brokers), (
+        "default.replication.factor", "min.insync.replicas"), timeout_s) if metadata.brokers else {}
+    own = settings.topic_config.get("min.insync.replicas", "")
+    min_insync = int(own) if own.isdigit() else configs.get("min.insync.replicas")
+    factor, source = settings.topic_replication_factor, "POSTROOM_TOPIC_REPLICATION_FACTOR"
+    if factor < 0:
+        factor = configs.get("default.replication.factor") or -1
+        source = "the broker's default.replication.factor"
+    return factor, len(metadata.brokers), min_insync, source
 
 
 def create_topics(
@@ -347,10 +472,17 @@ def create_topics(
     check_reachable(settings)
     admin = make_admin(settings)
     try:
-        existing = set(admin.list_topics(timeout=timeout_s).topics)
+        metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise translate(exc, "cannot list topics") from exc
+    existing = set(metadata.topics)
     result = {name: "exists" for name in wanted if name in existing}
+    if any(name not in existing for name in wanted):
+        # Refused here in one line, not by the broker once per topic.
+        refusal = replication_refusal(*planned_replication(settings, admin, metadata, timeout_s))
+        if refusal:
+            raise KafkaClientError(f"cannot create topics on {settings.kafka_bootstrap_servers}: "
+                                   f"{refusal}")
     missing = [
         NewTopic(name, num_partitions=settings.topic_partitions,
                  replication_factor=settings.topic_replication_factor,
