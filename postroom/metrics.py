@@ -128,7 +128,16 @@ CATALOGUE: dict[str, MetricSpec] = {
     "destinations_paused": MetricSpec(G, "Destinations paused by a throttling reply."),
     # recorder
     "recorded_total": MetricSpec(C, "Results applied to the outbox, by status.", ("status",)),
-    "undeliverable_total": MetricSpec(C, "Results that ended failed or dead.", ("status",)),
+    "undeliverable_total": MetricSpec(C, "Results that ended failed, dead or bounced.",
+                                      ("status",)),
+    # the suppression list (relay/suppression.py)
+    "suppressed_addresses_total": MetricSpec(
+        C, "Addresses the recorder put on the suppression list or kept there longer, by source: "
+           "bounce, complaint, soft (POSTROOM_SOFT_BOUNCE_LIMIT dead emails in a row).",
+        ("source",)),
+    "relay_suppressed_total": MetricSpec(
+        C, "Emails the relay finished as suppressed, not published: their address is on the "
+           "suppression list."),
     "recorder_unreadable_total": MetricSpec(C, "Results that could not be decoded (skipped)."),
     "recorder_refused_total": MetricSpec(
         C, "Results whose attempt, status and times do not fit together (skipped)."),
@@ -170,6 +179,17 @@ CATALOGUE: dict[str, MetricSpec] = {
     "retry_overdue_seconds": MetricSpec(
         G, "How long the first overdue record of a retry tier partition is past its not_before.",
         ("topic", "partition")),
+    "lag_partitions_unavailable": MetricSpec(
+        G, "Partitions of a group whose lag the last sample could not read (a broker down); "
+           "their lag series are absent meanwhile.", ("group",)),
+    "topic_partitions_offline": MetricSpec(
+        G, "Partitions of a postroom topic without a leader.", ("cluster_name", "topic")),
+    "topic_partitions_under_replicated": MetricSpec(
+        G, "Partitions of a postroom topic with fewer replicas in sync than assigned.",
+        ("cluster_name", "topic")),
+    "topic_partitions_below_min_insync_replicas": MetricSpec(
+        G, "Partitions of a postroom topic with fewer replicas in sync than "
+           "min.insync.replicas: acks=all writes to them are refused.", ("cluster_name", "topic")),
     "outbox_backlog": MetricSpec(G, "Outbox rows due and not yet published."),
     "outbox_backlog_age_seconds": MetricSpec(G, "Age of the oldest due unpublished outbox row."),
     # every role

@@ -90,6 +90,7 @@ class RelayStats:
     rounds: int = 0
     errors: int = 0
     poison: int = 0
+    suppressed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Relay:
         self._stop = threading.Event()
         self.stats = RelayStats()
         self.metrics = metrics or Metrics()
+        self._id_at = load_schema(EmailRequested.SCHEMA_NAME).field_names.index("outbox_id")
 
     @property
     def producer(self) -> Producer:
@@ -142,6 +144,10 @@ class Relay:
             rows = self._claim(db)
             if not rows:
                 return 0
+            rows = self._without_suppressed(db, rows)
+            if not rows:
+                self.stats.rounds += 1
+                return 0
             sent = self._send(rows)
             self._mark(db, sent)
         return self._account(len(rows), sent)
@@ -150,6 +156,21 @@ class Relay:
         settings = self._settings
         return sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
                              pinned=True)
+
+    def _without_suppressed(self, db: _Connections,
+                            rows: Sequence[sa.Row[Any]]) -> Sequence[sa.Row[Any]]:
+        """The claimed rows less those whose address is suppressed: those end ``suppressed``,
+        off the queue, in one statement for the batch (relay/suppression.py)."""
+        id_at = self._id_at
+        suppressed = set(db.claims().execute(sql.MARK_SUPPRESSED,
+                                             {"ids": [row[id_at] for row in rows]}).scalars())
+        if not suppressed:
+            return rows
+        self.stats.suppressed += len(suppressed)
+        self.metrics.inc("relay_suppressed_total", len(suppressed))
+        log.info("%d email(s) to suppressed addresses finished as suppressed, not published",
+                 len(suppressed))
+        return [row for row in rows if row[id_at] not in suppressed]
 
     def _send(self, rows: Sequence[sa.Row[Any]]) -> Sent:
         """Produce every row and wait for the broker. A row that cannot become an event

@@ -1,12 +1,17 @@
-"""The recorder: applies delivery results from the results topic to the outbox rows.
+"""The recorder: applies delivery results from the results topic to the outbox rows, and the
+reports ``postroom bounces`` publishes there (bounced, delayed, complained) to the rows and the
+suppression list; it is the one writer of outbox rows after the relay.
 
 Each batch is applied in one transaction and its offsets are committed after it; a crash in
-between replays the batch, which changes nothing because RECORD_RESULT only moves a row forward.
+between replays the batch, which changes nothing because RECORD_RESULT only moves a row forward
+and a report changes a row, or suppresses an address, only the first time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import re
 import threading
@@ -129,6 +134,117 @@ def storable_result(result: EmailResult) -> EmailResult:
                                enhanced_code=enhanced_code)
 
 
+# What postroom bounces publishes: reports about an email the server had accepted.
+REPORT_STATUSES = frozenset({DeliveryStatus.BOUNCED, DeliveryStatus.DELAYED,
+                             DeliveryStatus.COMPLAINED})
+_REPORT_STATEMENT = {DeliveryStatus.BOUNCED: sql.RECORD_BOUNCE,
+                     DeliveryStatus.DELAYED: sql.RECORD_DELAY,
+                     DeliveryStatus.COMPLAINED: sql.RECORD_COMPLAINT}
+SUPPRESSION_REASON_MAX_CHARS = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportPolicy:
+    """What the reports do beside their rows: how long an address stays suppressed, and how many
+    dead rows in a row suppress it (0: none)."""
+
+    expiry_s: float
+    soft_limit: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReportPolicy:
+        return cls(settings.suppression_expiry_s, settings.soft_bounce_limit)
+
+
+@dataclasses.dataclass
+class ReportsApplied:
+    """What a batch's reports and soft bounces did: rows changed, by report status, and the
+    addresses suppressed (or kept longer), by source."""
+
+    changed: int = 0
+    ignored: int = 0
+    suppressed: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def suppress(self, source: str, count: int) -> None:
+        if count:
+            self.suppressed[source] = self.suppressed.get(source, 0) + count
+
+
+def report_error(result: EmailResult) -> str:
+    """The last error a report leaves on its row: what it is, its Status, the diagnostic
+    (``bounced 5.1.1: smtp; 550 5.1.1 <a@example.com>: user unknown``)."""
+    code = f" {result.enhanced_code}" if result.enhanced_code else ""
+    text = result.error or (f"SMTP {result.smtp_code}" if result.smtp_code else "no diagnostic")
+    return storable(f"{result.status.value}{code}: {text}", ERROR_MAX_CHARS) or ""
+
+
+def report_params(result: EmailResult, policy: ReportPolicy) -> dict[str, Any]:
+    error = report_error(result)
+    reason = " ".join(error.split())
+    return {
+        "outbox_id": result.outbox_id,
+        "idempotency_key": result.idempotency_key,
+        "recipient": result.recipient,
+        "error": error,
+        "smtp_code": result.smtp_code,
+        "enhanced_code": result.enhanced_code,
+        "reason": storable(reason, SUPPRESSION_REASON_MAX_CHARS),
+        "source": "complaint" if result.status is DeliveryStatus.COMPLAINED else "bounce",
+        # From when the report was made, not when it is read: read again, it asks the same.
+        "expires_at": result.occurred_at + dt.timedelta(seconds=policy.expiry_s),
+    }
+
+
+def apply_reports(conn: sa.Connection, reports: Sequence[EmailResult], policy: ReportPolicy,
+                  applied: ReportsApplied, *, each: bool = False) -> list[tuple[EmailResult, str]]:
+    """Apply bounced, delayed and complained results in order, one statement each (they are a
+    few in a thousand; two for one row must see each other). ``each``: under a savepoint each,
+    returning those the database refused with why, as apply_each does."""
+    refused: list[tuple[EmailResult, str]] = []
+    for report in reports:
+        statement, params = _REPORT_STATEMENT[report.status], report_params(report, policy)
+        try:
+            with conn.begin_nested() if each else contextlib.nullcontext():
+                changed, suppressed = conn.execute(statement, params).one()
+        except sa.exc.DBAPIError as exc:
+            if not (each and refuses_the_data(exc)):
+                raise
+            refused.append((report, first_line(exc)))
+            continue
+        if changed and report.status is not DeliveryStatus.COMPLAINED:
+            applied.changed += 1
+        elif suppressed:
+            applied.changed += 1
+        else:
+            applied.ignored += 1
+        applied.suppress(params["source"], suppressed)
+    return refused
+
+
+def apply_soft_bounces(conn: sa.Connection, results: Sequence[EmailResult],
+                       policy: ReportPolicy, applied: ReportsApplied) -> list[str]:
+    """Count the batch's dead rows towards their addresses, clear what sent emails' addresses
+    counted, and suppress each address that reached the limit: the addresses suppressed."""
+    if policy.soft_limit <= 0:
+        return []
+    dead = [r for r in results if r.status is DeliveryStatus.DEAD]
+    sent = [r for r in results if r.status is DeliveryStatus.SENT]
+    if dead:
+        conn.execute(sql.ADD_SOFT_BOUNCES, {
+            "ids": [r.outbox_id for r in dead], "recipients": [r.recipient for r in dead],
+            "occurred_at": [r.occurred_at for r in dead]})
+    if sent:
+        conn.execute(sql.CLEAR_SOFT_BOUNCES, {
+            "recipients": [r.recipient for r in sent], "occurred_at": [r.occurred_at for r in sent]})
+    if not dead:
+        return []
+    suppressed = list(conn.execute(sql.SUPPRESS_SOFT_BOUNCES, {
+        "addresses": sorted({r.recipient for r in dead}), "soft_limit": policy.soft_limit,
+        "expiry_s": policy.expiry_s}).scalars())
+    applied.suppress("soft", len(suppressed))
+    return suppressed
+
+
 def apply_results(conn: sa.Connection, results: Sequence[EmailResult], max_attempt: int) -> int:
     """Apply results in order; returns how many moved a row forward. One statement per result
     (a later one for the same row sees what an earlier one did), all sent at once: psycopg's
@@ -193,6 +309,7 @@ class Recorder:
         self._stop = threading.Event()
         self.stats = RecorderStats()
         self._max_attempt = len(settings.retry_delays_s) + 1
+        self._policy = ReportPolicy.from_settings(settings)
 
     def stop(self) -> None:
         self._stop.set()
@@ -257,12 +374,17 @@ class Recorder:
                     results.append(result)
         except _StoppedError:
             return  # uncommitted: the batch comes again after restart
+        outcomes = [r for r in results if r.status not in REPORT_STATUSES]
+        reports = [r for r in results if r.status in REPORT_STATUSES]
         while True:
             refused: list[tuple[EmailResult, str]] = []
+            applied = ReportsApplied()
             try:
                 try:
                     with self._engine.begin() as conn:
-                        changed = apply_results(conn, results, self._max_attempt)
+                        changed = apply_results(conn, outcomes, self._max_attempt)
+                        apply_reports(conn, reports, self._policy, applied)
+                        apply_soft_bounces(conn, outcomes, self._policy, applied)
                 except sa.exc.DBAPIError as exc:
                     if not refuses_the_data(exc):
                         raise
@@ -270,8 +392,11 @@ class Recorder:
                     # recorded, that one counted and logged.
                     log.warning("recording %d results failed (%s); recording them one by one",
                                 len(results), first_line(exc))
+                    applied = ReportsApplied()
                     with self._engine.begin() as conn:
-                        changed, refused = apply_each(conn, results, self._max_attempt)
+                        changed, refused = apply_each(conn, outcomes, self._max_attempt)
+                        refused += apply_reports(conn, reports, self._policy, applied, each=True)
+                        apply_soft_bounces(conn, outcomes, self._policy, applied)
                 break
             except sa.exc.DBAPIError as exc:
                 # The database's fault, not a result's: the batch waits, uncommitted.
@@ -289,12 +414,17 @@ class Recorder:
         if refused:
             unrecorded = {id(result) for result, _ in refused}
             results = [result for result in results if id(result) not in unrecorded]
-        self.stats.applied += changed
-        self.stats.ignored += len(results) - changed
+        self.stats.applied += changed + applied.changed
+        self.stats.ignored += (sum(r.status not in REPORT_STATUSES for r in results) - changed
+                               + applied.ignored)
         for result in results:
             self.metrics.inc("recorded_total", status=result.status.value)
-            if result.status in (DeliveryStatus.FAILED, DeliveryStatus.DEAD):
+            if result.status in (DeliveryStatus.FAILED, DeliveryStatus.DEAD,
+                                 DeliveryStatus.BOUNCED):
                 self.metrics.inc("undeliverable_total", status=result.status.value)
+        for source, count in applied.suppressed.items():
+            self.metrics.inc("suppressed_addresses_total", count, source=source)
+            log.info("suppressed %d address(es) (%s)", count, source)
         positions: dict[tuple[str, int], int] = {}
         for msg in messages:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()

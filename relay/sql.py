@@ -141,9 +141,11 @@ RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id 
 # Applies one delivery result. Results for a key arrive in order on one partition, but a replay
 # or a late duplicate may bring an older one, or the row's own latest one again: it applies only
 # when it is ahead of the row, ordering by attempt and then by how final the status is, so a
-# replay changes nothing; 'sent' is never undone. A result must name its row consistently: id, key
-# (as now written, or as written before migration 0005, for events still in flight) and recipient;
-# one written to the results topic by anyone else for a row it does not match changes nothing.
+# replay changes nothing; 'sent' is never undone, nor are the later final states 'bounced' (a
+# delivery status notification came) and 'suppressed' (never attempted). A result must name its
+# row consistently: id, key (as now written, or as written before migration 0005, for events still
+# in flight) and recipient; one written to the results topic by anyone else for a row it does not
+# match changes nothing.
 # A 'sent' result also outranks a poison refusal ('failed', 'poison: ...') of any attempt: a
 # copy of the row's record that the sender refused, or a forgery under its key, must not hide
 # that its event went out. A poison refusal applies to the row's next attempt at most (a forged
@@ -164,7 +166,7 @@ RECORD_RESULT = sa.text("""
       AND (idempotency_key = :idempotency_key
            OR message_key || '|' || lower(recipient) = :idempotency_key)
       AND lower(recipient) = lower(:recipient)
-      AND status <> 'sent'
+      AND status NOT IN ('sent', 'bounced', 'suppressed')
       AND CAST(:attempt AS bigint) <= CAST(attempts AS bigint) + CAST(:max_attempt AS bigint)
       AND (CAST(:status AS text) <> 'failed'
            OR NOT starts_with(COALESCE(CAST(:error AS text), ''), 'poison: ')
@@ -176,6 +178,179 @@ RECORD_RESULT = sa.text("""
                < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END))
            OR (status = 'failed' AND CAST(:status AS text) = 'sent'
                AND starts_with(last_error, 'poison: ')))
+""")
+
+# -- reports that come after the server accepted an email (postroom bounces), the suppression list
+
+# The row a report names, as RECORD_RESULT matches a result's row: id, key (either form) and
+# recipient. A report naming no row of ours changes nothing.
+_REPORT_ROW = """
+    SELECT id, lower(recipient) AS address, status, last_error FROM outbox
+    WHERE id = :outbox_id
+      AND (idempotency_key = :idempotency_key
+           OR message_key || '|' || lower(recipient) = :idempotency_key)
+      AND lower(recipient) = lower(:recipient)
+    FOR UPDATE
+"""
+# Puts an address on the suppression list until :expires_at, or keeps it there longer: an entry
+# is only ever extended, so a report read again (same :expires_at) changes nothing.
+_SUPPRESS_ADDRESS = """
+    INSERT INTO suppression AS s (address, reason, source, created_at, expires_at, updated_at)
+    SELECT address, :reason, :source, now(), :expires_at, now() FROM {rows}
+    ON CONFLICT (address) DO UPDATE
+        SET reason = excluded.reason, source = excluded.source, expires_at = excluded.expires_at,
+            updated_at = now()
+        WHERE s.expires_at < excluded.expires_at
+    RETURNING address
+"""
+
+# A hard bounce: the row ends 'bounced' with the notice's status and diagnostic as its last
+# error, whether it was recorded sent or not yet (a bounce can come 31 ms after the 250, before
+# the sender's result is recorded; a signed token says the email went out). A row that ended
+# failed or dead keeps its state, which says what the sender saw, and takes the notice as its
+# last error. A 'bounced' or 'suppressed' row is left alone, so a notice read twice changes
+# nothing. The address is suppressed once, when its row changed. Returns (rows changed,
+# addresses suppressed or extended).
+RECORD_BOUNCE = sa.text(f"""
+    WITH matched AS ({_REPORT_ROW}),
+    changed AS (
+        UPDATE outbox AS o
+        SET status = CASE WHEN m.status IN ('failed', 'dead') THEN o.status ELSE 'bounced' END,
+            last_error = :error,
+            smtp_code = COALESCE(:smtp_code, o.smtp_code),
+            enhanced_code = COALESCE(:enhanced_code, o.enhanced_code),
+            next_attempt_at = NULL,
+            updated_at = now()
+        FROM matched AS m
+        WHERE o.id = m.id AND m.status NOT IN ('bounced', 'suppressed')
+          AND (m.status NOT IN ('failed', 'dead') OR m.last_error IS DISTINCT FROM :error)
+        RETURNING m.address
+    ),
+    suppressed AS ({_SUPPRESS_ADDRESS.format(rows="changed")})
+    SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM suppressed)
+""")
+
+# A delay notice: the row's last error, its state unchanged. Not on a row whose final word is
+# already said (bounced, suppressed, failed, dead), and not again when it says the same.
+RECORD_DELAY = sa.text(f"""
+    WITH matched AS ({_REPORT_ROW}),
+    changed AS (
+        UPDATE outbox AS o
+        SET last_error = :error,
+            smtp_code = COALESCE(:smtp_code, o.smtp_code),
+            enhanced_code = COALESCE(:enhanced_code, o.enhanced_code),
+            updated_at = now()
+        FROM matched AS m
+        WHERE o.id = m.id AND m.status NOT IN ('bounced', 'suppressed', 'failed', 'dead')
+          AND m.last_error IS DISTINCT FROM :error
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM changed), 0
+""")
+
+# A complaint: the row's address is suppressed; the row itself was delivered and stays so.
+RECORD_COMPLAINT = sa.text(f"""
+    WITH matched AS ({_REPORT_ROW}),
+    suppressed AS ({_SUPPRESS_ADDRESS.format(rows="matched")})
+    SELECT (SELECT count(*) FROM matched), (SELECT count(*) FROM suppressed)
+""")
+
+# Soft bounces, applied per recorder batch after its results, in three statements (what one
+# inserts, the next must see). First, a row that ended dead counts for its address, once (its id
+# is the key), unless the address is suppressed already. Arrays: one item per dead result.
+ADD_SOFT_BOUNCES = sa.text("""
+    INSERT INTO soft_bounces (address, outbox_id, occurred_at)
+    SELECT lower(o.recipient), o.id, r.occurred_at
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:recipients AS text[]),
+                CAST(:occurred_at AS timestamptz[])) AS r(id, recipient, occurred_at)
+    JOIN outbox AS o ON o.id = r.id AND lower(o.recipient) = lower(r.recipient)
+    WHERE o.status = 'dead'
+      AND NOT EXISTS (SELECT 1 FROM suppression AS s
+                      WHERE s.address = lower(o.recipient) AND s.expires_at > r.occurred_at)
+    ON CONFLICT DO NOTHING
+""")
+
+# Then an email sent clears what its address counted before it. Arrays: one per sent result.
+CLEAR_SOFT_BOUNCES = sa.text("""
+    DELETE FROM soft_bounces AS b
+    USING unnest(CAST(:recipients AS text[]), CAST(:occurred_at AS timestamptz[]))
+          AS r(recipient, occurred_at)
+    WHERE b.address = lower(r.recipient) AND b.occurred_at <= r.occurred_at
+""")
+
+# Last, an address of :addresses that counts :soft_limit or more is suppressed (source 'soft')
+# from its latest dead row on, and its count starts again. Returns the addresses suppressed.
+SUPPRESS_SOFT_BOUNCES = sa.text("""
+    WITH over AS (
+        SELECT address, count(*) AS n, max(occurred_at) AS latest FROM soft_bounces
+        WHERE address IN (SELECT lower(x) FROM unnest(CAST(:addresses AS text[])) AS x)
+        GROUP BY address
+        HAVING count(*) >= :soft_limit
+    ), suppressed AS (
+        INSERT INTO suppression AS s (address, reason, source, created_at, expires_at, updated_at)
+        SELECT address, n || ' soft bounces in a row (every retry spent)', 'soft', now(),
+               latest + make_interval(secs => :expiry_s), now()
+        FROM over
+        ON CONFLICT (address) DO UPDATE
+            SET reason = excluded.reason, source = excluded.source,
+                expires_at = excluded.expires_at, updated_at = now()
+            WHERE s.expires_at < excluded.expires_at
+        RETURNING address
+    ), forgotten AS (
+        DELETE FROM soft_bounces WHERE address IN (SELECT address FROM over)
+    )
+    SELECT address FROM suppressed
+""")
+
+# The relay's one look at the list per claimed batch: claimed rows whose address is suppressed
+# now are taken off the queue and end 'suppressed', never published, the entry's source, expiry
+# and reason as their last error. Returns their ids.
+MARK_SUPPRESSED = sa.text("""
+    WITH hit AS (
+        SELECT o.id, s.source, s.reason, s.expires_at
+        FROM outbox AS o JOIN suppression AS s ON s.address = lower(o.recipient)
+        WHERE o.id = ANY(:ids) AND o.status IN ('pending', 'published') AND s.expires_at > now()
+    ), done AS (
+        DELETE FROM outbox_queue WHERE id IN (SELECT id FROM hit) RETURNING id
+    )
+    UPDATE outbox AS o
+    SET status = 'suppressed', updated_at = now(),
+        last_error = 'suppressed (' || h.source || ', until '
+                     || to_char(h.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') || ' UTC): '
+                     || h.reason
+    FROM hit AS h
+    WHERE o.id = h.id AND o.id IN (SELECT id FROM done)
+    RETURNING o.id
+""")
+
+
+# Retention: entries that expired before the cutoff, and soft bounces counted before it.
+PURGE_SUPPRESSION = sa.text("""
+    WITH expired AS (DELETE FROM suppression WHERE expires_at < :cutoff RETURNING 1),
+    old AS (DELETE FROM soft_bounces WHERE occurred_at < :cutoff RETURNING 1)
+    SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM old)
+""")
+
+SUPPRESSION_LIST = sa.text("""
+    SELECT address, reason, source, created_at, expires_at FROM suppression
+    WHERE expires_at > now() ORDER BY address
+""")
+
+# An operator's entry: replaces whatever the address had (the operator's word is the last).
+SUPPRESSION_ADD = sa.text("""
+    INSERT INTO suppression (address, reason, source, created_at, expires_at, updated_at)
+    VALUES (:address, :reason, 'operator', now(), now() + make_interval(secs => :expiry_s), now())
+    ON CONFLICT (address) DO UPDATE
+        SET reason = excluded.reason, source = excluded.source, created_at = excluded.created_at,
+            expires_at = excluded.expires_at, updated_at = now()
+    RETURNING address, reason, source, created_at, expires_at
+""")
+
+# Off the list, and what its address counted towards it with it.
+SUPPRESSION_REMOVE = sa.text("""
+    WITH gone AS (DELETE FROM suppression WHERE address = :address RETURNING address),
+    forgotten AS (DELETE FROM soft_bounces WHERE address = :address)
+    SELECT count(*) FROM gone
 """)
 
 # The row a bounce's token names, read by postroom bounces for the result it publishes (the
@@ -293,6 +468,8 @@ def insert_emails(schema: str | None) -> sa.TextClause:
 # -- operators' commands: redrive, requeue, reports, retention ----------------------------------
 
 FINAL_FAILURES = ("failed", "dead")
+# What `report failures` lists: the rows that did not reach their recipient.
+UNDELIVERED_STATES = ("failed", "dead", "bounced", "suppressed")
 
 # Rows that ended failed or dead, matched by idempotency key or message key (and recipient),
 # that are not queued already. What a redrive would send again.
@@ -339,7 +516,7 @@ FAILURES_REPORT = sa.text("""
     SELECT id, recipient, message_key, idempotency_key, subject, status, attempts, last_error,
            updated_at
     FROM outbox
-    WHERE status IN ('failed', 'dead') AND updated_at >= :since
+    WHERE status IN ('failed', 'dead', 'bounced', 'suppressed') AND updated_at >= :since
     ORDER BY updated_at, id
 """)
 
@@ -349,7 +526,7 @@ FAILURES_REPORT = sa.text("""
 PURGE_OUTBOX_BATCH = sa.text("""
     WITH doomed AS (
         SELECT id FROM outbox
-        WHERE id > :after AND status IN ('sent', 'failed', 'dead')
+        WHERE id > :after AND status IN ('sent', 'failed', 'dead', 'bounced', 'suppressed')
           AND COALESCE(sent_at, updated_at, created_at) < :cutoff
           AND NOT EXISTS (SELECT 1 FROM outbox_queue AS q WHERE q.id = outbox.id)
         ORDER BY id
@@ -361,7 +538,8 @@ PURGE_OUTBOX_BATCH = sa.text("""
 """)
 COUNT_PURGEABLE_OUTBOX = sa.text("""
     SELECT status, count(*) FROM outbox
-    WHERE status IN ('sent', 'failed', 'dead') AND COALESCE(sent_at, updated_at, created_at) < :cutoff
+    WHERE status IN ('sent', 'failed', 'dead', 'bounced', 'suppressed')
+      AND COALESCE(sent_at, updated_at, created_at) < :cutoff
       AND NOT EXISTS (SELECT 1 FROM outbox_queue AS q WHERE q.id = outbox.id)
     GROUP BY status
 """)
@@ -388,6 +566,6 @@ COUNT_PURGEABLE_LEDGER = sa.text("""
       AND NOT EXISTS (
           SELECT 1 FROM outbox AS o
           WHERE o.idempotency_key = l.idempotency_key
-            AND NOT (o.status IN ('sent', 'failed', 'dead')
+            AND NOT (o.status IN ('sent', 'failed', 'dead', 'bounced', 'suppressed')
                      AND COALESCE(o.sent_at, o.updated_at, o.created_at) < :outbox_cutoff))
 """)
