@@ -5,6 +5,7 @@ of the outbox, which must equal the recorder's table)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
@@ -84,6 +85,10 @@ class Outcome:
     mark_window: Buckets = dataclasses.field(default_factory=lambda: Buckets(()))
     takeover_s: float | None = None  # the longest a killed sender's in-doubt key waited
     per_kill: list[KillOutcome] = dataclasses.field(default_factory=list)
+    # the failover suite: the longest time without a delivery (a 250) from the first fault on
+    # the cluster to the first 250 after the last one (longest_pause)
+    pause_s: float | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the scenario saw (Run.notes)
 
     def problems(self) -> list[str]:
         found = []
@@ -284,6 +289,11 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
             outcome.idle_kills.append(f"kill {n + 1} (pid {kill.owner_pid}) at {kill.at:.1f}: "
                                       "no key in doubt")
 
+    outcome.notes = list(run.notes)
+    if run.node_fault_began_at:
+        outcome.pause_s = longest_pause([r.at for r in run.mail.replies if r.code == 250],
+                                        run.node_fault_began_at, run.faults_done_at)
+
     # the window: the 250 on its way back (after the server's latency) to the sent mark
     for rcpt, row in rows.items():
         accepted = [r for r in replies[rcpt] if r.code == 250]
@@ -292,6 +302,17 @@ def check(run: Run, drain_s: float, exact_attempts: bool, smtp_timeout_s: float,
                 and accepted[0].replied_at is not None:
             outcome.window_s.append(max(0.0, mark.updated_at.timestamp() - accepted[0].replied_at))
     return outcome
+
+
+def longest_pause(accepted_at: list[float], began_at: float, done_at: float) -> float | None:
+    """The longest gap between deliveries from ``began_at`` (the first fault) to the first
+    delivery after ``done_at`` (the faults ended); None when none came after it."""
+    times = sorted(t for t in accepted_at if t > began_at)
+    after = [t for t in times if t > done_at]
+    if not after:
+        return None
+    points = [began_at, *(t for t in times if t <= done_at), after[0]]
+    return max(b - a for a, b in itertools.pairwise(points))
 
 
 def table(outcomes: list[Outcome]) -> str:

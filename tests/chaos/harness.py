@@ -15,12 +15,14 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from chaos.mailserver import ChaosMailServer
 from postroom import enqueue
@@ -95,7 +97,8 @@ class Run:
 
     def __init__(self, base: Settings, name: str, log_dir: Path, mail: ChaosMailServer,
                  extra_env: dict[str, str] | None = None,
-                 role_env: dict[str, dict[str, str]] | None = None) -> None:
+                 role_env: dict[str, dict[str, str]] | None = None,
+                 group_config: dict[str, str] | None = None) -> None:
         tag = uuid.uuid4().hex[:8]
         self.name = name
         self.tag = tag
@@ -108,6 +111,7 @@ class Run:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.extra_env = extra_env or {}
         self.role_env = role_env or {}  # by command: what only that kind of role is given
+        self.group_config = group_config or {}  # set on the sender's and recorder's groups
         self.roles = {r.name: r for r in (
             Role("recorder", "recorder", metrics_port=free_port()),
             Role("relay", "relay", metrics_port=free_port()),
@@ -122,6 +126,11 @@ class Run:
         self._feeder: threading.Thread | None = None
         self.feed_error: BaseException | None = None
         self.faults_done = threading.Event()  # set when the scenario has injected its faults
+        self.faults_done_at = 0.0  # time.time() when it was set
+        # time.time() when the first fault on the cluster began (the failover suite): the longest
+        # pause in deliveries is measured from it (checks.longest_pause)
+        self.node_fault_began_at = 0.0
+        self.notes: list[str] = []  # what a scenario saw, printed with its outcome
         # Rows the scenario wrote that are not part of the known input (the poison storm's), and
         # what they are: not counted by finished(), checked by the scenario itself.
         self.hostile_rows: dict[int, str] = {}
@@ -133,8 +142,21 @@ class Run:
     def prepare(self) -> None:
         upgrade(self.engine, self.settings.database_schema)
         create_topics(self.settings)
+        if self.group_config:
+            self.set_group_config()
         if self.settings.schema_registry_url:
             register_contract(self.settings)
+
+    def set_group_config(self) -> None:
+        """The groups' own configs on the broker (KIP-848: incrementalAlterConfigs of a GROUP),
+        within the broker's group.consumer.min/max bounds."""
+        admin = make_admin(self.settings)
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                   for k, v in self.group_config.items()]
+        resources = [ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+                     for group in (self.settings.sender_group, self.settings.recorder_group)]
+        for future in admin.incremental_alter_configs(resources).values():
+            future.result()
 
     def env(self, role: Role) -> dict[str, str]:
         url = sa.make_url(self.settings.require("database_url")).update_query_dict(
@@ -412,6 +434,69 @@ class Run:
         services("restart-postgres")
         self._fault()
 
+    # -- faults on a cluster's nodes (POSTROOM_DEV_BROKERS=3; the failover suite) ----------------
+
+    def node(self, command: str, n: int) -> None:
+        """``scripts/services.sh COMMAND N``: kill-broker, stop-broker, start-broker and the same
+        for a controller; a start waits until the node answers."""
+        if not self.node_fault_began_at:
+            self.node_fault_began_at = time.time()
+        services(command, str(n))
+        self._fault()
+
+    def busiest_leader(self) -> int:
+        """The broker leading the partitions that hold most of this run's records (priority,
+        retry and results topics), by their end offsets."""
+        admin = make_admin(self.settings)
+        metadata = admin.list_topics(timeout=30)
+        consumer = Consumer({**self.settings.kafka_client_config(),
+                             "group.id": f"leaders-{self.tag}"})
+        load: Counter[int] = Counter()
+        try:
+            for name in all_topics(self.settings.topic_prefix, TIERS):
+                for number, partition in metadata.topics[name].partitions.items():
+                    high = consumer.get_watermark_offsets(TopicPartition(name, number),
+                                                          timeout=10)[1]
+                    load[partition.leader] += high
+        finally:
+            consumer.close()
+        load.pop(-1, None)
+        assert load, f"{self.name}: no partition of the run has a leader"
+        return load.most_common(1)[0][0]
+
+    def coordinators(self) -> dict[str, int]:
+        """The broker coordinating each of the run's groups (sender, recorder)."""
+        admin = make_admin(self.settings)
+        groups = [self.settings.sender_group, self.settings.recorder_group]
+        return {group: future.result().coordinator.id
+                for group, future in admin.describe_consumer_groups(groups).items()}
+
+    def active_controller(self) -> int:
+        """N of the KRaft controller leading now, once one does."""
+        deadline = time.monotonic() + 60
+        while True:
+            done = subprocess.run([str(SERVICES), "controller"], capture_output=True, text=True,
+                                  check=False, timeout=60)
+            if done.returncode == 0:
+                return int(done.stdout.strip())
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no active controller: {done.stdout}{done.stderr}")
+            time.sleep(0.5)
+
+    def wait_in_sync(self, timeout_s: float = 180) -> None:
+        """Until every partition of the cluster (this run's topics and the internal ones) has
+        all its replicas in sync: the next fault must meet a healthy cluster."""
+        admin = make_admin(self.settings)
+
+        def in_sync() -> bool:
+            try:
+                topics = admin.list_topics(timeout=10).topics
+            except KafkaException:
+                return False
+            return all(len(p.isrs) == len(p.replicas) and p.leader >= 0
+                       for t in topics.values() for p in t.partitions.values())
+        self.wait_until(in_sync, timeout_s, "every partition's replicas to be in sync")
+
     def smtp_down(self, seconds: float) -> None:
         self.mail.down()
         time.sleep(seconds)
@@ -452,7 +537,9 @@ def check_own_stack(settings: Settings) -> None:
     """Fail unless the stack the tests use is the one scripts/services.sh would act on (the
     ports its POSTROOM_DEV_* variables give): a fault must never hit another checkout's servers."""
     db_port = sa.make_url(settings.require("database_url")).port
-    kafka_port = int(settings.require("kafka_bootstrap_servers").rsplit(":", 1)[1])
+    # A cluster's first address is its broker 1, at the ports' base (scripts/services.sh).
+    first = settings.require("kafka_bootstrap_servers").split(",")[0]
+    kafka_port = int(first.rsplit(":", 1)[1])
     wanted = (os.environ.get("POSTROOM_DEV_PG_PORT", "15432"),
               os.environ.get("POSTROOM_DEV_KAFKA_PORT", "19092"))
     if wanted != (str(db_port), str(kafka_port)):
@@ -462,9 +549,10 @@ def check_own_stack(settings: Settings) -> None:
             "checkout's stack was started with")
 
 
-def services(command: str) -> None:
+def services(*args: str) -> None:
     """scripts/services.sh with this checkout's ports (the caller's environment)."""
-    done = subprocess.run([str(SERVICES), command], capture_output=True, text=True, check=False,
+    done = subprocess.run([str(SERVICES), *args], capture_output=True, text=True, check=False,
                           timeout=180)
     if done.returncode != 0:
-        raise AssertionError(f"scripts/services.sh {command} failed:\n{done.stdout}{done.stderr}")
+        raise AssertionError(f"scripts/services.sh {' '.join(args)} failed:\n"
+                             f"{done.stdout}{done.stderr}")

@@ -42,6 +42,9 @@ class Scenario:
     before_stop: Verify | None = None  # more checks while the roles run, after the drain
     after_stop: Verify | None = None   # ... and after they stopped
     registry: bool = False  # every role with the stack's Schema Registry (Confluent framing)
+    # the sender's and recorder's groups' own configs, set on the broker before the roles start
+    # (KIP-848's consumer.session.timeout.ms ...; the failover suite's protocols)
+    group_config: tuple[tuple[str, str], ...] = ()
 
     @property
     def smtp_timeout_s(self) -> float:
@@ -266,7 +269,8 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
         for command, key, value in scenario.role_env:
             role_env.setdefault(command, {})[key] = value
         run = Run(base, scenario.name.replace(" ", "_").replace("/", "_").replace("(", "")
-                  .replace(")", ""), log_dir, mail, dict(scenario.env), role_env)
+                  .replace(")", "").replace("[", "").replace("]", ""), log_dir, mail,
+                  dict(scenario.env), role_env, dict(scenario.group_config))
         run.name = scenario.name
         run.prepare()
         try:
@@ -279,6 +283,7 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
             try:
                 scenario.inject(run, rng)
             finally:
+                run.faults_done_at = time.time()
                 run.faults_done.set()
             drain_s = run.wait_drained(scenario.drain_timeout_s)
             time.sleep(2.0)  # a duplicate still on its way arrives now

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,9 @@ def log_dir() -> Path:
     return dev_dir() / "chaos" / time.strftime("%Y%m%dT%H%M%S")
 
 
-def run_all(settings: Settings, scenarios: list[Scenario], seed: int) -> list[Outcome]:
+def run_all(settings: Settings, scenarios: list[Scenario], seed: int,
+            report_of: Callable[[list[Outcome]], str] = table,
+            report_file: str = "table.md") -> list[Outcome]:
     where = log_dir()
     rng = random.Random(seed)
     print(f"\nchaos: seed {seed}, logs in {where}", flush=True)
@@ -44,12 +47,14 @@ def run_all(settings: Settings, scenarios: list[Scenario], seed: int) -> list[Ou
         print(f"chaos: {scenario.name}: {time.monotonic() - started:.0f}s; {scenario.proves}; "
               f"250 read to sent mark in the last senders: {marks}; duplicates' first 250 "
               f"before their SIGKILL (negative: after), s: {before}; per kill: {kills or '-'}; "
-              f"server transactions beyond the outbox's attempts: {outcome.extra_transactions}",
-              flush=True)
+              f"server transactions beyond the outbox's attempts: {outcome.extra_transactions}"
+              + ("" if outcome.pause_s is None else
+                 f"; longest pause in deliveries: {outcome.pause_s:.1f} s")
+              + "".join(f"; {note}" for note in outcome.notes), flush=True)
         outcomes.append(outcome)
-    report = table(outcomes)
+    report = report_of(outcomes)
     print(report, flush=True)
-    (where / "table.md").write_text(report + "\n")
+    (where / report_file).write_text(report + "\n")
     return outcomes
 
 
