@@ -3,7 +3,9 @@
 
 Starts the dev SMTP server, relay, sender and recorder as processes, queues the September report
 for four recipients (one rejected, one deferred twice), shows who received what, then takes the
-mail server down, queues October, brings the server back and shows October delivered.
+mail server down, queues October, brings the server back and shows October delivered. Last,
+November goes through a throwaway Postfix smarthost that accepts every recipient; old.manager@'s
+refusal comes back as a DSN to `postroom bounces`, and the row ends bounced.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import email
 import email.policy
 import json
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -23,12 +26,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from postroom.devkit.ports import free_port
+from postroom.devkit.ports import free_port, free_ports
 from postroom.devkit.processes import PostroomProcesses, run_postroom
 from postroom.devkit.scratch import scratch, scratch_env
+from postroom.devkit.smarthost import Smarthost, SmarthostError
 from postroom.devkit.story import (
+    BOUNCE_ADDRESS,
     DEFERRED,
     FINAL_STATUSES,
+    NOVEMBER,
+    NOVEMBER_ENDS,
     OCTOBER,
     REFUSED,
     SEPTEMBER,
@@ -69,10 +76,12 @@ class Demo:
             raise SystemExit(f"postroom {args[0]} failed ({done.returncode}):\n{done.stderr}")
         return done.stdout
 
-    def start(self, name: str, *args: str) -> None:
-        print(f"$ postroom {shlex.join(args)} &   (log: {self.processes.log_path(name)})",
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+        shown = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items()
+                        if "SECRET" not in k)
+        print(f"$ {shown}postroom {shlex.join(args)} &   (log: {self.processes.log_path(name)})",
               flush=True)
-        self.processes.start(name, *args)
+        self.processes.start(name, *args, env=env)
 
     def start_smtp(self) -> None:
         defer = [arg for address, times in DEFERRED.items()
@@ -128,6 +137,67 @@ def mime_outline(raw: bytes) -> str:
     return outline(email.message_from_bytes(raw, policy=email.policy.default))
 
 
+@dataclasses.dataclass
+class CompanyRelay:
+    """November's path: a throwaway Postfix smarthost relaying example.com to the dev SMTP
+    server and the bounce domain to `postroom bounces`; the sender, started again with
+    POSTROOM_BOUNCE_ADDRESS, sends through it with signed VERP return paths."""
+
+    demo: Demo
+    smarthost: Smarthost | None = None
+    directory: Path | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    relay_port: int = 0
+
+    def start(self) -> None:
+        """The smarthost and `postroom bounces`, started early so they are up by November."""
+        relay_port, bounce_port = free_ports(2)
+        self.env = {"POSTROOM_BOUNCE_ADDRESS": BOUNCE_ADDRESS,
+                    "POSTROOM_BOUNCE_SECRET": secrets.token_hex(16),
+                    "POSTROOM_BOUNCE_LISTEN": f"127.0.0.1:{bounce_port}"}
+        self.relay_port = relay_port
+        # Postfix's own user must reach its directories: a directory of /tmp open to it.
+        self.directory = Path(tempfile.mkdtemp(prefix="postroom-smarthost-"))
+        self.directory.chmod(0o755)
+        smarthost = Smarthost(self.directory, relay_port,
+                              {"example.com": ("127.0.0.1", self.demo.smtp_port),
+                               "bounce.example.com": ("127.0.0.1", bounce_port)},
+                              delay_warning_s=None,
+                              say=lambda text: print(f"   {text}", flush=True))
+        try:
+            smarthost.start()
+        except SmarthostError as exc:
+            print(f"   no smarthost, November is left out: {exc}")
+            return
+        self.smarthost = smarthost
+        self.demo.start("bounces", "bounces", env=self.env)
+
+    def november(self, workbook: Path) -> None:
+        if self.smarthost is None:
+            return
+        self.demo.processes.stop("sender")
+        self.demo.start("sender", "sender",
+                        env={**self.env, "POSTROOM_SMTP_PORT": str(self.relay_port)})
+        wait(lambda: "bounce intake listening" in self.demo.processes.log("bounces"), 30,
+             "postroom bounces to listen")
+        self.demo.postroom(*enqueue_args(NOVEMBER, workbook))
+        rows = wait(lambda: (r := self.demo.status(NOVEMBER.key))
+                    and {x["recipient"]: x["status"] for x in r} == NOVEMBER_ENDS and r, 60,
+                    "old.manager@'s bounce to come back through the smarthost")
+        say("November: the relay accepted all four (sent); old.manager@'s DSN came back to its "
+            "return path bounces+<token>@bounce.example.com, and the row is bounced")
+        print_table(rows)
+        for line in self.demo.processes.log("bounces").splitlines():
+            if "bounce report" in line:
+                print(f"   postroom bounces: {line.split(' ', 3)[-1]}")
+
+    def stop(self) -> None:
+        if self.smarthost is not None:
+            self.smarthost.stop()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
 def run() -> int:
     settings = Settings.from_env()
     settings.require("database_url")
@@ -144,6 +214,7 @@ def run() -> int:
                "POSTROOM_SMTP_TIMEOUT": "10s", "POSTROOM_MAIL_FROM": "reports@example.com",
                "POSTROOM_ATTACHMENTS_ROOT": str(workdir)}
         demo = Demo(workdir, env, smtp_port)
+        company_relay = CompanyRelay(demo)
         try:
             say("Setting up: a fresh outbox schema and this run's topics (retry tiers "
                 f"{RETRY_DELAYS} instead of the default 5m,10m,20m,40m)")
@@ -156,6 +227,10 @@ def run() -> int:
             demo.start("relay", "relay")
             demo.start("sender", "sender")
             demo.start("recorder", "recorder")
+            say("And for November, the company's relay: a Postfix smarthost that answers 250 to "
+                "every recipient and reports failures later by mail, and postroom bounces, "
+                "which takes those reports")
+            company_relay.start()
 
             say("The report job: build the September workbook and an HTML summary, and queue "
                 "them for four recipients")
@@ -199,9 +274,14 @@ def run() -> int:
             print(f"   ceo@'s September email: {mime_outline(september.raw)} "
                   "(text and HTML summary, the workbook attached)")
             demo.postroom("lag")
+
+            say("November goes through the company's relay; the sender starts again with "
+                "POSTROOM_BOUNCE_ADDRESS, so each email's return path names its row, signed")
+            company_relay.november(workbook)
             say("Done. The whole run is on the local stack; logs are in " + str(workdir))
         finally:
             demo.processes.stop_all()
+            company_relay.stop()
     shutil.rmtree(workdir / "maildir", ignore_errors=True)
     return 0
 

@@ -1,6 +1,9 @@
 """The seed's story: the September sales report for four recipients (one refused, one deferred
-twice), then October, queued while the mail server is down and delivered once it is back.
-`make demo` tells it; tests/integration/sender/test_seed_scenario.py checks how it ends."""
+twice), then October, queued while the mail server is down and delivered once it is back, then
+November through the company's relay (a smarthost that accepts every recipient), where
+old.manager@'s refusal comes back as a bounce. `make demo` tells it;
+tests/integration/sender/test_seed_scenario.py checks how September and October end,
+tests/integration/bounces/test_smarthost.py how a bounce through a smarthost does."""
 
 from __future__ import annotations
 
@@ -25,6 +28,11 @@ SEPTEMBER = Report("sales-report-2026-09", "Sales report — September 2026",
                    "The September sales report is attached.", TEAM)
 OCTOBER = Report("sales-report-2026-10", "Sales report — October 2026",
                  "The October sales report is attached.", ("finance@example.com",))
+NOVEMBER = Report("sales-report-2026-11", "Sales report — November 2026",
+                  "The November sales report is attached.", TEAM)
+# Through the smarthost: accepted (sent), then Postfix's DSN comes back to the return path.
+NOVEMBER_ENDS = {address: "sent" for address in TEAM} | {REFUSED: "bounced"}
+BOUNCE_ADDRESS = "bounces@bounce.example.com"
 WORKBOOK_NAME = "sales_2026-09.xlsx"
 SUMMARY_NAME = "summary_2026-09.html"
 # region, orders, revenue: the month's figures, in the workbook and the HTML summary
