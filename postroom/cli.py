@@ -491,7 +491,8 @@ def cmd_report_failures(settings: Settings, args: argparse.Namespace) -> int:
                 print("\n".join(lines))
             return EXIT_OK
         if not failures:
-            print(f"no email ended failed or dead since {since.isoformat()}; nothing mailed")
+            print(f"no email ended failed, dead, bounced or suppressed since "
+                  f"{since.isoformat()}; nothing mailed")
             return EXIT_OK
         print(f"mailing {len(failures)} failure(s) to {args.to} through the outbox ...")
         with engine.begin() as conn:
@@ -606,7 +607,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 # A row in these states is where its last error left it; in the others the error is history.
-_ERROR_IS_CURRENT = frozenset({"failed", "dead", "retrying"})
+_ERROR_IS_CURRENT = frozenset({"failed", "dead", "retrying", "bounced", "suppressed"})
 _STATUS_WIDTHS = {"KEY": 40, "RECIPIENT": 40}
 _ERROR_WIDTH = 70
 
@@ -628,6 +629,68 @@ def _status_table(rows: Sequence[Any], *, with_key: bool) -> list[str]:
               for n, name in enumerate(header)]
     return ["  ".join(_clip(cell, width).ljust(width) for cell, width in zip(
         line, widths, strict=True)).rstrip() for line in [header, *table]]
+
+
+def cmd_suppression_list(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import suppression
+
+    engine = _migrated_engine(settings)
+    try:
+        with engine.connect() as conn:
+            entries = suppression.entries(conn)
+    finally:
+        engine.dispose()
+    if args.json:
+        for entry in entries:
+            print(json.dumps(entry.as_json()))
+        return EXIT_OK
+    if not entries:
+        print("no address is suppressed")
+        return EXIT_OK
+    header = ["ADDRESS", "SOURCE", "SINCE (UTC)", "UNTIL (UTC)", "REASON"]
+    table = [[e.address, e.source.value, _seconds(e.created_at), _seconds(e.expires_at),
+              _clip(_flat(e.reason), _ERROR_WIDTH)] for e in entries]
+    widths = [min(max(len(line[n]) for line in [header, *table]), 60) for n in range(len(header))]
+    print("\n".join("  ".join(_clip(cell, width).ljust(width) for cell, width in zip(
+        line, widths, strict=True)).rstrip() for line in [header, *table]))
+    return EXIT_OK
+
+
+def cmd_suppression_add(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import suppression
+
+    engine = _migrated_engine(settings)
+    try:
+        with engine.begin() as conn:
+            entry = suppression.add(conn, args.address, args.reason,
+                                    args.expires or settings.suppression_expiry_s)
+    finally:
+        engine.dispose()
+    print(f"suppressed {entry.address} until {_seconds(entry.expires_at)} UTC: {entry.reason}")
+    return EXIT_OK
+
+
+def cmd_suppression_remove(settings: Settings, args: argparse.Namespace) -> int:
+    from relay import suppression
+
+    engine = _migrated_engine(settings)
+    try:
+        with engine.begin() as conn:
+            address = suppression.remove(conn, args.address)
+    finally:
+        engine.dispose()
+    print(f"removed {address} from the suppression list; emails queued for it from now on are "
+          "sent")
+    return EXIT_OK
+
+
+def _expiry(text: str) -> float:
+    from postroom.settings import parse_duration_s
+
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _flat(text: str) -> str:
@@ -807,7 +870,8 @@ def build_parser() -> argparse.ArgumentParser:
     report_commands = report.add_subparsers(dest="report_command", required=True,
                                             metavar="SUBCOMMAND")
     failures = report_commands.add_parser(
-        "failures", help="rows that ended failed or dead: printed, or mailed through postroom")
+        "failures", help="rows that ended failed, dead, bounced or suppressed: printed, or "
+                         "mailed through postroom")
     failures.add_argument("--since", type=_since, metavar="DATE",
                           help="ISO date (UTC) or time with timezone (default: 24 hours ago)")
     failures.add_argument("--to", metavar="ADDR",
@@ -818,7 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     purge = commands.add_parser(
         "purge", help="delete finished rows and their ledger entries in short batches",
-        description="Delete outbox rows that ended sent, failed or dead before a cutoff (and "
+        description="Delete outbox rows that ended sent, bounced, failed, dead or suppressed "
+                    "before a cutoff (and "
                     "are not queued again), then the ledger rows no row and no topic needs, in "
                     "short batches. It prints the cutoff (UTC) and the rows by state first. A "
                     "cutoff younger than the topics' retention (7 days when they keep records "
@@ -850,6 +915,30 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true",
                         help="one JSON object per row, every column, for machines")
     status.set_defaults(handler=cmd_status)
+
+    suppressed = commands.add_parser(
+        "suppression", help="the addresses postroom does not mail (bounced, complained, or "
+                            "added): list, add, remove")
+    suppression_commands = suppressed.add_subparsers(dest="suppression_command", required=True,
+                                                     metavar="SUBCOMMAND")
+    listing = suppression_commands.add_parser(
+        "list", help="every address suppressed now: source, since, until, reason")
+    listing.add_argument("--json", action="store_true", help="one JSON object per address")
+    listing.set_defaults(handler=cmd_suppression_list)
+    adding = suppression_commands.add_parser(
+        "add", help="suppress an address: emails to it end suppressed, not sent",
+        description="Suppress ADDRESS (held in lower case): the relay finishes every email to "
+                    "it as 'suppressed' without sending it, until the entry expires. An entry "
+                    "the address had is replaced.")
+    adding.add_argument("address", metavar="ADDRESS", help="one bare address, local@domain")
+    adding.add_argument("--reason", metavar="R", help="why (shown by list and on each row)")
+    adding.add_argument("--expires", type=_expiry, metavar="D",
+                        help="how long, e.g. 90d or 12h (default POSTROOM_SUPPRESSION_EXPIRY, 30d)")
+    adding.set_defaults(handler=cmd_suppression_add)
+    removing = suppression_commands.add_parser(
+        "remove", help="take an address off the list (exit 1 when it is not on it)")
+    removing.add_argument("address", metavar="ADDRESS", help="one bare address, local@domain")
+    removing.set_defaults(handler=cmd_suppression_remove)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""`postroom report failures`: the rows that ended failed or dead, printed or mailed to the report
+"""`postroom report failures`: the rows that did not reach their recipient (failed, dead, bounced
+after the server took them, or suppressed before an attempt), printed or mailed to the report
 owner through postroom's own outbox (so the report is as durable as any other email)."""
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Failure:
 
 
 def failures_since(engine: sa.Engine, since: dt.datetime) -> list[Failure]:
-    """Rows that ended failed or dead and changed at or after ``since``, oldest first."""
+    """Rows that ended failed, dead, bounced or suppressed and changed at or after ``since``,
+    oldest first."""
     with engine.connect() as conn:
         return [Failure(**row._mapping) for row in conn.execute(sql.FAILURES_REPORT,
                                                                 {"since": since})]
@@ -55,8 +57,9 @@ def failures_since(engine: sa.Engine, since: dt.datetime) -> list[Failure]:
 
 def render_lines(failures: Sequence[Failure], since: dt.datetime) -> list[str]:
     if not failures:
-        return [f"no email ended failed or dead since {_when(since)}"]
-    lines = [f"{len(failures)} email(s) ended failed or dead since {_when(since)}:"]
+        return [f"no email ended failed, dead, bounced or suppressed since {_when(since)}"]
+    lines = [f"{len(failures)} email(s) ended failed, dead, bounced or suppressed since "
+             f"{_when(since)}:"]
     for f in failures:
         # A multi-line SMTP reply (or a row written by SQL) must not break the line.
         lines.append(" | ".join(" ".join(part.split()) or "-" for part in [

@@ -1,8 +1,9 @@
 """`postroom purge`: deletes finished outbox rows and their ledger entries in short batches.
 
-Only final rows (sent, failed, dead) that are not queued again; ledger rows only when no outbox
-row needs them and when they are older than every topic's retention, so a consumer group reset to
-the beginning of a topic still finds each key it already sent.
+Only final rows (sent, bounced, failed, dead, suppressed) that are not queued again; ledger rows
+only when no outbox row needs them and when they are older than every topic's retention, so a
+consumer group reset to the beginning of a topic still finds each key it already sent; then the
+suppression entries that expired before the cutoff and the soft bounces counted before it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ PAUSE_BETWEEN_BATCHES_S = 0.05  # lets autovacuum and other writers in between b
 # The youngest cutoff allowed without --force when the topics' retention is unknown or forever.
 DEFAULT_MIN_AGE_S = 7 * 86_400.0
 FINAL_STATES = ("sent", "failed", "dead")
+# Final too, counted in the plan only when there are some (the plan's line stays as it was).
+LATER_FINAL_STATES = ("bounced", "suppressed")
 MAX_AGE_S = 100 * 365 * 86_400.0  # older than any row; and a cutoff datetime can hold it
 
 AGE_FORMS = "30d or 30days (days), 12h (hours), 90m (minutes), 2w (weeks)"
@@ -84,9 +87,11 @@ class PurgePlan:
 def render_plan(plan: PurgePlan, older_than_s: float) -> list[str]:
     """What a purge will delete, in the words `postroom purge` prints before deleting."""
     cutoff = plan.outbox_cutoff.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    counts = ", ".join(f"{plan.outbox_by_state.get(state, 0)} {state}" for state in FINAL_STATES)
-    return [f"cutoff {cutoff} ({_days(older_than_s)} ago): outbox rows that ended sent, failed "
-            f"or dead before it and are not queued again",
+    counts = ", ".join([*(f"{plan.outbox_by_state.get(state, 0)} {state}" for state in FINAL_STATES),
+                        *(f"{plan.outbox_by_state[state]} {state}" for state in LATER_FINAL_STATES
+                          if plan.outbox_by_state.get(state))])
+    return [f"cutoff {cutoff} ({_days(older_than_s)} ago): outbox rows that ended sent, bounced, "
+            f"failed, dead or suppressed before it and are not queued again",
             f"outbox: {plan.outbox_rows} row(s) to delete ({counts})",
             f"ledger: {plan.ledger_rows} row(s) to delete; {plan.ledger_reason}"]
 
@@ -127,6 +132,12 @@ def purge(engine: sa.Engine, plan: PurgePlan, batch: int = BATCH_ROWS,
     if plan.ledger_cutoff is not None:
         ledger_done = _in_batches(engine, sql.PURGE_LEDGER_BATCH, "", "ledger", progress,
                                   cutoff=plan.ledger_cutoff, batch=batch)
+    with engine.begin() as conn:
+        expired, counted = conn.execute(sql.PURGE_SUPPRESSION,
+                                        {"cutoff": plan.outbox_cutoff}).one()
+    if expired or counted:
+        progress(f"deleted {expired} suppression entr(ies) expired before the cutoff and "
+                 f"{counted} soft bounce(s) counted before it")
     return outbox_done, ledger_done
 
 

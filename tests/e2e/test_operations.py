@@ -158,11 +158,11 @@ def test_report_failures_prints_and_mails_once_through_the_outbox(
             for r in rows] == [("old@example.com", "newsletter", "News", "failed", 1)]
     assert "550" in rows[0]["last_error"]
     text = lines(settings, "report", "failures")
-    assert text[0].startswith("1 email(s) ended failed or dead since ")
+    assert text[0].startswith("1 email(s) ended failed, dead, bounced or suppressed since ")
     assert text[1].startswith("old@example.com | newsletter | News | failed | attempts=1 | 550")
     tomorrow = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).date().isoformat()
     assert lines(settings, "report", "failures", "--since", tomorrow) == [
-        f"no email ended failed or dead since {tomorrow} 00:00 UTC"]
+        f"no email ended failed, dead, bounced or suppressed since {tomorrow} 00:00 UTC"]
 
     first = lines(settings, "report", "failures", "--to", "owner@example.com")
     assert first[0] == "mailing 1 failure(s) to owner@example.com through the outbox ..."

@@ -28,7 +28,8 @@ ROWS = {"sent-old@example.com": ("sent", "40 days"), "failed-old@example.com": (
 
 
 CUTOFF_LINE = re.compile(r"cutoff (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC \(30 days ago\): outbox "
-                         r"rows that ended sent, failed or dead before it and are not queued "
+                         r"rows that ended sent, bounced, failed, dead or suppressed before it and "
+                         r"are not queued "
                          r"again")
 
 

@@ -14,12 +14,13 @@ from postroom.settings import FIELDS
 
 COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "bounces",
             "check",
-            "lag", "dlq", "requeue", "report", "purge", "devsmtp", "status"]
+            "lag", "dlq", "requeue", "report", "purge", "devsmtp", "status", "suppression"]
 SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["acls"],
                ["enqueue"], ["relay"],
                ["sender"], ["recorder"], ["bounces"], ["check"], ["lag"], ["dlq", "list"],
                ["dlq", "replay"],
-               ["requeue"], ["report", "failures"], ["purge"], ["status"]]
+               ["requeue"], ["report", "failures"], ["purge"], ["status"],
+               ["suppression", "list"], ["suppression", "add"], ["suppression", "remove"]]
 README = Path(__file__).resolve().parents[3] / "README.md"
 ENQUEUE = ["enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S", "--body", "b"]
 

@@ -86,10 +86,17 @@ def test_minimum_age(retention_s: float | None, minimum_s: float, from_: str) ->
 def test_the_plan_names_the_cutoff_in_utc_and_the_rows_by_state() -> None:
     plan = PurgePlan(NOW - dt.timedelta(days=30), None, "kept", {"sent": 5, "dead": 1}, 0)
     assert render_plan(plan, 30 * DAY_S) == [
-        "cutoff 2026-11-01 12:00:00 UTC (30 days ago): outbox rows that ended sent, failed or "
-        "dead before it and are not queued again",
+        "cutoff 2026-11-01 12:00:00 UTC (30 days ago): outbox rows that ended sent, bounced, "
+        "failed, dead or suppressed before it and are not queued again",
         "outbox: 6 row(s) to delete (5 sent, 0 failed, 1 dead)",
         "ledger: 0 row(s) to delete; kept"]
+
+
+def test_the_plan_counts_bounced_and_suppressed_rows_when_there_are_some() -> None:
+    plan = PurgePlan(NOW - dt.timedelta(days=30), None, "kept",
+                     {"sent": 5, "bounced": 2, "suppressed": 1}, 0)
+    assert render_plan(plan, 30 * DAY_S)[1] == (
+        "outbox: 8 row(s) to delete (5 sent, 0 failed, 0 dead, 2 bounced, 1 suppressed)")
 
 
 def failure(id_: int, status: str = "failed", attempts: int = 1) -> Failure:
