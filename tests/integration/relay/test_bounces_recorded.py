@@ -7,26 +7,31 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from confluent_kafka import Producer
 
 from postroom import enqueue
+from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
-from postroom.topics import Priority, priority_topic
+from postroom.topics import Priority, priority_topic, results_topic
 from relay import suppression
 from relay.publisher import Relay
 from relay.recorder import (
     REPORT_STATUSES,
+    Recorder,
     ReportPolicy,
     ReportsApplied,
     apply_reports,
     apply_results,
     apply_soft_bounces,
 )
-from schemas.codec import DeliveryStatus, EmailResult
+from schemas.codec import DeliveryStatus, EmailResult, encode, headers_for
 
 pytestmark = pytest.mark.integration
 
@@ -262,3 +267,39 @@ def test_a_suppressed_row_takes_no_later_result(engine: sa.Engine) -> None:
                      {"id": row.id})
     record(engine, [sent(row), bounced(row)])
     assert state(engine, row).status == "suppressed"
+
+
+def test_the_recorder_applies_reports_from_the_results_topic_once(
+        settings: Settings, engine: sa.Engine) -> None:
+    """The wiring: reports read from Kafka among ordinary results, the batch read again by a
+    new group (a replay from the beginning) changing nothing."""
+    rows = rows_of(engine, "sep", ["old.manager@example.com", "ceo@example.com",
+                                   "flaky@example.com"])
+    old, ceo = rows["old.manager@example.com"], rows["ceo@example.com"]
+    producer = Producer({**settings.kafka_client_config(), "enable.idempotence": True})
+    for item in [sent(old), sent(ceo), bounced(old), delayed(ceo),
+                 result(ceo, S.COMPLAINED, minutes=2, error="abuse")]:
+        producer.produce(results_topic(settings.topic_prefix), encode(item),
+                         item.idempotency_key.encode(), headers=headers_for(item))
+    assert producer.flush(10) == 0
+
+    def run_recorder(group: str, expected: int) -> None:
+        recorder = Recorder(dataclasses.replace(settings, recorder_group=group), engine)
+        thread = threading.Thread(target=recorder.run, daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: recorder.stats.applied + recorder.stats.ignored >= expected, 30,
+                       f"{expected} results recorded")
+        finally:
+            recorder.stop()
+            thread.join(30)
+        assert (recorder.stats.unreadable, recorder.stats.refused) == (0, 0)
+
+    run_recorder(f"first-{uuid.uuid4().hex[:8]}", 5)
+    assert state(engine, old).status == "bounced"
+    assert (state(engine, ceo).status, state(engine, ceo).last_error) == (
+        "sent", "delayed 4.4.1: smtp; 451 4.4.1 try again later")
+    assert set(listed(engine)) == {"old.manager@example.com", "ceo@example.com"}
+    before = tables(engine)
+    run_recorder(f"again-{uuid.uuid4().hex[:8]}", 5)
+    assert tables(engine) == before
