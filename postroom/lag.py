@@ -20,7 +20,15 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from postroom.errors import ConfigError, KafkaClientError
-from postroom.kafka import check_reachable, client_config, make_admin, message_headers, translate
+from postroom.kafka import (
+    check_reachable,
+    client_config,
+    make_admin,
+    message_headers,
+    min_insync_replicas,
+    topic_replicas,
+    translate,
+)
 from postroom.lagrules import (
     CommitWindows,
     Verdict,
@@ -30,20 +38,34 @@ from postroom.lagrules import (
     partition_verdict,
 )
 from postroom.metrics import Metrics
+from postroom.replication import TopicHealth, topic_health
 from postroom.settings import Settings
-from postroom.topics import results_topic, sender_topics, tier_of_retry_topic
+from postroom.topics import all_topics, results_topic, sender_topics, tier_of_retry_topic
 from schemas.codec import EmailRequested, SchemaError, decode
 
 log = logging.getLogger(__name__)
 
+# What one sample of every group may take, all its requests together: a broker that does not
+# answer (killed, its leaderships not moved yet) makes a partial sample, not a wait of minutes.
 READ_TIMEOUT_S = 10.0
+MIN_REQUEST_S = 0.5  # a request still made once the sample's time is up gets this long
 # Errors of a request no broker answered: the message names the bootstrap servers.
 _NO_ANSWER = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+# Errors a broker loss brings while leaderships and coordinators move: the part of the report
+# they hold up is labelled unavailable, the rest is answered. Others (a refusal) end the report.
+_MOVING = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_WAIT_COORD",
+                     "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
+                     "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION", "REQUEST_TIMED_OUT"})
+
+
+def _moving(exc: KafkaClientError) -> bool:
+    return exc.retriable or exc.code in _MOVING
 # One-shot `postroom lag`: a short window of samples, so a verdict can be given at all.
 ONE_SHOT_SAMPLES = 3
 ONE_SHOT_INTERVAL_S = 1.0
-WATERMARK_TRIES = 10
-WATERMARK_RETRY_S = 0.5
+# A partition whose offsets its leader did not give (leadership moving after a broker loss)
+# is asked again this often until the sample's time is up, then reported unavailable.
+OFFSETS_RETRY_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +88,19 @@ class PartitionReport:
     tier: int | None = None         # retry tier number; None for other topics
     overdue: int | None = None      # retry tiers: records past their not_before, unconsumed
     overdue_seconds: float | None = None  # retry tiers: how late the first of them is
+    # Why this partition's offsets could not be read (its leader down, the group's coordinator
+    # not answering); its lag is unknown, not 0, and counts in no total or verdict.
+    unavailable: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {
             "group": self.group, "topic": self.topic, "partition": self.partition,
             "committed": self.committed, "end": self.end, "lag": self.lag,
             "lag_seconds": round(self.lag_seconds, 3), "verdict": self.verdict.name}
+        if self.unavailable is not None:
+            row.update(end=None, lag=None, lag_seconds=None, verdict="UNKNOWN",
+                       unavailable=self.unavailable)
+            return row
         if self.tier is not None:
             row.update(waiting=self.lag, overdue=self.overdue,
                        overdue_seconds=round(self.overdue_seconds or 0.0, 3))
@@ -87,16 +116,25 @@ class GroupReport:
     verdict: Verdict
 
     @property
+    def known(self) -> tuple[PartitionReport, ...]:
+        """The partitions whose lag was read."""
+        return tuple(p for p in self.partitions if p.unavailable is None)
+
+    @property
+    def unavailable(self) -> int:
+        return len(self.partitions) - len(self.known)
+
+    @property
     def sum_lag(self) -> int:
-        return sum(p.lag for p in self.partitions)
+        return sum(p.lag for p in self.known)
 
     @property
     def max_lag(self) -> int:
-        return max((p.lag for p in self.partitions), default=0)
+        return max((p.lag for p in self.known), default=0)
 
     @property
     def max_lag_seconds(self) -> float:
-        return max((p.lag_seconds for p in self.partitions), default=0.0)
+        return max((p.lag_seconds for p in self.known), default=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +150,8 @@ class LagReport:
     at: dt.datetime
     groups: tuple[GroupReport, ...]
     outbox: OutboxBacklog | None
+    # Partitions of each of postroom's topics by replication state; None: not read.
+    replication: Mapping[str, TopicHealth] | None = None
 
 
 def postroom_groups(settings: Settings, only: str | None = None) -> dict[str, list[str]]:
@@ -140,6 +180,12 @@ class LagReader:
         self._admin = make_admin(settings)
         self._reader: Consumer | None = None
         self._reached = False
+        self.replication: dict[str, TopicHealth] | None = None
+        self._deadline = 0.0  # of the sample under way (time.monotonic())
+
+    def _left_s(self) -> float:
+        """How long the next request of this sample may wait."""
+        return max(MIN_REQUEST_S, self._deadline - time.monotonic())
 
     def close(self) -> None:
         if self._reader is not None:
@@ -169,16 +215,40 @@ class LagReader:
             # A broker that never answers is one line, not each request's timeout in turn.
             check_reachable(self._settings)
             self._reached = True
+        self._deadline = time.monotonic() + READ_TIMEOUT_S
+        self.replication = self._replication()
         return [self._sample_group(group, topics) for group, topics in self._groups.items()]
 
+    def _replication(self) -> dict[str, TopicHealth] | None:
+        """Every postroom topic's partitions by replication state; None when unreadable."""
+        topics = all_topics(self._settings.topic_prefix, len(self._settings.retry_delays_s))
+        try:
+            partitions, _brokers = topic_replicas(self._settings, topics, self._left_s(),
+                                                  self._admin)
+            min_insync = min_insync_replicas(self._settings, topics, self._left_s(),
+                                             self._admin)
+        except KafkaClientError as exc:
+            log.warning("cannot read the replication of postroom's topics: %s", exc)
+            return None
+        return topic_health(partitions, min_insync)
+
     def _sample_group(self, group: str, topics: list[str]) -> GroupReport:
-        state, members = self._describe(group)
-        alive = bool(members)
-        offsets = self._offsets(group, topics)
+        try:
+            state, members = self._describe(group)
+            alive = bool(members)
+        except KafkaClientError as exc:
+            if not _moving(exc):
+                raise
+            # Its coordinator moving after a broker loss: the offsets may still be read. Taken
+            # as alive, so the verdict's window does not call it stopped for the gap.
+            state, members, alive = f"unknown ({exc})", (), True
+        offsets, unreadable = self._offsets(group, topics)
         now_s = self._clock()
         heads = self._first_records([(tp, start) for tp, start, _c, end in offsets if end > start])
         prefix = self._settings.topic_prefix
-        reports = []
+        reports = [PartitionReport(group, tp.topic, tp.partition, None, -1, 0, 0.0, Verdict.OK,
+                                   tier_of_retry_topic(prefix, tp.topic), unavailable=why)
+                   for tp, why in unreadable]
         for tp, start, committed, end in offsets:
             lag = max(0, end - start)
             tier = tier_of_retry_topic(prefix, tp.topic)
@@ -196,13 +266,14 @@ class LagReader:
             reports.append(PartitionReport(
                 group, tp.topic, tp.partition, committed, end, lag, seconds,
                 partition_verdict(window, judged, now_s), tier, overdue, overdue_s))
+        reports.sort(key=lambda r: (topics.index(r.topic), r.partition))
         return GroupReport(group, state, members, tuple(reports),
-                           group_verdict(r.verdict for r in reports))
+                           group_verdict(r.verdict for r in reports if r.unavailable is None))
 
     def _describe(self, group: str) -> tuple[str, tuple[Member, ...]]:
         try:
             description = self._admin.describe_consumer_groups(
-                [group], request_timeout=READ_TIMEOUT_S)[group].result()
+                [group], request_timeout=self._left_s())[group].result()
         except KafkaException as exc:
             raise self._failed(exc, f"cannot describe group {group}") from exc
         state = getattr(description.state, "name", str(description.state)).lower()
@@ -211,32 +282,98 @@ class LagReader:
         return state, members
 
     def _offsets(self, group: str, topics: list[str],
-                 ) -> list[tuple[TopicPartition, int, int | None, int]]:
-        """(partition, where the group resumes, committed or None, log end) per partition."""
+                 ) -> tuple[list[tuple[TopicPartition, int, int | None, int]],
+                            list[tuple[TopicPartition, str]]]:
+        """(partition, where the group resumes, committed or None, log end) per partition whose
+        offsets were read, and (partition, why not) for the others: a broker down leaves its
+        partitions unread until their leadership moves, not the whole report."""
         consumer = self._records()
         try:
-            metadata = consumer.list_topics(timeout=READ_TIMEOUT_S)
-            # A broker leaves out of the metadata what this principal may not describe: a lag
-            # of 0 over no partitions would look like a group that keeps up.
-            unseen = [topic for topic in topics if topic not in metadata.topics]
-            if unseen:
-                raise KafkaClientError(
-                    f"cannot read the lag of group {group}: topics missing or not visible to "
-                    f"this principal: {', '.join(unseen)} (run `postroom topics create`; on a "
-                    f"cluster with ACLs, run lag as the admin, see `postroom acls`)")
-            partitions = [TopicPartition(topic, p) for topic in topics
-                          for p in sorted(metadata.topics[topic].partitions)]
-            committed = self._committed(group, partitions)
-            rows = []
-            for tp in partitions:
-                low, high = _watermarks(consumer, tp)
-                done = committed.get((tp.topic, tp.partition))
-                # A group with nothing committed starts at the beginning (auto.offset.reset).
-                start = min(max(done if done is not None else low, low), high)
-                rows.append((tp, start, done, high))
+            metadata = consumer.list_topics(timeout=self._left_s())
         except KafkaException as exc:
             raise self._failed(exc, f"cannot read the offsets of group {group}") from exc
-        return rows
+        # A broker leaves out of the metadata what this principal may not describe: a lag
+        # of 0 over no partitions would look like a group that keeps up.
+        unseen = [topic for topic in topics if topic not in metadata.topics]
+        if unseen:
+            raise KafkaClientError(
+                f"cannot read the lag of group {group}: topics missing or not visible to "
+                f"this principal: {', '.join(unseen)} (run `postroom topics create`; on a "
+                f"cluster with ACLs, run lag as the admin, see `postroom acls`)")
+        partitions = [TopicPartition(topic, p) for topic in topics
+                      for p in sorted(metadata.topics[topic].partitions)]
+        try:
+            committed = self._committed(group, partitions)
+        except KafkaClientError as exc:
+            if not _moving(exc):
+                raise
+            return [], [(tp, f"committed offsets unreadable: {exc}") for tp in partitions]
+        leaders = {(tp.topic, tp.partition): metadata.topics[tp.topic].partitions[tp.partition]
+                   .leader for tp in partitions}
+        marks = self._watermarks(partitions, leaders)
+        rows, unreadable = [], []
+        for tp in partitions:
+            mark = marks[(tp.topic, tp.partition)]
+            if isinstance(mark, str):
+                unreadable.append((tp, mark))
+                continue
+            low, high = mark
+            done = committed.get((tp.topic, tp.partition))
+            # A group with nothing committed starts at the beginning (auto.offset.reset).
+            start = min(max(done if done is not None else low, low), high)
+            rows.append((tp, start, done, high))
+        return rows, unreadable
+
+    def _watermarks(self, partitions: Sequence[TopicPartition], leaders: Mapping[
+            tuple[str, int], int]) -> dict[tuple[str, int], tuple[int, int] | str]:
+        """(low, high) watermarks of each partition, or why they could not be read within
+        the sample's time. One request per leader, all at once, so a leader that does not answer
+        holds up only its own partitions; those that fail are asked again until the deadline
+        (a new topic, leadership moving after a broker restart)."""
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        found: dict[tuple[str, int], tuple[int, int] | str] = {}
+        pending = []
+        for tp in partitions:
+            if leaders[(tp.topic, tp.partition)] < 0:
+                found[(tp.topic, tp.partition)] = "offline: the partition has no leader"
+            else:
+                pending.append(tp)
+        deadline = time.monotonic() + self._left_s()
+        while pending:
+            left = deadline - time.monotonic()
+            by_leader: dict[int, list[TopicPartition]] = {}
+            for tp in pending:
+                by_leader.setdefault(leaders[(tp.topic, tp.partition)], []).append(tp)
+            asked = []
+            for group in by_leader.values():
+                for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
+                    asked.append((spec, self._admin.list_offsets(
+                        {TopicPartition(tp.topic, tp.partition): spec for tp in group},
+                        request_timeout=max(1.0, left))))
+            marks: dict[tuple[str, int], list[int]] = {}
+            failed: dict[tuple[str, int], str] = {}
+            for _spec, futures in asked:
+                for tp, future in futures.items():
+                    key = (tp.topic, tp.partition)
+                    try:
+                        marks.setdefault(key, []).append(int(future.result().offset))
+                    except KafkaException as exc:
+                        failed[key] = f"offsets unreadable: {translate(exc, 'list offsets')}"
+            retry = []
+            for tp in pending:
+                key = (tp.topic, tp.partition)
+                if key in failed or len(marks.get(key, ())) < 2:
+                    found[key] = failed.get(key, "offsets unreadable")
+                    retry.append(tp)
+                else:
+                    low, high = sorted(marks[key])
+                    found[key] = (low, high)
+            if not retry or time.monotonic() + OFFSETS_RETRY_S >= deadline:
+                break
+            time.sleep(OFFSETS_RETRY_S)
+            pending = retry
+        return found
 
     def _committed(self, group: str, partitions: list[TopicPartition],
                    ) -> dict[tuple[str, int], int | None]:
@@ -247,7 +384,7 @@ class LagReader:
         request = [ConsumerGroupTopicPartitions(group, partitions)]
         try:
             result = self._admin.list_consumer_group_offsets(
-                request, request_timeout=READ_TIMEOUT_S)[group].result()
+                request, request_timeout=self._left_s())[group].result()
         except KafkaException as exc:
             raise self._failed(exc, f"cannot read the committed offsets of group {group}") from exc
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
@@ -262,7 +399,7 @@ class LagReader:
         assignment = [TopicPartition(tp.topic, tp.partition, offset) for tp, offset in wanted]
         consumer.assign(assignment)
         found: dict[tuple[str, int], tuple[int, bytes | None, list[Any]]] = {}
-        deadline = time.monotonic() + READ_TIMEOUT_S
+        deadline = time.monotonic() + self._left_s()
         try:
             while len(found) < len(assignment) and time.monotonic() < deadline:
                 for msg in consumer.consume(num_messages=len(assignment), timeout=0.2):
@@ -279,7 +416,8 @@ class LagReader:
         missing = len(assignment) - len(found)
         if missing:
             log.warning("could not read the first unconsumed record of %d partition(s) within "
-                        "%.0fs; their lag in seconds is shown as 0", missing, READ_TIMEOUT_S)
+                        "the sample's %.0fs; their lag in seconds is shown as 0", missing,
+                        READ_TIMEOUT_S)
         return found
 
     def _overdue(self, tp: TopicPartition, start: int, end: int,
@@ -303,22 +441,6 @@ class LagReader:
         return first_not_due(start, end, is_due) - start, late
 
 
-def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
-    """(low, high) watermarks, asking again while a partition's leadership moves."""
-    tries = 0
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=READ_TIMEOUT_S)
-            return int(low), int(high)
-        except KafkaException:
-            # NOT_LEADER_FOR_PARTITION comes as not retriable, yet passes once metadata
-            # catches up (a new topic, a broker restart): ask a few times before giving up.
-            tries += 1
-            if tries >= WATERMARK_TRIES:
-                raise
-            time.sleep(WATERMARK_RETRY_S)
-
-
 def _not_before_s(value: bytes | None, headers: list[Any]) -> float | None:
     """A retry record's not_before (epoch s); None when it has none or cannot be read (an
     unreadable record is dead-lettered at once: it is due)."""
@@ -332,15 +454,19 @@ def _not_before_s(value: bytes | None, headers: list[Any]) -> float | None:
 def read_report(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None,
                 samples: int = 1, interval_s: float = ONE_SHOT_INTERVAL_S,
                 stop: threading.Event | None = None) -> LagReport:
-    """Sample ``samples`` times ``interval_s`` apart and report the last sample."""
+    """Sample ``samples`` times ``interval_s`` apart and report the last sample; a partial
+    sample (a broker down) is reported at once."""
     groups = reader.sample()
     for _ in range(samples - 1):
+        if any(g.unavailable for g in groups):
+            break
         if stop is not None and stop.wait(interval_s):
             break
         if stop is None:
             time.sleep(interval_s)
         groups = reader.sample()
-    return LagReport(dt.datetime.now(dt.UTC), tuple(groups), outbox() if outbox else None)
+    return LagReport(dt.datetime.now(dt.UTC), tuple(groups), outbox() if outbox else None,
+                     reader.replication)
 
 
 def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> list[str]:
@@ -350,10 +476,19 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
         role = (roles or {}).get(group.group, "consumer of this group")
         members = ", ".join(f"{m.client_id}@{m.host} ({m.partitions} partitions)"
                             for m in group.members) or f"none (no {role} is running)"
+        partial = (f" (PARTIAL: {group.unavailable} of {len(group.partitions)} partitions "
+                   "unavailable, not counted)" if group.unavailable else "")
         lines.append(f"{group.group}: {group.verdict.name}, state {group.state}, "
                      f"members {members}; total lag {group.sum_lag}, "
-                     f"max {group.max_lag_seconds:.1f}s behind")
+                     f"max {group.max_lag_seconds:.1f}s behind{partial}")
+        said = None
         for p in group.partitions:
+            if p.unavailable is not None:
+                # One reason for many partitions (the coordinator's) is said once.
+                why = " (as above)" if p.unavailable == said else f": {p.unavailable}"
+                lines.append(f"  {p.topic}[{p.partition}] UNAVAILABLE{why}")
+                said = p.unavailable
+                continue
             committed = "-" if p.committed is None else str(p.committed)
             line = f"  {p.topic}[{p.partition}] committed={committed} end={p.end} lag={p.lag}"
             if p.tier is not None:
@@ -363,6 +498,7 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
             else:
                 line += f" behind={p.lag_seconds:.1f}s"
             lines.append(line + f" {p.verdict.name}")
+    lines.extend(_replication_lines(report))
     if report.outbox is not None:
         age = report.outbox.oldest_age_s
         lines.append(f"outbox: {report.outbox.rows} row(s) waiting for the relay"
@@ -370,10 +506,31 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
     return lines
 
 
+def _replication_lines(report: LagReport) -> list[str]:
+    """A line per topic with partitions offline, under-replicated or below min.insync.replicas."""
+    if report.replication is None:
+        return ["replication: UNKNOWN (the cluster's metadata could not be read)"]
+    return [f"replication: {topic}: {h.offline} offline, {h.under_replicated} under-replicated, "
+            f"{h.below_min_isr} below min.insync.replicas (of {h.partitions} partitions; "
+            "`postroom check` names them)"
+            for topic, h in report.replication.items()
+            if h.offline or h.under_replicated or h.below_min_isr]
+
+
 def render_json(report: LagReport) -> list[str]:
     lines = [json.dumps({**p.as_json(), "group_state": g.state, "group_members": len(g.members),
                          "group_verdict": g.verdict.name})
              for g in report.groups for p in g.partitions]
+    # Only topics with a problem (or none read): a healthy cluster adds no line.
+    replication = report.replication
+    if replication is None:
+        lines.append(json.dumps({"replication": None}))
+    else:
+        lines.extend(json.dumps({"replication": topic, "partitions": h.partitions,
+                                 "offline": h.offline, "under_replicated": h.under_replicated,
+                                 "below_min_insync_replicas": h.below_min_isr})
+                     for topic, h in replication.items()
+                     if h.offline or h.under_replicated or h.below_min_isr)
     if report.outbox is not None:
         lines.append(json.dumps({"outbox_backlog": report.outbox.rows,
                                  "outbox_oldest_age_seconds": report.outbox.oldest_age_s}))
@@ -386,6 +543,13 @@ def export(metrics: Metrics, report: LagReport, cluster: str) -> None:
         for p in group.partitions:
             labels = {"cluster_name": cluster, "group": group.group, "topic": p.topic,
                       "partition": str(p.partition)}
+            if p.unavailable is not None:
+                # Unknown is no series, not the last value or 0: an alert's expression then
+                # misses it rather than reading a lag that may be stale.
+                for name in ("kafka_consumergroup_group_lag",
+                             "kafka_consumergroup_group_lag_seconds"):
+                    metrics.remove(name, **labels)
+                continue
             metrics.set("kafka_consumergroup_group_lag", p.lag, **labels)
             metrics.set("kafka_consumergroup_group_lag_seconds", p.lag_seconds, **labels)
             if p.tier is not None:
@@ -399,6 +563,14 @@ def export(metrics: Metrics, report: LagReport, cluster: str) -> None:
         metrics.set("kafka_consumergroup_group_max_lag_seconds", group.max_lag_seconds, **of_group)
         metrics.set("consumergroup_status", group.verdict.value, group=group.group)
         metrics.set("consumergroup_members", len(group.members), group=group.group)
+        metrics.set("lag_partitions_unavailable", group.unavailable, group=group.group)
+    if report.replication is not None:
+        for topic, health in report.replication.items():
+            where = {"cluster_name": cluster, "topic": topic}
+            metrics.set("topic_partitions_offline", health.offline, **where)
+            metrics.set("topic_partitions_under_replicated", health.under_replicated, **where)
+            metrics.set("topic_partitions_below_min_insync_replicas", health.below_min_isr,
+                        **where)
     if report.outbox is not None:
         metrics.set("outbox_backlog", report.outbox.rows)
         metrics.set("outbox_backlog_age_seconds", report.outbox.oldest_age_s or 0.0)

@@ -1,0 +1,144 @@
+"""`postroom lag` with part of the cluster gone: partitions whose offsets no broker gave are
+labelled unavailable (not a lag of 0), counted in no total or verdict, their lag series removed;
+a leader that does not answer holds up only its own partitions; the replication gauges."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime as dt
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from postroom import lag
+from postroom.lag import GroupReport, LagReader, LagReport, PartitionReport
+from postroom.lagrules import Verdict
+from postroom.metrics import Metrics
+from postroom.replication import TopicHealth
+from postroom.settings import Settings
+
+T = "postroom.email.high"
+
+
+def report(*partitions: PartitionReport,
+           replication: Mapping[str, TopicHealth] | None = None) -> LagReport:
+    group = GroupReport("g", "stable", (), partitions,
+                        max((p.verdict for p in partitions if p.unavailable is None),
+                            default=Verdict.OK))
+    return LagReport(dt.datetime(2026, 12, 2, tzinfo=dt.UTC), (group,), None,
+                     {} if replication is None else replication)
+
+
+READ = PartitionReport("g", T, 0, 5, 12, 7, 3.5, Verdict.WARN)
+GONE = PartitionReport("g", T, 1, None, -1, 0, 0.0, Verdict.OK,
+                       unavailable="offline: the partition has no leader")
+
+
+def test_an_unavailable_partition_is_labelled_and_left_out_of_the_totals() -> None:
+    said = report(READ, GONE, dataclasses.replace(GONE, partition=2))
+    group = said.groups[0]
+    assert (group.sum_lag, group.max_lag, group.max_lag_seconds, group.unavailable) == (
+        7, 7, 3.5, 2)
+    text = lag.render_text(said)
+    assert text[0].endswith("(PARTIAL: 2 of 3 partitions unavailable, not counted)")
+    assert text[2:] == [f"  {T}[1] UNAVAILABLE: offline: the partition has no leader",
+                        f"  {T}[2] UNAVAILABLE (as above)"]
+    rows = [json.loads(line) for line in lag.render_json(said)]
+    assert rows[1] == {"group": "g", "topic": T, "partition": 1, "committed": None, "end": None,
+                       "lag": None, "lag_seconds": None, "verdict": "UNKNOWN",
+                       "unavailable": "offline: the partition has no leader",
+                       "group_state": "stable", "group_members": 0, "group_verdict": "WARN"}
+
+
+def test_a_whole_report_adds_no_line() -> None:
+    assert lag.render_text(report(READ)) == [
+        "g: WARN, state stable, members none (no consumer of this group is running); total lag "
+        "7, max 3.5s behind", f"  {T}[0] committed=5 end=12 lag=7 behind=3.5s WARN"]
+    assert len(lag.render_json(report(READ))) == 1
+
+
+def test_replication_problems_are_a_line_per_topic() -> None:
+    said = report(READ, replication={T: TopicHealth(3, 1, 2, 1),
+                                     "postroom.email.low": TopicHealth(3)})
+    assert lag.render_text(said)[-1] == (
+        f"replication: {T}: 1 offline, 2 under-replicated, 1 below min.insync.replicas (of 3 "
+        "partitions; `postroom check` names them)")
+    assert json.loads(lag.render_json(said)[-1]) == {
+        "replication": T, "partitions": 3, "offline": 1, "under_replicated": 2,
+        "below_min_insync_replicas": 1}
+    unread = dataclasses.replace(said, replication=None)
+    assert lag.render_text(unread)[-1].startswith("replication: UNKNOWN")
+
+
+def test_export_drops_the_series_of_an_unavailable_partition_and_sets_the_gauges() -> None:
+    metrics = Metrics()
+    lag.export(metrics, report(READ, dataclasses.replace(GONE, unavailable=None, lag=4)), "c")
+    lag.export(metrics, report(READ, GONE, replication={T: TopicHealth(3, 1, 2, 1)}), "c")
+    text = metrics.render()
+    assert f'partition="0",topic="{T}"}} 7.0' in text
+    assert f'partition="1",topic="{T}"' not in text
+    assert 'postroom_lag_partitions_unavailable{group="g"} 1.0' in text
+    assert f'postroom_topic_partitions_offline{{cluster_name="c",topic="{T}"}} 1.0' in text
+    assert f'postroom_topic_partitions_under_replicated{{cluster_name="c",topic="{T}"}} 2.0' in text
+    assert (f'postroom_topic_partitions_below_min_insync_replicas{{cluster_name="c",topic="{T}"}}'
+            ' 1.0') in text
+
+
+def done(value: Any = None, error: KafkaError | None = None) -> concurrent.futures.Future[Any]:
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    if error is not None:
+        future.set_exception(KafkaException(error))
+    else:
+        future.set_result(value)
+    return future
+
+
+@dataclasses.dataclass
+class Offset:
+    offset: int
+
+
+class FakeAdmin:
+    """list_offsets as librdkafka answers it with broker 2 gone: its partitions time out."""
+
+    def __init__(self, dead: int, leaders: Mapping[tuple[str, int], int]) -> None:
+        self.dead, self.leaders, self.requests = dead, leaders, 0
+
+    def list_offsets(self, wanted: Mapping[TopicPartition, Any], request_timeout: float,
+                     ) -> dict[TopicPartition, concurrent.futures.Future[Any]]:
+        self.requests += 1
+        answers = {}
+        for tp, spec in wanted.items():
+            if self.leaders[(tp.topic, tp.partition)] == self.dead:
+                answers[tp] = done(error=KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+            else:
+                latest = "latest" in repr(spec).lower() or str(spec).endswith("-1")
+                answers[tp] = done(Offset(10 * tp.partition + (5 if latest else 0)))
+        return answers
+
+
+@pytest.fixture
+def reader(monkeypatch: pytest.MonkeyPatch) -> LagReader:
+    monkeypatch.setattr(lag, "OFFSETS_RETRY_S", 0.5)
+    return LagReader(Settings(kafka_bootstrap_servers="k1:9092,k2:9092,k3:9092"), {})
+
+
+def test_a_leader_that_does_not_answer_holds_up_only_its_partitions(reader: LagReader) -> None:
+    leaders = {(T, 0): 1, (T, 1): 2, (T, 2): 3, (T, 3): -1}
+    reader._admin = FakeAdmin(dead=2, leaders=leaders)
+    started = time.monotonic()
+    reader._deadline = started + 1.2  # as sample() sets it
+    marks = reader._watermarks([TopicPartition(T, p) for p in range(4)], leaders)
+    assert time.monotonic() - started < 1.2 + 0.5  # the deadline, and one retry's pause at most
+    assert marks[(T, 0)] == (0, 5)
+    assert marks[(T, 2)] == (20, 25)
+    assert isinstance(marks[(T, 1)], str) and "Timed out" in marks[(T, 1)]
+    assert marks[(T, 3)] == "offline: the partition has no leader"
+    # one request per leader and offset kind, then only the dead leader's asked again
+    assert reader._admin.requests >= 3 * 2 + 1 * 2
+    assert (reader._admin.requests - 6) % 2 == 0
