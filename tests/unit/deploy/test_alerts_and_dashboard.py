@@ -73,6 +73,10 @@ def test_the_alerts_cover_what_operations_asked_for() -> None:
         "postroom_retry_overdue_seconds",             # overdue retries
         "postroom_outbox_backlog_age_seconds",        # relay backlog age
         "postroom_ready",                             # a role not ready
+        "postroom_topic_partitions_offline",          # partitions without a leader
+        "postroom_topic_partitions_below_min_insync_replicas",  # writes refused
+        "postroom_topic_partitions_under_replicated",  # a broker down or behind
+        "postroom_lag_partitions_unavailable",        # lag read only in part
     } <= by_metric
 
 
