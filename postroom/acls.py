@@ -22,7 +22,7 @@ class Role(enum.StrEnum):
     RELAY = "relay"
     SENDER = "sender"
     RECORDER = "recorder"
-    ADMIN = "admin"  # `postroom topics create` and `postroom lag`
+    ADMIN = "admin"  # `postroom topics create`, `postroom lag` and `postroom check`
 
 
 class Resource(enum.StrEnum):
@@ -42,6 +42,7 @@ class Operation(enum.StrEnum):
     CREATE = "Create"
     DESCRIBE = "Describe"
     IDEMPOTENT_WRITE = "IdempotentWrite"
+    DESCRIBE_CONFIGS = "DescribeConfigs"
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -108,6 +109,9 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
         acl(Role.ADMIN, Operation.CREATE, Resource.TOPIC, admin_topics_prefix(prefix),
             Pattern.PREFIXED),
         acl(Role.ADMIN, Operation.DESCRIBE, Resource.TOPIC, admin_topics_prefix(prefix),
+            Pattern.PREFIXED),
+        # `postroom check` and `lag` read each topic's min.insync.replicas.
+        acl(Role.ADMIN, Operation.DESCRIBE_CONFIGS, Resource.TOPIC, admin_topics_prefix(prefix),
             Pattern.PREFIXED),
         acl(Role.ADMIN, Operation.DESCRIBE, Resource.GROUP, sender_group),
         acl(Role.ADMIN, Operation.DESCRIBE, Resource.GROUP, recorder_group),

@@ -67,6 +67,8 @@ DECISIONS = [
     (P + "admin", R, T, "acme.mail.email.high", False),
     (P + "admin", W, T, "acme.mail.email.high", False),
     (P + "admin", D, G, "senders", True),
+    (P + "admin", Operation.DESCRIBE_CONFIGS, T, "acme.mail.email.results", True),
+    (P + "sender", Operation.DESCRIBE_CONFIGS, T, "acme.mail.email.results", False),
     (P + "admin", R, G, "senders", False),
     # a principal postroom does not know gets nothing
     ("User:mallory", R, T, "acme.mail.email.high", False),
@@ -111,7 +113,7 @@ def test_principal_prefix_names_every_role() -> None:
     (Role.SENDER, {**{f"acme.mail.email.{p}": {R} for p in ("high", "normal", "low")},
                    **{f"acme.mail.email.retry.{n}": {R, W} for n in (1, 2)},
                    "acme.mail.email.dead": {W}, "acme.mail.email.results": {W}}),
-    (Role.ADMIN, {t: {C, D} for t in all_topics(PREFIX, 2)}),
+    (Role.ADMIN, {t: {C, D, Operation.DESCRIBE_CONFIGS} for t in all_topics(PREFIX, 2)}),
 ])
 def test_needed_on_topics(role: Role, expected: dict[str, set[Operation]]) -> None:
     assert needed_on_topics(ACLS, role, all_topics(PREFIX, 2)) == expected
