@@ -2,7 +2,9 @@
 Postfix smarthost that answers 250 to everything, relays example.com to a devsmtp next hop that
 rejects (550 5.1.1) or defers (451) chosen recipients, and routes the bounce domain to
 `postroom bounces`. Postfix's own DSNs then change the rows: the rejected recipient goes sent then
-bounced, the deferred one gets a delay notice then its final bounce; a forged DSN changes nothing.
+bounced, the deferred one gets a delay notice then its final bounce; a forged DSN changes nothing;
+the job's next run finds the bounced address suppressed, and neither the smarthost nor the next
+hop sees an attempt for it.
 """
 
 from __future__ import annotations
@@ -94,6 +96,19 @@ def test_postfix_dsns_bounce_and_delay_rows_and_a_forged_one_changes_nothing(
                 assert intake.refused("forged_token") == 1
                 assert rows_by_recipient(engine, "report-2026-11")[OK].status == "sent"
                 assert "bounces+" in smarthost.log()  # the DSNs went to the VERP return paths
+
+                # The job's next run: gone@ is suppressed by its bounce, never tried again.
+                tried = smarthost.log().count(f"to=<{GONE}>")
+                with engine.begin() as conn:
+                    enqueue(conn, key="report-2026-12", recipients=[GONE, OK],
+                            subject="Sales report", body="attached")
+                rows = wait_until(lambda: (r := rows_by_recipient(engine, "report-2026-12"))
+                                  and {x.status for x in r.values()} == {"suppressed", "sent"}
+                                  and r, 30, "the next run to finish")
+                assert (rows[GONE].status, rows[OK].status) == ("suppressed", "sent")
+                assert rows[GONE].attempts == 0
+                assert smarthost.log().count(f"to=<{GONE}>") == tried
+                assert nexthop.count(OK) == 2 and nexthop.count(GONE) == 0
             finally:
                 pipeline.stop()
     finally:
