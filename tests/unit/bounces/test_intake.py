@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bounces.intake import (
     ACCEPTED_REPLY,
@@ -27,6 +29,7 @@ from bounces.mapping import OutboxRow
 from postroom.metrics import Metrics
 from postroom.verp import make_token, return_path
 from schemas.codec import DeliveryStatus, EmailResult
+from support.fuzz import examples
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "bounces"
 NOW = dt.datetime(2026, 12, 2, 22, 5, tzinfo=dt.UTC)
@@ -194,3 +197,32 @@ def test_two_recipients_naming_one_row_give_one_result(parts: tuple) -> None:
     bare = intake.recipient(BOUNCE)
     assert intake.message([accepted, bare], report("postfix_failed.eml", ROW)) == ACCEPTED_REPLY
     assert len(results.published) == 1
+
+
+_ADDRESSES = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda t: f"bounces+{t}@bounce.example.com", st.text(max_size=60)),
+    st.builds(lambda i, s: return_path(BOUNCE, make_token(i, s, NOW)),
+              st.integers(1, 2**63 - 1), st.binary(min_size=1, max_size=40)),
+    st.just(BOUNCE),
+    st.just(return_path(BOUNCE, make_token(ROW.outbox_id, SECRET, NOW))),
+)
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(addresses=st.lists(_ADDRESSES, max_size=3), data=st.data())
+def test_no_address_or_message_ever_crashes_the_intake_or_changes_another_row(
+        addresses: list[str], data: st.DataObject) -> None:
+    """Hostile RCPTs and bytes (a real report garbled, or none): a reply of the three kinds, and
+    results only for the row a genuine token names."""
+    rows, results = FakeRows(ROW, SLOW), FakeResults()
+    intake = Intake(CONFIG, rows, results, Metrics(), clock=lambda: NOW)
+    sample = report(data.draw(st.sampled_from(sorted(CAPTURED))), ROW)
+    raw = data.draw(st.one_of(st.binary(max_size=500), st.builds(
+        lambda at, junk: sample[:at] + junk + sample[at:], st.integers(0, len(sample)),
+        st.binary(max_size=50))))
+    accepted = [a for a in map(intake.recipient, addresses) if isinstance(a, Accepted)]
+    reply = intake.message(accepted, raw)
+    assert reply in {ACCEPTED_REPLY, IGNORED_REPLY, UNKNOWN_REPLY}
+    assert {r.outbox_id for r in results.published} <= {ROW.outbox_id}
+    assert all(r.recipient == ROW.recipient for r in results.published)
