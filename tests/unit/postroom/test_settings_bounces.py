@@ -3,13 +3,15 @@ the intake's listen address, token age, suppression expiry and the soft-bounce l
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from postroom import verp
 from postroom.errors import ConfigError
-from postroom.settings import Settings
+from postroom.settings import BOUNCE_LOCAL_MAX_CHARS, Settings
 
 P = "POSTROOM_"
 KEY = "0123456789abcdef-secret"
@@ -112,3 +114,14 @@ def test_a_missing_secret_file_is_one_line_naming_it(tmp_path: Path) -> None:
         Settings.from_env({P + "BOUNCE_SECRET_FILE": str(tmp_path / "missing\nkey")})
     assert caught.value.setting == P + "BOUNCE_SECRET_FILE"
     assert "\n" not in str(caught.value)
+
+
+def test_the_longest_bounce_address_leaves_room_for_the_longest_token() -> None:
+    """settings.BOUNCE_LOCAL_MAX_CHARS against postroom.verp itself: the largest row id on the
+    last day verp dates, under a 28-character local part, makes a return path verp accepts."""
+    address = "b" * BOUNCE_LOCAL_MAX_CHARS + "@bounce.example.com"
+    assert Settings.from_env({P + "BOUNCE_ADDRESS": address, P + "BOUNCE_SECRET": KEY})
+    last_day = dt.datetime(6568, 8, 17, 12, tzinfo=dt.UTC)
+    token = verp.make_token(verp.OUTBOX_ID_MAX, KEY.encode(), last_day)
+    local = verp.return_path(address, token).rpartition("@")[0]
+    assert len(local) == verp.LOCAL_PART_MAX_CHARS

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from postroom.settings import Settings, TlsMode
 from postroom.verp import read_token
@@ -19,6 +22,7 @@ from sender.delivery import Delivery
 from sender.message import dsn_mail_parameters, dsn_rcpt_parameters, xtext
 from sender.outcome import Failure, SmtpReply, Stage
 from sender.smtp import SmtpConfig, SmtpPool
+from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 1, 7, 0, tzinfo=dt.UTC)
 SECRET = b"0123456789abcdef-test-secret"
@@ -200,3 +204,28 @@ def test_an_email_whose_row_no_token_can_name_is_refused_not_sent() -> None:
                                          NOW))
     assert (reply.stage, reply.failure) == (Stage.LOCAL, Failure.BAD_MESSAGE)
     assert "no return path" in reply.text and slot.calls == []
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_is_xtext_that_reads_back(text: str) -> None:
+    """xtext is printable ASCII without + and = but in its escapes, and decodes to the UTF-8."""
+    encoded = xtext(text)
+    assert all(33 <= ord(c) <= 126 and c != "=" for c in encoded)
+    decoded, rest = bytearray(), encoded
+    while rest:
+        if rest[0] == "+":
+            assert re.fullmatch(r"[0-9A-F]{2}", rest[1:3])
+            decoded.append(int(rest[1:3], 16))
+            rest = rest[3:]
+        else:
+            decoded += rest[0].encode()
+            rest = rest[1:]
+    assert decoded.decode("utf-8") == text
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.emails().map(str))
+def test_the_parameters_are_one_ascii_word_each(recipient: str) -> None:
+    for parameter in (*dsn_rcpt_parameters(recipient), *dsn_mail_parameters(recipient)):
+        assert parameter.isascii() and " " not in parameter and parameter.isprintable()
