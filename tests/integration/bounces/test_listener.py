@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import smtplib
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,8 +16,10 @@ import sqlalchemy as sa
 
 from bounces.adapters import DatabaseRows, KafkaResults
 from bounces.intake import MAX_REPORT_BYTES
+from bounces.service import BounceIntake
 from postroom import enqueue
 from postroom.devkit.ports import free_port
+from postroom.errors import PostroomError
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
@@ -104,3 +107,15 @@ def test_too_large_and_auto_replies_are_counted(bounce_settings: Settings, engin
         send(port, token, dsn(token, "vacation.eml"))  # taken (250), nothing recorded
         assert intake.refused("auto_reply") == 1
         assert intake.metrics.counter("bounce_reports_total", status="bounced") == 0
+
+
+def test_a_port_in_use_stops_the_role_with_one_line(bounce_settings: Settings,
+                                                    engine: sa.Engine) -> None:
+    host, port = bounce_settings.bounce_listen
+    with socket.socket() as taken:
+        taken.bind((host, port))
+        taken.listen()
+        with pytest.raises(PostroomError) as stopped:
+            BounceIntake(bounce_settings, engine).run()
+    assert str(stopped.value).startswith(f"cannot listen on {host}:{port} (POSTROOM_BOUNCE_LISTEN)")
+    assert "\n" not in str(stopped.value)
