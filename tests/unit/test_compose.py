@@ -1,7 +1,7 @@
 """docker-compose.yml, Dockerfile and .dockerignore keep their promises (see docs/docker.md).
 
-No Docker engine runs where these tests run, so the files are read, not run: the compose file with
-PyYAML (anchors and all), the Dockerfile and .dockerignore as lines.
+Read, not run: the compose file with PyYAML (anchors and all), the Dockerfile and .dockerignore as
+lines. `make compose-test` (scripts/compose-test.sh) runs them; its stand-ins are checked here too.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from postroom.settings import FIELDS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_TEST = ROOT / "scripts" / "compose-test.sh"
+STANDINS = ROOT / "dev" / "compose"
 POSTROOM_SERVICES = ("init", "relay", "sender", "recorder")
 LONG_RUNNING = ("relay", "sender", "recorder")
 
@@ -182,3 +184,50 @@ def test_dockerfile_installs_postroom_as_a_non_root_user() -> None:
 def test_dockerignore_keeps_local_state_out_of_the_build() -> None:
     ignored = set(_lines(ROOT / ".dockerignore"))
     assert {".venv", ".dev", ".cache", ".git"} <= ignored
+
+
+def test_host_ports_are_on_loopback_and_movable(services: dict[str, dict[str, Any]]) -> None:
+    # make compose-test moves them (HOST_PORT_*) off the ports a user's own stack may hold.
+    published = {name: service["ports"] for name, service in services.items() if "ports" in service}
+    assert published.keys() == {"postgres", "kafka", "registry", "mailpit"}
+    for name, ports in published.items():
+        for port in ports:
+            assert re.fullmatch(r"127\.0\.0\.1:\$\{HOST_PORT_[A-Z]+:-\d+\}:\d+", port), (name, port)
+
+
+def test_kafka_advertises_the_host_port_it_publishes(services: dict[str, dict[str, Any]]) -> None:
+    # A client on the host is sent back to the advertised address: it must be the published port.
+    kafka = services["kafka"]
+    (mapping,) = kafka["ports"]
+    host_port, container_port = re.fullmatch(r"127\.0\.0\.1:(\$\{[^}]+\}):(\d+)", mapping).groups()
+    env = kafka["environment"]
+    assert f"EXTERNAL://localhost:{host_port}" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"EXTERNAL://:{container_port}" in env["KAFKA_LISTENERS"]
+
+
+def _standin_names() -> set[str]:
+    return set(re.findall(r"^\s*build_image (\S+) ", COMPOSE_TEST.read_text(), re.MULTILINE))
+
+
+def test_every_image_not_built_here_has_a_stand_in(services: dict[str, dict[str, Any]]) -> None:
+    pulled = {service["image"] for service in services.values() if "build" not in service}
+    (base,) = [line.split()[1] for line in _lines(ROOT / "Dockerfile") if line.startswith("FROM ")]
+    standins = _standin_names()
+    for image in (*pulled, base):
+        # Unqualified names resolve to docker.io, library/ for official images, as Docker does.
+        qualified = image if "/" in image else f"library/{image}"
+        assert f"docker.io/{qualified}" in standins, image
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in STANDINS.iterdir() if p.is_dir()))
+def test_each_stand_in_folder_is_built(folder: str) -> None:
+    assert (STANDINS / folder / "Containerfile").is_file()
+    assert f'"$STANDINS/{folder}"' in COMPOSE_TEST.read_text()
+
+
+def test_the_test_override_changes_only_mailpits_recipients() -> None:
+    # What make compose-test proves is docker-compose.yml: its override may not reshape the stack.
+    override = yaml.safe_load((STANDINS / "test.override.yml").read_text())
+    assert override == {"services": {"mailpit": {"environment": {
+        "MP_SMTP_ALLOWED_RECIPIENTS": override["services"]["mailpit"]["environment"][
+            "MP_SMTP_ALLOWED_RECIPIENTS"]}}}}
