@@ -245,6 +245,7 @@ def test_the_relay_finishes_a_suppressed_address_without_publishing(
     relay = Relay(settings, engine)
     assert relay.publish_once() == 2
     assert relay.stats.suppressed == 1
+    assert relay.metrics.counter("relay_suppressed_total") == 1
     gone = state(engine, rows["gone@example.com"])
     assert gone.status == "suppressed"
     assert gone.last_error.startswith("suppressed (operator, until ")
@@ -283,7 +284,7 @@ def test_the_recorder_applies_reports_from_the_results_topic_once(
                          item.idempotency_key.encode(), headers=headers_for(item))
     assert producer.flush(10) == 0
 
-    def run_recorder(group: str, expected: int) -> None:
+    def run_recorder(group: str, expected: int) -> Recorder:
         recorder = Recorder(dataclasses.replace(settings, recorder_group=group), engine)
         thread = threading.Thread(target=recorder.run, daemon=True)
         thread.start()
@@ -294,12 +295,18 @@ def test_the_recorder_applies_reports_from_the_results_topic_once(
             recorder.stop()
             thread.join(30)
         assert (recorder.stats.unreadable, recorder.stats.refused) == (0, 0)
+        return recorder
 
-    run_recorder(f"first-{uuid.uuid4().hex[:8]}", 5)
+    first = run_recorder(f"first-{uuid.uuid4().hex[:8]}", 5)
+    assert first.metrics.counter("suppressed_addresses_total", source="bounce") == 1
+    assert first.metrics.counter("suppressed_addresses_total", source="complaint") == 1
+    assert first.metrics.counter("recorded_total", status="delayed") == 1
+    assert first.metrics.counter("undeliverable_total", status="bounced") == 1
     assert state(engine, old).status == "bounced"
     assert (state(engine, ceo).status, state(engine, ceo).last_error) == (
         "sent", "delayed 4.4.1: smtp; 451 4.4.1 try again later")
     assert set(listed(engine)) == {"old.manager@example.com", "ceo@example.com"}
     before = tables(engine)
-    run_recorder(f"again-{uuid.uuid4().hex[:8]}", 5)
+    again = run_recorder(f"again-{uuid.uuid4().hex[:8]}", 5)
     assert tables(engine) == before
+    assert again.metrics.counters("suppressed_addresses_total") == {}
