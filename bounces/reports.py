@@ -80,15 +80,22 @@ def _address(value: str | None) -> str | None:
 
 def _blocks(part: email.message.Message) -> list[email.message.Message]:
     payload = part.get_payload()
+    if isinstance(payload, list) and part.get_content_type() == "message/global-delivery-status":
+        # The parser reads RFC 6533's UTF-8 status as one enclosed message: its header block
+        # the first block, its body the others. Read them from its bytes.
+        return _split_blocks(b"".join(block.as_bytes() for block in payload
+                                      if isinstance(block, email.message.Message)))
     if isinstance(payload, list):
         return [block for block in payload
                 if isinstance(block, email.message.Message) and block.keys()]
-    # A delivery status the parser kept as text (a transfer encoding on it): read its blocks.
+    # A status the parser kept as text (a transfer encoding on it): read its blocks.
     text = part.get_payload(decode=True)
-    if not isinstance(text, bytes):
-        return []
+    return _split_blocks(text) if isinstance(text, bytes) else []
+
+
+def _split_blocks(text: bytes) -> list[email.message.Message]:
     blocks = (email.message_from_string(chunk) for chunk in
-              re.split(r"\r?\n\s*\r?\n", text.decode("ascii", "replace")) if chunk.strip())
+              re.split(r"\r?\n\s*\r?\n", text.decode("utf-8", "replace")) if chunk.strip())
     return [block for block in blocks if block.keys()]
 
 
@@ -183,7 +190,7 @@ def _heuristic(message: email.message.Message) -> Report:
 def _parse(message: email.message.Message) -> Report:
     for part in _report_parts(message):
         content_type = part.get_content_type()
-        if content_type == "message/delivery-status":
+        if content_type in ("message/delivery-status", "message/global-delivery-status"):
             return _dsn(part)
         if content_type == "message/feedback-report":
             return _feedback(message, part)

@@ -48,6 +48,17 @@ def test_reports(name: str, kind: str, status: DeliveryStatus, code: str | None,
     assert report.token_hints == hints
 
 
+def test_a_global_delivery_status_reads_as_one() -> None:
+    """RFC 6533: what Postfix sends for an SMTPUTF8 email; its blocks are UTF-8 text."""
+    raw = fixture("postfix_failed.eml").replace(
+        b"message/delivery-status", b"message/global-delivery-status").replace(
+        b"rfc822; gone@example.com", "utf-8; göne@exämple.com".encode())
+    report = parse_report(raw)
+    [notice] = report.notices
+    assert (report.kind, notice.status, notice.enhanced_code, notice.recipient) == (
+        "dsn", DeliveryStatus.BOUNCED, "5.1.1", "gone@example.com")
+
+
 def test_the_diagnostic_is_the_servers_reply() -> None:
     [notice] = parse_report(fixture("postfix_failed.eml")).notices
     assert notice.diagnostic == "550 5.1.1 User unknown"
