@@ -223,7 +223,9 @@ class Settings:
     bounce_listen: tuple[str, int] = ("127.0.0.1", 2526)
     bounce_token_max_age_s: float = 60 * 86400.0
     suppression_expiry_s: float = 30 * 86400.0
-    soft_bounce_limit: int = 3  # dead results in a row that suppress an address; 0: never
+    # Emails in a row to an address that ended dead after the server's 4xx replies and suppress
+    # it; 0: never (as Amazon SES, whose list takes hard bounces and complaints only).
+    soft_bounce_limit: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -141,6 +141,7 @@ _REPORT_STATEMENT = {DeliveryStatus.BOUNCED: sql.RECORD_BOUNCE,
                      DeliveryStatus.DELAYED: sql.RECORD_DELAY,
                      DeliveryStatus.COMPLAINED: sql.RECORD_COMPLAINT}
 SUPPRESSION_REASON_MAX_CHARS = 500
+SERVICE_CLOSING = 421
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,13 +222,22 @@ def apply_reports(conn: sa.Connection, reports: Sequence[EmailResult], policy: R
     return refused
 
 
+def is_soft_bounce(result: EmailResult) -> bool:
+    """Whether ``result`` is a soft bounce of its address: the email ended dead on the server's
+    own temporary refusal (a 4xx reply). Not when no reply came (the server was down or
+    unreachable: every address would count) nor on 421, the server closing for itself."""
+    return (result.status is DeliveryStatus.DEAD and result.smtp_code is not None
+            and 400 <= result.smtp_code < 500 and result.smtp_code != SERVICE_CLOSING)
+
+
 def apply_soft_bounces(conn: sa.Connection, results: Sequence[EmailResult],
                        policy: ReportPolicy, applied: ReportsApplied) -> list[str]:
-    """Count the batch's dead rows towards their addresses, clear what sent emails' addresses
-    counted, and suppress each address that reached the limit: the addresses suppressed."""
+    """Count the batch's soft bounces towards their addresses, clear what sent emails'
+    addresses counted, and suppress each address that reached the limit: the addresses
+    suppressed."""
     if policy.soft_limit <= 0:
         return []
-    dead = [r for r in results if r.status is DeliveryStatus.DEAD]
+    dead = [r for r in results if is_soft_bounce(r)]
     sent = [r for r in results if r.status is DeliveryStatus.SENT]
     if dead:
         conn.execute(sql.ADD_SOFT_BOUNCES, {

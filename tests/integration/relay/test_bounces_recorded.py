@@ -225,6 +225,17 @@ def test_soft_bounces_in_a_row_suppress_and_a_sent_email_clears_them(engine: sa.
                                     "'flaky@example.com'")).scalar_one() == 0
 
 
+@pytest.mark.parametrize("reply", [{"smtp_code": None, "error": "connection refused"},
+                                   {"smtp_code": 421, "error": "421 4.3.2 closing"}],
+                         ids=["no reply", "421"])
+def test_an_email_dead_without_the_servers_4xx_is_no_soft_bounce(
+        engine: sa.Engine, reply: dict[str, Any]) -> None:
+    rows = [rows_of(engine, f"r{n}", ["down@example.com"])["down@example.com"]
+            for n in range(4)]
+    record(engine, [dataclasses.replace(dead(r, n), **reply) for n, r in enumerate(rows)])
+    assert listed(engine) == {}
+
+
 def test_no_soft_limit_counts_nothing(engine: sa.Engine) -> None:
     rows = [rows_of(engine, f"r{n}", ["flaky@example.com"])["flaky@example.com"]
             for n in range(4)]

@@ -25,7 +25,7 @@ def test_defaults_leave_the_feature_off() -> None:
     assert settings.bounce_listen == ("127.0.0.1", 2526)
     assert settings.bounce_token_max_age_s == 60 * 86400
     assert settings.suppression_expiry_s == 30 * 86400
-    assert settings.soft_bounce_limit == 3
+    assert settings.soft_bounce_limit == 0
 
 
 @pytest.mark.parametrize(("name", "raw", "field", "expected"), [
