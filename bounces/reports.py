@@ -108,7 +108,21 @@ def _report_parts(message: email.message.Message) -> Iterator[email.message.Mess
         yield from (part for part in payload if isinstance(part, email.message.Message))
 
 
-def _dsn(part: email.message.Message) -> Report:
+def _enclosed_return_paths(report: email.message.Message) -> list[str | None]:
+    """The Return-Path of the original the report encloses (headers only, or whole)."""
+    found: list[str | None] = []
+    for enclosed in _report_parts(report):
+        if enclosed.get_content_type() == "text/rfc822-headers":
+            payload = enclosed.get_payload(decode=True)
+            if isinstance(payload, bytes):
+                found.append(_address(_field(email.message_from_bytes(payload), "Return-Path")))
+        elif enclosed.get_content_type() == "message/rfc822":
+            found.extend(_address(_field(original, "Return-Path"))
+                         for original in _blocks(enclosed)[:1])
+    return found
+
+
+def _dsn(report: email.message.Message, part: email.message.Message) -> Report:
     blocks = _blocks(part)
     if len(blocks) < 2:
         raise UnusableReportError(Refusal.MALFORMED_REPORT, "a delivery status without recipients")
@@ -138,7 +152,7 @@ def _dsn(part: email.message.Message) -> Report:
     if not notices:
         raise UnusableReportError(Refusal.NOTHING_TO_RECORD, "no recipient failed or was delayed")
     hints = [_field(per_message, "Original-Envelope-Id"),
-             _address(_field(per_message, "X-Postfix-Sender"))]
+             _address(_field(per_message, "X-Postfix-Sender")), *_enclosed_return_paths(report)]
     return Report("dsn", tuple(notices), tuple(h for h in hints if h))
 
 
@@ -153,15 +167,7 @@ def _feedback(report: email.message.Message, part: email.message.Message) -> Rep
     agent = _field(fields, "User-Agent")
     notice = Notice(DeliveryStatus.COMPLAINED, _address(_field(fields, "Original-Rcpt-To")),
                     diagnostic=f"complaint: {feedback_type}" + (f" ({agent})" if agent else ""))
-    hints = [_address(_field(fields, "Original-Mail-From"))]
-    for enclosed in _report_parts(report):
-        if enclosed.get_content_type() == "text/rfc822-headers":
-            payload = enclosed.get_payload(decode=True)
-            if isinstance(payload, bytes):
-                hints.append(_address(_field(email.message_from_bytes(payload), "Return-Path")))
-        elif enclosed.get_content_type() == "message/rfc822":
-            for original in _blocks(enclosed)[:1]:
-                hints.append(_address(_field(original, "Return-Path")))
+    hints = [_address(_field(fields, "Original-Mail-From")), *_enclosed_return_paths(report)]
     return Report("feedback", (notice,), tuple(h for h in hints if h))
 
 
@@ -191,7 +197,7 @@ def _parse(message: email.message.Message) -> Report:
     for part in _report_parts(message):
         content_type = part.get_content_type()
         if content_type in ("message/delivery-status", "message/global-delivery-status"):
-            return _dsn(part)
+            return _dsn(message, part)
         if content_type == "message/feedback-report":
             return _feedback(message, part)
     # Checked after the report types: Postfix marks its own DSNs Auto-Submitted: auto-replied.

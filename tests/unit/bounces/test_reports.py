@@ -24,15 +24,15 @@ def fixture(name: str) -> bytes:
 
 @pytest.mark.parametrize(("name", "kind", "status", "code", "smtp_code", "recipient", "hints"), [
     ("postfix_failed.eml", "dsn", DeliveryStatus.BOUNCED, "5.1.1", 550, "gone@example.com",
-     ("1-a-aaaa", "bounces+1-a-aaaa@bounce.example.com")),
+     ("1-a-aaaa", "bounces+1-a-aaaa@bounce.example.com", "bounces+1-a-aaaa@bounce.example.com")),
     # sent without ENVID or ORCPT: the return path in X-Postfix-Sender still names the row
     ("postfix_failed_no_dsn_options.eml", "dsn", DeliveryStatus.BOUNCED, "5.1.1", 550,
-     "gone@example.com", ("bounces+4-a-dddd@bounce.example.com",)),
+     "gone@example.com", ("bounces+4-a-dddd@bounce.example.com",) * 2),
     ("postfix_delayed.eml", "dsn", DeliveryStatus.DELAYED, "4.3.0", 451, "slow@example.com",
-     ("2-a-bbbb", "bounces+2-a-bbbb@bounce.example.com")),
+     ("2-a-bbbb", "bounces+2-a-bbbb@bounce.example.com", "bounces+2-a-bbbb@bounce.example.com")),
     # a deferred message's end at maximal_queue_lifetime: Action failed with the 4.x.x it had
     ("postfix_expired.eml", "dsn", DeliveryStatus.BOUNCED, "4.3.0", 451, "slow@example.com",
-     ("2-a-bbbb", "bounces+2-a-bbbb@bounce.example.com")),
+     ("2-a-bbbb", "bounces+2-a-bbbb@bounce.example.com", "bounces+2-a-bbbb@bounce.example.com")),
     ("arf_abuse.eml", "feedback", DeliveryStatus.COMPLAINED, None, None, "ceo@example.com",
      ("bounces+TOKEN@bounce.example.com", "bounces+TOKEN@bounce.example.com")),
     ("qmail_failed.eml", "bounce", DeliveryStatus.BOUNCED, None, None, "old.manager@example.com",
@@ -57,6 +57,13 @@ def test_a_global_delivery_status_reads_as_one() -> None:
     [notice] = report.notices
     assert (report.kind, notice.status, notice.enhanced_code, notice.recipient) == (
         "dsn", DeliveryStatus.BOUNCED, "5.1.1", "gone@example.com")
+
+
+def test_a_dsn_of_another_mta_names_its_row_by_the_enclosed_return_path() -> None:
+    """No ENVID, no X-Postfix-Sender (Exchange's, say): the original's headers still carry it."""
+    raw = fixture("postfix_failed.eml").replace(b"Original-Envelope-Id: 1-a-aaaa\r\n", b"").replace(
+        b"X-Postfix-Sender: rfc822; bounces+1-a-aaaa@bounce.example.com\r\n", b"")
+    assert parse_report(raw).token_hints == ("bounces+1-a-aaaa@bounce.example.com",)
 
 
 def test_the_diagnostic_is_the_servers_reply() -> None:
