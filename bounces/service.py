@@ -73,8 +73,10 @@ class _Session(SMTP):
     """aiosmtpd's session, counting what it refuses by itself: a report over the size limit."""
 
     def __init__(self, handler: _Handler, metrics: Metrics) -> None:
+        # SMTPUTF8: the DSN of an email to a UTF-8 address needs it, or the MTA cannot send it.
         super().__init__(handler, data_size_limit=MAX_REPORT_BYTES, hostname=SERVER_HOSTNAME,
-                         ident="postroom bounces", timeout=SESSION_TIMEOUT_S)
+                         ident="postroom bounces", timeout=SESSION_TIMEOUT_S,
+                         enable_SMTPUTF8=True)
         self._metrics = metrics
 
     async def push(self, status: Any) -> None:

@@ -119,3 +119,16 @@ def test_a_port_in_use_stops_the_role_with_one_line(bounce_settings: Settings,
             BounceIntake(bounce_settings, engine).run()
     assert str(stopped.value).startswith(f"cannot listen on {host}:{port} (POSTROOM_BOUNCE_LISTEN)")
     assert "\n" not in str(stopped.value)
+
+
+def test_a_global_dsn_over_smtputf8_is_taken(bounce_settings: Settings, engine: sa.Engine,
+                                             row_token: tuple[int, str]) -> None:
+    """The DSN of an email to a UTF-8 address comes with SMTPUTF8 (RFC 6531, 6533)."""
+    _outbox_id, token = row_token
+    raw = dsn(token).replace(b"message/delivery-status", b"message/global-delivery-status")
+    with IntakeThread(bounce_settings, engine) as intake:
+        with smtplib.SMTP("127.0.0.1", bounce_settings.bounce_listen[1], timeout=30) as client:
+            client.ehlo("mx.example.com")
+            assert client.has_extn("smtputf8")
+            client.sendmail("", [return_path(BOUNCE, token)], raw, mail_options=["SMTPUTF8"])
+        assert intake.metrics.counter("bounce_reports_total", status="bounced") == 1
