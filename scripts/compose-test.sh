@@ -278,17 +278,20 @@ EOF
     mapfile -t story <<<"$story"
     local recipient
     for recipient in "${story[@]:4}"; do args+=(--to "$recipient"); done
-    say "enqueueing $REPORT_KEY from the host: ${story[*]:4} (workbook attached, HTML summary)"
-    host_postroom enqueue --key "$REPORT_KEY" --subject "${story[0]}" --body "${story[1]}" \
-        --attach "/attachments/compose-test/${story[2]}" --html-file "$ATTACH_DIR/${story[3]}" \
-        "${args[@]}"
+    # Through the stack's cli service, as docs/docker.md says: an attachment is stored as a path,
+    # which must exist where enqueue runs and where the sender reads it (/attachments in both).
+    say "enqueueing $REPORT_KEY: docker compose run --rm cli enqueue --to ${story[*]:4} (workbook attached, HTML summary)"
+    compose run --rm -T cli enqueue --key "$REPORT_KEY" --subject "${story[0]}" \
+        --body "${story[1]}" --attach "/attachments/compose-test/${story[2]}" \
+        --html-file "/attachments/compose-test/${story[3]}" "${args[@]}" \
+        2>"$WORK/compose-run.log" || die "docker compose run cli enqueue failed" "$WORK/compose-run.log"
 }
 
 # Mailpit accepts everything, so the stack's stand-in refuses old.manager@ (test.override.yml):
 # three rows sent at attempt 1, one failed with the 550. ops@'s deferrals need postroom devsmtp.
 check_report() {
     local deadline=$((SECONDS + DELIVERY_TIMEOUT_S)) rows=""
-    say "waiting for every row of $REPORT_KEY to be final (postroom status --json)"
+    say "waiting for every row of $REPORT_KEY to be final (the host's postroom status --json, port $PG_PORT)"
     while true; do
         rows=$(host_postroom status --key "$REPORT_KEY" --json 2>/dev/null || true)
         if "$VENV_PY" - "$rows" <<'EOF'
@@ -382,7 +385,7 @@ main() {
     compose up -d >"$WORK/compose-up.log" 2>&1 || die "docker compose up failed" "$WORK/compose-up.log"
     say "waiting for every healthcheck"
     wait_healthy
-    compose ps --format 'table {{.Service}}\t{{.Status}}'
+    podman ps -a --filter "label=com.docker.compose.project=$PROJECT" --format '    {{.Names}}  {{.Status}}'
     send_report
     check_report
 }
