@@ -104,6 +104,15 @@ class Sent:
     poison: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A round's claimed rows to publish (those to suppressed addresses finished already), and
+    whether the claim took a whole batch: then more rows are likely due at once."""
+
+    rows: Sequence[sa.Row[Any]]
+    full: bool
+
+
 class Relay:
     """Tails committed outbox rows into Kafka. ``run()`` until ``stop()``; safe to run many at once."""
 
@@ -141,21 +150,22 @@ class Relay:
     def publish_once(self) -> int:
         """One round: claim, produce, wait for acks, mark. Returns the rows marked published."""
         with contextlib.closing(_Connections(self._engine)) as db:
-            rows = self._claim(db)
+            rows = self._claim(db).rows
             if not rows:
-                return 0
-            rows = self._without_suppressed(db, rows)
-            if not rows:
-                self.stats.rounds += 1
                 return 0
             sent = self._send(rows)
             self._mark(db, sent)
         return self._account(len(rows), sent)
 
-    def _claim(self, db: _Connections) -> Sequence[sa.Row[Any]]:
+    def _claim(self, db: _Connections) -> Claim:
         settings = self._settings
-        return sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
+        rows = sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
                              pinned=True)
+        # Part of the claim, so both publish_once() and run()'s pipelined rounds (which claim on
+        # a database thread) finish suppressed addresses before anything is produced; whether
+        # the batch was full is judged before, so suppressed rows do not make run() wait.
+        full = len(rows) == settings.relay_batch_size
+        return Claim(self._without_suppressed(db, rows) if rows else rows, full)
 
     def _without_suppressed(self, db: _Connections,
                             rows: Sequence[sa.Row[Any]]) -> Sequence[sa.Row[Any]]:
@@ -337,17 +347,18 @@ class Relay:
         self.producer.poll(0)
         db = _Connections(self._engine)
         with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
-            claimed: Future[Sequence[sa.Row[Any]]] | None = None
+            claimed: Future[Claim] | None = None
             marking: Future[None] | None = None
             while not self._stop.is_set():
                 published = 0
                 try:
                     self._ensure_listener()
-                    rows = claimed.result() if claimed is not None else self._claim(db)
+                    claim = claimed.result() if claimed is not None else self._claim(db)
                     claimed = None
+                    rows = claim.rows
+                    if claim.full:
+                        claimed = database.submit(self._claim, db)
                     if rows:
-                        if len(rows) == settings.relay_batch_size:
-                            claimed = database.submit(self._claim, db)
                         sent = self._send(rows)
                     if marking is not None:
                         # The previous batch's bookkeeping, which ran while this one was sent.
@@ -388,7 +399,7 @@ class Relay:
         self._close_listener()
         log.info("relay stopped: published=%d", self.stats.published)
 
-    def _abandon(self, db: _Connections, claimed: Future[Sequence[sa.Row[Any]]] | None,
+    def _abandon(self, db: _Connections, claimed: Future[Claim] | None,
                  marking: Future[None] | None) -> None:
         """Wind down database work in flight when a round fails or the relay stops: finish the
         bookkeeping, and hand back rows claimed ahead but not sent (else they wait out the TTL)."""
@@ -396,9 +407,9 @@ class Relay:
             if future is None:
                 continue
             try:
-                rows = future.result()
-                if future is claimed and rows:
-                    self._mark(db, Sent([], [row.outbox_id for row in rows]))
+                done = future.result()
+                if isinstance(done, Claim) and done.rows:
+                    self._mark(db, Sent([], [row.outbox_id for row in done.rows]))
             except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
                 log.debug("database work of an abandoned round: %s", exc)
 

@@ -321,3 +321,25 @@ def test_the_recorder_applies_reports_from_the_results_topic_once(
     again = run_recorder(f"again-{uuid.uuid4().hex[:8]}", 5)
     assert tables(engine) == before
     assert again.metrics.counters("suppressed_addresses_total") == {}
+
+
+def test_the_running_relay_suppresses_and_does_not_wait_after_a_full_claim(
+        settings: Settings, engine: sa.Engine) -> None:
+    """run() claims on a database thread and claims ahead after a full batch: a full batch with
+    suppressed rows in it is still full, so the rows after it go at once, not after the poll
+    interval (30 s here; the NOTIFY of their insert came before the relay listened)."""
+    with engine.begin() as conn:
+        suppression.add(conn, "gone@example.com", "mailbox deleted", 86400)
+    rows = rows_of(engine, "oct", ["gone@example.com", "a@example.com", "b@example.com"])
+    relay = Relay(dataclasses.replace(settings, relay_batch_size=2, relay_poll_interval_s=30.0),
+                  engine)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: {state(engine, row).status for row in rows.values()} == {
+            "suppressed", "published"}, 10, "October to be published and suppressed")
+    finally:
+        relay.stop()
+        thread.join(40)
+    assert state(engine, rows["gone@example.com"]).status == "suppressed"
+    assert relay.stats.published == 2 and relay.stats.suppressed == 1
