@@ -208,14 +208,16 @@ _SUPPRESS_ADDRESS = """
 # error, whether it was recorded sent or not yet (a bounce can come 31 ms after the 250, before
 # the sender's result is recorded; a signed token says the email went out). A row that ended
 # failed or dead keeps its state, which says what the sender saw, and takes the notice as its
-# last error. A 'bounced' or 'suppressed' row is left alone, so a notice read twice changes
+# last error; so does a pending one (queued again by a redrive: the relay finishes it as
+# suppressed when it claims it, the address being suppressed now). A 'bounced' or 'suppressed' row is left alone, so a notice read twice changes
 # nothing. The address is suppressed once, when its row changed. Returns (rows changed,
 # addresses suppressed or extended).
 RECORD_BOUNCE = sa.text(f"""
     WITH matched AS ({_REPORT_ROW}),
     changed AS (
         UPDATE outbox AS o
-        SET status = CASE WHEN m.status IN ('failed', 'dead') THEN o.status ELSE 'bounced' END,
+        SET status = CASE WHEN m.status IN ('failed', 'dead', 'pending') THEN o.status
+                          ELSE 'bounced' END,
             last_error = :error,
             smtp_code = COALESCE(:smtp_code, o.smtp_code),
             enhanced_code = COALESCE(:enhanced_code, o.enhanced_code),
@@ -223,7 +225,8 @@ RECORD_BOUNCE = sa.text(f"""
             updated_at = now()
         FROM matched AS m
         WHERE o.id = m.id AND m.status NOT IN ('bounced', 'suppressed')
-          AND (m.status NOT IN ('failed', 'dead') OR m.last_error IS DISTINCT FROM :error)
+          AND (m.status NOT IN ('failed', 'dead', 'pending')
+               OR m.last_error IS DISTINCT FROM :error)
         RETURNING m.address
     ),
     suppressed AS ({_SUPPRESS_ADDRESS.format(rows="changed")})

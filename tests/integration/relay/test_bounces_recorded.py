@@ -166,6 +166,19 @@ def test_a_bounce_for_a_row_that_ended_failed_records_only_its_error(engine: sa.
     assert "x@example.com" in listed(engine)
 
 
+def test_a_bounce_for_a_row_queued_again_leaves_it_to_the_relay_to_suppress(
+        settings: Settings, engine: sa.Engine) -> None:
+    """A redriven row is pending on the relay's queue: a late bounce of its earlier attempt
+    records its error and suppresses the address; the relay then finishes the row suppressed
+    instead of publishing it to a bounced address."""
+    [row] = rows_of(engine, "again", ["moved@example.com"]).values()
+    record(engine, [bounced(row)])
+    after = state(engine, row)
+    assert after.status == "pending" and after.last_error.startswith("bounced 5.1.1")
+    assert Relay(settings, engine).publish_once() == 0
+    assert state(engine, row).status == "suppressed"
+
+
 def test_a_delay_notice_is_the_last_error_and_the_state_stays(engine: sa.Engine) -> None:
     [row] = rows_of(engine, "slow", ["slow@example.com"]).values()
     record(engine, [sent(row)])
