@@ -209,9 +209,9 @@ _SUPPRESS_ADDRESS = """
 # the sender's result is recorded; a signed token says the email went out). A row that ended
 # failed or dead keeps its state, which says what the sender saw, and takes the notice as its
 # last error; so does a pending one (queued again by a redrive: the relay finishes it as
-# suppressed when it claims it, the address being suppressed now). A 'bounced' or 'suppressed' row is left alone, so a notice read twice changes
-# nothing. The address is suppressed once, when its row changed. Returns (rows changed,
-# addresses suppressed or extended).
+# suppressed when it claims it, the address being suppressed now). A 'bounced' or 'suppressed'
+# row is left alone, so a notice read twice changes nothing. The address is suppressed once,
+# when its row changed. Returns (rows changed, addresses suppressed or extended).
 RECORD_BOUNCE = sa.text(f"""
     WITH matched AS ({_REPORT_ROW}),
     changed AS (
