@@ -821,9 +821,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "relay is answered 451 and keeps the report. " + running
     ).set_defaults(handler=cmd_bounces)
     check = commands.add_parser(
-        "check", help="is everything ready? database schema, broker and topics, the schema "
-                      "registry's subjects (when one is set), SMTP server (exit code 0 when all "
-                      "are)")
+        "check", help="is everything ready? database schema, broker and topics (and their "
+                      "partitions' replication: WARN under-replicated, FAIL offline or below "
+                      "min.insync.replicas), the schema registry's subjects (when one is set), "
+                      "SMTP server (exit code 0 when all are)")
     check.add_argument("--role", choices=[r.value for r in Role],
                        help="also check that this client's principal may do on each topic what "
                             "this role needs (its ACLs, see `postroom acls`)")
