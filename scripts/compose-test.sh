@@ -6,8 +6,9 @@
 # rows with `postroom status`, then tears the stack down (always). docs/docker.md tells more.
 #
 # Environment (all optional):
-#   POSTROOM_COMPOSE_DIR     caches and state (default <repo>/.dev/compose): the Go build of
-#                            the compose plugin, the base image's tarball, the stand-ins' inputs
+#   POSTROOM_COMPOSE_DIR     caches and state (default <repo>/.dev/compose): the image store,
+#                            the Go build of the compose plugin, the base image's tarball, the
+#                            stand-ins' inputs
 #   POSTROOM_COMPOSE_PORTS   host ports of postgres, kafka, registry and mailpit
 #                            (default "36432 36092 36081 36025")
 #   POSTROOM_COMPOSE_KEEP=1  leave the stack up at the end (`down` is printed instead)
@@ -30,6 +31,7 @@ BASE_IMAGE=localhost/postroom-compose/debian:bookworm
 JAVA_IMAGE=localhost/postroom-compose/java:local
 HEALTHY_TIMEOUT_S=300
 DELIVERY_TIMEOUT_S=120
+STOP_TIMEOUT_S=30
 REPORT_KEY=sales-report-2026-09
 ATTACH_DIR="$REPO/attachments/compose-test"
 VENV_PY="$REPO/.venv/bin/python"
@@ -76,6 +78,18 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 EOF
     export CONTAINERS_CONF="$WORK/containers.conf"
+    # Images and containers of this checkout's own: a fresh clone builds every stand-in again, and
+    # the machine's default store (/var/lib/containers) is left alone.
+    local runroot
+    runroot="/run/postroom-compose-$(printf '%s' "$WORK" | sha1sum | cut -c1-12)"
+    cat >"$WORK/storage.conf" <<EOF
+# Written by scripts/compose-test.sh; read through CONTAINERS_STORAGE_CONF.
+[storage]
+driver = "overlay"
+graphroot = "$WORK/storage"
+runroot = "$runroot"
+EOF
+    export CONTAINERS_STORAGE_CONF="$WORK/storage.conf"
 }
 
 start_podman_service() {
@@ -98,7 +112,7 @@ ensure_compose() {
         return
     fi
     command -v go >/dev/null || die "Go is needed once to build Docker Compose $COMPOSE_VERSION (put go 1.24+ on PATH)"
-    say "building Docker Compose $COMPOSE_VERSION from its Go module (first run only, about 3-5 min)"
+    say "building Docker Compose $COMPOSE_VERSION from its Go module (first run only, 3-8 min)"
     local log="$WORK/compose-build.log" dir
     export GOMODCACHE="$WORK/go/mod" GOCACHE="$WORK/go/cache" GOFLAGS=-buildvcs=false
     dir=$(go mod download -json "github.com/docker/compose/v2@$COMPOSE_VERSION" 2>"$log" \
@@ -125,7 +139,7 @@ compose() {
 ensure_base_image() {
     podman image exists "$BASE_IMAGE" && return
     if [[ ! -f $BASE_TAR ]]; then
-        say "debootstrap --variant=minbase bookworm for the base image (first run only, about 1 min)"
+        say "debootstrap --variant=minbase bookworm for the base image (first run only, 1-3 min)"
         local root="$WORK/rootfs"
         rm -rf "$root"
         debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian \
@@ -306,6 +320,10 @@ EOF
         sleep 2
     done
     host_postroom status --key "$REPORT_KEY"
+    # Kafka from the host: the EXTERNAL listener advertises the published port.
+    say "postroom lag from the host (Kafka on localhost:$KAFKA_PORT)"
+    host_postroom lag >"$WORK/lag.out" 2>&1 || die "postroom lag from the host failed" "$WORK/lag.out"
+    grep -vE '^[[:space:]]+[^[:space:]]+\[[0-9]+\] ' "$WORK/lag.out" | sed 's/^/    /' || true
     "$VENV_PY" - "$rows" "http://127.0.0.1:$MAILPIT_PORT/api/v1/messages" <<'EOF' || die "the report did not end as expected"
 import json, sys, urllib.request
 rows = {row["recipient"]: row for row in map(json.loads, sys.argv[1].splitlines()) if row}
@@ -351,9 +369,20 @@ teardown() {
             say "left running (POSTROOM_COMPOSE_KEEP=1); the podman API stays on $SOCKET"
             return
         fi
+        say "docker compose stop (SIGTERM, up to ${STOP_TIMEOUT_S}s each before SIGKILL)"
+        compose stop --timeout "$STOP_TIMEOUT_S" >"$WORK/down.log" 2>&1 || true
+        # 137: the container ignored SIGTERM until it was killed; a postroom role must not.
+        local killed
+        killed=$(podman ps -a --filter "label=com.docker.compose.project=$PROJECT" \
+            --format '{{.Names}} {{.Status}}' | grep -F 'Exited (137)' || true)
+        if [[ -n $killed ]]; then
+            printf 'compose-test: killed after %ss instead of stopping on SIGTERM: %s\n' \
+                "$STOP_TIMEOUT_S" "$killed" >&2
+            [[ $rc -ne 0 ]] || rc=1
+        fi
         compose logs --no-color >"$WORK/stack.log" 2>&1 || true
-        say "tearing the stack down (its logs: ${WORK#"$REPO"/}/stack.log)"
-        compose down --volumes --remove-orphans --timeout 30 >"$WORK/down.log" 2>&1 \
+        say "docker compose down --volumes (the stack's logs: ${WORK#"$REPO"/}/stack.log)"
+        compose down --volumes --remove-orphans --timeout "$STOP_TIMEOUT_S" >>"$WORK/down.log" 2>&1 \
             || printf 'compose-test: compose down failed (see %s)\n' "$WORK/down.log" >&2
     fi
     rm -rf "$ATTACH_DIR"
