@@ -53,7 +53,6 @@ ensure_packages() {
         command -v "$tool" >/dev/null || missing+=("$tool")
     done
     [[ ${#missing[@]} -eq 0 ]] && return
-    [[ $(id -u) -eq 0 ]] || die "missing ${missing[*]}: run as root or apt-get install ${missing[*]}"
     say "installing ${missing[*]} with apt-get (first run only)"
     apt-get update -qq >"$WORK/apt.log" 2>&1 || die "apt-get update failed" "$WORK/apt.log"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >>"$WORK/apt.log" 2>&1 \
@@ -395,6 +394,8 @@ teardown() {
 main() {
     mkdir -p "$WORK"
     [[ -x $VENV_PY ]] || die "no $VENV_PY: run make venv first"
+    # Rootful podman: its network (netavark), runroot under /run and apt-get need root.
+    [[ $(id -u) -eq 0 ]] || die "run as root: the stack runs on rootful podman (sudo make compose-test)"
     check_ports
     ensure_packages
     write_containers_conf
