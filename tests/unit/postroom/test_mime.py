@@ -3,6 +3,7 @@ issue 10 and hypothesis properties over subjects, names, addresses and file name
 
 from __future__ import annotations
 
+import binascii
 import datetime as dt
 import email
 import email.policy
@@ -15,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from postroom import mime
 from postroom.errors import InvalidContentError, UnsafeHeaderError
-from postroom.mime import check_composable, check_serialized
+from postroom.mime import check_composable, check_composable_by_building, check_serialized
 from postroom.rules import check_address, check_attachment_path, check_subject
 from schemas.codec import EmailRequested
 from sender.errors import AttachmentError
@@ -186,3 +188,139 @@ def test_what_enqueue_accepts_the_sender_can_send(
     assert_exactly_the_intended_headers(message, attachments=len(names))
     for policy in POLICIES:
         check_serialized(message, message.as_bytes(policy=policy))
+
+
+# --- the quick check against the full build (issue 26): the build is the reference
+
+# Pieces near every edge of what the quick check calls plain: "=" and "?" apart and together,
+# the characters quoting and RFC 2231 use, Unicode blanks and marks, long words; then what is not
+# plain (line breaks raw and encoded, lone surrogates).
+_PLAIN_PIECE = st.sampled_from(["=", "?", "?=", "= ?", "=\t?", "_", '"', "\\", ";", "'", "''", "*",
+                                "*0*", "%", "%0D%0A", "=0D=0A", "utf-8''", "filename=", "(", ")",
+                                "<", ">", ",", ":", "@", "[", "]", " ", "  ", "\t", "\xa0",
+                                "\u3000", "\u2000", "\u200b", "\ufeff", "\u0301", "\xad", "é",
+                                "ß", "日本", "\U0001f600", "x" * 80, "é" * 60, "日" * 120,
+                                "Bcc: x@y.z"])
+_UNPLAIN_PIECE = st.sampled_from(["=?", "\r\n", "\n", "\x85", "\u2028", "\x00", "\x7f",
+                                  "\udc80", "\ud800"])
+
+
+def _encoded_word(charset: str, base64: bool, text: str) -> str:
+    raw = text.encode(charset, "replace")
+    payload = (binascii.b2a_base64(raw, newline=False).decode() if base64
+               else "".join(f"={byte:02X}" for byte in raw))
+    return f"=?{charset}?{'b' if base64 else 'q'}?{payload}?="
+
+
+ENCODED_WORD = st.builds(_encoded_word, st.sampled_from(["utf-8", "iso-8859-1", "us-ascii"]),
+                         st.booleans(),
+                         st.lists(st.sampled_from(["\r\n", "\n", "\r", "\x00", "\x85", " ",
+                                                   "Bcc: x@y.z", "a", "é"]),
+                                  max_size=4).map("".join))
+PLAIN_TEXT = st.lists(st.one_of(_PLAIN_PIECE, st.text(max_size=4)), max_size=10).map("".join)
+EDGE_TEXT = st.lists(st.one_of(_PLAIN_PIECE, _UNPLAIN_PIECE, ENCODED_WORD, st.text(max_size=4)),
+                     max_size=10).map("".join)
+_ATEXT_ASCII = "abcXYZ019!#$%&'*+/=?^_`{|}~-"
+_ASCII_LOCAL = st.lists(st.text(st.sampled_from(_ATEXT_ASCII), min_size=1, max_size=30),
+                        min_size=1, max_size=3).map(lambda atoms: ".".join(atoms)[:64])
+_EDGE_LOCAL = st.one_of(
+    _ASCII_LOCAL, ENCODED_WORD,
+    st.lists(st.text(st.sampled_from([*_ATEXT_ASCII, "é", "\ufeff", "\xa0", "日"]), min_size=1,
+                     max_size=25), min_size=1, max_size=3).map(".".join))
+_ASCII_DOMAIN = st.lists(st.text(st.sampled_from("abz09-"), min_size=1, max_size=63),
+                         min_size=1, max_size=4).map(".".join)
+# Internationalised domains: the library writes them as encoded words, which fold when long.
+_EDGE_DOMAIN = st.one_of(_ASCII_DOMAIN, st.lists(st.text(st.sampled_from("abz09-üß日本é"),
+                                                         min_size=1, max_size=30),
+                                                 min_size=1, max_size=3).map(".".join))
+PLAIN_ADDRESS = st.builds(lambda local, domain: f"{local}@{domain}"[:254], _ASCII_LOCAL,
+                          _ASCII_DOMAIN)
+EDGE_ADDRESS = st.builds(lambda local, domain: f"{local}@{domain}"[:254], _EDGE_LOCAL,
+                         _EDGE_DOMAIN)
+
+
+def _outcome(check: Any, *values: Any) -> str:
+    try:
+        check(*values)
+    except UnsafeHeaderError as exc:
+        return f"refused: {exc}"
+    return "composable"
+
+
+DIFFERENTIAL = settings(PROPERTY, max_examples=examples(150))
+
+
+@DIFFERENTIAL
+@given(sender=st.one_of(PLAIN_ADDRESS, EDGE_ADDRESS, ADDRESS),
+       recipient=st.one_of(PLAIN_ADDRESS, EDGE_ADDRESS, ADDRESS),
+       subject=st.one_of(PLAIN_TEXT, EDGE_TEXT, TEXT),
+       names=st.lists(st.one_of(PLAIN_TEXT, EDGE_TEXT, FILE_NAME), max_size=2))
+def test_the_quick_check_refuses_exactly_what_the_build_refuses(
+        sender: str, recipient: str, subject: str, names: list[str]) -> None:
+    """Any values at all, hostile ones among them: the same verdict, refusals with the same
+    reason, and never an error of the library's own (IndexError, UnicodeEncodeError, ...)."""
+    values = (sender.strip(), recipient.strip(), subject, names)
+    assert _outcome(check_composable, *values) == _outcome(check_composable_by_building, *values)
+
+
+@settings(PROPERTY, max_examples=examples(80))
+@given(sender=st.one_of(PLAIN_ADDRESS, EDGE_ADDRESS), recipient=EDGE_ADDRESS,
+       subject=st.one_of(PLAIN_TEXT, EDGE_TEXT), names=st.lists(st.one_of(PLAIN_TEXT, EDGE_TEXT),
+                                                               max_size=3))
+def test_values_the_quick_check_passes_are_composable(
+        sender: str, recipient: str, subject: str, names: list[str]) -> None:
+    """The quick check's claim itself, on values it decides without building (the ones it
+    sends to the build are covered above): the full build accepts every one."""
+    monkeypatch = pytest.MonkeyPatch()
+    built: list[str] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(mime, "check_composable_by_building",
+                        lambda *values: built.append("built"))
+        check_composable(sender, recipient, subject, names)
+    assume(not built)
+    check_composable_by_building(sender, recipient, subject, names)
+
+
+@pytest.mark.parametrize(("recipient", "subject", "names"), [
+    ("finance@example.com", "Invoice 2026-0917 for ACME Ltd. (due 30 Oct)", ["invoice.pdf"]),
+    ("o'neil+reports@sub.example.co.uk", "Rechnung für März — 1.234,56 €", ["Rechnung März.pdf"]),
+    ("x@example.com", "日本語の件名 " + "y" * 900, ["報告書 2026年9月.xlsx", 'a "quoted"; name.csv']),
+    ("x@example.com", "? = ?= _ % 100% done\ttabbed", ["=.pdf", "?.pdf"]),
+])
+def test_ordinary_values_pass_without_a_message_built(
+        monkeypatch: pytest.MonkeyPatch, recipient: str, subject: str, names: list[str]) -> None:
+    def build(*values: object) -> None:
+        raise AssertionError(f"built a message for {values!r}")
+
+    monkeypatch.setattr(mime, "check_composable_by_building", build)
+    check_composable("reports@example.com", recipient, subject, names)
+
+
+@pytest.mark.parametrize(("sender", "recipient", "subject", "names"), [
+    ("reports@example.com", "finance@example.com", "Invoice é\udc80", []),  # UnicodeEncodeError
+    ("reports@example.com", "finance@example.com", "Invoice \ud800", []),
+    ("reports@example.com", "finance@example.com", "Invoice", ["a\ud800.pdf"]),
+    ("=?utf-8?q??=@example.com", "finance@example.com", "Invoice", []),  # IndexError
+    ("reports@example.com", "=?utf-8?q??=@example.com", "Invoice", []),
+])
+def test_what_the_library_cannot_write_is_refused_not_raised(
+        sender: str, recipient: str, subject: str, names: list[str]) -> None:
+    """A value that passes postroom.rules but that the library fails on (with an error of its
+    own) is refused like any other: enqueue raised UnicodeEncodeError for such a subject."""
+    with pytest.raises(UnsafeHeaderError, match="cannot make headers"):
+        check_composable(sender, recipient, subject, names)
+
+
+@pytest.mark.parametrize(("recipient", "subject", "names"), [
+    ("a" * 47 + "@bücher.example", "S", []),  # an encoded domain that folds
+    ("=?utf-8?q?a=0D=0A?=@example.com", "S", []),  # an encoded line break in the local part
+    ("finance@example.com", "=?utf-8?b?DQpCY2M6IHhAeS56?=", []),
+    ("finance@example.com", "S", ['=?utf-8?q?a=0D=0AX-Evil:_1?=.pdf']),
+])
+def test_what_the_build_refuses_the_quick_check_refuses(
+        recipient: str, subject: str, names: list[str]) -> None:
+    with pytest.raises(UnsafeHeaderError) as quick:
+        check_composable("reports@example.com", recipient, subject, names)
+    with pytest.raises(UnsafeHeaderError) as built:
+        check_composable_by_building("reports@example.com", recipient, subject, names)
+    assert str(quick.value) == str(built.value)
