@@ -22,7 +22,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from chaos.mailserver import ChaosMailServer
 from postroom import enqueue
@@ -46,6 +52,9 @@ FEED_CHUNK = 50
 # holds while it writes a burst of replies, so kills landed right after bursts of 250s, before a
 # sender could have read any of them (8 of one run's 11 window duplicates had their 250 written
 # in the last millisecond before the kill). A process of its own kills at its own moment.
+# A topic of the cluster's own that the failover suite writes one record to, to see whether
+# writes are refused (Run.write_refused); no role reads it.
+PROBE_TOPIC = "postroom-chaos.write-probe"
 KILLER = """
 import os, sys, time
 pid, at = int(sys.argv[1]), float(sys.argv[2])
@@ -131,6 +140,7 @@ class Run:
         # pause in deliveries is measured from it (checks.longest_pause)
         self.node_fault_began_at = 0.0
         self.notes: list[str] = []  # what a scenario saw, printed with its outcome
+        self.write_refusal: str | None = None  # what write_refused() saw during the faults
         # Rows the scenario wrote that are not part of the known input (the poison storm's), and
         # what they are: not counted by finished(), checked by the scenario itself.
         self.hostile_rows: dict[int, str] = {}
@@ -247,10 +257,14 @@ class Run:
 
     # -- input -----------------------------------------------------------------------------------
 
-    def feed(self, recipients: list[str], rate_per_s: float, backlog: int = 0) -> None:
+    def feed(self, recipients: list[str], rate_per_s: float, backlog: int = 0,
+             steady: bool = False) -> None:
         """Enqueue ``recipients`` on a thread, FEED_CHUNK per transaction, at about this rate.
         With a ``backlog``, go on with more of the same set until ``faults_done`` is set, keeping
-        at least that many rows unfinished: the senders never run dry while faults come."""
+        at least that many rows unfinished: the senders never run dry while faults come.
+        ``steady``: go on at the rate until then, whatever is unfinished (rows become final
+        through the recorder: a recorder held up would stop a backlog's feed, and the senders'
+        deliveries would pause for want of mail, not by a fault of theirs)."""
         for rcpt in recipients:
             self.expected[rcpt] = expected_status(rcpt)
 
@@ -262,8 +276,8 @@ class Run:
                     self._enqueue(f"feed-{n}", chunk)
                     time.sleep(len(chunk) / rate_per_s)
                 n = len(chunks)
-                while backlog and not self.faults_done.is_set():
-                    if len(self.expected) - self.finished() >= backlog:
+                while (backlog or steady) and not self.faults_done.is_set():
+                    if backlog and len(self.expected) - self.finished() >= backlog:
                         time.sleep(0.2)
                         continue
                     chunk = recipients_for(FEED_CHUNK, self.tag, start=len(self.expected))
@@ -463,6 +477,30 @@ class Run:
         load.pop(-1, None)
         assert load, f"{self.name}: no partition of the run has a leader"
         return load.most_common(1)[0][0]
+
+    def write_refused(self, timeout_s: float = 60) -> str | None:
+        """The error the cluster answers a write of one record with, acks=all and no retry, to
+        a topic of three replicas (PROBE_TOPIC, made once); asked until one comes or for
+        ``timeout_s``. None: the write was taken."""
+        admin = make_admin(self.settings)
+        if PROBE_TOPIC not in admin.list_topics(timeout=30).topics:
+            for future in admin.create_topics([NewTopic(PROBE_TOPIC, 1, 3)]).values():
+                future.result()
+        producer = Producer({**self.settings.kafka_client_config(), "acks": "all",
+                             "enable.idempotence": False, "retries": 0,
+                             "message.timeout.ms": 5000})
+        deadline = time.monotonic() + timeout_s
+        refused: list[str] = []
+        while not refused and time.monotonic() < deadline:
+            producer.produce(PROBE_TOPIC, b"probe", on_delivery=lambda err, _msg: refused.append(
+                "" if err is None else err.name()))
+            producer.flush(10)
+            if refused == [""]:
+                return None
+            if refused and refused[0] != "NOT_ENOUGH_REPLICAS":
+                refused.clear()  # the leader moving (NOT_LEADER...): ask again
+                time.sleep(0.5)
+        return refused[0] if refused else "no answer"
 
     def coordinators(self) -> dict[str, int]:
         """The broker coordinating each of the run's groups (sender, recorder)."""

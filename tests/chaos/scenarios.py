@@ -33,6 +33,7 @@ class Scenario:
     drain_timeout_s: float = 120.0
     start_faults_at: float = 0.2   # share of the input accepted by the server before faults
     backlog: int = 0               # rows kept unfinished while faults come (see Run.feed)
+    steady_feed: bool = False      # ... or fed at feed_per_s until the faults are done
     kills_at_full_load: bool = False  # a sender kill that finds no key in doubt fails the run
     # Every key a killed sender held in doubt must have been tried again within this long of
     # the kill (the 60 s, with the default session timeout); None: no limit.
@@ -277,7 +278,7 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
             run.start()
             run.wait_assigned()
             run.feed(scenario.recipients(scenario.emails, run.tag), scenario.feed_per_s,
-                     scenario.backlog)
+                     scenario.backlog, scenario.steady_feed)
             run.wait_until(_progress(run, scenario.start_faults_at), 120,
                            "the pipeline to start delivering")
             try:
