@@ -19,7 +19,7 @@ from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import sql, validation
 from relay.errors import InvalidEmailError, SchemaNotReadyError
-from schemas.codec import EmailRequested, event_size
+from schemas.codec import EmailRequested, SchemaError, event_size
 
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1
@@ -222,12 +222,16 @@ def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any]
     longest key of a chunk) would exceed the cap: the relay could never publish it. The event is
     counted whole: the text and HTML bodies, the attachments' and inline images' paths."""
     key, recipient = key_and_recipient
-    size = event_size(EmailRequested(
-        idempotency_key=key, message_key=shared["message_key"], outbox_id=EVENT_SIZE_OUTBOX_ID,
-        recipient=recipient, sender=shared["sender"] or "", subject=shared["subject"],
-        body=shared["body"], attachments=tuple(shared["attachments"]),
-        priority=shared["priority"], created_at=dt.datetime.now(dt.UTC), html=shared["html"],
-        inline=tuple(shared["inline"])))
+    try:
+        size = event_size(EmailRequested(
+            idempotency_key=key, message_key=shared["message_key"],
+            outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=recipient, sender=shared["sender"] or "",
+            subject=shared["subject"], body=shared["body"],
+            attachments=tuple(shared["attachments"]), priority=shared["priority"],
+            created_at=dt.datetime.now(dt.UTC), html=shared["html"],
+            inline=tuple(shared["inline"])))
+    except SchemaError as exc:  # text no event can carry: a lone surrogate, say
+        raise InvalidEmailError(f"the email cannot be written as an event: {exc}") from None
     if size > limits.event_max_bytes:
         raise InvalidEmailError(
             f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "

@@ -460,3 +460,22 @@ def test_enqueue_many_writes_nothing_when_one_email_is_bad(
             enqueue_many(conn, emails[0])  # type: ignore[arg-type]
         assert enqueue_many(conn, []) == 0
     assert count(engine) == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("subject", "Invoice \udc80"),  # composable (unknown-8bit), but no event can carry it
+    ("subject", "Invoice é\udc80"),  # the standard library cannot write it (UnicodeEncodeError)
+    ("body", "Dear \ud800"),
+    ("html", "<p>\udfff</p>"),
+])
+def test_text_no_event_can_carry_is_refused_and_nothing_written(
+        engine: sa.Engine, field: str, value: str) -> None:
+    """A lone surrogate passes postroom.rules; enqueue raised SchemaError or UnicodeEncodeError
+    for it instead of the EnqueueError it documents."""
+    call: dict[str, Any] = {"key": "k", "recipients": TEAM, "subject": "S", "body": "b",
+                            field: value}
+    with pytest.raises(InvalidEmailError), engine.begin() as conn:
+        enqueue(conn, **call)
+    with pytest.raises(InvalidEmailError), engine.begin() as conn:
+        enqueue_many(conn, [Email(**call)])
+    assert count(engine) == 0
