@@ -1,4 +1,5 @@
-"""`python -m bench [relay] [delivery] [retry] [codec] [--quick]`: run the benchmarks, print their figures.
+"""`python -m bench [relay] [delivery] [retry] [codec] [enqueue] [--quick]`: run the benchmarks,
+print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -22,7 +23,7 @@ from postroom.settings import Settings
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-PARTS = ("relay", "delivery", "retry", "codec")
+PARTS = ("relay", "delivery", "retry", "codec", "enqueue")
 STACK_FREE = {"codec"}  # parts that need neither PostgreSQL nor Kafka
 
 
@@ -39,6 +40,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import codec
 
         return codec.run
+    if name == "enqueue":
+        from bench import enqueue
+
+        return enqueue.run
     from bench import delivery
 
     return delivery.run
@@ -50,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="postroom benchmarks against the local stack (scripts/services.sh up; "
                     ". .dev/env). Figures on stdout, progress on stderr.")
     parser.add_argument("parts", nargs="*", metavar="PART",
-                        help="relay, delivery, retry and/or codec (default: all)")
+                        help="relay, delivery, retry, codec and/or enqueue (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="smaller runs (about a minute in all) to check that everything works")
     parser.add_argument("--profile", action="store_true",

@@ -1,0 +1,144 @@
+"""Enqueue in a job's own transaction: personalised calls, one call with many recipients, and
+enqueue_many, against the local PostgreSQL (issue 26, targets 1 and 2).
+
+Personalised calls run twice, interleaved: with today's header check and with the full build
+(check_composable_by_building, the reference) patched in, so both figures come from one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import sqlalchemy as sa
+
+from bench.report import Options, Section, Target, fmt_rate, per_s, progress, table
+from bench.scratch import scratch
+from bench.workload import BODY, MAIL_FROM, SUBJECT
+from postroom import Email, enqueue, enqueue_many
+from postroom.mime import check_composable_by_building
+from postroom.settings import Settings
+from relay import validation
+from relay.db import make_engine
+
+RUNS = 3  # of each measurement; the figure is the median, the spread min..max
+PERSONALISED_CALLS, QUICK_PERSONALISED_CALLS = 3_000, 500
+BULK_ROWS, QUICK_BULK_ROWS = 100_000, 20_000
+MANY_EMAILS, QUICK_MANY_EMAILS = 20_000, 5_000
+# The iterator's peak memory is measured under tracemalloc, which slows Python several times:
+# two sizes, the second twice the first, show whether it grows with the recipients.
+MEMORY_ROWS, QUICK_MEMORY_ROWS = 200_000, 20_000
+
+
+@contextlib.contextmanager
+def _reference_check() -> Iterator[None]:
+    """enqueue with the full build as its header check (what it ran before issue 26)."""
+    fast = validation.check_composable
+    validation.check_composable = check_composable_by_building
+    try:
+        yield
+    finally:
+        validation.check_composable = fast
+
+
+def _timed(engine: sa.Engine, work: Callable[[sa.Connection], int]) -> tuple[float, int]:
+    with engine.begin() as conn:
+        started = time.perf_counter()
+        rows = work(conn)
+        return time.perf_counter() - started, rows
+
+
+def _personalised(tag: str, calls: int) -> Callable[[sa.Connection], int]:
+    def work(conn: sa.Connection) -> int:
+        return sum(enqueue(conn, key=f"{tag}-{n}", recipients=[f"c{n}@example.com"],
+                           subject=f"Invoice {n} for September 2026", body=BODY,
+                           sender=MAIL_FROM) for n in range(calls))
+    return work
+
+
+def _bulk(tag: str, rows: int) -> Callable[[sa.Connection], int]:
+    def work(conn: sa.Connection) -> int:
+        return enqueue(conn, key=tag, recipients=(f"r{n}@example.com" for n in range(rows)),
+                       subject=SUBJECT, body=BODY, sender=MAIL_FROM)
+    return work
+
+
+def _many(tag: str, emails: int) -> Callable[[sa.Connection], int]:
+    def work(conn: sa.Connection) -> int:
+        return enqueue_many(conn, (Email(key=f"{tag}-{n}", recipients=[f"c{n}@example.com"],
+                                         subject=f"Invoice {n}", body=BODY, sender=MAIL_FROM)
+                                   for n in range(emails)))
+    return work
+
+
+def _rates(figures: list[float]) -> tuple[float, str]:
+    return statistics.median(figures), f"{fmt_rate(min(figures))}..{fmt_rate(max(figures))}"
+
+
+def _peak_mib(engine: sa.Engine, tag: str, rows: int) -> float:
+    tracemalloc.start()
+    try:
+        _timed(engine, _bulk(tag, rows))
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def run(base: Settings, options: Options) -> Section:
+    quick = options.quick
+    calls = QUICK_PERSONALISED_CALLS if quick else PERSONALISED_CALLS
+    bulk_rows = QUICK_BULK_ROWS if quick else BULK_ROWS
+    many = QUICK_MANY_EMAILS if quick else MANY_EMAILS
+    memory_rows = QUICK_MEMORY_ROWS if quick else MEMORY_ROWS
+    results: dict[str, list[float]] = {"personalised": [], "personalised, full build": [],
+                                       "bulk": [], "many": []}
+    with scratch(base, "enqueue") as settings:
+        engine = make_engine(settings)
+        try:
+            for run_no in range(RUNS):
+                progress(f"enqueue: run {run_no + 1} of {RUNS}: {calls:,} personalised calls "
+                         f"(twice), {bulk_rows:,} recipients, {many:,} emails at once")
+                seconds, rows = _timed(engine, _personalised(f"p{run_no}", calls))
+                results["personalised"].append(per_s(rows, seconds))
+                with _reference_check():
+                    seconds, rows = _timed(engine, _personalised(f"ref{run_no}", calls))
+                results["personalised, full build"].append(per_s(rows, seconds))
+                seconds, rows = _timed(engine, _bulk(f"bulk{run_no}", bulk_rows))
+                results["bulk"].append(per_s(rows, seconds))
+                seconds, rows = _timed(engine, _many(f"many{run_no}", many))
+                results["many"].append(per_s(rows, seconds))
+            progress(f"enqueue: peak memory of {memory_rows:,} and {2 * memory_rows:,} "
+                     "recipients given as an iterator (tracemalloc)")
+            peaks = [_peak_mib(engine, f"mem{n}", n * memory_rows) for n in (1, 2)]
+        finally:
+            engine.dispose()
+    rows_out: list[list[Any]] = []
+    labels = {"personalised": f"{calls:,} enqueue calls, one recipient each (calls/s)",
+              "personalised, full build": "  the same with the full build as header check",
+              "bulk": f"one enqueue call, {bulk_rows:,} recipients (rows/s)",
+              "many": f"enqueue_many, {many:,} one-recipient emails (rows/s)"}
+    medians: dict[str, float] = {}
+    for name, figures in results.items():
+        medians[name], spread = _rates(figures)
+        rows_out.append([labels[name], fmt_rate(medians[name]), spread])
+    section = Section("Enqueue: a job's transaction into the outbox")
+    section.lines += [
+        f"each in one transaction, committed; median of {RUNS} runs with their spread; the "
+        "personalised runs interleaved with the full-build ones",
+        "",
+        *table(["what", "median", "min..max"], rows_out),
+        "",
+        f"peak traced memory of one call with recipients from an iterator: {peaks[0]:.1f} MiB "
+        f"for {memory_rows:,}, {peaks[1]:.1f} MiB for {2 * memory_rows:,}",
+    ]
+    section.targets += [
+        Target("personalised enqueue, one call each", medians["personalised"], 5_000, "calls/s"),
+        Target(f"bulk enqueue, {bulk_rows:,} recipients in one call", medians["bulk"], 50_000,
+               "rows/s"),
+        Target("enqueue_many, one-recipient emails", medians["many"], 50_000, "rows/s"),
+    ]
+    return section
