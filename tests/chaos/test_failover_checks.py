@@ -31,7 +31,7 @@ def test_no_delivery_after_the_faults_is_no_figure() -> None:
     assert longest_pause([11.0, 12.0], 10.0, DONE) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.floats(0, 100), min_size=1), st.floats(0, 40))
 def test_the_pause_bounds_every_gap_it_covers(accepted: list[float], began: float) -> None:
     pause = longest_pause(accepted, began, DONE)
