@@ -111,7 +111,7 @@ ensure_compose() {
         return
     fi
     command -v go >/dev/null || die "Go is needed once to build Docker Compose $COMPOSE_VERSION (put go 1.24+ on PATH)"
-    say "building Docker Compose $COMPOSE_VERSION from its Go module (first run only, 3-8 min)"
+    say "building Docker Compose $COMPOSE_VERSION from its Go module (first run only, 7-17 min on 2 cores)"
     local log="$WORK/compose-build.log" dir
     export GOMODCACHE="$WORK/go/mod" GOCACHE="$WORK/go/cache" GOFLAGS=-buildvcs=false
     dir=$(go mod download -json "github.com/docker/compose/v2@$COMPOSE_VERSION" 2>"$log" \

@@ -11,7 +11,9 @@ if [[ ${1:-} != postgres ]]; then
 fi
 shift
 
-as_postgres() { runuser -u postgres -- "$@"; }
+# setpriv execs (as upstream's gosu does); runuser stays as the parent and does not hand the
+# stop signal on, so postgres was SIGKILLed at `docker compose stop` (make compose-test).
+as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
 
 mkdir -p "$PGDATA"
 chown postgres:postgres "$PGDATA"
@@ -42,4 +44,4 @@ if [[ ! -s $PGDATA/PG_VERSION ]]; then
     echo "PostgreSQL init process complete; ready for start up."
 fi
 
-exec runuser -u postgres -- postgres -D "$PGDATA" "$@"
+exec setpriv --reuid=postgres --regid=postgres --init-groups -- postgres -D "$PGDATA" "$@"
