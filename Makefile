@@ -13,7 +13,7 @@ ENV_FILE := $(DEV_DIR)/env
 PYTEST_ARGS ?=
 
 .PHONY: help venv services services-down services-status services-clean test chaos fuzz demo lint bench check-alerts compose-test \
-	services-cluster services-cluster-down chaos-cluster
+	services-cluster services-cluster-down chaos-cluster cluster-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -56,6 +56,10 @@ services-cluster-down: ## stop the three-node cluster stack (data is kept)
 # FAILOVER_PROTOCOLS=classic,classic-30s,kip848 and FAILOVER_REPEAT=n: the pause measurements.
 chaos-cluster: services-cluster ## the failover scenarios on the three-broker cluster (~20 min)
 	. $(CLUSTER_DEV_DIR)/env && $(PYTHON) -m pytest tests/chaos -m failover -s $(PYTEST_ARGS)
+
+# The cluster tests stop and start the cluster's brokers: not while a failover run uses it.
+cluster-test: services-cluster ## check, lag, topics create and ACLs on the three-broker cluster, brokers stopped
+	. $(CLUSTER_DEV_DIR)/env && $(PYTHON) -m pytest tests/integration/cluster -m cluster $(PYTEST_ARGS)
 
 # Examples per property for make fuzz (the normal run's counts are each test file's own).
 FUZZ_EXAMPLES ?= 2000

@@ -12,6 +12,7 @@ PURE_MODULES = [
     "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
     "sender.offsets", "sender.claims", "postroom.topics", "postroom.lagrules", "postroom.headers",
     "postroom.acls", "postroom.rules", "postroom.mime", "sender.admission", "sender.throttle",
+    "sender.attempt", "sender.ports", "postroom.replication",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 
