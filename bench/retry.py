@@ -62,8 +62,8 @@ def _measure(settings: Settings, addresses: list[str],
              server: DevSmtpServer) -> tuple[tuple[int, float, float], float]:
     engine = make_engine(settings)
     relay = Relay(settings, engine)
-    sender = Sender(settings, ledger=Ledger(libpq_conninfo(engine), sender_identity(),
-                                            lease_s(settings), settings.database_schema))
+    sender = Sender.from_settings(settings, ledger=Ledger(
+        libpq_conninfo(engine), sender_identity(), lease_s(settings), settings.database_schema))
     loop = asyncio.new_event_loop()
     threads = [threading.Thread(target=relay.run, daemon=True),
                threading.Thread(target=lambda: loop.run_until_complete(sender.run()), daemon=True)]

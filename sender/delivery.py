@@ -52,13 +52,6 @@ def check_attachments(settings: Settings) -> str:
     return f"the sender reads attachments below {settings.attachments_root}"
 
 
-def waits_for_configuration(reply: SmtpReply) -> bool:
-    """Whether ``reply`` is our configuration keeping an attempt from being made, not an
-    attempt that failed (no POSTROOM_ATTACHMENTS_ROOT): the email waits, uncounted, until a
-    sender with the setting takes it (sender/retry.py's ``RetryPolicy.wait``)."""
-    return reply.stage is Stage.LOCAL and reply.failure is Failure.CONFIG
-
-
 @dataclasses.dataclass(frozen=True)
 class Delivery:
     """How the sender delivers: the default sender address, the attachments root, the deadline,

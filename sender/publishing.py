@@ -48,7 +48,7 @@ class OutcomePublisher:
     async def result(self, key: str, result: EmailResult) -> None:
         await self.publish(results_topic(self._prefix), key, result)
 
-    async def forward(self, record: Record, event: EmailRequested, forward: Forward,
+    async def forward(self, origin: Origin, event: EmailRequested, forward: Forward,
                       now: dt.datetime) -> None:
         """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a
         recorded permanent failure (a value-less dead letter saying why), never a stuck
@@ -60,7 +60,7 @@ class OutcomePublisher:
             result = too_large_to_forward(event, forward.topic, now)
             log.error("key=%s: %s; failed permanently", key, exc)  # noqa: TRY400 - expected
             await self._producer.produce(dead_letter_topic(self._prefix), key, None,
-                                         dead_letter_headers(origin_of(record), "permanent",
+                                         dead_letter_headers(origin, "permanent",
                                                              result.error or ""))
             await self.result(key, result)
 
