@@ -22,6 +22,7 @@ class Role(enum.StrEnum):
     RELAY = "relay"
     SENDER = "sender"
     RECORDER = "recorder"
+    BOUNCES = "bounces"  # `postroom bounces`: publishes the reports it reads as results
     ADMIN = "admin"  # `postroom topics create`, `postroom lag` and `postroom check`
 
 
@@ -86,7 +87,7 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
               idempotent_write: bool = False) -> list[Acl]:
     """Every ACL postroom's roles need, in a stable order.
 
-    ``idempotent_write`` adds IDEMPOTENT_WRITE on the cluster for the two producing roles:
+    ``idempotent_write`` adds IDEMPOTENT_WRITE on the cluster for the producing roles:
     brokers before Kafka 3.0 need it for an idempotent producer; newer ones accept WRITE on a
     topic instead (KIP-679).
     """
@@ -106,6 +107,7 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
         acl(Role.SENDER, Operation.READ, Resource.GROUP, sender_group),
         acl(Role.RECORDER, Operation.READ, Resource.TOPIC, results_topic(prefix)),
         acl(Role.RECORDER, Operation.READ, Resource.GROUP, recorder_group),
+        acl(Role.BOUNCES, Operation.WRITE, Resource.TOPIC, results_topic(prefix)),
         acl(Role.ADMIN, Operation.CREATE, Resource.TOPIC, admin_topics_prefix(prefix),
             Pattern.PREFIXED),
         acl(Role.ADMIN, Operation.DESCRIBE, Resource.TOPIC, admin_topics_prefix(prefix),
@@ -118,7 +120,7 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
     ]
     if idempotent_write:
         acls += [acl(role, Operation.IDEMPOTENT_WRITE, Resource.CLUSTER, CLUSTER_NAME)
-                 for role in (Role.RELAY, Role.SENDER)]
+                 for role in (Role.RELAY, Role.SENDER, Role.BOUNCES)]
     return acls
 
 

@@ -747,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     register.set_defaults(handler=cmd_schemas_register)
 
     acls = commands.add_parser(
-        "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, admin); "
+        "acls", help="the Kafka ACLs each role needs (relay, sender, recorder, bounces, admin); "
                      "`acls apply` creates them (idempotent)")
     acls.add_argument("action", nargs="?", choices=["apply"],
                       help="create the ACLs through the Admin API (needs ALTER and DESCRIBE on "

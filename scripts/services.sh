@@ -682,7 +682,7 @@ kafka_status() {
 # listener binds 127.0.0.1 only. On SASL_SSL, only what the ACLs grant is allowed.
 
 SECURE_DIR="$DEV_DIR/secure"
-SECURE_ROLES=(relay sender recorder admin)
+SECURE_ROLES=(relay sender recorder bounces admin)
 SECURE_CERT_DAYS=825
 SCRAM_ITERATIONS=8192
 
@@ -786,7 +786,7 @@ secure_bootstrap() {
     local stamp="$KAFKA_DATA/.postroom-secure" want out="$SECURE_DIR/bootstrap.out"
     want=$(cat "$SECURE_DIR"/*.properties | sha256sum | cut -d' ' -f1)
     [[ -f $stamp && $(cat "$stamp") == "$want" ]] && return
-    say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,admin} and their ACLs (once)"
+    say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,bounces,admin} and their ACLs (once)"
     "$VENV_PY" - "$(plain_bootstrap)" "$SECURE_DIR" "$SCRAM_ITERATIONS" "${SECURE_ROLES[@]}" \
         >"$out" 2>&1 <<'EOF' || die "kafka: creating the SCRAM users failed" "$out"
 import sys
@@ -838,7 +838,7 @@ runs; restart the stack (scripts/services.sh down, then up) to make new certific
     secure_make_passwords
     write_secure_env_files
     secure_bootstrap
-    say "kafka: SASL_SSL on $(secure_bootstrap_servers); role env files in $SECURE_DIR/{relay,sender,recorder,admin}.env"
+    say "kafka: SASL_SSL on $(secure_bootstrap_servers); role env files in $SECURE_DIR/{relay,sender,recorder,bounces,admin}.env"
 }
 
 # ---------------------------------------------------------------------------------------------

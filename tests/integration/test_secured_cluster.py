@@ -8,6 +8,7 @@ The role env files come from scripts/services.sh up (.dev/secure/<role>.env).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     UserScramCredentialUpsertion,
 )
 
+from bounces.adapters import KafkaResults
 from postroom import enqueue
 from postroom.acls import Acl, Pattern, Resource, Role, role_acls
 from postroom.devkit.processes import postroom_command
@@ -49,8 +51,15 @@ from postroom.kafka import (
 )
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
-from postroom.topics import Priority, all_topics, priority_topic
+from postroom.topics import (
+    Priority,
+    all_topics,
+    dead_letter_topic,
+    priority_topic,
+    results_topic,
+)
 from relay.publisher import Relay
+from schemas.codec import SCHEMALESS, DeliveryStatus, EmailResult
 from support.pipeline import Pipeline
 from support.seed import check_september, enqueue_september, seed_server
 from support.stack import dev_dir
@@ -75,7 +84,7 @@ def role_env(role: str) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Secured:
-    roles: dict[str, Settings]  # relay, sender, recorder, admin: each with its own credentials
+    roles: dict[str, Settings]  # relay, sender, recorder, bounces, admin: each with its own credentials
     acls: list[Acl]
     env: dict[str, str]  # the stack's environment with this test's schema, prefix and groups
 
@@ -197,6 +206,36 @@ def test_the_recorder_cannot_read_a_priority_topic(secured: Secured) -> None:
     finally:
         consumer.close()
     assert codes == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_the_bounce_intake_publishes_results_on_its_own_credentials_and_nothing_else(
+        secured: Secured, stack_settings: Settings,
+        consume: Callable[..., list[Any]]) -> None:
+    bounces = secured.roles["bounces"]
+    result = EmailResult(idempotency_key="secured-bounce|gone@example.com", outbox_id=1,
+                         recipient="gone@example.com", status=DeliveryStatus.BOUNCED,
+                         attempt=1, occurred_at=dt.datetime.now(dt.UTC), smtp_code=550,
+                         enhanced_code="5.1.1", error="550 5.1.1 mailbox unknown")
+    KafkaResults(bounces, SCHEMALESS, timeout_s=20).publish([result])
+    records = consume(dataclasses.replace(stack_settings, topic_prefix=bounces.topic_prefix),
+                      [results_topic(bounces.topic_prefix)], expected=1, timeout_s=20)
+    assert result.idempotency_key.encode() in [r.key for r in records]
+
+    errors: list[KafkaError] = []
+    producer = Producer(producer_config(bounces, on_delivery=lambda err, _msg: errors.append(err)))
+    producer.produce(dead_letter_topic(bounces.topic_prefix), b"forged")
+    producer.flush(20)
+    assert [e.code() for e in errors] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+    env = {**secured.env, **role_env("bounces")}
+    as_bounces, as_recorder = postroom((env, ["check", "--role", "bounces"]),
+                                       (env, ["check", "--role", "recorder"]))
+    assert any(line.startswith("ok    kafka: broker answers; the bounces may use all 1 of its "
+                               "topics") for line in as_bounces.stdout.splitlines()), (
+        as_bounces.stdout)
+    assert as_recorder.returncode == 1
+    assert (f"      {bounces.topic_prefix}email.results: not authorized to READ (authorized: "
+            "DESCRIBE, WRITE)") in as_recorder.stdout.splitlines(), as_recorder.stdout
 
 
 def postroom(*runs: tuple[dict[str, str], list[str]]) -> list[subprocess.CompletedProcess[str]]:

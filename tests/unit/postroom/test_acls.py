@@ -60,6 +60,12 @@ DECISIONS = [
     (P + "recorder", D, T, "acme.mail.email.high", False),
     (P + "recorder", R, G, "recorders", True),
     (P + "recorder", R, G, "senders", False),
+    # bounces: writes results (the reports it reads), nothing else
+    (P + "bounces", W, T, "acme.mail.email.results", True),
+    (P + "bounces", R, T, "acme.mail.email.results", False),
+    (P + "bounces", W, T, "acme.mail.email.dead", False),
+    (P + "bounces", W, T, "acme.mail.email.high", False),
+    (P + "bounces", R, G, "recorders", False),
     # admin: creates and describes postroom's topics, describes the groups (lag); reads nothing
     (P + "admin", C, T, "acme.mail.email.retry.7", True),
     (P + "admin", D, T, "acme.mail.email.high", True),
@@ -96,6 +102,7 @@ def test_idempotent_write_on_the_cluster_for_the_producing_roles_when_asked() ->
     assert {(a.principal, a.operation, a.resource) for a in extra} == {
         (P + "relay", Operation.IDEMPOTENT_WRITE, Resource.CLUSTER),
         (P + "sender", Operation.IDEMPOTENT_WRITE, Resource.CLUSTER),
+        (P + "bounces", Operation.IDEMPOTENT_WRITE, Resource.CLUSTER),
     }
 
 
@@ -110,6 +117,7 @@ def test_principal_prefix_names_every_role() -> None:
     (Role.RELAY, {"acme.mail.email.high": {W}, "acme.mail.email.normal": {W},
                   "acme.mail.email.low": {W}}),
     (Role.RECORDER, {"acme.mail.email.results": {R}}),
+    (Role.BOUNCES, {"acme.mail.email.results": {W}}),
     (Role.SENDER, {**{f"acme.mail.email.{p}": {R} for p in ("high", "normal", "low")},
                    **{f"acme.mail.email.retry.{n}": {R, W} for n in (1, 2)},
                    "acme.mail.email.dead": {W}, "acme.mail.email.results": {W}}),
@@ -149,7 +157,7 @@ def test_kafka_acls_commands() -> None:
     assert ('kafka-acls.sh --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" '
             "--add --allow-principal User:postroom-relay --operation IdempotentWrite "
             "--cluster --resource-pattern-type literal") in lines
-    assert "--group r --resource-pattern-type literal" in lines[-3]
+    assert "--group r --resource-pattern-type literal" in lines[-4]
     assert len(lines) == 1 + len(role_acls("p.", sender_group="s", recorder_group="r",
                                            idempotent_write=True))
 
