@@ -1,0 +1,214 @@
+"""W3C trace context parsing (strict: anything malformed is no context), and spans made through a
+real OpenTelemetry SDK provider with its in-memory exporter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from postroom import tracing
+from postroom.errors import ConfigError
+from postroom.tracing import OFF, TraceContext, Tracing
+
+TID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SID = "00f067aa0ba902b7"
+GOOD = f"00-{TID}-{SID}-01"
+
+
+def test_a_valid_traceparent() -> None:
+    ctx = tracing.parse_traceparent(GOOD)
+    assert ctx == TraceContext(TID, SID, 1)
+    assert ctx.traceparent == GOOD
+    assert tracing.parse_traceparent(GOOD.encode()) == ctx
+    assert ctx.headers() == (("traceparent", GOOD.encode()),)
+
+
+@pytest.mark.parametrize("value", [
+    "", GOOD.upper(), GOOD[:-1], GOOD + "-", GOOD + "-extra",  # 00 takes no more fields
+    f"ff-{TID}-{SID}-01", f"00-{'0' * 32}-{SID}-01", f"00-{TID}-{'0' * 16}-01",
+    f"00-{TID}-{SID}-1", f"0-{TID}-{SID}-01", f"00_{TID}_{SID}_01", f"00-{TID}-{SID}-0g",
+    f" {GOOD}", f"{GOOD}\n", f"00-{TID[:-1]}\u0660-{SID}-01", "x" * 10_000,
+    b"\xff" * 55, None, 55, ["00"],
+])
+def test_malformed_traceparents_are_no_context(value: object) -> None:
+    assert tracing.parse_traceparent(value) is None
+
+
+def test_a_later_version_may_add_fields() -> None:
+    assert tracing.parse_traceparent(f"01-{TID}-{SID}-00-more") == TraceContext(TID, SID, 0)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("congo=t61rcWkgMzE", "congo=t61rcWkgMzE"),
+    ("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"),
+    ("a=1,,b=2 ", "a=1,b=2"),
+    ("tenant@vendor=x", "tenant@vendor=x"),
+    ("", None), ("Upper=1", None), ("a=1,a=2", None), ("a=", None), ("a=b,c", None),
+    ("a=b=c=\u00e9", None), (",".join(f"k{n}=v" for n in range(33)), None),
+    ("a=" + "v" * 600, None), (b"a=\xff", None), (None, None),
+])
+def test_tracestate(value: object, expected: str | None) -> None:
+    assert tracing.parse_tracestate(value) == expected
+
+
+def test_a_bad_tracestate_is_dropped_alone() -> None:
+    assert tracing.parse_traceparent(GOOD, "not valid") == TraceContext(TID, SID, 1)
+    assert tracing.parse_traceparent(GOOD, "a=1").headers() == (
+        ("traceparent", GOOD.encode()), ("tracestate", b"a=1"))
+
+
+def test_from_headers() -> None:
+    assert tracing.from_headers([("traceparent", GOOD.encode()), ("tracestate", b"a=1"),
+                                 ("tracestate", b"b=2")]) == TraceContext(TID, SID, 1, "a=1,b=2")
+    assert tracing.from_headers([("traceparent", GOOD), ("traceparent", GOOD)]) is None
+    assert tracing.from_headers([("traceparent", None)]) is None
+    assert tracing.from_headers([("tracestate", b"a=1")]) is None
+    assert tracing.from_headers(None) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["traceparent", "tracestate", "other"]),
+                          st.one_of(st.none(), st.binary(max_size=80),
+                                    st.text(max_size=80)))))
+def test_any_headers_give_a_context_or_none(headers: list[tuple[str, object]]) -> None:
+    found = tracing.from_headers(headers)  # type: ignore[arg-type]
+    if found is not None:
+        # What is passed on parses back to itself: postroom never forwards what it refused.
+        again = tracing.from_headers(list(found.headers()))
+        assert again == found
+
+
+@given(st.from_regex(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", fullmatch=True))
+def test_well_formed_traceparents_round_trip_unless_w3c_says_ignore(value: str) -> None:
+    ctx = tracing.parse_traceparent(value)
+    version, trace_id, span_id, _ = value.split("-")
+    invalid = version == "ff" or set(trace_id) == {"0"} or set(span_id) == {"0"}
+    assert (ctx is None) is invalid
+    if ctx is not None and version == "00":
+        assert ctx.traceparent == value
+
+
+@pytest.fixture
+def exporter() -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    yield Tracing.from_provider(provider), memory
+    provider.shutdown()
+
+
+def test_off_makes_no_span_and_passes_the_parent_on() -> None:
+    parent = TraceContext(TID, SID, 1)
+    with OFF.span("publish x", parent, kind="producer") as span:
+        span.set({"a": 1})
+        span.error("no-op")
+        assert span.context is parent
+        assert span.headers() == parent.headers()
+    with OFF.span("publish x", None) as span:
+        assert span.context is None and span.headers() == ()
+    assert not OFF.enabled
+
+
+def test_a_span_is_the_child_of_its_remote_parent(
+        exporter: tuple[Tracing, InMemorySpanExporter]) -> None:
+    tracer, memory = exporter
+    parent = TraceContext(TID, SID, 1, "a=1")
+    with tracer.span("process t", parent, kind="consumer",
+                     attributes={"messaging.system": "kafka", "skipped": None}) as span:
+        span.set({"postroom.attempt": 2})
+        child_ctx = span.context
+    [finished] = memory.get_finished_spans()
+    assert finished.name == "process t" and finished.kind is trace.SpanKind.CONSUMER
+    assert f"{finished.parent.span_id:016x}" == SID and finished.parent.is_remote
+    assert f"{finished.context.trace_id:032x}" == TID
+    assert dict(finished.attributes) == {"messaging.system": "kafka", "postroom.attempt": 2}
+    assert child_ctx == TraceContext(TID, f"{finished.context.span_id:016x}", 1, "a=1")
+
+
+def test_no_parent_starts_a_trace_and_an_exception_marks_the_span(
+        exporter: tuple[Tracing, InMemorySpanExporter]) -> None:
+    tracer, memory = exporter
+    with pytest.raises(KeyError), tracer.span("publish t", None, kind="producer"):
+        raise KeyError("x")
+    [finished] = memory.get_finished_spans()
+    assert finished.parent is None
+    assert finished.status.status_code is trace.StatusCode.ERROR
+
+
+def test_current_and_the_enqueue_span_follow_the_callers_span(
+        exporter: tuple[Tracing, InMemorySpanExporter]) -> None:
+    tracer_tracing, memory = exporter
+    provider = tracer_tracing._provider
+    job = provider.get_tracer("job")
+    assert tracing.current() is None  # no span is current
+    with job.start_as_current_span("nightly report") as outer:
+        mine = tracing.current()
+        assert mine is not None and int(mine.span_id, 16) == outer.get_span_context().span_id
+    # enqueue_span uses the global provider: none is set here, so the caller's context is kept.
+    with job.start_as_current_span("nightly report") as outer, tracing.enqueue_span("k") as kept:
+        assert kept is not None and int(kept.span_id, 16) == outer.get_span_context().span_id
+    assert [s.name for s in memory.get_finished_spans()] == ["nightly report", "nightly report"]
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+])
+def test_configured(environ: dict[str, str], expected: bool) -> None:
+    assert tracing.configured(environ) is expected
+
+
+def test_setup_refuses_what_it_cannot_export() -> None:
+    assert tracing.setup("relay", {}) is OFF
+    with pytest.raises(ConfigError, match="OTLP only"):
+        tracing.setup("relay", {"OTEL_TRACES_EXPORTER": "zipkin"})
+    with pytest.raises(ConfigError, match="http/protobuf"):
+        tracing.setup("relay", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x",
+                                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+
+
+def test_setup_makes_a_provider_of_the_roles_own() -> None:
+    made = tracing.setup("sender", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    try:
+        assert made.enabled
+        assert made._provider.resource.attributes["service.name"] == "postroom-sender"
+    finally:
+        made._provider.shutdown()  # nothing was exported: no connection is tried
+
+
+def test_without_otel_variables_no_role_imports_opentelemetry() -> None:
+    code = ("import sys\n"
+            "from postroom import tracing\n"
+            "import relay.publisher, relay.recorder, relay.outbox, sender.service\n"
+            "assert tracing.setup('relay', {}) is tracing.OFF\n"
+            "assert tracing.current() is None\n"
+            "with tracing.enqueue_span('k') as ctx: assert ctx is None\n"
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_setup_without_the_extra_says_how_to_install_it() -> None:
+    code = ("import sys\n"
+            "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None\n"
+            "from postroom import tracing\n"
+            "tracing.setup('relay', {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://x'})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 1
+    assert "pip install 'postroom[otel]'" in done.stderr, done.stderr
