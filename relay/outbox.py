@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from postroom import tracing
 from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import sql, validation
@@ -82,6 +83,8 @@ def enqueue(
     before the insert: a bad input (None included) raises :class:`~relay.errors.EnqueueError`
     and writes nothing. ``limits`` caps the body, the attachments and inline images, and the
     encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides its per-file cap).
+    Called inside an OpenTelemetry span, the rows keep its trace context (an ``enqueue outbox``
+    span of the caller's tracer provider), so the roles' spans join the caller's trace.
     ``schema`` names the schema that holds the outbox (POSTROOM_DATABASE_SCHEMA) when the
     connection's search path does not lead there; None or "": the search path's. No outbox
     table there raises :class:`~relay.errors.SchemaNotReadyError`. The caller commits (or rolls
@@ -92,17 +95,19 @@ def enqueue(
                            attachments=attachments, priority=priority, send_after=send_after,
                            sender=sender, html=html, inline=inline), limits)
     shared = message.shared
-    statement = sql.insert_rows(schema)
     first = next(message.chunks)
     second = next(message.chunks, None)
     given = new = 0
     # Recipients past the first chunk are checked as they come (an iterator of a million is
     # never held whole): a bad one rolls back the rows of the chunks before it.
-    with conn.begin_nested() if second is not None else contextlib.nullcontext():
+    with (tracing.enqueue_span(shared["message_key"]) as trace,
+          conn.begin_nested() if second is not None else contextlib.nullcontext()):
+        statement = sql.insert_rows(schema, traced=trace is not None)
+        params = {**shared, **_trace_params(trace)}
         for chunk in itertools.chain((first,), () if second is None else (second,),
                                      message.chunks):
             keys = _keys(shared, chunk, limits)
-            new += _insert(conn, statement, {**shared, "keys": keys, "recipients": chunk}, schema)
+            new += _insert(conn, statement, {**params, "keys": keys, "recipients": chunk}, schema)
             given += len(chunk)
     log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
              shared["message_key"], new, given, shared["priority"], html is not None,
@@ -124,10 +129,11 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
     limits = _limits(limits, attachment_max_bytes, schema)
     if isinstance(emails, Email) or not isinstance(emails, Iterable):
         raise InvalidEmailError(f"emails must be a list of Email, not {type(emails).__name__}")
-    statement = sql.insert_emails(schema)
     columns: dict[str, list[Any]] = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
     new = given = 0
-    with conn.begin_nested():
+    with tracing.enqueue_span(None) as trace, conn.begin_nested():
+        statement = sql.insert_emails(schema, traced=trace is not None)
+        traced = _trace_params(trace)
         for email in emails:
             if not isinstance(email, Email):
                 raise InvalidEmailError(f"an email must be an Email, not {type(email).__name__}")
@@ -145,13 +151,20 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
                 columns["recipient"] += chunk
                 if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
                     given += len(columns["recipient"])
-                    new += _insert(conn, statement, columns, schema)
+                    new += _insert(conn, statement, {**columns, **traced}, schema)
                     columns = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
         if columns["recipient"]:
             given += len(columns["recipient"])
-            new += _insert(conn, statement, columns, schema)
+            new += _insert(conn, statement, {**columns, **traced}, schema)
     log.info("enqueued many: new_rows=%d of=%d", new, given)
     return new
+
+
+def _trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
+    """The trace context columns' values, for a statement made with ``traced``."""
+    if trace is None:
+        return {}
+    return {"traceparent": trace.traceparent, "tracestate": trace.tracestate}
 
 
 def _limits(limits: SizeLimits | None, attachment_max_bytes: int | None,

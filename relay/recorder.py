@@ -28,6 +28,7 @@ from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
+from postroom.tracing import OFF, Tracing, from_headers, kafka_attributes
 from relay import sql
 from schemas.codec import (
     DeliveryStatus,
@@ -308,8 +309,9 @@ class Recorder:
 
     def __init__(self, settings: Settings, engine: sa.Engine, *, metrics: Metrics | None = None,
                  consumer_factory: Callable[[], Consumer] | None = None,
-                 schema_by_id: SchemaById | None = None) -> None:
+                 schema_by_id: SchemaById | None = None, tracing: Tracing = OFF) -> None:
         self._settings = settings
+        self._tracing = tracing
         # None: the registry's lookup when one is set (see run()), else none.
         self._schema_by_id = schema_by_id
         self._engine = engine
@@ -376,12 +378,31 @@ class Recorder:
         return storable_result(result)
 
     def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
+        with contextlib.ExitStack() as spans:
+            self._apply_batch(consumer, messages, spans)
+
+    def _span(self, spans: contextlib.ExitStack, record: Record, result: EmailResult) -> None:
+        """The recording of one result, a span under the record's context, ended with its
+        batch's transaction."""
+        spans.enter_context(self._tracing.span(
+            f"process {record.topic}", from_headers(record.headers), kind="consumer",
+            attributes={**kafka_attributes("process", record.topic, partition=record.partition,
+                                           key=result.idempotency_key, offset=record.offset,
+                                           group=self._settings.recorder_group),
+                        "postroom.outbox_id": result.outbox_id,
+                        "postroom.attempt": result.attempt,
+                        "postroom.status": result.status.value}))
+
+    def _apply_batch(self, consumer: Consumer, messages: list[Message],
+                     spans: contextlib.ExitStack) -> None:
         results: list[EmailResult] = []
         try:
             for record in readable_records(messages):
                 result = self._decode(record)
                 if result is not None:
                     results.append(result)
+                    if self._tracing.enabled:
+                        self._span(spans, record, result)
         except _StoppedError:
             return  # uncommitted: the batch comes again after restart
         outcomes = [r for r in results if r.status not in REPORT_STATUSES]

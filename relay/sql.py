@@ -77,7 +77,7 @@ CLAIM_DUE = sa.text("""
                 THEN CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) END
                AS created_at,
            CAST(o.attempts AS bigint) + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before,
-           o.html, o.inline
+           o.html, o.inline, o.traceparent, o.tracestate
     FROM outbox AS o
     WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
 """)
@@ -405,11 +405,11 @@ def status_count_query() -> sa.Select[Any]:
 INSERT_ROWS = """
     WITH inserted AS (
         INSERT INTO {outbox} AS o (idempotency_key, message_key, recipient, sender, subject, body,
-                                  attachments, html, inline, priority, available_at)
+                                  attachments, html, inline, priority, available_at{trace})
         SELECT r.idempotency_key, :message_key, r.recipient, CAST(:sender AS text), :subject,
                :body, CAST(:attachments AS text[]), CAST(:html AS text),
                CAST(:inline AS text[]), :priority,
-               COALESCE(CAST(:available_at AS timestamptz), now())
+               COALESCE(CAST(:available_at AS timestamptz), now()){trace_values}
         FROM unnest(CAST(:keys AS text[]), CAST(:recipients AS text[]))
              WITH ORDINALITY AS r(idempotency_key, recipient, n)
         ORDER BY r.n
@@ -427,14 +427,14 @@ INSERT_EMAILS_COLUMNS = ("idempotency_key", "message_key", "recipient", "sender"
 INSERT_EMAILS = """
     WITH inserted AS (
         INSERT INTO {outbox} AS o (idempotency_key, message_key, recipient, sender, subject, body,
-                                  attachments, html, inline, priority, available_at)
+                                  attachments, html, inline, priority, available_at{trace})
         SELECT r.idempotency_key, r.message_key, r.recipient, r.sender, r.subject, r.body,
                CASE WHEN r.attachments = '[]' THEN CAST('{{}}' AS text[]) ELSE
                    ARRAY(SELECT jsonb_array_elements_text(CAST(r.attachments AS jsonb))) END,
                r.html,
                CASE WHEN r.inline = '[]' THEN CAST('{{}}' AS text[]) ELSE
                    ARRAY(SELECT jsonb_array_elements_text(CAST(r.inline AS jsonb))) END,
-               r.priority, COALESCE(r.available_at, now())
+               r.priority, COALESCE(r.available_at, now()){trace_values}
         FROM unnest(CAST(:idempotency_key AS text[]), CAST(:message_key AS text[]),
                     CAST(:recipient AS text[]), CAST(:sender AS text[]),
                     CAST(:subject AS text[]), CAST(:body AS text[]),
@@ -456,16 +456,28 @@ def _outbox_of(schema: str | None) -> str:
     return f'"{schema.replace(chr(34), chr(34) * 2)}".outbox' if schema else "outbox"
 
 
-@functools.cache
-def insert_rows(schema: str | None) -> sa.TextClause:
-    """INSERT_ROWS into the outbox of ``schema``, or of the search path's."""
-    return sa.text(INSERT_ROWS.format(outbox=_outbox_of(schema)))
+# The trace context columns (migration 0010) are written only by an enqueue in a traced job, so
+# an untraced job's statement is the one of before and still runs on an outbox at 0009.
+_TRACE_COLUMNS = ", traceparent, tracestate"
+_TRACE_VALUES = ", CAST(:traceparent AS text), CAST(:tracestate AS text)"
 
 
 @functools.cache
-def insert_emails(schema: str | None) -> sa.TextClause:
-    """INSERT_EMAILS into the outbox of ``schema``, or of the search path's."""
-    return sa.text(INSERT_EMAILS.format(outbox=_outbox_of(schema)))
+def insert_rows(schema: str | None, *, traced: bool = False) -> sa.TextClause:
+    """INSERT_ROWS into the outbox of ``schema``, or of the search path's; ``traced``: with
+    the ``:traceparent`` and ``:tracestate`` every row of the statement keeps."""
+    return sa.text(INSERT_ROWS.format(outbox=_outbox_of(schema),
+                                      trace=_TRACE_COLUMNS if traced else "",
+                                      trace_values=_TRACE_VALUES if traced else ""))
+
+
+@functools.cache
+def insert_emails(schema: str | None, *, traced: bool = False) -> sa.TextClause:
+    """INSERT_EMAILS into the outbox of ``schema``, or of the search path's; ``traced`` as for
+    :func:`insert_rows` (one context for all the emails of the call)."""
+    return sa.text(INSERT_EMAILS.format(outbox=_outbox_of(schema),
+                                        trace=_TRACE_COLUMNS if traced else "",
+                                        trace_values=_TRACE_VALUES if traced else ""))
 
 
 # -- operators' commands: redrive, requeue, reports, retention ----------------------------------

@@ -47,7 +47,7 @@ def test_0004_moves_unpublished_rows_and_their_claims_to_the_queue_and_back(
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0003)
 
-    assert upgrade(engine) == "0009"  # to the head: enqueue() writes today's columns
+    assert upgrade(engine) == "0010"  # to the head: enqueue() writes today's columns
     with engine.begin() as conn:
         assert conn.execute(QUEUE).all() == [("claimed", True), ("waiting", False)]
         # New rows enter the queue through the insert trigger, published ones do not.
@@ -83,7 +83,7 @@ def test_0005_rewrites_only_the_keys_the_old_encoding_made_ambiguous(engine: sa.
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0004)
 
-    assert upgrade(engine) == "0009"  # through 0005, to the head enqueue() writes
+    assert upgrade(engine) == "0010"  # through 0005, to the head enqueue() writes
     with engine.begin() as conn:
         assert conn.execute(KEYS).all() == [
             ("back\\slash", "back\\\\slash|c@example.com"),
@@ -148,7 +148,7 @@ def test_four_upgrades_at_the_same_moment_all_succeed(fresh: Settings) -> None:
     for engine in engines:
         engine.dispose()
     assert errors == []
-    assert head_of(fresh) == "0009"
+    assert head_of(fresh) == "0010"
 
 
 def test_four_db_upgrade_processes_started_at_once_all_succeed(fresh: Settings,
@@ -180,8 +180,8 @@ def test_four_db_upgrade_processes_started_at_once_all_succeed(fresh: Settings,
     outputs = [log.read_text() for log in logs]
     assert codes == [0, 0, 0, 0], outputs
     assert all("Traceback" not in out for out in outputs), outputs
-    assert all("outbox schema is at revision 0009" in out for out in outputs), outputs
-    assert head_of(fresh) == "0009"
+    assert all("outbox schema is at revision 0010" in out for out in outputs), outputs
+    assert head_of(fresh) == "0010"
 
 
 def test_a_schema_never_migrated_is_not_migrated_not_at_revision_none(fresh: Settings) -> None:
@@ -202,7 +202,7 @@ def test_0009_adds_bounced_and_suppressed_and_the_list_and_goes_back(engine: sa.
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin_nested():
                 conn.execute(sa.text("UPDATE outbox SET status = 'bounced'"))
-    assert upgrade(engine) == "0009"
+    assert upgrade(engine) == "0010"
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET status = 'bounced' WHERE recipient = 'a@example.com'"))
         conn.execute(sa.text("UPDATE outbox SET status = 'suppressed', last_error = 'suppressed' "
@@ -220,3 +220,21 @@ def test_0009_adds_bounced_and_suppressed_and_the_list_and_goes_back(engine: sa.
         table = conn.execute(sa.text("SELECT to_regclass('suppression')")).scalar_one()
     assert states == [("a@example.com", "sent", None), ("b@example.com", "failed", "suppressed")]
     assert table is None
+
+
+def test_0010_adds_the_trace_context_columns_and_an_untraced_job_still_enqueues_at_0009(
+        engine: sa.Engine) -> None:
+    assert downgrade(engine, "0009") == "0009"
+    with engine.begin() as conn:  # an untraced enqueue writes only the columns of before
+        assert enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b") == 1
+    assert upgrade(engine) == "0010"
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox SET traceparent = 'x', tracestate = 'y'"))
+        assert conn.execute(sa.text("SELECT traceparent, tracestate FROM outbox")).one() == (
+            "x", "y")
+    assert downgrade(engine, "0009") == "0009"
+    with engine.connect() as conn:
+        columns = conn.execute(sa.text(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'outbox' "
+            "AND table_schema = current_schema() AND column_name LIKE 'trace%'")).all()
+    assert columns == []
