@@ -14,6 +14,7 @@ from functools import partial
 from typing import TypeVar
 
 from postroom.metrics import Metrics
+from postroom.tracing import OFF, Span, TraceContext, Tracing, from_headers, kafka_attributes
 from schemas.codec import DeliveryStatus, EmailRequested
 from sender.admission import Admitted
 from sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
@@ -39,6 +40,7 @@ class AttemptRules:
     policy: RetryPolicy
     destination_of: Callable[[str], str]  # a recipient's destination (sender/throttle.py)
     throttle_max_wait_s: float  # POSTROOM_THROTTLE_MAX_WAIT
+    group: str | None = None  # the consumer group, for the spans' attributes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,8 +61,10 @@ class Attempts:
     or this attempt already made)."""
 
     def __init__(self, rules: AttemptRules, *, ledger: ClaimsLedger, transport: MailTransport,
-                 line: DestinationLine, outcomes: Outcomes, metrics: Metrics, clock: Clock) -> None:
+                 line: DestinationLine, outcomes: Outcomes, metrics: Metrics, clock: Clock,
+                 tracing: Tracing = OFF) -> None:
         self._rules = rules
+        self._tracing = tracing
         self._ledger = ledger
         self._transport = transport
         self._line = line
@@ -69,21 +73,44 @@ class Attempts:
         self._clock = clock
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
-        """Claim, send and record one event; then publish where its outcome routes it."""
+        """Claim, send and record one event; then publish where its outcome routes it. Its
+        records carry the event's trace context on (this attempt's span's, with tracing)."""
         event = admitted.event
-        routing = await self._claim_and_send(origin, admitted)
-        if routing is None:
-            return
-        key = event.idempotency_key
-        if routing.forward is None:
-            await self._outcomes.result(key, routing.result)  # no gather: it is a task per call
-        else:
-            await asyncio.gather(
-                self._outcomes.result(key, routing.result),
-                self._outcomes.forward(origin, event, routing.forward, self._clock.utcnow()))
+        with self._tracing.span(
+                f"process {origin.topic}", from_headers(origin.headers), kind="consumer",
+                attributes={**kafka_attributes("process", origin.topic, partition=origin.partition,
+                                               key=event.idempotency_key, offset=origin.offset,
+                                               group=self._rules.group),
+                            "postroom.outbox_id": event.outbox_id,
+                            "postroom.attempt": event.attempt}) as span:
+            routing = await self._claim_and_send(origin, admitted, span.context)
+            if routing is None:
+                return
+            span.set({"postroom.status": routing.status.value})
+            await self._publish(origin, event, routing, span)
         if routing.status is not DeliveryStatus.SENT:
             await self._release_after(event, routing)
         self._metrics.inc("outcomes_total", status=routing.status.value)
+
+    async def _publish(self, origin: Origin, event: EmailRequested, routing: Routing,
+                       span: Span) -> None:
+        key = event.idempotency_key
+        forward = routing.forward
+        if forward is None:
+            # No gather: it is a task per call.
+            await self._outcomes.result(key, routing.result, span.headers())
+            return
+        not_before = forward.event.not_before
+        with self._tracing.span(
+                f"publish {forward.topic}", span.context, kind="producer",
+                attributes={**kafka_attributes("send", forward.topic, key=key),
+                            "postroom.attempt": forward.event.attempt,
+                            "postroom.retry.not_before": (not_before.isoformat()
+                                                          if not_before else None)}) as scheduled:
+            await asyncio.gather(
+                self._outcomes.result(key, routing.result, span.headers()),
+                self._outcomes.forward(origin, event, forward, self._clock.utcnow(),
+                                       scheduled.headers()))
 
     async def _release_after(self, event: EmailRequested, routing: Routing) -> None:
         """Give the claim up only now that the outcome is out: a copy of this record read again
@@ -98,7 +125,8 @@ class Attempts:
         self._metrics.observe("ledger_mark_seconds", self._clock.monotonic() - started,
                               operation="release")
 
-    async def _claim_and_send(self, origin: Origin, admitted: Admitted) -> Routing | None:
+    async def _claim_and_send(self, origin: Origin, admitted: Admitted,
+                              trace: TraceContext | None) -> Routing | None:
         """Send the event once its destination lets it and its claim is ours, and route the
         outcome; None when nothing more is to be done (a server accepted its key before: its
         result is published here; or this attempt was made already). A throttling reply defers
@@ -113,7 +141,8 @@ class Attempts:
                          < self._rules.throttle_max_wait_s)
             claim, claimed_at = await self._claim_in_line(destination, key, event.attempt)
             if claim.claim is Claim.MINE:
-                sent = await self._send_in_turn(destination, event, claim, claimed_at, may_defer)
+                sent = await self._send_in_turn(destination, event, claim, claimed_at, may_defer,
+                                                trace)
                 if sent is None:
                     log.warning("key=%s is no longer ours after it waited for its turn (another "
                                 "sender took it, or a server accepted it); asking the ledger "
@@ -130,7 +159,8 @@ class Attempts:
                 self._metrics.inc("duplicates_suppressed_total")
                 log.info("key=%s already accepted by the server; not sending again", key)
                 await self._outcomes.result(
-                    key, already_sent(event, claim.message_id, self._clock.utcnow()))
+                    key, already_sent(event, claim.message_id, self._clock.utcnow()),
+                    () if trace is None else trace.headers())
                 return None
             if claim.claim is Claim.DONE:
                 # Its result and its retry or dead letter went out with the attempt.
@@ -157,7 +187,8 @@ class Attempts:
         return claim, claimed_at
 
     async def _send_in_turn(self, destination: str, event: EmailRequested, claim: ClaimResult,
-                            claimed_at: float, may_defer: bool) -> Sent | None:
+                            claimed_at: float, may_defer: bool,
+                            trace: TraceContext | None) -> Sent | None:
         """Send through a held connection, the destination's turn given back after it; None
         when the claim was lost while the send waited."""
         throttled = False
@@ -165,7 +196,17 @@ class Attempts:
             async with self._transport.slot() as slot:
                 if not await self._still_ours(event.idempotency_key, claim, claimed_at):
                     return None
-                sent = await self._send(event, slot, may_defer)
+                with self._tracing.span("smtp send", trace, kind="client", attributes={
+                        "postroom.attempt": event.attempt,
+                        "postroom.destination": destination}) as smtp:
+                    sent = await self._send(event, slot, may_defer)
+                    smtp.set({"postroom.smtp.reply_code": sent.reply.code,
+                              "postroom.smtp.failure": (sent.reply.failure.value
+                                                        if sent.reply.failure else None),
+                              "postroom.smtp.stage": sent.reply.stage.value,
+                              "postroom.throttled": sent.throttled})
+                    if not 200 <= (sent.reply.code or 0) < 300:
+                        smtp.error(sent.reply.text[:200] if sent.reply.text else "no reply")
                 throttled = sent.throttled
                 return sent
         finally:

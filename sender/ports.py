@@ -17,6 +17,8 @@ from sender.claims import ClaimResult
 from sender.outcome import SmtpReply
 from sender.routing import Forward, Origin
 
+TraceHeaders = tuple[tuple[str, bytes], ...]
+
 
 class ClaimsLedger(Protocol):
     """Who may send a key: claims, their renewal and release, and the ``sent`` marks."""
@@ -72,12 +74,12 @@ class DestinationLine(Protocol):
 
 class Outcomes(Protocol):
     """Where an attempt's outcome goes: the result, and its retry or dead letter; each returns
-    once the broker has it."""
+    once the broker has it. ``trace``: the trace context headers the record carries."""
 
-    async def result(self, key: str, result: EmailResult) -> None: ...
+    async def result(self, key: str, result: EmailResult, trace: TraceHeaders = ()) -> None: ...
 
     async def forward(self, origin: Origin, event: EmailRequested, forward: Forward,
-                      now: dt.datetime) -> None: ...
+                      now: dt.datetime, trace: TraceHeaders = ()) -> None: ...
 
 
 class Clock(Protocol):

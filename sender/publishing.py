@@ -13,6 +13,7 @@ from postroom.metrics import Metrics
 from postroom.topics import dead_letter_topic, results_topic
 from schemas.codec import EmailRequested, EmailResult, Framing
 from sender.errors import PoisonRecordError, RecordTooLargeError
+from sender.ports import TraceHeaders
 from sender.producer import AcknowledgedProducer
 from sender.routing import (
     Forward,
@@ -45,24 +46,24 @@ class OutcomePublisher:
         value, schema_headers = self.framing.frame(topic, event)
         await self._producer.produce(topic, key, value, [*schema_headers, *extra_headers])
 
-    async def result(self, key: str, result: EmailResult) -> None:
-        await self.publish(results_topic(self._prefix), key, result)
+    async def result(self, key: str, result: EmailResult, trace: TraceHeaders = ()) -> None:
+        await self.publish(results_topic(self._prefix), key, result, trace)
 
     async def forward(self, origin: Origin, event: EmailRequested, forward: Forward,
-                      now: dt.datetime) -> None:
+                      now: dt.datetime, trace: TraceHeaders = ()) -> None:
         """Publish the retry or dead letter; one Kafka refuses as too large ends the email as a
         recorded permanent failure (a value-less dead letter saying why), never a stuck
         partition."""
         key = event.idempotency_key
         try:
-            await self.publish(forward.topic, key, forward.event, forward.headers)
+            await self.publish(forward.topic, key, forward.event, (*forward.headers, *trace))
         except RecordTooLargeError as exc:
             result = too_large_to_forward(event, forward.topic, now)
             log.error("key=%s: %s; failed permanently", key, exc)  # noqa: TRY400 - expected
             await self._producer.produce(dead_letter_topic(self._prefix), key, None,
-                                         dead_letter_headers(origin, "permanent",
-                                                             result.error or ""))
-            await self.result(key, result)
+                                         [*dead_letter_headers(origin, "permanent",
+                                                               result.error or ""), *trace])
+            await self.result(key, result, trace)
 
     async def poison(self, record: Record, poison: PoisonRecordError, now: dt.datetime) -> None:
         """Dead-letter a record no enqueue or sender of ours could have written, as it was read

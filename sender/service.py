@@ -21,6 +21,7 @@ from postroom.errors import ConfigError
 from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
+from postroom.tracing import OFF, Tracing
 from schemas.registry import framing_for, reader_for
 from sender.admission import Admission
 from sender.attempt import AttemptRules, Attempts
@@ -75,7 +76,7 @@ class Sender:
     def __init__(self, settings: Settings, *, ledger: Ledger, metrics: Metrics,
                  consumer: SenderConsumer, producer: AcknowledgedProducer,
                  publisher: OutcomePublisher, transport: SmtpTransport, gate: DestinationGate,
-                 clock: Clock) -> None:
+                 clock: Clock, tracing: Tracing = OFF) -> None:
         self._settings = settings
         self._ledger = ledger
         self.metrics = metrics
@@ -89,9 +90,9 @@ class Sender:
         destination = partial(destination_of, by=DestinationBy(settings.destination_by),
                               smarthost=f"{settings.smtp_host}:{settings.smtp_port}")
         rules = AttemptRules(settings.topic_prefix, RetryPolicy(settings.retry_delays_s),
-                             destination, settings.throttle_max_wait_s)
+                             destination, settings.throttle_max_wait_s, settings.sender_group)
         attempts = Attempts(rules, ledger=ledger, transport=transport, line=gate,
-                            outcomes=publisher, metrics=metrics, clock=clock)
+                            outcomes=publisher, metrics=metrics, clock=clock, tracing=tracing)
         self._intake = Intake(
             settings.topic_prefix,
             Admission.for_tiers(settings.size_limits(), settings.retry_delays_s), consumer,
@@ -102,7 +103,7 @@ class Sender:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, ledger: Ledger,
-                      metrics: Metrics | None = None) -> Sender:
+                      metrics: Metrics | None = None, tracing: Tracing = OFF) -> Sender:
         """The sender the settings describe, its adapters built (none connects before run())."""
         metrics = metrics or Metrics()
         producer = AcknowledgedProducer(settings, metrics)
@@ -114,7 +115,7 @@ class Sender:
                    consumer=SenderConsumer(settings, metrics), producer=producer,
                    publisher=OutcomePublisher(settings.topic_prefix, producer, metrics),
                    transport=SmtpTransport(SmtpPool(SmtpConfig.from_settings(settings)), delivery),
-                   gate=gate, clock=SystemClock())
+                   gate=gate, clock=SystemClock(), tracing=tracing)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -15,6 +15,7 @@ from schemas.codec import EmailRequested, EmailResult
 from sender.claims import ClaimResult, KeyState, decide_claims
 from sender.errors import LedgerUnavailableError
 from sender.outcome import SmtpReply, Stage
+from sender.ports import TraceHeaders
 from sender.routing import Forward, Origin
 
 EPOCH = dt.datetime(2026, 12, 2, 20, 0, tzinfo=dt.UTC)
@@ -243,12 +244,16 @@ class FakeOutcomes:
         self.trace = trace
         self.results: list[EmailResult] = []
         self.forwards: list[tuple[Origin, Forward]] = []
+        # The trace context headers each record would carry: ("result" | topic, headers).
+        self.trace_headers: list[tuple[str, TraceHeaders]] = []
 
-    async def result(self, key: str, result: EmailResult) -> None:
+    async def result(self, key: str, result: EmailResult, trace: TraceHeaders = ()) -> None:
         self.trace.append(("result", key, result.status.value))
         self.results.append(result)
+        self.trace_headers.append(("result", trace))
 
     async def forward(self, origin: Origin, event: EmailRequested, forward: Forward,
-                      now: dt.datetime) -> None:
+                      now: dt.datetime, trace: TraceHeaders = ()) -> None:
         self.trace.append(("forward", forward.topic, forward.event.attempt))
         self.forwards.append((origin, forward))
+        self.trace_headers.append((forward.topic, trace))

@@ -24,6 +24,7 @@ from unit.sender.fakes import (
 
 from postroom.metrics import Metrics
 from postroom.topics import dead_letter_topic, retry_topic
+from postroom.tracing import OFF, TraceContext, Tracing, from_headers
 from schemas.codec import EmailRequested
 from sender.admission import Admitted
 from sender.attempt import LEDGER_RETRY_S, AttemptRules, Attempts
@@ -62,9 +63,9 @@ class World:
     metrics: Metrics
     attempts: Attempts
 
-    def deliver(self, admitted: Admitted) -> None:
+    def deliver(self, admitted: Admitted, origin: Origin = ORIGIN) -> None:
         async def main() -> None:
-            await asyncio.wait_for(self.attempts.deliver(ORIGIN, admitted), 5)
+            await asyncio.wait_for(self.attempts.deliver(origin, admitted), 5)
 
         asyncio.run(main())
 
@@ -76,7 +77,7 @@ class World:
 
 
 def world(replies: list[SmtpReply] | None = None, *, otherwise: SmtpReply = OK,
-          send_s: float = 0.0, line: Any = None) -> World:
+          send_s: float = 0.0, line: Any = None, tracing: Tracing = OFF) -> World:
     trace: Trace = []
     clock = FakeClock(trace)
     ledger = InMemoryLedger(clock)
@@ -87,7 +88,7 @@ def world(replies: list[SmtpReply] | None = None, *, otherwise: SmtpReply = OK,
     rules = AttemptRules(PREFIX, RetryPolicy(DELAYS_S), lambda recipient: "example.com",
                          THROTTLE_MAX_WAIT_S)
     attempts = Attempts(rules, ledger=ledger, transport=transport, line=the_line,
-                        outcomes=outcomes, metrics=metrics, clock=clock)
+                        outcomes=outcomes, metrics=metrics, clock=clock, tracing=tracing)
     return World(trace, clock, ledger, transport, FakeLine(trace) if line is not None else the_line,
                  outcomes, metrics, attempts)
 
@@ -263,3 +264,44 @@ def test_the_core_runs_against_the_real_destination_gate() -> None:
     assert [r.status.value for r in w.outcomes.results] == ["sent"]
     assert len(w.transport.sent) == 2
     assert gate.waiting == 0
+
+
+# -- trace context -------------------------------------------------------------------------------
+
+PARENT = TraceContext("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", 1, "a=1")
+TRACED = Origin("t.email.normal", 0, 41, PARENT.headers())
+
+
+def test_without_tracing_the_records_carry_the_events_context_on_as_it_came() -> None:
+    w = world([TRANSIENT])
+    w.deliver(Admitted(event()), TRACED)
+    assert w.outcomes.trace_headers == [("result", PARENT.headers()),
+                                        (retry_topic(PREFIX, 1), PARENT.headers())]
+    untraced = world([TRANSIENT])
+    untraced.deliver(Admitted(event()))
+    assert untraced.outcomes.trace_headers == [("result", ()), (retry_topic(PREFIX, 1), ())]
+
+
+def test_with_tracing_the_attempt_the_send_and_the_retry_are_spans_of_the_events_trace() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    w = world([TRANSIENT], tracing=Tracing.from_provider(provider))
+    w.deliver(Admitted(event()), TRACED)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert set(spans) == {"process t.email.normal", "smtp send", "publish t.email.retry.1"}
+    process, smtp, retry = (spans[n] for n in ("process t.email.normal", "smtp send",
+                                               "publish t.email.retry.1"))
+    assert f"{process.parent.span_id:016x}" == PARENT.span_id
+    assert smtp.parent.span_id == retry.parent.span_id == process.context.span_id
+    assert smtp.attributes["postroom.smtp.reply_code"] == 451
+    assert process.attributes["postroom.status"] == "retrying"
+    (_, result_headers), (_, retry_headers) = w.outcomes.trace_headers
+    assert from_headers(result_headers) == TraceContext(
+        PARENT.trace_id, f"{process.context.span_id:016x}", 1, "a=1")
+    assert from_headers(retry_headers) == TraceContext(
+        PARENT.trace_id, f"{retry.context.span_id:016x}", 1, "a=1")
