@@ -24,6 +24,7 @@ from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.metrics import Metrics
 from postroom.settings import FIELDS, Settings
 from postroom.topics import Priority
+from postroom.tracing import Tracing
 from schemas.registry import COMPATIBILITY_LEVELS
 
 log = logging.getLogger("postroom")
@@ -257,11 +258,26 @@ def _run_until_signalled(settings: Settings,
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _role_tracing(settings: Settings, role: str) -> Iterator[Tracing]:
+    """The role's tracing from the OTEL_* variables (off without them; a ConfigError before the
+    role waits for anything), its spans exported before the role exits."""
+    from postroom import tracing
+
+    logs.set_level(settings.log_level)  # the role's level: it says where its spans go
+    made = tracing.setup(role)
+    try:
+        yield made
+    finally:
+        made.shutdown()
+
+
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
     from relay.publisher import Relay
 
-    return _run_until_signalled(
-        settings, lambda engine, metrics: Relay(settings, engine, metrics=metrics))
+    with _role_tracing(settings, "relay") as tracing:
+        return _run_until_signalled(settings, lambda engine, metrics: Relay(
+            settings, engine, metrics=metrics, tracing=tracing))
 
 
 def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
@@ -273,7 +289,8 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     from sender.service import Sender, event_loop_factory
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
-        sender = Sender.from_settings(settings, ledger=ledger, metrics=metrics)
+        sender = Sender.from_settings(settings, ledger=ledger, metrics=metrics,
+                                      tracing=tracing)
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
@@ -284,7 +301,8 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
 
     settings.check_attachments_root()
     signals = ShutdownSignals()
-    with service_start(settings, smtp=True) as (engine, metrics):
+    with _role_tracing(settings, "sender") as tracing, service_start(settings, smtp=True) as (
+            engine, metrics):
         ledger = Ledger(libpq_conninfo(engine), sender_identity(), lease_s(settings),
                         settings.database_schema)
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
@@ -295,8 +313,9 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
     from relay.recorder import Recorder
 
-    return _run_until_signalled(
-        settings, lambda engine, metrics: Recorder(settings, engine, metrics=metrics))
+    with _role_tracing(settings, "recorder") as tracing:
+        return _run_until_signalled(settings, lambda engine, metrics: Recorder(
+            settings, engine, metrics=metrics, tracing=tracing))
 
 
 

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
+from postroom.tracing import OFF, Tracing
 from relay.db import libpq_conninfo
 from relay.publisher import Relay
 from relay.recorder import Recorder
@@ -69,6 +70,7 @@ class Pipeline:
     # its own Kafka credentials, say.
     role_settings: dict[str, Settings] = dataclasses.field(default_factory=dict)
     metrics: Metrics | None = None  # shared by the three, when given
+    tracing: Tracing = OFF  # shared by the three
     relay: Relay | None = None
     recorder: Recorder | None = None
     sender: SenderThread | None = None
@@ -78,14 +80,16 @@ class Pipeline:
         def settings_of(role: str) -> Settings:
             return self.role_settings.get(role, self.settings)
 
-        self.relay = Relay(settings_of("relay"), self.engine, metrics=self.metrics)
-        self.recorder = Recorder(settings_of("recorder"), self.engine, metrics=self.metrics)
+        self.relay = Relay(settings_of("relay"), self.engine, metrics=self.metrics,
+                           tracing=self.tracing)
+        self.recorder = Recorder(settings_of("recorder"), self.engine, metrics=self.metrics,
+                                 tracing=self.tracing)
         for target in (self.relay.run, self.recorder.run):
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self.threads.append(thread)
         self.sender = SenderThread(settings_of("sender"), self.engine,
-                                   metrics=self.metrics).start()
+                                   metrics=self.metrics, tracing=self.tracing).start()
         return self
 
     def stop(self) -> None:

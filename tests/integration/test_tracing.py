@@ -1,0 +1,183 @@
+"""One email's trace, from the job's enqueue to its recorded outcome: the relay, the sender and the
+recorder on the local stack, spans through OpenTelemetry's SDK (in memory), and the relay as a
+process exporting to an OTLP/HTTP endpoint this test serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from postroom import enqueue
+from postroom.devkit.processes import start_postroom, stop_process
+from postroom.devkit.scratch import scratch_env
+from postroom.devkit.wait import wait_until
+from postroom.settings import Settings, TlsMode
+from postroom.topics import priority_topic, results_topic, retry_topic
+from sender.devsmtp import DevSmtpServer
+from support.pipeline import Pipeline, outbox_rows
+from support.tracing import memory_tracing
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _id(span_id: int) -> str:
+    return f"{span_id:016x}"
+
+
+def test_one_trace_holds_enqueue_publish_both_attempts_the_retry_and_the_recording(
+        settings: Settings, engine: sa.Engine) -> None:
+    tracing, provider, exporter = memory_tracing()
+    exporter.clear()
+    server = DevSmtpServer(port=0, defer={"later@example.com": 1})  # 451 once, then accepted
+    server.start()
+    job = provider.get_tracer("nightly-job")
+    with job.start_as_current_span("nightly report") as root, engine.begin() as conn:
+        enqueue(conn, key="traced", recipients=["later@example.com"], subject="S", body="b")
+    pipeline = Pipeline(dataclasses.replace(
+        settings, smtp_host="127.0.0.1", smtp_port=server.port, smtp_tls=TlsMode.NONE,
+        smtp_timeout_s=5.0, retry_delays_s=(0.5,)), engine, tracing=tracing).start()
+    prefix = settings.topic_prefix
+    results = results_topic(prefix)
+    try:
+        wait_until(lambda: outbox_rows(engine, "traced")[0].status == "sent", 30, "the row sent")
+        wait_until(lambda: len([s for s in exporter.get_finished_spans()
+                                if s.name == f"process {results}"]) == 2, 30,
+                   "both results recorded")
+    finally:
+        pipeline.stop()
+        server.stop()
+    spans = exporter.get_finished_spans()
+    trace_id = root.get_span_context().trace_id
+    assert {s.context.trace_id for s in spans} == {trace_id}, [s.name for s in spans]
+    by_id = {s.context.span_id: s for s in spans}
+
+    def children(parent: ReadableSpan, name: str) -> list[ReadableSpan]:
+        return [s for s in spans if s.parent is not None
+                and s.parent.span_id == parent.context.span_id and s.name == name]
+
+    [job_span] = [s for s in spans if s.parent is None]
+    assert job_span.name == "nightly report"
+    [enqueued] = children(job_span, "enqueue outbox")
+    assert enqueued.attributes["postroom.message_key"] == "traced"
+    normal = priority_topic(prefix, "normal")
+    [published] = children(enqueued, f"publish {normal}")
+    assert published.kind is SpanKind.PRODUCER
+    assert published.attributes["messaging.system"] == "kafka"
+    assert published.attributes["messaging.destination.name"] == normal
+    [first] = children(published, f"process {normal}")
+    assert first.kind is SpanKind.CONSUMER
+    assert (first.attributes["postroom.attempt"], first.attributes["postroom.status"]) == (
+        1, "retrying")
+    assert first.attributes["messaging.consumer.group.name"] == settings.sender_group
+    [deferred] = children(first, "smtp send")
+    assert deferred.kind is SpanKind.CLIENT
+    assert deferred.attributes["postroom.smtp.reply_code"] == 451
+    assert deferred.attributes["postroom.destination"] == "example.com"
+    assert deferred.status.status_code is StatusCode.ERROR
+    tier = retry_topic(prefix, 1)
+    [scheduled] = children(first, f"publish {tier}")
+    assert scheduled.attributes["postroom.attempt"] == 2
+    assert "postroom.retry.not_before" in scheduled.attributes
+    [second] = children(scheduled, f"process {tier}")
+    assert (second.attributes["postroom.attempt"], second.attributes["postroom.status"]) == (
+        2, "sent")
+    [accepted] = children(second, "smtp send")
+    assert accepted.attributes["postroom.smtp.reply_code"] == 250
+    assert accepted.status.status_code is not StatusCode.ERROR
+    recorded = [s for s in spans if s.name == f"process {results}"]
+    assert sorted((by_id[s.parent.span_id].name, s.attributes["postroom.status"])
+                  for s in recorded if s.parent is not None) == [
+        (f"process {normal}", "retrying"), (f"process {tier}", "sent")]
+    # Each span starts after its parent: the order a trace viewer draws.
+    for span in spans:
+        if span.parent is not None:
+            assert span.start_time >= by_id[span.parent.span_id].start_time, span.name
+    assert len(spans) == 10, sorted(s.name for s in spans)
+
+
+def test_a_row_with_a_malformed_trace_context_is_published_without_one(
+        settings: Settings, engine: sa.Engine) -> None:
+    tracing, _provider, exporter = memory_tracing()
+    exporter.clear()
+    with engine.begin() as conn:
+        enqueue(conn, key="odd-trace", recipients=["a@example.com", "b@example.com"],
+                subject="S", body="b")
+        conn.execute(sa.text("UPDATE outbox SET traceparent = CASE recipient "
+                             "WHEN 'a@example.com' THEN '00-xyz-01' ELSE repeat('0', 10000) END, "
+                             "tracestate = 'a=\u00e9' WHERE message_key = 'odd-trace'"))
+    from relay.publisher import Relay
+
+    relay = Relay(settings, engine, tracing=tracing)
+    assert relay.publish_once() == 2
+    publishes = [s for s in exporter.get_finished_spans() if s.name.startswith("publish ")]
+    assert len(publishes) == 2
+    assert all(s.parent is None for s in publishes)  # each a trace of its own, none refused
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    requests: list[ExportTraceServiceRequest]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/v1/traces":
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            self.server.requests.append(request)  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[http.server.HTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    server.requests = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_relay_process_exports_its_spans_over_otlp(
+        settings: Settings, engine: sa.Engine, otlp_receiver: http.server.HTTPServer,
+        tmp_path: Path) -> None:
+    _tracing, provider, _exporter = memory_tracing()
+    with provider.get_tracer("job").start_as_current_span("invoice run") as root, \
+            engine.begin() as conn:
+        enqueue(conn, key="exported", recipients=["c@example.com"], subject="S", body="b")
+    env = {**os.environ, **scratch_env(settings),
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_receiver.server_port}",
+           "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"}
+    log = tmp_path / "relay.log"
+    relay = start_postroom("relay", env=env, log=log)
+    try:
+        wait_until(lambda: outbox_rows(engine, "exported")[0].status == "published", 30,
+                   "the row published")
+    finally:
+        assert stop_process(relay) == 0, log.read_text()
+    spans = [(resource.resource, span)
+             for request in otlp_receiver.requests  # type: ignore[attr-defined]
+             for resource in request.resource_spans
+             for scope in resource.scope_spans for span in scope.spans]
+    [(resource, span)] = [(r, s) for r, s in spans if s.name.startswith("publish ")]
+    attributes = {a.key: a.value.string_value for a in resource.attributes}
+    assert attributes["service.name"] == "postroom-relay"
+    assert attributes["deployment.environment"] == "test"
+    assert span.trace_id.hex() == f"{root.get_span_context().trace_id:032x}"
+    assert span.parent_span_id  # the enqueue span's, in the job's process
+    assert "tracing: relay spans exported over OTLP/HTTP" in log.read_text()
