@@ -131,6 +131,10 @@ class Ledger:
         params[3] = int_array(list(first.values()))
         taken = {bytes(key or b"").decode(): None if taken_from is None else taken_from.decode()
                  for key, taken_from in await self._claiming.run_prepared(CLAIM_NAME, params)}
+        # The session the keys were taken on, read before the next await: a statement between
+        # (STATES, or a renewal or release sharing the connection) may reconnect, and a claim
+        # stamped with the new session would skip the renewal that finds it taken over.
+        session = self.session
         for key, taken_from in taken.items():
             if taken_from is not None:
                 log.warning("key=%s taken over from %s: its owner's ledger session is gone or "
@@ -139,7 +143,7 @@ class Ledger:
         rows = [KeyState(key, state, lease_until, attempt, message_id, done)
                 for key, state, _owner, lease_until, attempt, message_id, done
                 in (await self._run(STATES, {"keys": others}) if others else [])]
-        return decide_claims(items, taken, rows, self.session)
+        return decide_claims(items, taken, rows, session)
 
     async def _renew_batch(self, keys: list[str]) -> list[bool]:
         rows = await self._run(RENEW, {"keys": keys, "owner": self.owner,
