@@ -44,8 +44,9 @@ class SizeLimits:
 # separators: everything str.splitlines() or a mail reader may take for a line break.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 _TAB = re.compile(r"\t")
-# RFC 5322 atext, plus any non-ASCII character (RFC 6531 UTF8-non-ascii) for SMTPUTF8.
-_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\u0080-\U0010ffff]+"
+# RFC 5322 atext, plus any non-ASCII character (RFC 6531 UTF8-non-ascii) for SMTPUTF8; not a
+# lone surrogate, which is no character and which no charset can write.
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\u0080-\ud7ff\ue000-\U0010ffff]+"
 _LOCAL = re.compile(rf"^{_ATEXT}(\.{_ATEXT})*$")
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
@@ -103,7 +104,7 @@ def check_address(address: object, *, what: str = "recipient") -> str:
     local, at, domain = value.rpartition("@")
     if not at or not local or not domain:
         raise InvalidContentError(f"{what} {value!r} is not of the form local@domain")
-    if len(local.encode()) > MAX_LOCAL_LEN or not _LOCAL.match(local):
+    if not _LOCAL.match(local) or len(local.encode()) > MAX_LOCAL_LEN:
         raise InvalidContentError(f"{what} {value!r} has an invalid local part (one bare "
                                   "address only: no name, list, comment or <...>)")
     try:

@@ -467,6 +467,8 @@ def test_enqueue_many_writes_nothing_when_one_email_is_bad(
     ("subject", "Invoice é\udc80"),  # the standard library cannot write it (UnicodeEncodeError)
     ("body", "Dear \ud800"),
     ("html", "<p>\udfff</p>"),
+    ("recipients", ["ok@example.com", "a\udc80@example.com"]),  # UnicodeEncodeError before
+    ("sender", "r\ud800@example.com"),
 ])
 def test_text_no_event_can_carry_is_refused_and_nothing_written(
         engine: sa.Engine, field: str, value: str) -> None:
