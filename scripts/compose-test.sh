@@ -10,14 +10,16 @@
 #                            the Go build of the compose plugin, the base image's tarball, the
 #                            stand-ins' inputs
 #   POSTROOM_COMPOSE_PORTS   host ports of postgres, kafka, registry and mailpit
-#                            (default "36432 36092 36081 36025")
+#                            (default "26432 26092 26081 26025": below 32768, Linux's
+#                            ephemeral ports, apart from the dev stack, the cluster and the
+#                            compose file's own)
 #   POSTROOM_COMPOSE_KEEP=1  leave the stack up at the end (`down` is printed instead)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WORK=$(realpath -m "${POSTROOM_COMPOSE_DIR:-$REPO/.dev/compose}")
 read -r PG_PORT KAFKA_PORT REGISTRY_PORT MAILPIT_PORT \
-    <<<"${POSTROOM_COMPOSE_PORTS:-36432 36092 36081 36025}"
+    <<<"${POSTROOM_COMPOSE_PORTS:-26432 26092 26081 26025}"
 PROJECT=postroom-compose-test
 COMPOSE_VERSION=v2.40.3
 KAFKA_VERSION=4.1.1

@@ -69,3 +69,9 @@ def test_each_stack_names_its_ports() -> None:
     (a, b) for i, a in enumerate(STACKS) for b in list(STACKS)[i + 1:]])
 def test_no_two_stacks_share_a_port(one: str, other: str) -> None:
     assert STACKS[one]() & STACKS[other]() == set()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_port_is_below_the_ephemeral_range(stack: str) -> None:
+    # A port the kernel hands out to outgoing connections may be taken by one when the stack starts.
+    assert {port for port in STACKS[stack]() if port >= EPHEMERAL_FROM} == set()
