@@ -114,6 +114,9 @@ class GroupReport:
     members: tuple[Member, ...]
     partitions: tuple[PartitionReport, ...]
     verdict: Verdict
+    # False when the group could not be described (its coordinator moving): ``members`` is
+    # then empty for want of an answer, not because no consumer runs.
+    members_known: bool = True
 
     @property
     def known(self) -> tuple[PartitionReport, ...]:
@@ -235,13 +238,13 @@ class LagReader:
     def _sample_group(self, group: str, topics: list[str]) -> GroupReport:
         try:
             state, members = self._describe(group)
-            alive = bool(members)
+            alive, members_known = bool(members), True
         except KafkaClientError as exc:
             if not _moving(exc):
                 raise
             # Its coordinator moving after a broker loss: the offsets may still be read. Taken
             # as alive, so the verdict's window does not call it stopped for the gap.
-            state, members, alive = f"unknown ({exc})", (), True
+            state, members, alive, members_known = f"unknown ({exc})", (), True, False
         offsets, unreadable = self._offsets(group, topics)
         now_s = self._clock()
         heads = self._first_records([(tp, start) for tp, start, _c, end in offsets if end > start])
@@ -268,7 +271,8 @@ class LagReader:
                 partition_verdict(window, judged, now_s), tier, overdue, overdue_s))
         reports.sort(key=lambda r: (topics.index(r.topic), r.partition))
         return GroupReport(group, state, members, tuple(reports),
-                           group_verdict(r.verdict for r in reports if r.unavailable is None))
+                           group_verdict(r.verdict for r in reports if r.unavailable is None),
+                           members_known)
 
     def _describe(self, group: str) -> tuple[str, tuple[Member, ...]]:
         try:
@@ -476,9 +480,11 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
         role = (roles or {}).get(group.group, "consumer of this group")
         members = ", ".join(f"{m.client_id}@{m.host} ({m.partitions} partitions)"
                             for m in group.members) or f"none (no {role} is running)"
+        if not group.members_known:
+            members = "unknown"
         partial = (f" (PARTIAL: {group.unavailable} of {len(group.partitions)} partitions "
                    "unavailable, not counted)" if group.unavailable else "")
-        lines.append(f"{group.group}: {group.verdict.name}, state {group.state}, "
+        lines.append(f"{group.group}: {_group_verdict(group)}, state {group.state}, "
                      f"members {members}; total lag {group.sum_lag}, "
                      f"max {group.max_lag_seconds:.1f}s behind{partial}")
         said = None
@@ -506,6 +512,11 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
     return lines
 
 
+def _group_verdict(group: GroupReport) -> str:
+    """The group's verdict; UNKNOWN when none of its partitions was read."""
+    return group.verdict.name if group.known else "UNKNOWN"
+
+
 def _replication_lines(report: LagReport) -> list[str]:
     """A line per topic with partitions offline, under-replicated or below min.insync.replicas."""
     if report.replication is None:
@@ -518,8 +529,9 @@ def _replication_lines(report: LagReport) -> list[str]:
 
 
 def render_json(report: LagReport) -> list[str]:
-    lines = [json.dumps({**p.as_json(), "group_state": g.state, "group_members": len(g.members),
-                         "group_verdict": g.verdict.name})
+    lines = [json.dumps({**p.as_json(), "group_state": g.state,
+                         "group_members": len(g.members) if g.members_known else None,
+                         "group_verdict": _group_verdict(g)})
              for g in report.groups for p in g.partitions]
     # Only topics with a problem (or none read): a healthy cluster adds no line.
     replication = report.replication
@@ -537,32 +549,44 @@ def render_json(report: LagReport) -> list[str]:
     return lines
 
 
+_RETRY_SERIES = ("retry_waiting", "retry_overdue", "retry_overdue_seconds")
+
+
 def export(metrics: Metrics, report: LagReport, cluster: str) -> None:
     """Set the lag metrics: kafka-lag-exporter's names and labels, plus postroom's own."""
     for group in report.groups:
         for p in group.partitions:
             labels = {"cluster_name": cluster, "group": group.group, "topic": p.topic,
                       "partition": str(p.partition)}
+            where = {"topic": p.topic, "partition": str(p.partition)}
             if p.unavailable is not None:
                 # Unknown is no series, not the last value or 0: an alert's expression then
                 # misses it rather than reading a lag that may be stale.
                 for name in ("kafka_consumergroup_group_lag",
                              "kafka_consumergroup_group_lag_seconds"):
                     metrics.remove(name, **labels)
+                if p.tier is not None:
+                    for name in _RETRY_SERIES:
+                        metrics.remove(name, **where)
                 continue
             metrics.set("kafka_consumergroup_group_lag", p.lag, **labels)
             metrics.set("kafka_consumergroup_group_lag_seconds", p.lag_seconds, **labels)
             if p.tier is not None:
-                where = {"topic": p.topic, "partition": str(p.partition)}
                 metrics.set("retry_waiting", p.lag, **where)
                 metrics.set("retry_overdue", p.overdue or 0, **where)
                 metrics.set("retry_overdue_seconds", p.overdue_seconds or 0.0, **where)
         of_group = {"cluster_name": cluster, "group": group.group}
-        metrics.set("kafka_consumergroup_group_sum_lag", group.sum_lag, **of_group)
-        metrics.set("kafka_consumergroup_group_max_lag", group.max_lag, **of_group)
-        metrics.set("kafka_consumergroup_group_max_lag_seconds", group.max_lag_seconds, **of_group)
-        metrics.set("consumergroup_status", group.verdict.value, group=group.group)
-        metrics.set("consumergroup_members", len(group.members), group=group.group)
+        # A group none of whose partitions was read keeps its last totals and status: 0 and OK
+        # would resolve its alerts, and so would removing the series; their `for:` timers
+        # carry on while postroom_lag_partitions_unavailable says the reading is old.
+        if group.known:
+            metrics.set("kafka_consumergroup_group_sum_lag", group.sum_lag, **of_group)
+            metrics.set("kafka_consumergroup_group_max_lag", group.max_lag, **of_group)
+            metrics.set("kafka_consumergroup_group_max_lag_seconds", group.max_lag_seconds,
+                        **of_group)
+            metrics.set("consumergroup_status", group.verdict.value, group=group.group)
+        if group.members_known:  # not described: the count is not 0, it is unknown
+            metrics.set("consumergroup_members", len(group.members), group=group.group)
         metrics.set("lag_partitions_unavailable", group.unavailable, group=group.group)
     if report.replication is not None:
         for topic, health in report.replication.items():

@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from postroom import lag
+from postroom.errors import KafkaClientError
 from postroom.lag import GroupReport, LagReader, LagReport, PartitionReport
 from postroom.lagrules import Verdict
 from postroom.metrics import Metrics
@@ -142,3 +143,61 @@ def test_a_leader_that_does_not_answer_holds_up_only_its_partitions(reader: LagR
     # one request per leader and offset kind, then only the dead leader's asked again
     assert reader._admin.requests >= 3 * 2 + 1 * 2
     assert (reader._admin.requests - 6) % 2 == 0
+
+
+R1 = "postroom.email.retry.1"
+
+
+def test_export_drops_the_retry_series_of_an_unavailable_tier_partition() -> None:
+    metrics = Metrics()
+    waiting = PartitionReport("g", R1, 0, 0, 4, 4, 2.0, Verdict.OK, 1, 2, 2.0)
+    lag.export(metrics, report(READ, waiting), "c")
+    assert f'postroom_retry_waiting{{partition="0",topic="{R1}"}} 4.0' in metrics.render()
+    lag.export(metrics, report(READ, dataclasses.replace(
+        waiting, unavailable="offline: the partition has no leader")), "c")
+    text = metrics.render()
+    for name in ("postroom_retry_waiting", "postroom_retry_overdue",
+                 "postroom_retry_overdue_seconds"):
+        assert f'{name}{{partition="0",topic="{R1}"}}' not in text, name
+
+
+def test_a_group_nothing_was_read_of_keeps_its_last_totals_and_status() -> None:
+    # 0 lag and status OK (or no series) would resolve the group's alerts while nothing is known.
+    metrics = Metrics()
+    lag.export(metrics, report(READ), "c")
+    lag.export(metrics, report(GONE, dataclasses.replace(GONE, partition=2)), "c")
+    text = metrics.render()
+    assert 'postroom_consumergroup_status{group="g"} 1.0' in text
+    assert 'kafka_consumergroup_group_sum_lag{cluster_name="c",group="g"} 7.0' in text
+    assert 'kafka_consumergroup_group_max_lag_seconds{cluster_name="c",group="g"} 3.5' in text
+    assert 'postroom_lag_partitions_unavailable{group="g"} 2.0' in text
+    said = lag.render_text(report(GONE))
+    assert said[0].startswith("g: UNKNOWN, ")
+    assert json.loads(lag.render_json(report(GONE))[0])["group_verdict"] == "UNKNOWN"
+
+
+def test_a_group_that_could_not_be_described_has_members_unknown() -> None:
+    group = GroupReport("g", "unknown (coordinator moving)", (), (READ,), Verdict.WARN,
+                        members_known=False)
+    said = LagReport(dt.datetime(2026, 12, 2, tzinfo=dt.UTC), (group,), None, {})
+    assert "members unknown;" in lag.render_text(said)[0]
+    assert "no consumer" not in lag.render_text(said)[0]
+    assert json.loads(lag.render_json(said)[0])["group_members"] is None
+    metrics = Metrics()
+    lag.export(metrics, dataclasses.replace(report(READ), groups=(dataclasses.replace(
+        group, members=(lag.Member("s1", "h", 6),), members_known=True),)), "c")
+    lag.export(metrics, said, "c")
+    assert 'postroom_consumergroup_members{group="g"} 1.0' in metrics.render()  # not 0
+
+
+def test_a_describe_that_gets_no_answer_leaves_the_members_unknown(
+        reader: LagReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_answer(group: str) -> None:
+        raise KafkaClientError("cannot describe group g", code="_TIMED_OUT")
+
+    monkeypatch.setattr(reader, "_describe", no_answer)
+    monkeypatch.setattr(reader, "_offsets", lambda group, topics: (
+        [], [(TopicPartition(T, 0), "offsets unreadable")]))
+    group = reader._sample_group("g", [T])
+    assert not group.members_known
+    assert group.state.startswith("unknown (")
