@@ -21,6 +21,7 @@ from postroom.acls import (
     Resource,
     Role,
     TopicAccess,
+    admin_topics_prefix,
     needed_on_topics,
     role_acls,
     topic_problems,
@@ -450,11 +451,28 @@ def planned_replication(settings: Settings, admin: AdminClient, metadata: Any,
                         timeout_s: float = 10.0) -> tuple[int, int, int | None, str]:
     """(replication factor, brokers answering, min.insync.replicas or None, the setting that
     gave the factor) for topics created now: POSTROOM_TOPIC_REPLICATION_FACTOR, or with -1 the
-    broker's default.replication.factor (-1 again when this principal may not read it)."""
+    broker's default.replication.factor (-1 again when this principal may not read it).
+
+    min.insync.replicas is POSTROOM_TOPIC_CONFIG's, else the broker's; the broker's config needs
+    DescribeConfigs on the cluster, which the admin role does not have, so then the lowest of the
+    existing postroom topics' effective values (DescribeConfigs on them, which it has) stands
+    in; with none of them, a warning says the factor could not be checked."""
     configs = broker_settings(admin, min(metadata.brokers), (
         "default.replication.factor", "min.insync.replicas"), timeout_s) if metadata.brokers else {}
     own = settings.topic_config.get("min.insync.replicas", "")
     min_insync = int(own) if own.isdigit() else configs.get("min.insync.replicas")
+    if min_insync is None and not own.isdigit():
+        ours = sorted(name for name in metadata.topics
+                      if name.startswith(admin_topics_prefix(settings.topic_prefix)))
+        found = [n for n in min_insync_replicas(settings, ours, timeout_s, admin).values()
+                 if n is not None]
+        # The lowest: a factor below it is refused on every one of them, whatever its origin.
+        min_insync = min(found, default=None)
+        if min_insync is None:
+            log.warning("could not check the replication factor against min.insync.replicas: "
+                        "this principal may not read the broker's config (DescribeConfigs on "
+                        "the cluster) and no postroom topic exists to read it from; a factor "
+                        "below it would refuse every write (NOT_ENOUGH_REPLICAS)")
     factor, source = settings.topic_replication_factor, "POSTROOM_TOPIC_REPLICATION_FACTOR"
     if factor < 0:
         factor = configs.get("default.replication.factor") or -1
