@@ -25,6 +25,7 @@ from postroom.acls import (
     needed_on_topics,
     role_acls,
     topic_problems,
+    topic_warnings,
 )
 from postroom.errors import KafkaClientError
 from postroom.headers import UNREADABLE_HEADERS
@@ -352,16 +353,25 @@ def check_topics(settings: Settings, role: Role | None = None, timeout_s: float 
 
     A failure lists one line per topic that is missing or not authorized.
     """
+    return _topic_verdict(settings, role, timeout_s)[0]
+
+
+def _topic_verdict(settings: Settings, role: Role | None, timeout_s: float,
+                   ) -> tuple[str, list[str]]:
+    """:func:`check_topics`'s line, and a line per topic where the role lacks only an optional
+    operation (the admin's DescribeConfigs): ``postroom check`` WARNs with them."""
     check_reachable(settings, timeout_s)
     topics, needed = _checked_topics(settings, role)
-    problems = topic_problems(topic_access(settings, topics, timeout_s), needed)
+    access = topic_access(settings, topics, timeout_s)
+    problems = topic_problems(access, needed)
     if problems:
         by = f" by the {role.value}" if role is not None else ""
         raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
                                           *(f"      {p}" for p in problems)]))
     if role is not None:
-        return f"broker answers; the {role.value} may use all {len(topics)} of its topics"
-    return f"broker answers; all {len(topics)} topics exist"
+        return (f"broker answers; the {role.value} may use all {len(topics)} of its topics",
+                topic_warnings(access, needed))
+    return f"broker answers; all {len(topics)} topics exist", []
 
 
 class KafkaDegraded(KafkaClientError):
@@ -373,18 +383,20 @@ def check_kafka(settings: Settings, role: Role | None = None, timeout_s: float =
     those topics' partitions, one line per finding naming topic, partition, replicas and ISR.
 
     Raises KafkaClientError when a partition is offline or refuses writes (below
-    ``min.insync.replicas``), KafkaDegraded when some are only under-replicated.
+    ``min.insync.replicas``), KafkaDegraded when some are only under-replicated or the role
+    lacks only an optional operation on some topics (an admin without DescribeConfigs).
     """
-    said = check_topics(settings, role, timeout_s)
+    said, warnings = _topic_verdict(settings, role, timeout_s)
     topics, _ = _checked_topics(settings, role)
     partitions, _brokers = topic_replicas(settings, topics, timeout_s)
     min_insync = min_insync_replicas(settings, topics, timeout_s)
     findings = replication_findings(partitions, min_insync)
     text = "\n".join([f"{said}; {summary(findings, len(partitions))}",
-                      *(f"      {f.line()}" for f in findings)])
+                      *(f"      {f.line()}" for f in findings),
+                      *(f"      WARN {w}" for w in warnings)])
     if any(f.severity is Severity.FAIL for f in findings):
         raise KafkaClientError(text)
-    if findings:
+    if findings or warnings:
         raise KafkaDegraded(text)
     return text
 
