@@ -121,6 +121,16 @@ def test_postroom_services_run_the_image_and_share_settings(
     assert service["environment"] is compose["x-postroom-env"]
 
 
+def test_docker_compose_pull_never_asks_a_registry_for_postroom_local(
+        services: dict[str, dict[str, Any]]) -> None:
+    # A service naming postroom:local without a build section made `docker compose pull` fail
+    # (pull access denied); one with build is skipped by pull as buildable.
+    local = {name: s for name, s in services.items() if s["image"] == "postroom:local"}
+    assert local.keys() == {*POSTROOM_SERVICES, "cli"}
+    for name, service in local.items():
+        assert "build" in service or service.get("pull_policy") == "never", name
+
+
 def test_sender_scales(services: dict[str, dict[str, Any]]) -> None:
     # A fixed container name or host port would make `--scale sender=3` fail.
     assert "container_name" not in services["sender"]
