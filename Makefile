@@ -43,11 +43,13 @@ chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays
 # The three-node cluster of the failover suite: a stack of its own (state dir and ports), so its
 # faults never touch the default stack's single broker.
 CLUSTER_DEV_DIR ?= .dev-cluster
+# Apart from docker-compose.yml's default host ports (25432, 29092, 28081) and below 32768, Linux's
+# ephemeral ports (tests/unit/test_stack_ports.py).
 CLUSTER_ENV := POSTROOM_DEV_DIR=$(CLUSTER_DEV_DIR) POSTROOM_DEV_BROKERS=3 \
-	POSTROOM_DEV_KAFKA_PORT=29092 POSTROOM_DEV_KAFKA_CONTROLLER_PORT=29093 \
-	POSTROOM_DEV_KAFKA_SECURE_PORT=29094 POSTROOM_DEV_PG_PORT=25432 POSTROOM_DEV_REGISTRY_PORT=28081
+	POSTROOM_DEV_KAFKA_PORT=29192 POSTROOM_DEV_KAFKA_CONTROLLER_PORT=29193 \
+	POSTROOM_DEV_KAFKA_SECURE_PORT=29194 POSTROOM_DEV_PG_PORT=25532 POSTROOM_DEV_REGISTRY_PORT=28181
 
-services-cluster: venv ## start the three-node Kafka cluster stack (.dev-cluster, ports 29092...)
+services-cluster: venv ## start the three-node Kafka cluster stack (.dev-cluster, ports 29192...)
 	@$(CLUSTER_ENV) scripts/services.sh up
 
 services-cluster-down: ## stop the three-node cluster stack (data is kept)

@@ -124,6 +124,11 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
     return acls
 
 
+# Operations a role's table has that it works without: the admin's DescribeConfigs came after the
+# table was first applied; without it `check` and `lag` judge replication with
+# min.insync.replicas unknown, so its absence is a warning, not a failure.
+OPTIONAL_OPERATIONS = frozenset({Operation.DESCRIBE_CONFIGS})
+
 # Operations a granted one implies, as Kafka's authorizer has it.
 _IMPLIES_DESCRIBE = {Operation.READ, Operation.WRITE, Operation.DESCRIBE}
 
@@ -167,7 +172,8 @@ def topic_problems(access: Iterable[TopicAccess],
     """One line per topic that is missing or lacks an operation; empty when all is well.
 
     ``needed`` maps a topic to the operations a role needs there (see :func:`needed_on_topics`);
-    None asks only that every topic exists and can be described.
+    None asks only that every topic exists and can be described. OPTIONAL_OPERATIONS lacking are
+    :func:`topic_warnings`, not problems.
     """
     problems = []
     for item in access:
@@ -178,11 +184,28 @@ def topic_problems(access: Iterable[TopicAccess],
                             "principal may not even describe it)")
         else:
             wanted = needed.get(item.topic, set()) if needed is not None else {Operation.DESCRIBE}
-            lacking = sorted(op.name for op in wanted if op.name not in item.operations)
+            lacking = sorted(op.name for op in wanted - OPTIONAL_OPERATIONS
+                             if op.name not in item.operations)
             if lacking:
                 problems.append(f"{item.topic}: not authorized to {', '.join(lacking)} "
                                 f"(authorized: {', '.join(sorted(item.operations)) or 'nothing'})")
     return problems
+
+
+def topic_warnings(access: Iterable[TopicAccess],
+                   needed: Mapping[str, set[Operation]] | None) -> list[str]:
+    """One line per topic where the role lacks an operation of OPTIONAL_OPERATIONS its table has
+    (an admin whose ACLs predate DescribeConfigs); empty when none is lacking."""
+    warnings = []
+    for item in access:
+        if item.operations is None or needed is None:
+            continue
+        lacking = sorted(op.name for op in needed.get(item.topic, set()) & OPTIONAL_OPERATIONS
+                         if op.name not in item.operations)
+        if lacking:
+            warnings.append(f"{item.topic}: not authorized to {', '.join(lacking)}, so "
+                            "min.insync.replicas is unknown (re-run `postroom acls apply`)")
+    return warnings
 
 
 def as_kafka_acls(acls: Iterable[Acl]) -> str:

@@ -21,9 +21,11 @@ from postroom.acls import (
     Resource,
     Role,
     TopicAccess,
+    admin_topics_prefix,
     needed_on_topics,
     role_acls,
     topic_problems,
+    topic_warnings,
 )
 from postroom.errors import KafkaClientError
 from postroom.headers import UNREADABLE_HEADERS
@@ -351,16 +353,25 @@ def check_topics(settings: Settings, role: Role | None = None, timeout_s: float 
 
     A failure lists one line per topic that is missing or not authorized.
     """
+    return _topic_verdict(settings, role, timeout_s)[0]
+
+
+def _topic_verdict(settings: Settings, role: Role | None, timeout_s: float,
+                   ) -> tuple[str, list[str]]:
+    """:func:`check_topics`'s line, and a line per topic where the role lacks only an optional
+    operation (the admin's DescribeConfigs): ``postroom check`` WARNs with them."""
     check_reachable(settings, timeout_s)
     topics, needed = _checked_topics(settings, role)
-    problems = topic_problems(topic_access(settings, topics, timeout_s), needed)
+    access = topic_access(settings, topics, timeout_s)
+    problems = topic_problems(access, needed)
     if problems:
         by = f" by the {role.value}" if role is not None else ""
         raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
                                           *(f"      {p}" for p in problems)]))
     if role is not None:
-        return f"broker answers; the {role.value} may use all {len(topics)} of its topics"
-    return f"broker answers; all {len(topics)} topics exist"
+        return (f"broker answers; the {role.value} may use all {len(topics)} of its topics",
+                topic_warnings(access, needed))
+    return f"broker answers; all {len(topics)} topics exist", []
 
 
 class KafkaDegraded(KafkaClientError):
@@ -372,18 +383,20 @@ def check_kafka(settings: Settings, role: Role | None = None, timeout_s: float =
     those topics' partitions, one line per finding naming topic, partition, replicas and ISR.
 
     Raises KafkaClientError when a partition is offline or refuses writes (below
-    ``min.insync.replicas``), KafkaDegraded when some are only under-replicated.
+    ``min.insync.replicas``), KafkaDegraded when some are only under-replicated or the role
+    lacks only an optional operation on some topics (an admin without DescribeConfigs).
     """
-    said = check_topics(settings, role, timeout_s)
+    said, warnings = _topic_verdict(settings, role, timeout_s)
     topics, _ = _checked_topics(settings, role)
     partitions, _brokers = topic_replicas(settings, topics, timeout_s)
     min_insync = min_insync_replicas(settings, topics, timeout_s)
     findings = replication_findings(partitions, min_insync)
     text = "\n".join([f"{said}; {summary(findings, len(partitions))}",
-                      *(f"      {f.line()}" for f in findings)])
+                      *(f"      {f.line()}" for f in findings),
+                      *(f"      WARN {w}" for w in warnings)])
     if any(f.severity is Severity.FAIL for f in findings):
         raise KafkaClientError(text)
-    if findings:
+    if findings or warnings:
         raise KafkaDegraded(text)
     return text
 
@@ -450,11 +463,28 @@ def planned_replication(settings: Settings, admin: AdminClient, metadata: Any,
                         timeout_s: float = 10.0) -> tuple[int, int, int | None, str]:
     """(replication factor, brokers answering, min.insync.replicas or None, the setting that
     gave the factor) for topics created now: POSTROOM_TOPIC_REPLICATION_FACTOR, or with -1 the
-    broker's default.replication.factor (-1 again when this principal may not read it)."""
+    broker's default.replication.factor (-1 again when this principal may not read it).
+
+    min.insync.replicas is POSTROOM_TOPIC_CONFIG's, else the broker's; the broker's config needs
+    DescribeConfigs on the cluster, which the admin role does not have, so then the lowest of the
+    existing postroom topics' effective values (DescribeConfigs on them, which it has) stands
+    in; with none of them, a warning says the factor could not be checked."""
     configs = broker_settings(admin, min(metadata.brokers), (
         "default.replication.factor", "min.insync.replicas"), timeout_s) if metadata.brokers else {}
     own = settings.topic_config.get("min.insync.replicas", "")
     min_insync = int(own) if own.isdigit() else configs.get("min.insync.replicas")
+    if min_insync is None and not own.isdigit():
+        ours = sorted(name for name in metadata.topics
+                      if name.startswith(admin_topics_prefix(settings.topic_prefix)))
+        found = [n for n in min_insync_replicas(settings, ours, timeout_s, admin).values()
+                 if n is not None]
+        # The lowest: a factor below it is refused on every one of them, whatever its origin.
+        min_insync = min(found, default=None)
+        if min_insync is None:
+            log.warning("could not check the replication factor against min.insync.replicas: "
+                        "this principal may not read the broker's config (DescribeConfigs on "
+                        "the cluster) and no postroom topic exists to read it from; a factor "
+                        "below it would refuse every write (NOT_ENOUGH_REPLICAS)")
     factor, source = settings.topic_replication_factor, "POSTROOM_TOPIC_REPLICATION_FACTOR"
     if factor < 0:
         factor = configs.get("default.replication.factor") or -1

@@ -45,8 +45,9 @@ from schemas.codec import EmailRequested, SchemaError, decode
 
 log = logging.getLogger(__name__)
 
-# What one sample of every group may take, all its requests together: a broker that does not
-# answer (killed, its leaderships not moved yet) makes a partial sample, not a wait of minutes.
+# What one group's part of a sample may take, all its requests together (the replication read
+# has as long of its own): a broker that does not answer (killed, its leaderships not moved yet)
+# makes a partial sample, not a wait of minutes, and one group's wait does not eat the next's.
 READ_TIMEOUT_S = 10.0
 MIN_REQUEST_S = 0.5  # a request still made once the sample's time is up gets this long
 # Errors of a request no broker answered: the message names the bootstrap servers.
@@ -83,11 +84,13 @@ class PartitionReport:
     committed: int | None  # None: the group has committed nothing here
     end: int
     lag: int
-    lag_seconds: float
+    lag_seconds: float | None  # None: its first unconsumed record was not read in time
     verdict: Verdict
     tier: int | None = None         # retry tier number; None for other topics
-    overdue: int | None = None      # retry tiers: records past their not_before, unconsumed
-    overdue_seconds: float | None = None  # retry tiers: how late the first of them is
+    # Retry tiers: records past their not_before, unconsumed, and how late the first of them
+    # is; None on a tier whose first record was not read in time (unknown).
+    overdue: int | None = None
+    overdue_seconds: float | None = None
     # Why this partition's offsets could not be read (its leader down, the group's coordinator
     # not answering); its lag is unknown, not 0, and counts in no total or verdict.
     unavailable: str | None = None
@@ -96,15 +99,19 @@ class PartitionReport:
         row: dict[str, Any] = {
             "group": self.group, "topic": self.topic, "partition": self.partition,
             "committed": self.committed, "end": self.end, "lag": self.lag,
-            "lag_seconds": round(self.lag_seconds, 3), "verdict": self.verdict.name}
+            "lag_seconds": _rounded(self.lag_seconds), "verdict": self.verdict.name}
         if self.unavailable is not None:
             row.update(end=None, lag=None, lag_seconds=None, verdict="UNKNOWN",
                        unavailable=self.unavailable)
             return row
         if self.tier is not None:
             row.update(waiting=self.lag, overdue=self.overdue,
-                       overdue_seconds=round(self.overdue_seconds or 0.0, 3))
+                       overdue_seconds=_rounded(self.overdue_seconds))
         return row
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +121,9 @@ class GroupReport:
     members: tuple[Member, ...]
     partitions: tuple[PartitionReport, ...]
     verdict: Verdict
+    # False when the group could not be described (its coordinator moving): ``members`` is
+    # then empty for want of an answer, not because no consumer runs.
+    members_known: bool = True
 
     @property
     def known(self) -> tuple[PartitionReport, ...]:
@@ -134,7 +144,8 @@ class GroupReport:
 
     @property
     def max_lag_seconds(self) -> float:
-        return max((p.lag_seconds for p in self.known), default=0.0)
+        return max((p.lag_seconds for p in self.known if p.lag_seconds is not None),
+                   default=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +192,10 @@ class LagReader:
         self._reader: Consumer | None = None
         self._reached = False
         self.replication: dict[str, TopicHealth] | None = None
-        self._deadline = 0.0  # of the sample under way (time.monotonic())
+        self._deadline = 0.0  # of the group's part of the sample under way (time.monotonic())
+        # Partitions per topic as the last metadata said: what is labelled unavailable when
+        # the metadata itself does not come.
+        self._partitions_seen: dict[str, list[int]] = {}
 
     def _left_s(self) -> float:
         """How long the next request of this sample may wait."""
@@ -217,7 +231,11 @@ class LagReader:
             self._reached = True
         self._deadline = time.monotonic() + READ_TIMEOUT_S
         self.replication = self._replication()
-        return [self._sample_group(group, topics) for group, topics in self._groups.items()]
+        groups = []
+        for group, topics in self._groups.items():
+            self._deadline = time.monotonic() + READ_TIMEOUT_S
+            groups.append(self._sample_group(group, topics))
+        return groups
 
     def _replication(self) -> dict[str, TopicHealth] | None:
         """Every postroom topic's partitions by replication state; None when unreadable."""
@@ -235,13 +253,13 @@ class LagReader:
     def _sample_group(self, group: str, topics: list[str]) -> GroupReport:
         try:
             state, members = self._describe(group)
-            alive = bool(members)
+            alive, members_known = bool(members), True
         except KafkaClientError as exc:
             if not _moving(exc):
                 raise
             # Its coordinator moving after a broker loss: the offsets may still be read. Taken
             # as alive, so the verdict's window does not call it stopped for the gap.
-            state, members, alive = f"unknown ({exc})", (), True
+            state, members, alive, members_known = f"unknown ({exc})", (), True, False
         offsets, unreadable = self._offsets(group, topics)
         now_s = self._clock()
         heads = self._first_records([(tp, start) for tp, start, _c, end in offsets if end > start])
@@ -254,21 +272,29 @@ class LagReader:
             tier = tier_of_retry_topic(prefix, tp.topic)
             head = heads.get((tp.topic, tp.partition))
             overdue = overdue_s = None
+            key = (group, tp.topic, tp.partition)
+            judged: int | None
             if tier is not None:
                 overdue, overdue_s = self._overdue(tp, start, end, head, now_s)
-                seconds = overdue_s
-                judged = overdue
+                seconds, judged = overdue_s, overdue
             else:
                 seconds = lag_seconds(lag, head[0] if head else None, now_s)
                 judged = lag
-            window = self._windows.add((group, tp.topic, tp.partition), start, judged, now_s,
-                                       alive)
+            if judged is None:
+                # A tier whose head was not read: what is overdue is unknown, so this sample
+                # adds nothing to the window and the verdict stays what the window said.
+                seen = self._windows.seen(key)
+                verdict = partition_verdict(seen, seen[-1].lag if seen else 0, now_s)
+            else:
+                window = self._windows.add(key, start, judged, now_s, alive)
+                verdict = partition_verdict(window, judged, now_s)
             reports.append(PartitionReport(
-                group, tp.topic, tp.partition, committed, end, lag, seconds,
-                partition_verdict(window, judged, now_s), tier, overdue, overdue_s))
+                group, tp.topic, tp.partition, committed, end, lag, seconds, verdict, tier,
+                overdue, overdue_s))
         reports.sort(key=lambda r: (topics.index(r.topic), r.partition))
         return GroupReport(group, state, members, tuple(reports),
-                           group_verdict(r.verdict for r in reports if r.unavailable is None))
+                           group_verdict(r.verdict for r in reports if r.unavailable is None),
+                           members_known)
 
     def _describe(self, group: str) -> tuple[str, tuple[Member, ...]]:
         try:
@@ -291,7 +317,14 @@ class LagReader:
         try:
             metadata = consumer.list_topics(timeout=self._left_s())
         except KafkaException as exc:
-            raise self._failed(exc, f"cannot read the offsets of group {group}") from exc
+            failed = self._failed(exc, f"cannot read the offsets of group {group}")
+            if not _moving(failed):
+                raise failed from exc
+            # No broker gave the metadata in time (a broker loss): the group's partitions, as
+            # last seen, are unavailable, as when its committed offsets do not come.
+            seen = [TopicPartition(topic, p) for topic in topics for p in self._partitions_seen.get(
+                topic, range(self._settings.topic_partitions))]
+            return [], [(tp, f"metadata unreadable: {failed}") for tp in seen]
         # A broker leaves out of the metadata what this principal may not describe: a lag
         # of 0 over no partitions would look like a group that keeps up.
         unseen = [topic for topic in topics if topic not in metadata.topics]
@@ -300,8 +333,10 @@ class LagReader:
                 f"cannot read the lag of group {group}: topics missing or not visible to "
                 f"this principal: {', '.join(unseen)} (run `postroom topics create`; on a "
                 f"cluster with ACLs, run lag as the admin, see `postroom acls`)")
+        for topic in topics:
+            self._partitions_seen[topic] = sorted(metadata.topics[topic].partitions)
         partitions = [TopicPartition(topic, p) for topic in topics
-                      for p in sorted(metadata.topics[topic].partitions)]
+                      for p in self._partitions_seen[topic]]
         try:
             committed = self._committed(group, partitions)
         except KafkaClientError as exc:
@@ -416,16 +451,19 @@ class LagReader:
         missing = len(assignment) - len(found)
         if missing:
             log.warning("could not read the first unconsumed record of %d partition(s) within "
-                        "the sample's %.0fs; their lag in seconds is shown as 0", missing,
+                        "the sample's %.0fs; their lag in seconds is unknown", missing,
                         READ_TIMEOUT_S)
         return found
 
     def _overdue(self, tp: TopicPartition, start: int, end: int,
                  head: tuple[int, bytes | None, list[Any]] | None,
-                 now_s: float) -> tuple[int, float]:
-        """(records past their not_before, seconds the first of them is late) on a retry tier."""
-        if end <= start or head is None:
+                 now_s: float) -> tuple[int | None, float | None]:
+        """(records past their not_before, seconds the first of them is late) on a retry tier;
+        (None, None) when its first record was not read in time."""
+        if end <= start:
             return 0, 0.0
+        if head is None:
+            return None, None
         head_due = _not_before_s(head[1], head[2])
         if head_due is not None and head_due > now_s:
             return 0, 0.0  # the head waits: so does everything behind it
@@ -476,9 +514,11 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
         role = (roles or {}).get(group.group, "consumer of this group")
         members = ", ".join(f"{m.client_id}@{m.host} ({m.partitions} partitions)"
                             for m in group.members) or f"none (no {role} is running)"
+        if not group.members_known:
+            members = "unknown"
         partial = (f" (PARTIAL: {group.unavailable} of {len(group.partitions)} partitions "
                    "unavailable, not counted)" if group.unavailable else "")
-        lines.append(f"{group.group}: {group.verdict.name}, state {group.state}, "
+        lines.append(f"{group.group}: {_group_verdict(group)}, state {group.state}, "
                      f"members {members}; total lag {group.sum_lag}, "
                      f"max {group.max_lag_seconds:.1f}s behind{partial}")
         said = None
@@ -492,11 +532,12 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
             committed = "-" if p.committed is None else str(p.committed)
             line = f"  {p.topic}[{p.partition}] committed={committed} end={p.end} lag={p.lag}"
             if p.tier is not None:
-                line += f" waiting={p.lag} overdue={p.overdue}"
-                if p.overdue:
+                line += f" waiting={p.lag} overdue={_known(p.overdue)}"
+                if p.overdue and p.overdue_seconds is not None:
                     line += f" ({p.overdue_seconds:.1f}s late)"
             else:
-                line += f" behind={p.lag_seconds:.1f}s"
+                behind = "unknown" if p.lag_seconds is None else f"{p.lag_seconds:.1f}s"
+                line += f" behind={behind}"
             lines.append(line + f" {p.verdict.name}")
     lines.extend(_replication_lines(report))
     if report.outbox is not None:
@@ -504,6 +545,15 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
         lines.append(f"outbox: {report.outbox.rows} row(s) waiting for the relay"
                      + (f", oldest {age:.1f}s" if age is not None else ""))
     return lines
+
+
+def _known(value: int | None) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _group_verdict(group: GroupReport) -> str:
+    """The group's verdict; UNKNOWN when none of its partitions was read."""
+    return group.verdict.name if group.known else "UNKNOWN"
 
 
 def _replication_lines(report: LagReport) -> list[str]:
@@ -518,8 +568,9 @@ def _replication_lines(report: LagReport) -> list[str]:
 
 
 def render_json(report: LagReport) -> list[str]:
-    lines = [json.dumps({**p.as_json(), "group_state": g.state, "group_members": len(g.members),
-                         "group_verdict": g.verdict.name})
+    lines = [json.dumps({**p.as_json(), "group_state": g.state,
+                         "group_members": len(g.members) if g.members_known else None,
+                         "group_verdict": _group_verdict(g)})
              for g in report.groups for p in g.partitions]
     # Only topics with a problem (or none read): a healthy cluster adds no line.
     replication = report.replication
@@ -537,32 +588,52 @@ def render_json(report: LagReport) -> list[str]:
     return lines
 
 
+_RETRY_SERIES = ("retry_waiting", "retry_overdue", "retry_overdue_seconds")
+
+
+def _set_known(metrics: Metrics, name: str, value: float | None, labels: dict[str, str]) -> None:
+    """The gauge at ``value``; no series when it is unknown (a record not read in time)."""
+    if value is None:
+        metrics.remove(name, **labels)
+    else:
+        metrics.set(name, value, **labels)
+
+
 def export(metrics: Metrics, report: LagReport, cluster: str) -> None:
     """Set the lag metrics: kafka-lag-exporter's names and labels, plus postroom's own."""
     for group in report.groups:
         for p in group.partitions:
             labels = {"cluster_name": cluster, "group": group.group, "topic": p.topic,
                       "partition": str(p.partition)}
+            where = {"topic": p.topic, "partition": str(p.partition)}
             if p.unavailable is not None:
                 # Unknown is no series, not the last value or 0: an alert's expression then
                 # misses it rather than reading a lag that may be stale.
                 for name in ("kafka_consumergroup_group_lag",
                              "kafka_consumergroup_group_lag_seconds"):
                     metrics.remove(name, **labels)
+                if p.tier is not None:
+                    for name in _RETRY_SERIES:
+                        metrics.remove(name, **where)
                 continue
             metrics.set("kafka_consumergroup_group_lag", p.lag, **labels)
-            metrics.set("kafka_consumergroup_group_lag_seconds", p.lag_seconds, **labels)
+            _set_known(metrics, "kafka_consumergroup_group_lag_seconds", p.lag_seconds, labels)
             if p.tier is not None:
-                where = {"topic": p.topic, "partition": str(p.partition)}
                 metrics.set("retry_waiting", p.lag, **where)
-                metrics.set("retry_overdue", p.overdue or 0, **where)
-                metrics.set("retry_overdue_seconds", p.overdue_seconds or 0.0, **where)
+                _set_known(metrics, "retry_overdue", p.overdue, where)
+                _set_known(metrics, "retry_overdue_seconds", p.overdue_seconds, where)
         of_group = {"cluster_name": cluster, "group": group.group}
-        metrics.set("kafka_consumergroup_group_sum_lag", group.sum_lag, **of_group)
-        metrics.set("kafka_consumergroup_group_max_lag", group.max_lag, **of_group)
-        metrics.set("kafka_consumergroup_group_max_lag_seconds", group.max_lag_seconds, **of_group)
-        metrics.set("consumergroup_status", group.verdict.value, group=group.group)
-        metrics.set("consumergroup_members", len(group.members), group=group.group)
+        # A group none of whose partitions was read keeps its last totals and status: 0 and OK
+        # would resolve its alerts, and so would removing the series; their `for:` timers
+        # carry on while postroom_lag_partitions_unavailable says the reading is old.
+        if group.known:
+            metrics.set("kafka_consumergroup_group_sum_lag", group.sum_lag, **of_group)
+            metrics.set("kafka_consumergroup_group_max_lag", group.max_lag, **of_group)
+            metrics.set("kafka_consumergroup_group_max_lag_seconds", group.max_lag_seconds,
+                        **of_group)
+            metrics.set("consumergroup_status", group.verdict.value, group=group.group)
+        if group.members_known:  # not described: the count is not 0, it is unknown
+            metrics.set("consumergroup_members", len(group.members), group=group.group)
         metrics.set("lag_partitions_unavailable", group.unavailable, group=group.group)
     if report.replication is not None:
         for topic, health in report.replication.items():

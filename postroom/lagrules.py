@@ -32,14 +32,17 @@ class Observation:
     at_s: float
 
 
-def lag_seconds(lag: int, first_unconsumed_ms: int | None, now_s: float) -> float:
-    """How far behind a partition is: the age of its first unconsumed record.
+def lag_seconds(lag: int, first_unconsumed_ms: int | None, now_s: float) -> float | None:
+    """How far behind a partition is: the age of its first unconsumed record; None (unknown)
+    when there is lag and that record could not be read.
 
     Read from that record's timestamp, not interpolated from offsets: a burst after a quiet
     hour has a large offset lag and a small age, and interpolation gets it wrong both ways.
     """
-    if lag <= 0 or first_unconsumed_ms is None:
+    if lag <= 0:
         return 0.0
+    if first_unconsumed_ms is None:
+        return None
     return max(0.0, now_s - first_unconsumed_ms / 1000)
 
 
@@ -106,3 +109,7 @@ class CommitWindows:
         if alive or not window or window[-1].offset != offset:
             window.append(Observation(offset, lag, at_s))
         return tuple(window)
+
+    def seen(self, key: tuple[str, str, int]) -> Sequence[Observation]:
+        """The window as it is, for a sample that could not judge the partition."""
+        return tuple(self._windows.get(key, ()))

@@ -36,6 +36,8 @@ class Finding:
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
     problem: str
+    # False when the topic's min.insync.replicas is not known: a WARN may then hide a refusal.
+    min_insync_known: bool = True
 
     def line(self) -> str:
         where = self.topic if self.partition is None else f"{self.topic}[{self.partition}]"
@@ -66,6 +68,8 @@ def replication_findings(partitions: Iterable[PartitionReplicas],
     readable by this principal): a replication factor below it refuses every acks=all write
     (FAIL, said once per topic); an ISR below it refuses writes until a replica catches up
     (FAIL); an ISR smaller than the replicas with writes still taken is WARN; no leader is FAIL.
+    With ``min.insync.replicas`` unknown, an ISR of one replica (of several) is FAIL and a larger
+    short ISR WARN, saying writes may be refused.
     """
     findings: list[Finding] = []
     short_topics: set[str] = set()
@@ -89,12 +93,30 @@ def replication_findings(partitions: Iterable[PartitionReplicas],
                     Severity.FAIL, p.topic, p.partition, p.replicas, p.isr,
                     f"under-replicated below min.insync.replicas={need}: writes are refused "
                     "(NOT_ENOUGH_REPLICAS) until a replica is back in sync"))
-            elif p.topic not in short_topics:
-                taken = ("min.insync.replicas unknown" if need is None
-                         else f"min.insync.replicas={need} still met")
+            elif p.topic in short_topics:
+                pass
+            elif need is None and len(p.isr) <= 1:
+                # Unknown min.insync.replicas: one replica in sync refuses acks=all writes under
+                # any value but 1, which a platform replicating for safety does not run (2 is
+                # usual with factor 3), and one more broker lost takes the partition offline.
+                # A deploy step should stop there rather than pass on a guess; an admin with
+                # DescribeConfigs gets the exact verdict.
+                findings.append(Finding(
+                    Severity.FAIL, p.topic, p.partition, p.replicas, p.isr,
+                    "under-replicated to one replica in sync: writes are refused unless "
+                    "min.insync.replicas is 1 (unknown to this principal: the admin's "
+                    "DescribeConfigs), and the partition goes offline with that broker",
+                    min_insync_known=False))
+            elif need is None:
                 findings.append(Finding(
                     Severity.WARN, p.topic, p.partition, p.replicas, p.isr,
-                    f"under-replicated, writes still taken ({taken})"))
+                    "under-replicated, writes may be refused (min.insync.replicas unknown; "
+                    f"refused if it is above {len(p.isr)})", min_insync_known=False))
+            else:
+                findings.append(Finding(
+                    Severity.WARN, p.topic, p.partition, p.replicas, p.isr,
+                    f"under-replicated, writes still taken (min.insync.replicas={need} still "
+                    "met)"))
     order = {Severity.FAIL: 0, Severity.WARN: 1}
     return sorted(findings, key=lambda f: order[f.severity])  # stable: topic order kept
 
@@ -137,6 +159,9 @@ def summary(findings: Sequence[Finding], partitions: int) -> str:
     failing = sum(f.severity is Severity.FAIL for f in findings)
     if failing:
         return f"{failing} replication problem(s) that stop writes or reads"
+    if any(not f.min_insync_known for f in findings):
+        return (f"{len(findings)} of {partitions} partitions under-replicated, writes may be "
+                "refused (min.insync.replicas unknown)")
     if findings:
         return (f"{len(findings)} of {partitions} partitions under-replicated, writes still "
                 "taken")

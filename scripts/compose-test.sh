@@ -10,14 +10,16 @@
 #                            the Go build of the compose plugin, the base image's tarball, the
 #                            stand-ins' inputs
 #   POSTROOM_COMPOSE_PORTS   host ports of postgres, kafka, registry and mailpit
-#                            (default "36432 36092 36081 36025")
+#                            (default "26432 26092 26081 26025": below 32768, Linux's
+#                            ephemeral ports, apart from the dev stack, the cluster and the
+#                            compose file's own)
 #   POSTROOM_COMPOSE_KEEP=1  leave the stack up at the end (`down` is printed instead)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WORK=$(realpath -m "${POSTROOM_COMPOSE_DIR:-$REPO/.dev/compose}")
 read -r PG_PORT KAFKA_PORT REGISTRY_PORT MAILPIT_PORT \
-    <<<"${POSTROOM_COMPOSE_PORTS:-36432 36092 36081 36025}"
+    <<<"${POSTROOM_COMPOSE_PORTS:-26432 26092 26081 26025}"
 PROJECT=postroom-compose-test
 COMPOSE_VERSION=v2.40.3
 KAFKA_VERSION=4.1.1
@@ -93,7 +95,10 @@ EOF
 
 start_podman_service() {
     rm -f "$SOCKET"
-    podman system service --time=0 "unix://$SOCKET" >"$WORK/podman-service.log" 2>&1 &
+    # setsid: out of the terminal's process group, so a Ctrl-C leaves the API up for teardown's
+    # compose stop and down (teardown stops it last). A background job of a script is no group
+    # leader, so setsid makes the session in place and $! is podman's own pid.
+    setsid podman system service --time=0 "unix://$SOCKET" >"$WORK/podman-service.log" 2>&1 &
     PODMAN_SERVICE_PID=$!
     local deadline=$((SECONDS + 30))
     until [[ -S $SOCKET ]] && curl -fsS --unix-socket "$SOCKET" http://d/_ping >/dev/null 2>&1; do
@@ -362,7 +367,8 @@ check_ports() {
 teardown() {
     local rc=$?
     trap - EXIT INT TERM
-    [[ -n ${HEALTH_PID:-} ]] && kill "$HEALTH_PID" 2>/dev/null
+    # Gone already after a Ctrl-C: under set -e a failed kill would end the trap here.
+    if [[ -n ${HEALTH_PID:-} ]]; then kill "$HEALTH_PID" 2>/dev/null || true; fi
     if [[ -n ${STACK_UP:-} ]]; then
         if [[ ${POSTROOM_COMPOSE_KEEP:-} == 1 ]]; then
             say "left running (POSTROOM_COMPOSE_KEEP=1); the podman API stays on $SOCKET"
@@ -386,7 +392,7 @@ teardown() {
     fi
     rm -rf "$ATTACH_DIR"
     rmdir "$REPO/attachments" 2>/dev/null || true
-    [[ -n ${PODMAN_SERVICE_PID:-} ]] && kill "$PODMAN_SERVICE_PID" 2>/dev/null
+    if [[ -n ${PODMAN_SERVICE_PID:-} ]]; then kill "$PODMAN_SERVICE_PID" 2>/dev/null || true; fi
     if [[ $rc -eq 0 ]]; then say "passed in $((SECONDS - T0)) s"; else say "FAILED (exit $rc)"; fi
     exit "$rc"
 }

@@ -565,9 +565,11 @@ all_nodes() {
 }
 
 # Every node started first, then waited for: a broker of a cluster answers only once a majority
-# of the controllers has elected a leader.
+# of the controllers has elected a leader. The node count is written before any starts: an `up`
+# that dies part-way leaves JVMs that a later `down` (without POSTROOM_DEV_BROKERS) must find.
 kafka_up() {
     local node pids=() i=0
+    printf '%s\n' "$BROKERS" >"$BROKERS_FILE"
     while read -r node; do
         # shellcheck disable=SC2086 # "N role" splits in two on purpose
         select_node $node
@@ -581,7 +583,6 @@ kafka_up() {
         node_wait "${pids[i++]}"
     done < <(all_nodes)
     select_node 1
-    printf '%s\n' "$BROKERS" >"$BROKERS_FILE"
 }
 
 # stop_pid PID NAME: SIGTERM (a clean shutdown), then SIGKILL when it takes too long.

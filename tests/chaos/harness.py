@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
@@ -55,6 +55,7 @@ FEED_CHUNK = 50
 # A topic of the cluster's own that the failover suite writes one record to, to see whether
 # writes are refused (Run.write_refused); no role reads it.
 PROBE_TOPIC = "postroom-chaos.write-probe"
+PROBE_REPLICAS = 3
 KILLER = """
 import os, sys, time
 pid, at = int(sys.argv[1]), float(sys.argv[2])
@@ -152,6 +153,9 @@ class Run:
     def prepare(self) -> None:
         upgrade(self.engine, self.settings.database_schema)
         create_topics(self.settings)
+        if len(make_admin(self.settings).list_topics(timeout=30).brokers) >= PROBE_REPLICAS:
+            # Before any fault: made during "two brokers down", three replicas cannot be placed.
+            self.ensure_probe_topic()
         if self.group_config:
             self.set_group_config()
         if self.settings.schema_registry_url:
@@ -478,14 +482,22 @@ class Run:
         assert load, f"{self.name}: no partition of the run has a leader"
         return load.most_common(1)[0][0]
 
+    def ensure_probe_topic(self) -> None:
+        """PROBE_TOPIC, one partition of three replicas, made when missing (all brokers up)."""
+        admin = make_admin(self.settings)
+        if PROBE_TOPIC in admin.list_topics(timeout=30).topics:
+            return
+        for future in admin.create_topics([NewTopic(PROBE_TOPIC, 1, PROBE_REPLICAS)]).values():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
     def write_refused(self, timeout_s: float = 60) -> str | None:
         """The error the cluster answers a write of one record with, acks=all and no retry, to
-        a topic of three replicas (PROBE_TOPIC, made once); asked until one comes or for
-        ``timeout_s``. None: the write was taken."""
-        admin = make_admin(self.settings)
-        if PROBE_TOPIC not in admin.list_topics(timeout=30).topics:
-            for future in admin.create_topics([NewTopic(PROBE_TOPIC, 1, 3)]).values():
-                future.result()
+        PROBE_TOPIC (made by prepare() or ensure_probe_topic(), before any fault); asked until
+        one comes or for ``timeout_s``. None: the write was taken."""
         producer = Producer({**self.settings.kafka_client_config(), "acks": "all",
                              "enable.idempotence": False, "retries": 0,
                              "message.timeout.ms": 5000})

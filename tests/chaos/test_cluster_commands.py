@@ -67,7 +67,8 @@ def test_the_cluster_commands_act_on_the_cluster(stack_settings: Settings,
     assert 1 <= int(controller.stdout) <= BROKERS
     with ChaosMailServer() as mail:
         run = Run(stack_settings, "cluster-commands", tmp_path, mail)
-        assert run.write_refused() is None  # makes PROBE_TOPIC, one partition, three replicas
+        run.ensure_probe_topic()  # one partition, three replicas
+        assert run.write_refused() is None
         leader = int(services("leader", PROBE_TOPIC, "0").stdout)
         assert 1 <= leader <= BROKERS
         try:

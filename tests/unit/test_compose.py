@@ -7,7 +7,11 @@ lines. `make compose-test` (scripts/compose-test.sh) runs them; its stand-ins ar
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -115,6 +119,16 @@ def test_postroom_services_run_the_image_and_share_settings(
     assert service.get("build") == ("." if name in ("init", "cli") else None)
     # The alias *postroom-env, not a copy: PyYAML builds an aliased mapping once.
     assert service["environment"] is compose["x-postroom-env"]
+
+
+def test_docker_compose_pull_never_asks_a_registry_for_postroom_local(
+        services: dict[str, dict[str, Any]]) -> None:
+    # A service naming postroom:local without a build section made `docker compose pull` fail
+    # (pull access denied); one with build is skipped by pull as buildable.
+    local = {name: s for name, s in services.items() if s["image"] == "postroom:local"}
+    assert local.keys() == {*POSTROOM_SERVICES, "cli"}
+    for name, service in local.items():
+        assert "build" in service or service.get("pull_policy") == "never", name
 
 
 def test_sender_scales(services: dict[str, dict[str, Any]]) -> None:
@@ -242,3 +256,62 @@ def test_the_test_override_changes_only_mailpits_recipients() -> None:
     assert override == {"services": {"mailpit": {"environment": {
         "MP_SMTP_ALLOWED_RECIPIENTS": override["services"]["mailpit"]["environment"][
             "MP_SMTP_ALLOWED_RECIPIENTS"]}}}}
+
+
+def _bash(script: str, tmp_path: Path, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``script`` in bash after sourcing scripts/compose-test.sh (which then only defines)."""
+    env = {**os.environ, "POSTROOM_COMPOSE_DIR": str(tmp_path / "work")}
+    if path is not None:
+        env["PATH"] = f"{path}:{env['PATH']}"
+    return subprocess.run(["bash", "-c", f'. "$1"\n{script}', "unit", str(COMPOSE_TEST)], env=env,
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_teardown_runs_to_its_end_when_its_processes_are_gone(tmp_path: Path) -> None:
+    # Ctrl-C kills the health loop (and podman) first: teardown's kills then find nothing, and
+    # under set -e a failed `[[ ... ]] && kill` ended the trap before compose stop and down.
+    done = _bash(f"""
+        mkdir -p "$WORK"
+        REPO={tmp_path}
+        ATTACH_DIR={tmp_path}/attachments/compose-test
+        compose() {{ echo "compose $1" >>"$WORK/calls"; }}
+        podman() {{ :; }}
+        sleep 0 & gone=$!
+        wait "$gone"
+        HEALTH_PID=$gone PODMAN_SERVICE_PID=$gone STACK_UP=1
+        trap teardown EXIT
+        """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "passed in" in done.stdout
+    calls = (tmp_path / "work" / "calls").read_text().split("\n")
+    assert {"compose stop", "compose down"} <= set(calls), calls
+
+
+def test_podmans_service_runs_outside_the_terminals_process_group(tmp_path: Path) -> None:
+    # A Ctrl-C reaches the foreground process group; teardown still needs podman's API after it.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "podman"
+    stub.write_text(f"""#!{sys.executable}
+import os, socket, sys, time
+path = sys.argv[-1].removeprefix("unix://")
+server = socket.socket(socket.AF_UNIX)
+server.bind(path)
+with open(os.path.join(os.path.dirname(path), "stub"), "w") as out:
+    out.write(f"{{os.getpid()}} {{os.getsid(0)}} {{os.getpgrp()}}")
+time.sleep(30)
+""")
+    stub.chmod(0o755)
+    done = _bash("""
+        mkdir -p "$WORK"
+        curl() { return 0; }
+        start_podman_service
+        echo "$PODMAN_SERVICE_PID"
+        """, tmp_path, path=str(bin_dir))
+    assert done.returncode == 0, done.stderr
+    pid, sid, pgrp = map(int, (tmp_path / "work" / "stub").read_text().split())
+    try:
+        assert int(done.stdout.split()[-1]) == pid  # teardown kills podman itself
+        assert sid != os.getsid(0) and pgrp != os.getpgrp()
+    finally:
+        os.kill(pid, signal.SIGTERM)

@@ -21,6 +21,7 @@ from postroom.acls import (
     parse_principal_prefix,
     role_acls,
     topic_problems,
+    topic_warnings,
 )
 from postroom.topics import all_topics
 
@@ -188,3 +189,21 @@ def test_principal_prefix_accepted(text: str) -> None:
 def test_principal_prefix_refused(text: str) -> None:
     with pytest.raises(ValueError, match="principal type"):
         parse_principal_prefix(text)
+
+
+def test_an_admin_of_the_previous_acls_is_warned_not_failed() -> None:
+    # Before DescribeConfigs joined the admin's table: Create and Describe on the topics.
+    topics = all_topics(PREFIX, 2)
+    needed = needed_on_topics(ACLS, Role.ADMIN, topics)
+    before = [TopicAccess(t, True, frozenset({"CREATE", "DESCRIBE"})) for t in topics]
+    assert topic_problems(before, needed) == []
+    warnings = topic_warnings(before, needed)
+    assert len(warnings) == len(topics)
+    assert warnings[0] == (f"{topics[0]}: not authorized to DESCRIBE_CONFIGS, so "
+                           "min.insync.replicas is unknown (re-run `postroom acls apply`)")
+    now = [TopicAccess(t, True, frozenset({"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"}))
+           for t in topics]
+    assert topic_warnings(now, needed) == []
+    # a required operation missing is still a failure
+    assert topic_problems([TopicAccess(topics[0], True, frozenset({"DESCRIBE"}))], needed) == [
+        f"{topics[0]}: not authorized to CREATE (authorized: DESCRIBE)"]

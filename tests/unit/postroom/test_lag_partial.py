@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from postroom import lag
+from postroom.errors import KafkaClientError
 from postroom.lag import GroupReport, LagReader, LagReport, PartitionReport
 from postroom.lagrules import Verdict
 from postroom.metrics import Metrics
@@ -142,3 +143,138 @@ def test_a_leader_that_does_not_answer_holds_up_only_its_partitions(reader: LagR
     # one request per leader and offset kind, then only the dead leader's asked again
     assert reader._admin.requests >= 3 * 2 + 1 * 2
     assert (reader._admin.requests - 6) % 2 == 0
+
+
+R1 = "postroom.email.retry.1"
+
+
+def test_export_drops_the_retry_series_of_an_unavailable_tier_partition() -> None:
+    metrics = Metrics()
+    waiting = PartitionReport("g", R1, 0, 0, 4, 4, 2.0, Verdict.OK, 1, 2, 2.0)
+    lag.export(metrics, report(READ, waiting), "c")
+    assert f'postroom_retry_waiting{{partition="0",topic="{R1}"}} 4.0' in metrics.render()
+    lag.export(metrics, report(READ, dataclasses.replace(
+        waiting, unavailable="offline: the partition has no leader")), "c")
+    text = metrics.render()
+    for name in ("postroom_retry_waiting", "postroom_retry_overdue",
+                 "postroom_retry_overdue_seconds"):
+        assert f'{name}{{partition="0",topic="{R1}"}}' not in text, name
+
+
+def test_a_group_nothing_was_read_of_keeps_its_last_totals_and_status() -> None:
+    # 0 lag and status OK (or no series) would resolve the group's alerts while nothing is known.
+    metrics = Metrics()
+    lag.export(metrics, report(READ), "c")
+    lag.export(metrics, report(GONE, dataclasses.replace(GONE, partition=2)), "c")
+    text = metrics.render()
+    assert 'postroom_consumergroup_status{group="g"} 1.0' in text
+    assert 'kafka_consumergroup_group_sum_lag{cluster_name="c",group="g"} 7.0' in text
+    assert 'kafka_consumergroup_group_max_lag_seconds{cluster_name="c",group="g"} 3.5' in text
+    assert 'postroom_lag_partitions_unavailable{group="g"} 2.0' in text
+    said = lag.render_text(report(GONE))
+    assert said[0].startswith("g: UNKNOWN, ")
+    assert json.loads(lag.render_json(report(GONE))[0])["group_verdict"] == "UNKNOWN"
+
+
+def test_a_group_that_could_not_be_described_has_members_unknown() -> None:
+    group = GroupReport("g", "unknown (coordinator moving)", (), (READ,), Verdict.WARN,
+                        members_known=False)
+    said = LagReport(dt.datetime(2026, 12, 2, tzinfo=dt.UTC), (group,), None, {})
+    assert "members unknown;" in lag.render_text(said)[0]
+    assert "no consumer" not in lag.render_text(said)[0]
+    assert json.loads(lag.render_json(said)[0])["group_members"] is None
+    metrics = Metrics()
+    lag.export(metrics, dataclasses.replace(report(READ), groups=(dataclasses.replace(
+        group, members=(lag.Member("s1", "h", 6),), members_known=True),)), "c")
+    lag.export(metrics, said, "c")
+    assert 'postroom_consumergroup_members{group="g"} 1.0' in metrics.render()  # not 0
+
+
+def test_a_describe_that_gets_no_answer_leaves_the_members_unknown(
+        reader: LagReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_answer(group: str) -> None:
+        raise KafkaClientError("cannot describe group g", code="_TIMED_OUT")
+
+    monkeypatch.setattr(reader, "_describe", no_answer)
+    monkeypatch.setattr(reader, "_offsets", lambda group, topics: (
+        [], [(TopicPartition(T, 0), "offsets unreadable")]))
+    group = reader._sample_group("g", [T])
+    assert not group.members_known
+    assert group.state.startswith("unknown (")
+
+
+def test_a_first_record_not_read_in_time_is_unknown_not_zero(
+        reader: LagReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "_describe", lambda group: ("stable", ()))
+    monkeypatch.setattr(reader, "_offsets", lambda group, topics: (
+        [(TopicPartition(T, 0), 5, 5, 12), (TopicPartition(R1, 0), 0, 0, 4)], []))
+    monkeypatch.setattr(reader, "_first_records", lambda wanted: {})  # the sample's time ran out
+    group = reader._sample_group("g", [T, R1])
+    high, tier = group.partitions
+    assert (high.lag, high.lag_seconds) == (7, None)
+    assert (tier.lag, tier.overdue, tier.overdue_seconds, tier.lag_seconds) == (4, None, None, None)
+    assert group.max_lag_seconds == 0.0  # of what is known: nothing
+    said = LagReport(dt.datetime(2026, 12, 2, tzinfo=dt.UTC), (group,), None, {})
+    text = lag.render_text(said)
+    assert text[1] == f"  {T}[0] committed=5 end=12 lag=7 behind=unknown OK"
+    assert text[2] == f"  {R1}[0] committed=0 end=4 lag=4 waiting=4 overdue=unknown OK"
+    rows = [json.loads(line) for line in lag.render_json(said)]
+    assert (rows[0]["lag_seconds"], rows[1]["overdue"], rows[1]["overdue_seconds"]) == (
+        None, None, None)
+    metrics = Metrics()
+    lag.export(metrics, report(dataclasses.replace(high, lag_seconds=3.0)), "c")
+    lag.export(metrics, said, "c")
+    out = metrics.render()
+    where = f'{{cluster_name="c",group="g",partition="0",topic="{T}"}}'
+    assert f"kafka_consumergroup_group_lag{where} 7.0" in out
+    assert f"kafka_consumergroup_group_lag_seconds{where}" not in out
+    assert f'postroom_retry_waiting{{partition="0",topic="{R1}"}} 4.0' in out
+    assert f'postroom_retry_overdue{{partition="0",topic="{R1}"}}' not in out
+
+
+class NoMetadata:
+    def list_topics(self, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+
+
+def test_metadata_that_does_not_come_labels_the_group_unavailable(
+        reader: LagReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "_records", NoMetadata)
+    reader._deadline = time.monotonic() + 1
+    rows, unreadable = reader._offsets("g", [T])
+    assert rows == []
+    assert [(tp.topic, tp.partition) for tp, _why in unreadable] == [
+        (T, p) for p in range(reader._settings.topic_partitions)]
+    assert all("Timed out" in why for _tp, why in unreadable)
+
+
+def test_a_refused_metadata_request_still_ends_the_report(
+        reader: LagReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Refused:
+        def list_topics(self, timeout: float) -> None:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "refused"))
+
+    monkeypatch.setattr(reader, "_records", Refused)
+    reader._deadline = time.monotonic() + 1
+    with pytest.raises(KafkaClientError, match="TOPIC_AUTHORIZATION_FAILED"):
+        reader._offsets("g", [T])
+
+
+def test_each_group_of_a_sample_has_its_own_time(reader: LagReader,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lag, "READ_TIMEOUT_S", 1.0)
+    reader._groups = {"a": [T], "b": [T]}
+    reader._reached = True
+    monkeypatch.setattr(reader, "_replication", lambda: None)
+    left = []
+
+    def slow(group: str) -> tuple[str, tuple[lag.Member, ...]]:
+        time.sleep(0.6)
+        left.append(reader._deadline - time.monotonic())
+        return "stable", ()
+
+    monkeypatch.setattr(reader, "_describe", slow)
+    monkeypatch.setattr(reader, "_offsets", lambda group, topics: (
+        [], [(TopicPartition(T, 0), "offsets unreadable")]))
+    reader.sample()
+    assert len(left) == 2 and min(left) > 0.2, left  # b is not left what a did not use

@@ -17,14 +17,18 @@ from postroom.lagrules import (
 
 @pytest.mark.parametrize(("lag", "first_ms", "now_s", "expected"), [
     (0, 1_000_000, 2_000.0, 0.0),        # nothing unconsumed: no lag, whatever the timestamp
-    (5, None, 2_000.0, 0.0),             # the record could not be read
+    (5, None, 2_000.0, None),            # the record could not be read: unknown, not 0
     (5, 1_000_000, 1_030.5, 30.5),       # the first unconsumed record is 30.5 s old
     (1, 1_000_000, 1_000.0, 0.0),
     (3, 1_000_500, 1_000.0, 0.0),        # a producer clock ahead of ours is not negative lag
     (10_000, 1_999_000, 2_000.0, 1.0),   # a burst: many records, but only one second behind
 ])
-def test_lag_seconds(lag: int, first_ms: int | None, now_s: float, expected: float) -> None:
-    assert lag_seconds(lag, first_ms, now_s) == pytest.approx(expected)
+def test_lag_seconds(lag: int, first_ms: int | None, now_s: float,
+                    expected: float | None) -> None:
+    if expected is None:
+        assert lag_seconds(lag, first_ms, now_s) is None
+    else:
+        assert lag_seconds(lag, first_ms, now_s) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(("low", "high", "due_before", "expected"), [

@@ -37,9 +37,20 @@ def part(partition: int, leader: int, replicas: tuple[int, ...], isr: tuple[int,
     ([part(0, 1, ALL, (1, 3))], 2,
      [f"WARN {T}[0]: under-replicated, writes still taken (min.insync.replicas=2 still met) "
       "(replicas [1,2,3], ISR [1,3])"]),
+    # min.insync.replicas unknown (no DescribeConfigs): writes may already be refused
     ([part(0, 1, ALL, (1, 3))], None,
-     [f"WARN {T}[0]: under-replicated, writes still taken (min.insync.replicas unknown) "
-      "(replicas [1,2,3], ISR [1,3])"]),
+     [f"WARN {T}[0]: under-replicated, writes may be refused (min.insync.replicas unknown; "
+      "refused if it is above 2) (replicas [1,2,3], ISR [1,3])"]),
+    # ... and with one replica left in sync, refused under any min.insync.replicas but 1, and
+    # one broker from offline: FAIL
+    ([part(0, 3, ALL, (3,))], None,
+     [f"FAIL {T}[0]: under-replicated to one replica in sync: writes are refused unless "
+      "min.insync.replicas is 1 (unknown to this principal: the admin's DescribeConfigs), and "
+      "the partition goes offline with that broker (replicas [1,2,3], ISR [3])"]),
+    ([part(0, 3, (1, 3), (3,))], None,
+     [f"FAIL {T}[0]: under-replicated to one replica in sync: writes are refused unless "
+      "min.insync.replicas is 1 (unknown to this principal: the admin's DescribeConfigs), and "
+      "the partition goes offline with that broker (replicas [1,3], ISR [3])"]),
     # two gone: below min.insync.replicas, writes refused
     ([part(0, 3, ALL, (3,))], 2,
      [f"FAIL {T}[0]: under-replicated below min.insync.replicas=2: writes are refused "
@@ -81,6 +92,9 @@ def test_an_offline_partition_of_a_short_topic_is_said_besides_the_topic() -> No
     ([], 27, "all 27 partitions have a leader and every replica in sync"),
     ([Finding(Severity.WARN, T, 0, ALL, (1, 2), "x")] * 2, 27,
      "2 of 27 partitions under-replicated, writes still taken"),
+    ([Finding(Severity.WARN, T, 0, ALL, (1, 2), "x"),
+      Finding(Severity.WARN, T, 1, ALL, (1, 2), "x", min_insync_known=False)], 27,
+     "2 of 27 partitions under-replicated, writes may be refused (min.insync.replicas unknown)"),
     ([Finding(Severity.WARN, T, 0, ALL, (1, 2), "x"), Finding(Severity.FAIL, T, 1, ALL, (), "y")],
      27, "1 replication problem(s) that stop writes or reads"),
 ])
