@@ -213,17 +213,21 @@ def test_lag_answers_with_the_busiest_leader_killed(topics: Settings, brokers: B
         for p in sender.partitions:
             if p.topic == high and p.unavailable is None:
                 assert p.lag == 10  # nothing committed: every record is lag
-        # the dead leader's partition is labelled, not read as 0, and the report says partial:
-        # its offsets request waits the group's whole time, so no retry reads it from a new leader
+        # the dead leader's partition is never read as 0: labelled UNAVAILABLE, with the report
+        # saying PARTIAL, or (a later sample, once its leadership moved) read in full. Which one
+        # depends on how soon the controller fences the broker and the leadership moves.
         from postroom import lag as lag_module
 
         (dead,) = [p for p in sender.partitions if (p.topic, p.partition) == (high, 0)]
-        assert dead.unavailable, dead
-        assert sender.unavailable >= 1
         text = lag_module.render_text(report)
         (line,) = [t for t in text if t.startswith(f"{topics.sender_group}: ")]
-        assert f"(PARTIAL: {sender.unavailable} of {len(sender.partitions)} partitions " in line
-        assert any(t.startswith(f"  {high}[0] UNAVAILABLE") for t in text), text
+        if dead.unavailable:
+            assert sender.unavailable >= 1
+            assert f"(PARTIAL: {sender.unavailable} of {len(sender.partitions)} partitions " in line
+            assert any(t.startswith(f"  {high}[0] UNAVAILABLE") for t in text), text
+        else:
+            assert (dead.lag, dead.end) == (10, 10), dead
+            assert "PARTIAL" not in line or sender.unavailable >= 1, line
         # the leadership moves within the broker's failover time: a whole answer again
         def whole() -> bool:
             again = read_report(reader, None, samples=1)
