@@ -9,7 +9,8 @@ nothing of OpenTelemetry is imported and :class:`Tracing` hands the parent's con
 
 Attribute names follow OpenTelemetry's messaging conventions for Kafka (semantic conventions
 1.27+, still "development" for messaging): ``messaging.system``, ``messaging.operation.type``,
-``messaging.destination.name``, ``messaging.destination.partition.id``,
+``messaging.operation.name``, ``messaging.destination.name``,
+``messaging.destination.partition.id``,
 ``messaging.consumer.group.name``, ``messaging.kafka.message.key``, ``messaging.kafka.offset``.
 What postroom adds is under ``postroom.``.
 """
@@ -22,6 +23,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +47,7 @@ _TS_MEMBER = re.compile(rf"{_TS_KEY}={_TS_VALUE}", re.ASCII)
 ZERO_TRACE_ID = "0" * 32
 ZERO_SPAN_ID = "0" * 16
 TRACER_NAME = "postroom"
+SHUTDOWN_TIMEOUT_S = 5.0
 
 Headers = Sequence[tuple[str, str | bytes | None]]
 
@@ -243,10 +246,18 @@ class Tracing:
         finally:
             span.end()
 
-    def shutdown(self) -> None:
-        """Export what is buffered and stop (a role's exit)."""
-        if self._provider is not None:
-            self._provider.shutdown()
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Export what is buffered and stop (a role's exit), waiting at most ``timeout_s``: a
+        collector that does not answer must not hold the exit past a platform's grace period."""
+        if self._provider is None:
+            return
+        stopping = threading.Thread(target=self._provider.shutdown, name="tracing-shutdown",
+                                    daemon=True)
+        stopping.start()
+        stopping.join(timeout_s)
+        if stopping.is_alive():
+            log.warning("tracing: the buffered spans were not exported within %.0fs; dropped",
+                        timeout_s)
 
 
 OFF = Tracing()
@@ -270,13 +281,17 @@ def configured(environ: Mapping[str, str]) -> bool:
     OTEL_TRACES_EXPORTER=otlp), the SDK not disabled and the traces exporter not ``none``."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter == "none":
+    exporters = {e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").lower().split(",")
+                 if e.strip()}
+    if "none" in exporters:
         return False
-    if exporter not in ("", "otlp"):
-        raise ConfigError("OTEL_TRACES_EXPORTER", f"{exporter!r}: postroom exports traces over "
-                          "OTLP only; set otlp or none")
-    return exporter == "otlp" or any(environ.get(name, "").strip() for name in (
+    if exporters - {"otlp"}:
+        # A shared environment's console or zipkin must not stop the role: said, not used.
+        log.warning("OTEL_TRACES_EXPORTER: postroom exports traces over OTLP only; ignoring %s",
+                    ", ".join(sorted(exporters - {"otlp"})))
+    if exporters and "otlp" not in exporters:
+        return False
+    return "otlp" in exporters or any(environ.get(name, "").strip() for name in (
         "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
@@ -295,16 +310,19 @@ def setup(role: str, environ: Mapping[str, str] | None = None) -> Tracing:
                           "http/protobuf (the OTLP/HTTP exporter of postroom[otel])")
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise ConfigError("OTEL_EXPORTER_OTLP_ENDPOINT", "asks for traces, but OpenTelemetry "
                           f"is not installed ({exc.name}): pip install 'postroom[otel]', or "
                           "unset it") from None
-    # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME from os.environ.
-    defaults = {} if environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: f"postroom-{role}"}
-    provider = TracerProvider(resource=Resource.create(defaults))
+    # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME from os.environ; a
+    # service.name given in either wins over postroom's.
+    given = OTELResourceDetector().detect().attributes
+    defaults = {} if SERVICE_NAME in given else {SERVICE_NAME: f"postroom-{role}"}
+    # Not shut down at exit by the SDK: Tracing.shutdown bounds how long the exit waits.
+    provider = TracerProvider(resource=Resource.create(defaults), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     log.info("tracing: %s spans exported over OTLP/HTTP to %s", role,
              environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -318,7 +336,7 @@ def kafka_attributes(operation: str, topic: str, *, partition: int | None = None
     """OpenTelemetry's messaging attributes for a Kafka record (operation: send, process,
     receive, settle)."""
     return {"messaging.system": "kafka", "messaging.operation.type": operation,
-            "messaging.destination.name": topic,
+            "messaging.operation.name": operation, "messaging.destination.name": topic,
             "messaging.destination.partition.id": None if partition is None else str(partition),
             "messaging.kafka.message.key": key, "messaging.kafka.offset": offset,
             "messaging.consumer.group.name": group}

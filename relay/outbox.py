@@ -102,6 +102,7 @@ def enqueue(
     # never held whole): a bad one rolls back the rows of the chunks before it.
     with (tracing.enqueue_span(shared["message_key"]) as trace,
           conn.begin_nested() if second is not None else contextlib.nullcontext()):
+        trace = trace if trace is None or _keeps_trace(conn, schema) else None
         statement = sql.insert_rows(schema, traced=trace is not None)
         params = {**shared, **_trace_params(trace)}
         for chunk in itertools.chain((first,), () if second is None else (second,),
@@ -132,6 +133,7 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
     columns: dict[str, list[Any]] = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
     new = given = 0
     with tracing.enqueue_span(None) as trace, conn.begin_nested():
+        trace = trace if trace is None or _keeps_trace(conn, schema) else None
         statement = sql.insert_emails(schema, traced=trace is not None)
         traced = _trace_params(trace)
         for email in emails:
@@ -158,6 +160,18 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
             new += _insert(conn, statement, {**columns, **traced}, schema)
     log.info("enqueued many: new_rows=%d of=%d", new, given)
     return new
+
+
+def _keeps_trace(conn: sa.Connection | Session, schema: str | None) -> bool:
+    """Whether the outbox has migration 0010's columns: asked at each traced enqueue (one short
+    catalog query; the search path, and so the outbox, may differ from one call to the next), so
+    a job started before the upgrade traces once it is done."""
+    found = bool(conn.execute(sql.HAS_TRACE_COLUMNS, {"outbox": sql.outbox_of(schema)})
+                 .scalar_one())
+    if not found:
+        log.warning("the outbox has no trace context columns (run `postroom db upgrade` to "
+                    "0010): this job's rows are queued without its trace")
+    return found
 
 
 def _trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:

@@ -29,7 +29,7 @@ from postroom.kafka import is_too_large
 from postroom.metrics import Metrics
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
-from postroom.tracing import OFF, Tracing, kafka_attributes, parse_traceparent
+from postroom.tracing import OFF, Span, Tracing, kafka_attributes, parse_traceparent
 from relay import sql
 from relay.db import libpq_conninfo
 from relay.errors import PoisonRowError
@@ -190,9 +190,19 @@ class Relay:
         (rows.event_value) is not produced: it is poison, marked failed with the reason. With
         tracing, each row's publish span ends with the batch's acknowledgements."""
         with contextlib.ExitStack() as spans:
-            return self._send_rows(rows, spans)
+            row_spans: dict[int, Span] = {}
+            sent = self._send_rows(rows, spans, row_spans)
+            # A row whose span began and that was not published (refused, unacknowledged, or
+            # left when the producer's queue filled) ends its span as an error.
+            for ids, why in ((sent.released, "not acknowledged: published again in a later "
+                              "round"), (sent.too_large, TOO_LARGE_ERROR)):
+                for row_id in ids:
+                    if (span := row_spans.get(row_id)) is not None:
+                        span.error(why)
+            return sent
 
-    def _send_rows(self, rows: Sequence[sa.Row[Any]], spans: contextlib.ExitStack) -> Sent:
+    def _send_rows(self, rows: Sequence[sa.Row[Any]], spans: contextlib.ExitStack,
+                   row_spans: dict[int, Span]) -> Sent:
         failures: dict[bytes, KafkaError] = {}
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -239,12 +249,13 @@ class Relay:
                 # A redriven row: its attempts so far, so the sender gives it a fresh budget.
                 headers.append((ATTEMPT_BASE_HEADER, str(row[attempt_at] - 1).encode()))
             priority = row[priority_at]
-            if traced or tracing.enabled:
+            context = row[fields] if traced else None
+            if context is not None or tracing.enabled:
                 # A context written by SQL that does not parse is none: never poison.
-                parent = parse_traceparent(row[fields], row[fields + 1]) if traced else None
+                parent = None if context is None else parse_traceparent(context, row[fields + 1])
                 if tracing.enabled:
-                    span = spans.enter_context(tracing.span(
-                        f"publish {topics[priority]}", parent, kind="producer",
+                    span = row_spans[row[id_at]] = spans.enter_context(tracing.span(
+                        f"send {topics[priority]}", parent, kind="producer",
                         attributes={**kafka_attributes("send", topics[priority],
                                                        key=row[key_at]),
                                     "postroom.outbox_id": row[id_at],

@@ -28,7 +28,7 @@ from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
-from postroom.tracing import OFF, Tracing, from_headers, kafka_attributes
+from postroom.tracing import OFF, Span, Tracing, from_headers, kafka_attributes
 from relay import sql
 from schemas.codec import (
     DeliveryStatus,
@@ -379,12 +379,15 @@ class Recorder:
 
     def _apply_until_done(self, consumer: Consumer, messages: list[Message]) -> None:
         with contextlib.ExitStack() as spans:
-            self._apply_batch(consumer, messages, spans)
+            opened: list[Span] = []
+            if not self._apply_batch(consumer, messages, spans, opened):
+                for span in opened:
+                    span.error("not recorded: the recorder stopped; the batch is read again")
 
-    def _span(self, spans: contextlib.ExitStack, record: Record, result: EmailResult) -> None:
+    def _span(self, spans: contextlib.ExitStack, record: Record, result: EmailResult) -> Span:
         """The recording of one result, a span under the record's context, ended with its
         batch's transaction."""
-        spans.enter_context(self._tracing.span(
+        return spans.enter_context(self._tracing.span(
             f"process {record.topic}", from_headers(record.headers), kind="consumer",
             attributes={**kafka_attributes("process", record.topic, partition=record.partition,
                                            key=result.idempotency_key, offset=record.offset,
@@ -394,7 +397,8 @@ class Recorder:
                         "postroom.status": result.status.value}))
 
     def _apply_batch(self, consumer: Consumer, messages: list[Message],
-                     spans: contextlib.ExitStack) -> None:
+                     spans: contextlib.ExitStack, opened: list[Span]) -> bool:
+        """Record a batch; False when the recorder stopped first (it stays uncommitted)."""
         results: list[EmailResult] = []
         try:
             for record in readable_records(messages):
@@ -402,9 +406,9 @@ class Recorder:
                 if result is not None:
                     results.append(result)
                     if self._tracing.enabled:
-                        self._span(spans, record, result)
+                        opened.append(self._span(spans, record, result))
         except _StoppedError:
-            return  # uncommitted: the batch comes again after restart
+            return False  # uncommitted: the batch comes again after restart
         outcomes = [r for r in results if r.status not in REPORT_STATUSES]
         reports = [r for r in results if r.status in REPORT_STATUSES]
         while True:
@@ -432,7 +436,7 @@ class Recorder:
             except sa.exc.DBAPIError as exc:
                 # The database's fault, not a result's: the batch waits, uncommitted.
                 if self._stop.is_set():
-                    return  # uncommitted: the batch comes again after restart
+                    return False  # uncommitted: the batch comes again after restart
                 log.warning("recording %d results failed (%s); retrying in %.0fs", len(results),
                             first_line(exc), RETRY_BACKOFF_S)
                 self._stop.wait(RETRY_BACKOFF_S)
@@ -467,6 +471,7 @@ class Recorder:
         except KafkaException as exc:
             # Harmless: the batch is replayed and changes nothing the second time.
             log.warning("offset commit failed (%s); the batch will be replayed", exc)
+        return True
 
 
 class _StoppedError(Exception):

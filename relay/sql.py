@@ -451,7 +451,15 @@ INSERT_EMAILS = """
 """
 
 
-def _outbox_of(schema: str | None) -> str:
+# Whether the outbox :outbox names has migration 0010's trace context columns (0 without the
+# table: the insert then says the schema is not ready).
+HAS_TRACE_COLUMNS = sa.text("""
+    SELECT count(*) FROM pg_attribute
+    WHERE attrelid = to_regclass(:outbox) AND attname = 'traceparent' AND NOT attisdropped
+""")
+
+
+def outbox_of(schema: str | None) -> str:
     """The outbox table of ``schema`` (a quoted identifier), or of the search path's."""
     return f'"{schema.replace(chr(34), chr(34) * 2)}".outbox' if schema else "outbox"
 
@@ -466,7 +474,7 @@ _TRACE_VALUES = ", CAST(:traceparent AS text), CAST(:tracestate AS text)"
 def insert_rows(schema: str | None, *, traced: bool = False) -> sa.TextClause:
     """INSERT_ROWS into the outbox of ``schema``, or of the search path's; ``traced``: with
     the ``:traceparent`` and ``:tracestate`` every row of the statement keeps."""
-    return sa.text(INSERT_ROWS.format(outbox=_outbox_of(schema),
+    return sa.text(INSERT_ROWS.format(outbox=outbox_of(schema),
                                       trace=_TRACE_COLUMNS if traced else "",
                                       trace_values=_TRACE_VALUES if traced else ""))
 
@@ -475,7 +483,7 @@ def insert_rows(schema: str | None, *, traced: bool = False) -> sa.TextClause:
 def insert_emails(schema: str | None, *, traced: bool = False) -> sa.TextClause:
     """INSERT_EMAILS into the outbox of ``schema``, or of the search path's; ``traced`` as for
     :func:`insert_rows` (one context for all the emails of the call)."""
-    return sa.text(INSERT_EMAILS.format(outbox=_outbox_of(schema),
+    return sa.text(INSERT_EMAILS.format(outbox=outbox_of(schema),
                                         trace=_TRACE_COLUMNS if traced else "",
                                         trace_values=_TRACE_VALUES if traced else ""))
 

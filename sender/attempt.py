@@ -102,7 +102,7 @@ class Attempts:
             return
         not_before = forward.event.not_before
         with self._tracing.span(
-                f"publish {forward.topic}", span.context, kind="producer",
+                f"send {forward.topic}", span.context, kind="producer",
                 attributes={**kafka_attributes("send", forward.topic, key=key),
                             "postroom.attempt": forward.event.attempt,
                             "postroom.retry.not_before": (not_before.isoformat()

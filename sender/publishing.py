@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.topics import dead_letter_topic, results_topic
+from postroom.tracing import from_headers
 from schemas.codec import EmailRequested, EmailResult, Framing
 from sender.errors import PoisonRecordError, RecordTooLargeError
 from sender.ports import TraceHeaders
@@ -75,6 +76,9 @@ class OutcomePublisher:
                   record.offset, "" if result is None else f", key={result.idempotency_key} failed",
                   poison.reason)
         why = dead_letter_headers(origin_of(record), "poison", poison.reason)
+        # The record's own context, if it carries a valid one: the email's trace ends here.
+        context = from_headers(record.headers)
+        trace = () if context is None else context.headers()
         topic = dead_letter_topic(self._prefix)
         copied = poison.copy_record
         if copied:
@@ -85,8 +89,8 @@ class OutcomePublisher:
                 copied = False
         if not copied:
             # Its value and headers stay in the source topic, where the dead letter points.
-            await self._producer.produce(topic, record.key, None, why)
+            await self._producer.produce(topic, record.key, None, [*why, *trace])
         if result is None:
             self._metrics.inc("poison_unkeyed_total")
             return
-        await self.result(result.idempotency_key, result)
+        await self.result(result.idempotency_key, result, trace)

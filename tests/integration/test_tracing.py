@@ -8,7 +8,7 @@ import dataclasses
 import http.server
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from postroom import enqueue
+from postroom import Email, enqueue, enqueue_many, tracing
 from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import priority_topic, results_topic, retry_topic
+from postroom.tracing import TraceContext
+from relay.db import downgrade, upgrade
+from relay.publisher import Relay
 from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 from support.tracing import memory_tracing
@@ -71,7 +74,7 @@ def test_one_trace_holds_enqueue_publish_both_attempts_the_retry_and_the_recordi
     [enqueued] = children(job_span, "enqueue outbox")
     assert enqueued.attributes["postroom.message_key"] == "traced"
     normal = priority_topic(prefix, "normal")
-    [published] = children(enqueued, f"publish {normal}")
+    [published] = children(enqueued, f"send {normal}")
     assert published.kind is SpanKind.PRODUCER
     assert published.attributes["messaging.system"] == "kafka"
     assert published.attributes["messaging.destination.name"] == normal
@@ -86,7 +89,7 @@ def test_one_trace_holds_enqueue_publish_both_attempts_the_retry_and_the_recordi
     assert deferred.attributes["postroom.destination"] == "example.com"
     assert deferred.status.status_code is StatusCode.ERROR
     tier = retry_topic(prefix, 1)
-    [scheduled] = children(first, f"publish {tier}")
+    [scheduled] = children(first, f"send {tier}")
     assert scheduled.attributes["postroom.attempt"] == 2
     assert "postroom.retry.not_before" in scheduled.attributes
     [second] = children(scheduled, f"process {tier}")
@@ -106,23 +109,70 @@ def test_one_trace_holds_enqueue_publish_both_attempts_the_retry_and_the_recordi
     assert len(spans) == 10, sorted(s.name for s in spans)
 
 
-def test_a_row_with_a_malformed_trace_context_is_published_without_one(
-        settings: Settings, engine: sa.Engine) -> None:
-    tracing, _provider, exporter = memory_tracing()
-    exporter.clear()
-    with engine.begin() as conn:
-        enqueue(conn, key="odd-trace", recipients=["a@example.com", "b@example.com"],
-                subject="S", body="b")
-        conn.execute(sa.text("UPDATE outbox SET traceparent = CASE recipient "
-                             "WHEN 'a@example.com' THEN '00-xyz-01' ELSE repeat('0', 10000) END, "
-                             "tracestate = 'a=\u00e9' WHERE message_key = 'odd-trace'"))
-    from relay.publisher import Relay
+GOOD_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
-    relay = Relay(settings, engine, tracing=tracing)
-    assert relay.publish_once() == 2
-    publishes = [s for s in exporter.get_finished_spans() if s.name.startswith("publish ")]
-    assert len(publishes) == 2
-    assert all(s.parent is None for s in publishes)  # each a trace of its own, none refused
+
+def _rows_with_contexts(engine: sa.Engine, key: str) -> None:
+    """Three rows written by SQL: a valid context with its tracestate, a malformed one and one
+    of 10,000 characters."""
+    with engine.begin() as conn:
+        enqueue(conn, key=key, recipients=["a@example.com", "b@example.com", "c@example.com"],
+                subject="S", body="b")
+        conn.execute(sa.text(
+            "UPDATE outbox SET traceparent = CASE recipient WHEN 'a@example.com' THEN :good "
+            "WHEN 'b@example.com' THEN '00-xyz-01' ELSE repeat('0', 10000) END, "
+            "tracestate = CASE recipient WHEN 'a@example.com' THEN 'k=v' ELSE 'a=\u00e9' END "
+            "WHERE message_key = :key"), {"good": GOOD_PARENT, "key": key})
+
+
+def test_without_tracing_the_relay_passes_a_rows_context_on_and_drops_a_malformed_one(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., list[Any]]) -> None:
+    _rows_with_contexts(engine, "passed-on")
+    assert Relay(settings, engine).publish_once() == 3  # none refused
+    records = consume(settings, [priority_topic(settings.topic_prefix, "normal")], expected=3)
+    carried = {r.key.decode().rpartition("|")[2]: tracing.from_headers(r.headers)
+               for r in records}
+    assert carried == {"a@example.com": TraceContext(
+        "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", 1, "k=v"),
+        "b@example.com": None, "c@example.com": None}
+    assert all(len([h for h in r.headers if h[0] == "traceparent"]) <= 1 for r in records)
+
+
+def test_with_tracing_a_malformed_context_starts_a_trace_of_its_own(
+        settings: Settings, engine: sa.Engine) -> None:
+    tracer, _provider, exporter = memory_tracing()
+    exporter.clear()
+    _rows_with_contexts(engine, "odd-trace")
+    assert Relay(settings, engine, tracing=tracer).publish_once() == 3
+    sends = {s.attributes["messaging.kafka.message.key"].rpartition("|")[2]: s
+             for s in exporter.get_finished_spans() if s.name.startswith("send ")}
+    assert f"{sends['a@example.com'].parent.span_id:016x}" == "00f067aa0ba902b7"
+    assert sends["b@example.com"].parent is None and sends["c@example.com"].parent is None
+
+
+def test_a_traced_job_enqueues_on_0009_and_enqueue_many_keeps_its_context_once_upgraded(
+        settings: Settings, engine: sa.Engine, caplog: pytest.LogCaptureFixture) -> None:
+    _tracer, provider, _exporter = memory_tracing()
+    job = provider.get_tracer("invoice-run")
+    # An outbox not yet at 0010: the traced job's rows are queued, without the context.
+    downgrade(engine, "0009")
+    with job.start_as_current_span("invoices"), engine.begin() as conn:
+        assert enqueue(conn, key="early", recipients=["d@example.com"], subject="S",
+                       body="b") == 1
+        assert enqueue_many(conn, [Email(key="early-2", recipients=["e@example.com"],
+                                         subject="S", body="b")]) == 1
+    assert "no trace context columns" in caplog.text
+    upgrade(engine)  # the same process asks again at its next traced enqueue
+    with job.start_as_current_span("invoices") as root, engine.begin() as conn:
+        assert enqueue_many(conn, [Email(key=f"inv-{n}", recipients=[f"c{n}@example.com"],
+                                         subject=f"Invoice {n}", body="b")
+                                   for n in range(3)]) == 3
+    with engine.connect() as conn:
+        kept = conn.execute(sa.text(
+            "SELECT message_key, split_part(traceparent, '-', 2) FROM outbox "
+            "ORDER BY id")).all()
+    trace_id = f"{root.get_span_context().trace_id:032x}"
+    assert kept == [("early", None), ("early-2", None), *((f"inv-{n}", trace_id) for n in range(3))]
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
@@ -174,7 +224,7 @@ def test_the_relay_process_exports_its_spans_over_otlp(
              for request in otlp_receiver.requests  # type: ignore[attr-defined]
              for resource in request.resource_spans
              for scope in resource.scope_spans for span in scope.spans]
-    [(resource, span)] = [(r, s) for r, s in spans if s.name.startswith("publish ")]
+    [(resource, span)] = [(r, s) for r, s in spans if s.name.startswith("send ")]
     attributes = {a.key: a.value.string_value for a in resource.attributes}
     assert attributes["service.name"] == "postroom-relay"
     assert attributes["deployment.environment"] == "test"

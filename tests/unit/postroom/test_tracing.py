@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -84,6 +84,23 @@ def test_any_headers_give_a_context_or_none(headers: list[tuple[str, object]]) -
         # What is passed on parses back to itself: postroom never forwards what it refused.
         again = tracing.from_headers(list(found.headers()))
         assert again == found
+
+
+CONTEXTS = st.builds(TraceContext, st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
+                     st.from_regex(r"[0-9a-f]{16}", fullmatch=True), st.integers(0, 255),
+                     st.one_of(st.none(), st.from_regex(r"[a-z][a-z0-9_]{0,8}=[!-+\--<>-~]{1,8}"
+                                                         r"(,[a-z][a-z0-9_]{0,8}=[!-+\--<>-~]{1,8})"
+                                                         r"{0,3}", fullmatch=True)))
+
+
+@given(CONTEXTS, st.lists(st.tuples(st.sampled_from(["other", "postroom.row_id"]),
+                                    st.binary(max_size=20)), max_size=3))
+def test_a_valid_context_reads_back_from_its_headers_among_others(
+        context: TraceContext, others: list[tuple[str, bytes]]) -> None:
+    assume(context.trace_id != "0" * 32 and context.span_id != "0" * 16)
+    keys = [m.partition("=")[0] for m in (context.tracestate or "").split(",") if m]
+    assume(len(set(keys)) == len(keys))
+    assert tracing.from_headers([*others, *context.headers()]) == context
 
 
 @given(st.from_regex(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", fullmatch=True))
@@ -166,18 +183,53 @@ def test_current_and_the_enqueue_span_follow_the_callers_span(
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, True),  # the spec's list: console is ignored
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, False),
 ])
 def test_configured(environ: dict[str, str], expected: bool) -> None:
     assert tracing.configured(environ) is expected
 
 
-def test_setup_refuses_what_it_cannot_export() -> None:
+def test_setup_refuses_what_it_cannot_export(caplog: pytest.LogCaptureFixture) -> None:
     assert tracing.setup("relay", {}) is OFF
-    with pytest.raises(ConfigError, match="OTLP only"):
-        tracing.setup("relay", {"OTEL_TRACES_EXPORTER": "zipkin"})
+    assert tracing.setup("relay", {"OTEL_TRACES_EXPORTER": "zipkin"}) is OFF
+    assert "OTLP only; ignoring zipkin" in caplog.text  # said, and the role still starts
     with pytest.raises(ConfigError, match="http/protobuf"):
         tracing.setup("relay", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x",
                                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+
+
+def test_a_service_name_in_the_resource_attributes_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=billing-mailer,team=ops")
+    made = tracing.setup("relay", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    try:
+        attributes = made._provider.resource.attributes
+        assert (attributes["service.name"], attributes["team"]) == ("billing-mailer", "ops")
+    finally:
+        made._provider.shutdown()
+
+
+def test_shutdown_waits_at_most_its_timeout_for_a_collector_that_does_not_answer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Stuck:
+        def get_tracer(self, name: str) -> object:
+            return object()
+
+        def shutdown(self) -> None:
+            release.wait(30)
+
+    started = time.monotonic()
+    Tracing.from_provider(Stuck()).shutdown(timeout_s=0.2)
+    waited = time.monotonic() - started
+    release.set()
+    assert waited < 5  # not the 30 s the stuck export would take
+    assert "not exported within 0s; dropped" in caplog.text
 
 
 def test_setup_makes_a_provider_of_the_roles_own() -> None:

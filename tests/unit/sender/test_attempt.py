@@ -299,9 +299,9 @@ def test_with_tracing_the_attempt_the_send_and_the_retry_are_spans_of_the_events
     w = world([TRANSIENT], tracing=Tracing.from_provider(provider))
     w.deliver(Admitted(event()), TRACED)
     spans = {s.name: s for s in memory.get_finished_spans()}
-    assert set(spans) == {"process t.email.normal", "smtp send", "publish t.email.retry.1"}
+    assert set(spans) == {"process t.email.normal", "smtp send", "send t.email.retry.1"}
     process, smtp, retry = (spans[n] for n in ("process t.email.normal", "smtp send",
-                                               "publish t.email.retry.1"))
+                                               "send t.email.retry.1"))
     assert f"{process.parent.span_id:016x}" == PARENT.span_id
     assert smtp.parent.span_id == retry.parent.span_id == process.context.span_id
     assert smtp.attributes["postroom.smtp.reply_code"] == 451
