@@ -20,7 +20,7 @@ from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import sql, validation
 from relay.errors import InvalidEmailError, SchemaNotReadyError
-from schemas.codec import EmailRequested, SchemaError, event_size
+from schemas.codec import EmailRequested, SchemaError, event_size, requested_event_size
 
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1
@@ -233,19 +233,29 @@ def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any]
                       limits: SizeLimits) -> None:
     """InvalidEmailError when the event of the row with this idempotency key and recipient (the
     longest key of a chunk) would exceed the cap: the relay could never publish it. The event is
-    counted whole: the text and HTML bodies, the attachments' and inline images' paths."""
+    counted whole: the text and HTML bodies, the attachments' and inline images' paths. Counted
+    from the values' lengths; a value the count refuses is encoded, for the encoder's words."""
     key, recipient = key_and_recipient
+    values = {"idempotency_key": key, "message_key": shared["message_key"],
+              "outbox_id": EVENT_SIZE_OUTBOX_ID, "recipient": recipient,
+              "sender": shared["sender"] or "", "subject": shared["subject"],
+              "body": shared["body"], "priority": shared["priority"],
+              "created_at": dt.datetime.now(dt.UTC), "html": shared["html"]}
     try:
-        size = event_size(EmailRequested(
-            idempotency_key=key, message_key=shared["message_key"],
-            outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=recipient, sender=shared["sender"] or "",
-            subject=shared["subject"], body=shared["body"],
-            attachments=tuple(shared["attachments"]), priority=shared["priority"],
-            created_at=dt.datetime.now(dt.UTC), html=shared["html"],
-            inline=tuple(shared["inline"])))
-    except SchemaError as exc:  # text no event can carry: a lone surrogate, say
-        raise InvalidEmailError(f"the email cannot be written as an event: {exc}") from None
+        size = requested_event_size(**values, attachments=shared["attachments"],
+                                    inline=shared["inline"])
+    except SchemaError:
+        size = _encoded_event_size(values, shared)
     if size > limits.event_max_bytes:
         raise InvalidEmailError(
             f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "
             "(POSTROOM_EVENT_MAX_BYTES): shorten the body or attach it as a file")
+
+
+def _encoded_event_size(values: dict[str, Any], shared: dict[str, Any]) -> int:
+    """The event's size by encoding it (the reference requested_event_size is held to)."""
+    try:
+        return event_size(EmailRequested(**values, attachments=tuple(shared["attachments"]),
+                                         inline=tuple(shared["inline"])))
+    except SchemaError as exc:  # text no event can carry: a lone surrogate, say
+        raise InvalidEmailError(f"the email cannot be written as an event: {exc}") from None
