@@ -14,7 +14,8 @@ from support.fuzz import examples
 
 TEXT = st.text(max_size=300) | st.text(st.characters(codec="utf-8"), min_size=60, max_size=9000)
 PATHS = st.lists(st.text(max_size=200), max_size=20)
-MOMENTS = st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31),
+# hypothesis takes naive bounds and makes them aware with the given zones
+MOMENTS = st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31),  # noqa: DTZ001
                        timezones=st.just(dt.UTC))
 OUTBOX_IDS = st.integers(0, 2**63 - 1) | st.sampled_from([0, 63, 64, 2**63 - 1])
 
