@@ -221,9 +221,10 @@ def _check(email: Email, limits: SizeLimits) -> _Message:
 
 def _keys(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[str]:
     """The idempotency keys of a chunk's rows, once the longest one's event fits the cap."""
-    keys = [validation.idempotency_key(shared["message_key"], address) for address in chunk]
-    _check_event_size(max(zip(keys, chunk, strict=True), key=lambda kr: len(kr[0])), shared,
-                      limits)
+    prefix = validation.idempotency_key_prefix(shared["message_key"])
+    keys = [prefix + address.lower() for address in chunk]
+    longest = max(range(len(keys)), key=lambda n: len(keys[n])) if len(keys) > 1 else 0
+    _check_event_size((keys[longest], chunk[longest]), shared, limits)
     return keys
 
 

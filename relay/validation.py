@@ -206,5 +206,10 @@ def idempotency_key(message_key: str, recipient: str) -> str:
     the first unescaped ``|`` ends the message key, so no two pairs share a key. A message key
     without either character keeps the key it always had (migration 0005 rewrote the others).
     """
-    escaped = message_key.replace("\\", "\\\\").replace("|", "\\|")
-    return f"{escaped}|{recipient.lower()}"
+    return idempotency_key_prefix(message_key) + recipient.lower()
+
+
+def idempotency_key_prefix(message_key: str) -> str:
+    """What every idempotency key of ``message_key`` starts with: the escaped key and ``|``
+    (computed once for a message's recipients, not once per row)."""
+    return message_key.replace("\\", "\\\\").replace("|", "\\|") + "|"
