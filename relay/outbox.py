@@ -151,14 +151,16 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
                 raise InvalidEmailError(f"an email must be an Email, not {type(email).__name__}")
             message = _check(email, limits)
             shared = message.shared
-            attachments, inline = json.dumps(shared["attachments"]), json.dumps(shared["inline"])
+            values = {name: shared[name] for name in _SHARED_EMAIL_COLUMNS}
+            values["attachments"] = _json_list(shared["attachments"])
+            values["inline"] = _json_list(shared["inline"])
             for chunk in message.chunks:
                 keys = _keys(shared, chunk, limits)
-                for name in ("message_key", "sender", "subject", "body", "html", "priority",
-                             "available_at"):
-                    columns[name] += [shared[name]] * len(chunk)
-                columns["attachments"] += [attachments] * len(chunk)
-                columns["inline"] += [inline] * len(chunk)
+                for name, value in values.items():
+                    if len(chunk) == 1:
+                        columns[name].append(value)
+                    else:
+                        columns[name] += [value] * len(chunk)
                 columns["idempotency_key"] += keys
                 columns["recipient"] += chunk
                 if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
@@ -170,6 +172,16 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
             new += _insert(conn, statement, {**columns, **traced}, schema)
     log.info("enqueued many: new_rows=%d of=%d", new, given)
     return new
+
+
+# The INSERT_EMAILS columns an email's rows share, as _check names them.
+_SHARED_EMAIL_COLUMNS = ("message_key", "sender", "subject", "body", "html", "priority",
+                         "available_at")
+
+
+def _json_list(paths: list[str]) -> str:
+    """Paths as the JSON array INSERT_EMAILS takes (most emails have none)."""
+    return json.dumps(paths) if paths else "[]"
 
 
 def _trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
