@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -110,17 +111,23 @@ def enqueue(
           conn.begin_nested() if second is not None else contextlib.nullcontext()):
         statement = sql.insert_rows(schema, traced=trace is not None)
         params = {**shared, **_trace_params(trace)}
-        for chunk in itertools.chain((first,), () if second is None else (second,),
-                                     message.chunks):
-            keys = _keys(shared, chunk, limits)
-            if len(chunk) == 1 and FAST_PATH:
-                new += _insert(conn, sql.insert_row(schema, traced=trace is not None),
-                               {**params, "idempotency_key": keys[0], "recipient": chunk[0]},
-                               schema)
+        if second is None:
+            keys = _keys(shared, first, limits)
+            if len(first) == 1 and FAST_PATH:
+                new = _insert(conn, sql.insert_row(schema, traced=trace is not None),
+                              {**params, "idempotency_key": keys[0], "recipient": first[0]},
+                              schema)
             else:
-                new += _insert(conn, statement, {**params, "keys": keys, "recipients": chunk},
-                               schema)
-            given += len(chunk)
+                new = _insert(conn, statement, {**params, "keys": keys, "recipients": first},
+                              schema)
+            given = len(first)
+        else:
+            with _Inserts(conn, schema) as inserts:
+                for chunk in itertools.chain((first, second), message.chunks):
+                    keys = _keys(shared, chunk, limits)
+                    inserts.add(statement, {**params, "keys": keys, "recipients": chunk})
+                    given += len(chunk)
+            new = inserts.new
     log.info("enqueued message_key=%s new_rows=%d of=%d priority=%s html=%s inline=%d",
              shared["message_key"], new, given, shared["priority"], html is not None,
              len(shared["inline"]))
@@ -142,8 +149,9 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
     if isinstance(emails, Email) or not isinstance(emails, Iterable):
         raise InvalidEmailError(f"emails must be a list of Email, not {type(emails).__name__}")
     columns: dict[str, list[Any]] = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
-    new = given = 0
-    with tracing.enqueue_span(None) as trace, conn.begin_nested():
+    given = 0
+    with (tracing.enqueue_span(None) as trace, conn.begin_nested(),
+          _Inserts(conn, schema) as inserts):
         statement = sql.insert_emails(schema, traced=trace is not None)
         traced = _trace_params(trace)
         for email in emails:
@@ -165,11 +173,12 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
                 columns["recipient"] += chunk
                 if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
                     given += len(columns["recipient"])
-                    new += _insert(conn, statement, {**columns, **traced}, schema)
+                    inserts.add(statement, {**columns, **traced})
                     columns = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
         if columns["recipient"]:
             given += len(columns["recipient"])
-            new += _insert(conn, statement, {**columns, **traced}, schema)
+            inserts.add(statement, {**columns, **traced})
+    new = inserts.new
     log.info("enqueued many: new_rows=%d of=%d", new, given)
     return new
 
@@ -243,11 +252,18 @@ def _keys(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[
 def _insert(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],
             schema: str | None) -> int:
     """Insert one chunk's rows; how many are new. SchemaNotReadyError when there is no outbox."""
-    try:
+    with _schema_ready(schema):
         driver = _psycopg_connection(conn) if FAST_PATH else None
         if driver is None:
             return int(conn.execute(statement, params).scalar_one())
         return _insert_on_driver(driver, _connection(conn).dialect, statement, params)
+
+
+@contextlib.contextmanager
+def _schema_ready(schema: str | None) -> Iterator[None]:
+    """SchemaNotReadyError for the statement's error when there is no outbox table."""
+    try:
+        yield
     except sa.exc.ProgrammingError as exc:
         if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
             raise
@@ -255,6 +271,84 @@ def _insert(conn: sa.Connection | Session, statement: sa.TextClause, params: dic
         raise SchemaNotReadyError(
             f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
             "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
+
+
+class _Inserts:
+    """The chunk statements of one call, in order, and how many rows they made new.
+
+    On the fast path they are pipelined on the psycopg connection (its pipeline mode): a chunk
+    is sent once the one before it is written, and the caller checks and builds the next while
+    the server writes it, so the job's CPU and the server's work in parallel. Elsewhere each
+    runs through :func:`_insert`. A refusal raised between chunks leaves after the statement in
+    flight has ended; the caller's savepoint then takes back what the call wrote.
+    """
+
+    def __init__(self, conn: sa.Connection | Session, schema: str | None) -> None:
+        self.conn, self.schema, self.new = conn, schema, 0
+        self._driver = _psycopg_connection(conn) if FAST_PATH else None
+        self._dialect = _connection(conn).dialect
+        self._pipeline: contextlib.ExitStack | None = None
+        self._pending: tuple[psycopg.Cursor[Any], str, dict[str, Any]] | None = None
+
+    def __enter__(self) -> _Inserts:
+        if self._driver is not None:
+            self._pipeline = contextlib.ExitStack()
+            with self._errors(None, None):
+                self._pipeline.enter_context(self._driver.pipeline())
+        return self
+
+    def add(self, statement: sa.TextClause, params: dict[str, Any]) -> None:
+        """Send one chunk's statement, once the one before it is written."""
+        if self._driver is None:
+            self.new += _insert(self.conn, statement, params, self.schema)
+            return
+        self._collect()
+        query = _driver_sql(statement.text, self._dialect, _binary_names(params))
+        cursor = self._driver.cursor()
+        self._pending = (cursor, query, params)
+        with self._errors(query, params):
+            cursor.execute(query, params)
+
+    def _collect(self) -> None:
+        if self._pending is None:
+            return
+        cursor, query, params = self._pending
+        self._pending = None
+        with self._errors(query, params), cursor:
+            row = cursor.fetchone()
+        if row is None:
+            raise sa.exc.NoResultFound("No row was found when one was required")
+        self.new += int(row[0])
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._pipeline is None:
+            return
+        pending = self._pending
+        where = (None, None) if pending is None else (pending[1], pending[2])
+        try:
+            if kind is None:
+                self._collect()
+        except BaseException as error:
+            # leaving the pipeline waits for what is in flight; given an exception, it logs a
+            # second error instead of raising it
+            with self._errors(*where):
+                self._pipeline.__exit__(type(error), error, error.__traceback__)
+            raise
+        with self._errors(*where):
+            self._pipeline.__exit__(kind, exc, traceback)
+
+    @contextlib.contextmanager
+    def _errors(self, query: str | None, params: dict[str, Any] | None) -> Iterator[None]:
+        """psycopg's errors as SQLAlchemy's (as _insert_on_driver raises them), and no outbox
+        as SchemaNotReadyError."""
+        with _schema_ready(self.schema):
+            try:
+                yield
+            except psycopg.Error as exc:
+                raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
+                                                 hide_parameters=True,
+                                                 dialect=self._dialect) from exc
 
 
 def _connection(conn: sa.Connection | Session) -> sa.Connection:

@@ -19,10 +19,12 @@ from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
 from relay import outbox
-from relay.errors import EnqueueError
+from relay.errors import EnqueueError, SchemaNotReadyError
 from support.fuzz import examples
 
 pytestmark = pytest.mark.integration
+
+CHUNK_ROWS = outbox.INSERT_CHUNK_ROWS
 
 ROW_COLUMNS = ("idempotency_key", "message_key", "recipient", "sender", "subject", "body",
                "attachments", "html", "inline", "priority", "status", "attempts")
@@ -71,10 +73,11 @@ def _run(conn: sa.Connection | Session, call: Call) -> object:
         return type(exc).__name__, str(exc)
 
 
-def _outcomes(engine: sa.Engine, script: list[Call], *, fast: bool,
-              session: bool) -> tuple[list[object], list[tuple[Any, ...]], int]:
-    """The calls' results, the rows they wrote and their queue entries, rolled back after."""
-    outbox.FAST_PATH = fast
+def _outcomes(engine: sa.Engine, script: list[Call], *, fast: bool, session: bool,
+              chunk_rows: int) -> tuple[list[object], list[tuple[Any, ...]], int]:
+    """The calls' results, the rows they wrote and their queue entries, rolled back after;
+    ``chunk_rows`` small makes several statements of a call (pipelined on the fast path)."""
+    outbox.FAST_PATH, outbox.INSERT_CHUNK_ROWS = fast, chunk_rows
     with engine.connect() as connection:
         transaction = connection.begin()
         conn: sa.Connection | Session = Session(connection) if session else connection
@@ -89,7 +92,7 @@ def _outcomes(engine: sa.Engine, script: list[Call], *, fast: bool,
             queued = int(_connection(conn).execute(sa.text(
                 "SELECT count(*) FROM outbox_queue JOIN outbox USING (id)")).scalar_one())
         finally:
-            outbox.FAST_PATH = True
+            outbox.FAST_PATH, outbox.INSERT_CHUNK_ROWS = True, CHUNK_ROWS
             transaction.rollback()
     return results, rows, queued
 
@@ -118,10 +121,12 @@ def files(tmp_path: Path) -> list[str]:
 def test_fast_path_and_reference_agree(engine: sa.Engine, files: list[str]) -> None:
     @settings(max_examples=examples(60), deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(script=calls(files), session=st.booleans())
-    def agree(script: list[Call], session: bool) -> None:
-        reference = _outcomes(engine, script, fast=False, session=session)
-        assert _outcomes(engine, script, fast=True, session=session) == reference
+    @given(script=calls(files), session=st.booleans(),
+           chunk_rows=st.sampled_from([1, 2, CHUNK_ROWS]))
+    def agree(script: list[Call], session: bool, chunk_rows: int) -> None:
+        reference = _outcomes(engine, script, fast=False, session=session, chunk_rows=chunk_rows)
+        assert _outcomes(engine, script, fast=True, session=session,
+                         chunk_rows=chunk_rows) == reference
 
     agree()
 
@@ -152,3 +157,19 @@ def test_a_connection_outside_a_transaction_goes_through_sqlalchemy(engine: sa.E
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox")).scalar_one() == 1
 
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_no_outbox_is_told_from_a_pipelined_call_too(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+    """Several statements in flight when the first finds no table: the same refusal."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(outbox, "FAST_PATH", fast)
+    team = [f"user{n}@example.com" for n in range(7)]
+    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nosuch"), \
+            engine.begin() as conn:
+        enqueue(conn, key="k", recipients=team, subject="S", body="b", schema="nosuch")
+    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nosuch"), \
+            engine.begin() as conn:
+        enqueue_many(conn, [Email(key=f"k{n}", recipients=[a], subject="S", body="b")
+                            for n, a in enumerate(team)], schema="nosuch")
