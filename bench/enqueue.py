@@ -1,8 +1,10 @@
 """Enqueue in a job's own transaction: personalised calls, one call with many recipients, and
 enqueue_many, against the local PostgreSQL (issue 26, targets 1 and 2).
 
-Personalised calls run twice, interleaved: with today's header check and with the full build
-(check_composable_by_building, the reference) patched in, so both figures come from one run.
+Each measurement runs with the fast path and, interleaved with it, with the reference
+(relay.outbox.FAST_PATH off: every statement through SQLAlchemy, as INSERT_ROWS or
+INSERT_EMAILS); personalised calls a third time with the full build
+(check_composable_by_building) as the header check, so all figures come from one run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bench.workload import BODY, MAIL_FROM, SUBJECT
 from postroom import Email, enqueue, enqueue_many
 from postroom.mime import check_composable_by_building
 from postroom.settings import Settings
-from relay import validation
+from relay import outbox, validation
 from relay.db import make_engine
 
 RUNS = 3  # of each measurement; the figure is the median, the spread min..max
@@ -43,6 +45,16 @@ def _reference_check() -> Iterator[None]:
         yield
     finally:
         validation.check_composable = fast
+
+
+@contextlib.contextmanager
+def _reference_path() -> Iterator[None]:
+    """enqueue with its fast path off: every statement through SQLAlchemy (the reference)."""
+    outbox.FAST_PATH = False
+    try:
+        yield
+    finally:
+        outbox.FAST_PATH = True
 
 
 def _timed(engine: sa.Engine, work: Callable[[sa.Connection], int]) -> tuple[float, int]:
@@ -94,23 +106,29 @@ def run(base: Settings, options: Options) -> Section:
     bulk_rows = QUICK_BULK_ROWS if quick else BULK_ROWS
     many = QUICK_MANY_EMAILS if quick else MANY_EMAILS
     memory_rows = QUICK_MEMORY_ROWS if quick else MEMORY_ROWS
-    results: dict[str, list[float]] = {"personalised": [], "personalised, full build": [],
-                                       "bulk": [], "many": []}
+    results: dict[str, list[float]] = {
+        "personalised": [], "personalised, reference": [], "personalised, full build": [],
+        "bulk": [], "bulk, reference": [], "many": [], "many, reference": []}
     with scratch(base, "enqueue") as settings:
         engine = make_engine(settings)
         try:
             for run_no in range(RUNS):
                 progress(f"enqueue: run {run_no + 1} of {RUNS}: {calls:,} personalised calls "
-                         f"(twice), {bulk_rows:,} recipients, {many:,} emails at once")
-                seconds, rows = _timed(engine, _personalised(f"p{run_no}", calls))
-                results["personalised"].append(per_s(rows, seconds))
-                with _reference_check():
-                    seconds, rows = _timed(engine, _personalised(f"ref{run_no}", calls))
-                results["personalised, full build"].append(per_s(rows, seconds))
-                seconds, rows = _timed(engine, _bulk(f"bulk{run_no}", bulk_rows))
-                results["bulk"].append(per_s(rows, seconds))
-                seconds, rows = _timed(engine, _many(f"many{run_no}", many))
-                results["many"].append(per_s(rows, seconds))
+                         f"(three ways), {bulk_rows:,} recipients and {many:,} emails at once "
+                         "(two ways each)")
+                for name, work, mode in (
+                        ("personalised", _personalised(f"p{run_no}", calls), None),
+                        ("personalised, reference", _personalised(f"pr{run_no}", calls),
+                         _reference_path),
+                        ("personalised, full build", _personalised(f"ref{run_no}", calls),
+                         _reference_check),
+                        ("bulk", _bulk(f"bulk{run_no}", bulk_rows), None),
+                        ("bulk, reference", _bulk(f"bulkr{run_no}", bulk_rows), _reference_path),
+                        ("many", _many(f"many{run_no}", many), None),
+                        ("many, reference", _many(f"manyr{run_no}", many), _reference_path)):
+                    with mode() if mode is not None else contextlib.nullcontext():
+                        seconds, rows = _timed(engine, work)
+                    results[name].append(per_s(rows, seconds))
             progress(f"enqueue: peak memory of {memory_rows:,} and {2 * memory_rows:,} "
                      "recipients given as an iterator (tracemalloc)")
             peaks = [_peak_mib(engine, f"mem{n}", n * memory_rows) for n in (1, 2)]
@@ -118,17 +136,20 @@ def run(base: Settings, options: Options) -> Section:
             engine.dispose()
     rows_out: list[list[Any]] = []
     labels = {"personalised": f"{calls:,} enqueue calls, one recipient each (calls/s)",
-              "personalised, full build": "  the same with the full build as header check",
+              "personalised, reference": "  the same, fast path off (reference)",
+              "personalised, full build": "  the same, full build as header check",
               "bulk": f"one enqueue call, {bulk_rows:,} recipients (rows/s)",
-              "many": f"enqueue_many, {many:,} one-recipient emails (rows/s)"}
+              "bulk, reference": "  the same, fast path off (reference)",
+              "many": f"enqueue_many, {many:,} one-recipient emails (rows/s)",
+              "many, reference": "  the same, fast path off (reference)"}
     medians: dict[str, float] = {}
     for name, figures in results.items():
         medians[name], spread = _rates(figures)
         rows_out.append([labels[name], fmt_rate(medians[name]), spread])
     section = Section("Enqueue: a job's transaction into the outbox")
     section.lines += [
-        f"each in one transaction, committed; median of {RUNS} runs with their spread; the "
-        "personalised runs interleaved with the full-build ones",
+        f"each in one transaction, committed; median of {RUNS} runs with their spread; each "
+        "run interleaves the fast path, the reference and (personalised) the full build",
         "",
         *table(["what", "median", "min..max"], rows_out),
         "",

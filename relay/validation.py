@@ -6,7 +6,6 @@ every event it reads; here they raise the EnqueueError the caller documents.
 
 from __future__ import annotations
 
-import contextlib
 import mimetypes
 import os
 import stat
@@ -23,13 +22,22 @@ from relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 MAX_HTML_BYTES = 512 * 1024
 
 
-@contextlib.contextmanager
-def _as_enqueue_error(error: type[EnqueueError] = InvalidEmailError) -> Iterator[None]:
-    """postroom.rules' refusal, raised as the EnqueueError the caller documents."""
-    try:
-        yield
-    except InvalidContentError as exc:
-        raise error(str(exc)) from None
+class _as_enqueue_error:
+    """postroom.rules' refusal, raised as the EnqueueError the caller documents. A class, not
+    a generator: an invoice's checks enter it seven times, 1.2 µs each as @contextmanager."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: type[EnqueueError] = InvalidEmailError) -> None:
+        self.error = error
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: object) -> None:
+        if kind is not None and issubclass(kind, InvalidContentError):
+            raise self.error(str(exc)) from None
 
 
 def check_address(address: object, *, what: str = "recipient") -> str:
@@ -147,6 +155,8 @@ def check_files(paths: Sequence[str | Path], max_bytes: int, total_max_bytes: in
     if isinstance(paths, bytes | bytearray) or not isinstance(paths, Iterable):
         raise InvalidEmailError(f"{what}s must be a list of paths, not {type(paths).__name__}")
     paths = list(paths)
+    if not paths:
+        return [], counted_bytes
     with _as_enqueue_error():
         rules.check_attachment_count(len(paths))
     result: list[str] = []
@@ -196,5 +206,10 @@ def idempotency_key(message_key: str, recipient: str) -> str:
     the first unescaped ``|`` ends the message key, so no two pairs share a key. A message key
     without either character keeps the key it always had (migration 0005 rewrote the others).
     """
-    escaped = message_key.replace("\\", "\\\\").replace("|", "\\|")
-    return f"{escaped}|{recipient.lower()}"
+    return idempotency_key_prefix(message_key) + recipient.lower()
+
+
+def idempotency_key_prefix(message_key: str) -> str:
+    """What every idempotency key of ``message_key`` starts with: the escaped key and ``|``
+    (computed once for a message's recipients, not once per row)."""
+    return message_key.replace("\\", "\\\\").replace("|", "\\|") + "|"

@@ -1,0 +1,175 @@
+"""enqueue's fast path (INSERT_ROW for one recipient, statements on the psycopg connection with
+lists of strings in binary) writes the same rows, returns the same counts and raises the same
+refusals as the reference, every statement through SQLAlchemy (issue 26)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy.orm import Session
+
+from postroom import Email, enqueue, enqueue_many
+from relay import outbox
+from relay.errors import EnqueueError, SchemaNotReadyError
+from support.fuzz import examples
+
+pytestmark = pytest.mark.integration
+
+CHUNK_ROWS = outbox.INSERT_CHUNK_ROWS
+
+ROW_COLUMNS = ("idempotency_key", "message_key", "recipient", "sender", "subject", "body",
+               "attachments", "html", "inline", "priority", "status", "attempts")
+# What array literals quote or escape, what JSON escapes, and what no row may hold.
+TRICKY = st.sampled_from(['"', "\\", "{", "}", ",", " ", "NULL", "é", "|", "'", "\t", "\n",
+                          "\x00", "\ud800", "=?utf-8?q?=0D=0A?=", "[]"])
+TEXT = st.lists(st.text(max_size=6) | TRICKY, max_size=4).map("".join)
+ADDRESSES = st.sampled_from(["a@example.com", "A@Example.com", "b.c+d@example.org",
+                             " e@example.net ", "bad", "x@-y.com", "ü@exämple.de"])
+SEND_AFTER = st.none() | st.just(dt.datetime(2026, 12, 24, 7, 0, tzinfo=dt.UTC))
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One enqueue (emails of one) or one enqueue_many (emails of several)."""
+
+    many: bool
+    emails: tuple[dict[str, Any], ...]
+
+
+def _email(draw: st.DrawFn, files: list[str]) -> dict[str, Any]:
+    return {"key": draw(st.none() | st.sampled_from(["k", "k|1", "k\\2"]) | TEXT),
+            "recipients": draw(st.lists(ADDRESSES, min_size=0, max_size=4)),
+            "subject": draw(st.sampled_from(["Invoice", "Q3 report"]) | TEXT),
+            "body": draw(TEXT), "sender": draw(st.none() | ADDRESSES),
+            "html": draw(st.none() | TEXT), "attachments": draw(st.lists(st.sampled_from(files),
+                                                                         max_size=2)),
+            "priority": draw(st.sampled_from(["normal", "high", "urgent"])),
+            "send_after": draw(SEND_AFTER)}
+
+
+@st.composite
+def calls(draw: st.DrawFn, files: list[str]) -> list[Call]:
+    made = [Call(many=draw(st.booleans()),
+                 emails=tuple(_email(draw, files) for _ in range(draw(st.integers(1, 3)))))
+            for _ in range(draw(st.integers(1, 4)))]
+    return made + draw(st.lists(st.sampled_from(made), max_size=2))  # reruns of some
+
+
+def _run(conn: sa.Connection | Session, call: Call) -> object:
+    try:
+        if call.many:
+            return enqueue_many(conn, [Email(**email) for email in call.emails])
+        return [enqueue(conn, **email) for email in call.emails]
+    except EnqueueError as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _outcomes(engine: sa.Engine, script: list[Call], *, fast: bool, session: bool,
+              chunk_rows: int) -> tuple[list[object], list[tuple[Any, ...]], int]:
+    """The calls' results, the rows they wrote and their queue entries, rolled back after;
+    ``chunk_rows`` small makes several statements of a call (pipelined on the fast path)."""
+    outbox.FAST_PATH, outbox.INSERT_CHUNK_ROWS = fast, chunk_rows
+    with engine.connect() as connection:
+        transaction = connection.begin()
+        conn: sa.Connection | Session = Session(connection) if session else connection
+        try:
+            results = []
+            for call in script:
+                with _savepoint(conn):
+                    results.append(_run(conn, call))
+            rows = [tuple(row) for row in _connection(conn).execute(sa.text(
+                f"SELECT {', '.join(ROW_COLUMNS)}, available_at = created_at, "
+                "available_at - created_at > interval '1 day' FROM outbox ORDER BY id"))]
+            queued = int(_connection(conn).execute(sa.text(
+                "SELECT count(*) FROM outbox_queue JOIN outbox USING (id)")).scalar_one())
+        finally:
+            outbox.FAST_PATH, outbox.INSERT_CHUNK_ROWS = True, CHUNK_ROWS
+            transaction.rollback()
+    return results, rows, queued
+
+
+def _connection(conn: sa.Connection | Session) -> sa.Connection:
+    return conn.connection() if isinstance(conn, Session) else conn
+
+
+@contextlib.contextmanager
+def _savepoint(conn: sa.Connection | Session) -> Iterator[None]:
+    """Each call in a savepoint of its own, as a job that goes on after a refusal would."""
+    with conn.begin_nested():
+        yield
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[str]:
+    made = []
+    for name in ("report.pdf", 'a "quoted", {braced} name.txt', "back\\slash.csv"):
+        path = tmp_path / name
+        path.write_bytes(b"data")
+        made.append(str(path))
+    return made
+
+
+def test_fast_path_and_reference_agree(engine: sa.Engine, files: list[str]) -> None:
+    @settings(max_examples=examples(60), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(script=calls(files), session=st.booleans(),
+           chunk_rows=st.sampled_from([1, 2, CHUNK_ROWS]))
+    def agree(script: list[Call], session: bool, chunk_rows: int) -> None:
+        reference = _outcomes(engine, script, fast=False, session=session, chunk_rows=chunk_rows)
+        assert _outcomes(engine, script, fast=True, session=session,
+                         chunk_rows=chunk_rows) == reference
+
+    agree()
+
+
+def test_the_fast_path_is_taken(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a vacuous agreement: a job's psycopg connection gets the statement itself."""
+    taken: list[str] = []
+    real = outbox._insert_on_driver
+
+    def spy(driver: Any, dialect: Any, statement: sa.TextClause, params: dict[str, Any]) -> int:
+        taken.append("INSERT_ROW" if "VALUES" in statement.text else "INSERT_ROWS")
+        return real(driver, dialect, statement, params)
+
+    monkeypatch.setattr(outbox, "_insert_on_driver", spy)
+    with engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b") == 1
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b") == 1
+    assert taken == ["INSERT_ROW", "INSERT_ROWS"]
+
+
+def test_a_connection_outside_a_transaction_goes_through_sqlalchemy(engine: sa.Engine) -> None:
+    """Its autobegun transaction is one the caller's commit() commits."""
+    with engine.connect() as conn:
+        assert not conn.in_transaction()
+        assert enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b") == 1
+        conn.commit()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox")).scalar_one() == 1
+
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_no_outbox_is_told_from_a_pipelined_call_too(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+    """Several statements in flight when the first finds no table: the same refusal."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(outbox, "FAST_PATH", fast)
+    team = [f"user{n}@example.com" for n in range(7)]
+    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nosuch"), \
+            engine.begin() as conn:
+        enqueue(conn, key="k", recipients=team, subject="S", body="b", schema="nosuch")
+    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nosuch"), \
+            engine.begin() as conn:
+        enqueue_many(conn, [Email(key=f"k{n}", recipients=[a], subject="S", body="b")
+                            for n, a in enumerate(team)], schema="nosuch")
