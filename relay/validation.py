@@ -14,7 +14,7 @@ from pathlib import Path
 
 from postroom import rules
 from postroom.errors import InvalidContentError
-from postroom.mime import check_composable
+from postroom.mime import check_composable, check_recipient_composable
 from postroom.topics import Priority
 from relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 
@@ -64,9 +64,12 @@ def _chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
     chunk: list[str] = []
     for raw in recipients:
         try:
-            chunk.append(check(raw))
+            address = check(raw)
+            # Each recipient's To header, not only the first's: the sender builds one per row.
+            check_recipient_composable(address)
         except InvalidContentError as exc:
             raise InvalidEmailError(str(exc)) from None
+        chunk.append(address)
         if len(chunk) == size:
             yield chunk
             chunk = []

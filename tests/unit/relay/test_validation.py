@@ -61,3 +61,13 @@ def test_recipients_are_checked_chunk_by_chunk_as_they_are_asked_for() -> None:
     assert next(bad) == ["a@example.com", "b@example.com"]
     with pytest.raises(EnqueueError, match="'nope' is not of the form local@domain"):
         next(bad)
+
+
+def test_every_recipients_header_is_checked_not_only_the_firsts() -> None:
+    """An encoded line break in the second recipient's local part: the sender's build refuses
+    it, so enqueue must too (it checked the first recipient's headers only)."""
+    with pytest.raises(EnqueueError, match="cannot|header"):
+        list(validation.recipient_chunks(
+            ["ok@example.com", "=?utf-8?q?a=0D=0A?=@example.com"], 10))
+    assert list(validation.recipient_chunks(["ok@example.com", "José@example.com"], 10)) == [
+        ["ok@example.com", "José@example.com"]]
