@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -658,7 +658,3 @@ def watch(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None, every_s
             log.warning("lag sample failed (%s); trying again in %.0fs",
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__, every_s)
         stop.wait(max(0.0, every_s - (time.monotonic() - started)))
-
-
-def partitions_of(report: LagReport) -> Iterable[PartitionReport]:
-    return (p for g in report.groups for p in g.partitions)

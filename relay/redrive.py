@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import logging
 import time
 import uuid
@@ -307,10 +306,3 @@ def render_plan(plan: RedrivePlan, verb: str) -> list[str]:
               for row in plan.rows]
     lines += [f"  skip {_one_line(key)}: {why}" for key, why in plan.skipped]
     return lines
-
-
-def plan_json(plan: RedrivePlan, done: Sequence[RedriveRow] | None) -> str:
-    return json.dumps({
-        "rows": [dataclasses.asdict(row) for row in plan.rows],
-        "skipped": [{"key": key, "why": why} for key, why in plan.skipped],
-        "done": None if done is None else [row.idempotency_key for row in done]})
