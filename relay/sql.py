@@ -183,9 +183,14 @@ RECORD_RESULT = sa.text("""
 # -- reports that come after the server accepted an email (postroom bounces), the suppression list
 
 # The row a report names, as RECORD_RESULT matches a result's row: id, key (either form) and
-# recipient. A report naming no row of ours changes nothing.
+# recipient. A report naming no row of ours changes nothing. ``redriven``: pending again after it
+# was published, queued by a redrive (a row pending and never marked published is one the relay
+# published and Kafka acknowledged, its MARK_PUBLISHED not yet run: a redrive takes only rows off
+# the queue, and a row off it was marked published, or failed by the relay unsent, tokenless).
 _REPORT_ROW = """
-    SELECT id, lower(recipient) AS address, status, last_error FROM outbox
+    SELECT id, lower(recipient) AS address, status, last_error,
+           status = 'pending' AND published_at IS NOT NULL AS redriven
+    FROM outbox
     WHERE id = :outbox_id
       AND (idempotency_key = :idempotency_key
            OR message_key || '|' || lower(recipient) = :idempotency_key)
@@ -206,17 +211,18 @@ _SUPPRESS_ADDRESS = """
 
 # A hard bounce: the row ends 'bounced' with the notice's status and diagnostic as its last
 # error, whether it was recorded sent or not yet (a bounce can come 31 ms after the 250, before
-# the sender's result is recorded; a signed token says the email went out). A row that ended
-# failed or dead keeps its state, which says what the sender saw, and takes the notice as its
-# last error; so does a pending one (queued again by a redrive: the relay finishes it as
-# suppressed when it claims it, the address being suppressed now). A 'bounced' or 'suppressed'
-# row is left alone, so a notice read twice changes nothing. The address is suppressed once,
-# when its row changed. Returns (rows changed, addresses suppressed or extended).
+# the sender's result is recorded; a signed token says the email went out), also a pending one
+# the relay has published but not yet marked so (MARK_PUBLISHED keeps the bounced state). A row
+# that ended failed or dead keeps its state, which says what the sender saw, and takes the notice
+# as its last error; so does a redriven one (queued again: the relay finishes it as suppressed
+# when it claims it, the address being suppressed now). A 'bounced' or 'suppressed' row is left
+# alone, so a notice read twice changes nothing. The address is suppressed once, when its row
+# changed. Returns (rows changed, addresses suppressed or extended).
 RECORD_BOUNCE = sa.text(f"""
     WITH matched AS ({_REPORT_ROW}),
     changed AS (
         UPDATE outbox AS o
-        SET status = CASE WHEN m.status IN ('failed', 'dead', 'pending') THEN o.status
+        SET status = CASE WHEN m.status IN ('failed', 'dead') OR m.redriven THEN o.status
                           ELSE 'bounced' END,
             last_error = :error,
             smtp_code = COALESCE(:smtp_code, o.smtp_code),
@@ -225,7 +231,7 @@ RECORD_BOUNCE = sa.text(f"""
             updated_at = now()
         FROM matched AS m
         WHERE o.id = m.id AND m.status NOT IN ('bounced', 'suppressed')
-          AND (m.status NOT IN ('failed', 'dead', 'pending')
+          AND (NOT (m.status IN ('failed', 'dead') OR m.redriven)
                OR m.last_error IS DISTINCT FROM :error)
         RETURNING m.address
     ),

@@ -20,7 +20,7 @@ from postroom import enqueue
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic, results_topic
-from relay import suppression
+from relay import redrive, sql, suppression
 from relay.publisher import Relay
 from relay.recorder import (
     REPORT_STATUSES,
@@ -172,11 +172,37 @@ def test_a_bounce_for_a_row_queued_again_leaves_it_to_the_relay_to_suppress(
     records its error and suppresses the address; the relay then finishes the row suppressed
     instead of publishing it to a bounced address."""
     [row] = rows_of(engine, "again", ["moved@example.com"]).values()
+    assert Relay(settings, engine).publish_once() == 1
+    record(engine, [result(row, S.FAILED, smtp_code=550, error="550 5.1.1 moved")])
+    assert [r.id for r in redrive.redrive(engine, redrive.plan_requeue(engine, "again", None))
+            ] == [row.id]
     record(engine, [bounced(row)])
     after = state(engine, row)
     assert after.status == "pending" and after.last_error.startswith("bounced 5.1.1")
     assert Relay(settings, engine).publish_once() == 0
     assert state(engine, row).status == "suppressed"
+
+
+def test_a_bounce_before_the_relay_marks_its_row_published_ends_it_bounced(
+        settings: Settings, engine: sa.Engine) -> None:
+    """Between Kafka's acknowledgement and the relay's MARK_PUBLISHED the row is still pending
+    (and on the queue): a bounce then is of the email just sent, not of an earlier attempt, so
+    the row ends bounced as a published one does, and the mark keeps it so. It stayed pending,
+    and with the relay's claim gone by then nothing finished it (issue 24's review)."""
+    [row] = rows_of(engine, "fast", ["gone@example.com"]).values()
+    with engine.begin() as conn:  # the relay's claim, published and acknowledged, unmarked
+        [claimed] = sql.claim_due(conn, 10, 30.0)
+    record(engine, [bounced(row, minutes=0)])
+    assert state(engine, row).status == "bounced"
+    with engine.begin() as conn:
+        conn.execute(sql.MARK_PUBLISHED, {"ids": [claimed.outbox_id]})
+    after = state(engine, row)
+    assert after.status == "bounced" and after.last_error.startswith("bounced 5.1.1")
+    record(engine, [sent(row)])
+    assert state(engine, row).status == "bounced"
+    assert "gone@example.com" in listed(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one() == 0
 
 
 def test_a_delay_notice_is_the_last_error_and_the_state_stays(engine: sa.Engine) -> None:
