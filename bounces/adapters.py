@@ -23,6 +23,12 @@ from schemas.codec import EmailResult, Framing
 # to try again (Postfix waits 600 s for the reply to the message: smtp_data_done_timeout).
 PUBLISH_TIMEOUT_S = 30.0
 POLL_S = 0.05
+# How long the read of a token's row may take before the MTA is told to try again: a database
+# that does not answer (a migration's ACCESS EXCLUSIVE lock held, a server stalled) must not
+# hold the session until the MTA gives up on it. The connection itself is bounded by
+# relay.db's connect_timeout and the pool's wait.
+READ_TIMEOUT_S = 30.0
+_STATEMENT_TIMEOUT = sa.text("SELECT set_config('statement_timeout', :ms, true)")
 
 
 class DatabaseRows:
@@ -34,8 +40,12 @@ class DatabaseRows:
     def row(self, outbox_id: int) -> OutboxRow | None:
         try:
             with self._engine.connect() as conn:
+                # For this transaction only (set_config's is_local): the pool's connection
+                # goes back to its other users as it came.
+                conn.execute(_STATEMENT_TIMEOUT, {"ms": str(round(READ_TIMEOUT_S * 1000))})
                 found = conn.execute(ROW_OF_REPORT, {"id": outbox_id}).first()
-        except sa.exc.DBAPIError as exc:
+        except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:
+            # TimeoutError: no connection came from the pool in time.
             raise UnavailableError(f"the database: {first_line(exc)}") from exc
         if found is None:
             return None

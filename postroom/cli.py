@@ -704,10 +704,10 @@ def cmd_suppression_remove(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _expiry(text: str) -> float:
-    from postroom.settings import parse_duration_s
+    from postroom.settings import parse_period_s
 
     try:
-        return parse_duration_s(text)
+        return parse_period_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -27,6 +27,10 @@ PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 REGISTRY_TIMEOUT_S = 10
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# The longest a bounce token may live or an address stay suppressed: far more than any policy
+# needs, and far enough from the end of Python's datetime (9999) and a timedelta (999,999,999
+# days) that a date computed from it stays one.
+LONGEST_PERIOD_S = 36500 * 86400.0
 # librdkafka settings that carry secrets: masked when a config is shown, and a ";" inside their
 # value does not start a new entry. Beside these, any key with a part that names a secret
 # (_SECRET_WORDS: sasl.oauthbearer.assertion.private.key.passphrase, ...private.key.pem).
@@ -80,6 +84,15 @@ def parse_duration_s(text: str) -> float:
         raise ValueError(f"a duration must be positive: {text!r}")
     if not math.isfinite(value):
         raise ValueError(f"not a duration: {_shown(text)} is too long")
+    return value
+
+
+def parse_period_s(text: str) -> float:
+    """A duration of at most LONGEST_PERIOD_S (a token's life, a suppression's): dates are
+    computed from it, and one past what a timestamp holds would fail where it is used."""
+    value = parse_duration_s(text)
+    if value > LONGEST_PERIOD_S:
+        raise ValueError(f"at most 100 years (36500d), got {_shown(text.strip())}")
     return value
 
 
@@ -619,8 +632,8 @@ FIELDS: dict[str, tuple[str, Any]] = {
     ENV_PREFIX + "BOUNCE_ADDRESS": ("bounce_address", _bounce_address),
     ENV_PREFIX + "BOUNCE_SECRET": ("bounce_secrets", _bounce_secrets),
     ENV_PREFIX + "BOUNCE_LISTEN": ("bounce_listen", _listen),
-    ENV_PREFIX + "BOUNCE_TOKEN_MAX_AGE": ("bounce_token_max_age_s", parse_duration_s),
-    ENV_PREFIX + "SUPPRESSION_EXPIRY": ("suppression_expiry_s", parse_duration_s),
+    ENV_PREFIX + "BOUNCE_TOKEN_MAX_AGE": ("bounce_token_max_age_s", parse_period_s),
+    ENV_PREFIX + "SUPPRESSION_EXPIRY": ("suppression_expiry_s", parse_period_s),
     ENV_PREFIX + "SOFT_BOUNCE_LIMIT": ("soft_bounce_limit", _limit_or_off),
 }
 

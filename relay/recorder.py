@@ -55,6 +55,11 @@ RETRY_BACKOFF_S = 2.0
 ERROR_MAX_CHARS = 2000
 MESSAGE_ID_MAX_CHARS = 998
 ENHANCED_CODE_MAX_CHARS = 32
+# How far ahead of the recorder's clock a result may be dated: hosts' clocks differ by seconds,
+# not a day. A later date is forged or broken, and would be read as a date to compute from (a
+# suppression's expiry, past the end of datetime at 9999-12-31), a sent_at no purge reaches, or
+# an entry past the year 9999 that `suppression list` cannot read back.
+RESULT_MAX_AHEAD_S = 86400.0
 # PostgreSQL text holds no NUL, and psycopg cannot send a lone surrogate.
 _NUL = "\x00"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -93,15 +98,20 @@ def result_params(result: EmailResult, max_attempt: int) -> dict[str, Any]:
     }
 
 
-def result_problem(result: EmailResult) -> str | None:
-    """Why ``result`` cannot be a result the sender wrote, or None. The row itself is matched in
-    RECORD_RESULT (id, key and recipient), and so is the attempt's upper bound: a redriven row's
-    attempts go on past the tiers, so a result may be at most ``max_attempt`` past the row's."""
+def result_problem(result: EmailResult, now: dt.datetime | None = None) -> str | None:
+    """Why ``result`` cannot be a result the sender (or postroom bounces) wrote at ``now``
+    (None: the wall clock), or None. The row itself is matched in RECORD_RESULT (id, key and
+    recipient), and so is the attempt's upper bound: a redriven row's attempts go on past the
+    tiers, so a result may be at most ``max_attempt`` past the row's."""
     for name, text in (("key", result.idempotency_key), ("recipient", result.recipient)):
         if _NUL in text or _SURROGATE.search(text):
             return f"its {name} holds a NUL or a lone surrogate: it names no row"
     if result.attempt < 1:
         return f"attempt {result.attempt} is below 1"
+    latest = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(seconds=RESULT_MAX_AHEAD_S)
+    if result.occurred_at > latest:
+        return (f"it occurred at {result.occurred_at.isoformat()}, more than "
+                f"{RESULT_MAX_AHEAD_S / 3600:g} h ahead of this clock")
     if result.status is DeliveryStatus.RETRYING and result.next_attempt_at is None:
         return "a retrying result without next_attempt_at"
     if result.status is not DeliveryStatus.RETRYING and result.next_attempt_at is not None:

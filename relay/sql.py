@@ -141,11 +141,22 @@ RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id 
 # Applies one delivery result. Results for a key arrive in order on one partition, but a replay
 # or a late duplicate may bring an older one, or the row's own latest one again: it applies only
 # when it is ahead of the row, ordering by attempt and then by how final the status is, so a
-# replay changes nothing; 'sent' is never undone, nor are the later final states 'bounced' (a
-# delivery status notification came) and 'suppressed' (never attempted). A result must name its
-# row consistently: id, key (as now written, or as written before migration 0005, for events still
-# in flight) and recipient; one written to the results topic by anyone else for a row it does not
-# match changes nothing.
+# replay changes nothing; 'sent' is never undone, nor is the later final state 'suppressed' (never
+# attempted), nor 'bounced' (a delivery status notification came) but as said below. A result
+# must name its row consistently: id, key (as now written, or as written before migration 0005,
+# for events still in flight) and recipient; one written to the results topic by anyone else for
+# a row it does not match changes nothing.
+# A 'bounced' row still takes what the sender's results say of its attempts, so that the row ends
+# the same whether the bounce was recorded before them or after (a bounce can come 31 ms after
+# the 250, and a recorder batch applies its results before its reports): a 'sent' result fills
+# attempts, sent_at and message_id, a 'retrying' one the attempts, each keeping the row bounced;
+# the bounce's last error stays, and its SMTP and enhanced codes, the result's filling only what
+# the bounce left NULL (a bounce that gave none leaves the codes of the row before it, where a
+# same-batch order would have left the result's). A 'failed' or 'dead' result of the row's latest
+# attempt or a later one, on a row never recorded sent, ends the row failed or dead with the
+# bounce's error kept: that is what a bounce recorded after it leaves (RECORD_BOUNCE keeps a row
+# the sender ended, which says what the sender saw last, and takes the notice as its error), and
+# the attempts then count every attempt made. The address is suppressed in either order.
 # A 'sent' result also outranks a poison refusal ('failed', 'poison: ...') of any attempt: a
 # copy of the row's record that the sender refused, or a forgery under its key, must not hide
 # that its event went out. A poison refusal applies to the row's next attempt at most (a forged
@@ -153,39 +164,56 @@ RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id 
 # bigint: a row written by SQL may hold attempts at the int limit.
 RECORD_RESULT = sa.text("""
     UPDATE outbox
-    SET status = :status,
+    SET status = CASE WHEN status = 'bounced' AND CAST(:status AS text) IN ('sent', 'retrying')
+                      THEN status ELSE :status END,
         attempts = :attempt,
-        last_error = COALESCE(:error, last_error),
-        smtp_code = COALESCE(:smtp_code, smtp_code),
-        enhanced_code = COALESCE(:enhanced_code, enhanced_code),
+        last_error = CASE WHEN status = 'bounced' THEN last_error
+                          ELSE COALESCE(:error, last_error) END,
+        smtp_code = CASE WHEN status = 'bounced' THEN COALESCE(smtp_code, :smtp_code)
+                         ELSE COALESCE(:smtp_code, smtp_code) END,
+        enhanced_code = CASE WHEN status = 'bounced'
+                             THEN COALESCE(enhanced_code, CAST(:enhanced_code AS text))
+                             ELSE COALESCE(:enhanced_code, enhanced_code) END,
         message_id = COALESCE(:message_id, message_id),
         sent_at = CASE WHEN :status = 'sent' THEN :occurred_at ELSE sent_at END,
-        next_attempt_at = :next_attempt_at,
+        next_attempt_at = CASE WHEN status = 'bounced' THEN NULL
+                               ELSE CAST(:next_attempt_at AS timestamptz) END,
         updated_at = now()
     WHERE id = :outbox_id
       AND (idempotency_key = :idempotency_key
            OR message_key || '|' || lower(recipient) = :idempotency_key)
       AND lower(recipient) = lower(:recipient)
-      AND status NOT IN ('sent', 'bounced', 'suppressed')
+      AND status NOT IN ('sent', 'suppressed')
       AND CAST(:attempt AS bigint) <= CAST(attempts AS bigint) + CAST(:max_attempt AS bigint)
       AND (CAST(:status AS text) <> 'failed'
            OR NOT starts_with(COALESCE(CAST(:error AS text), ''), 'poison: ')
            OR CAST(:attempt AS bigint) <= CAST(attempts AS bigint) + 1)
-      AND (attempts < :attempt
-           OR (attempts = :attempt AND
-               (CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
-                            ELSE 0 END)
-               < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END))
-           OR (status = 'failed' AND CAST(:status AS text) = 'sent'
-               AND starts_with(last_error, 'poison: ')))
+      AND CASE WHEN status = 'bounced' THEN
+               sent_at IS NULL
+               AND (attempts < :attempt
+                    OR (attempts = :attempt AND CAST(:status AS text) <> 'retrying'))
+          ELSE
+               attempts < :attempt
+               OR (attempts = :attempt AND
+                   (CASE status WHEN 'retrying' THEN 1 WHEN 'failed' THEN 2 WHEN 'dead' THEN 2
+                                ELSE 0 END)
+                   < (CASE CAST(:status AS text) WHEN 'retrying' THEN 1 ELSE 2 END))
+               OR (status = 'failed' AND CAST(:status AS text) = 'sent'
+                   AND starts_with(last_error, 'poison: '))
+          END
 """)
 
 # -- reports that come after the server accepted an email (postroom bounces), the suppression list
 
 # The row a report names, as RECORD_RESULT matches a result's row: id, key (either form) and
-# recipient. A report naming no row of ours changes nothing.
+# recipient. A report naming no row of ours changes nothing. ``redriven``: pending again after it
+# was published, queued by a redrive (a row pending and never marked published is one the relay
+# published and Kafka acknowledged, its MARK_PUBLISHED not yet run: a redrive takes only rows off
+# the queue, and a row off it was marked published, or failed by the relay unsent, tokenless).
 _REPORT_ROW = """
-    SELECT id, lower(recipient) AS address, status, last_error FROM outbox
+    SELECT id, lower(recipient) AS address, status, last_error,
+           status = 'pending' AND published_at IS NOT NULL AS redriven
+    FROM outbox
     WHERE id = :outbox_id
       AND (idempotency_key = :idempotency_key
            OR message_key || '|' || lower(recipient) = :idempotency_key)
@@ -206,17 +234,18 @@ _SUPPRESS_ADDRESS = """
 
 # A hard bounce: the row ends 'bounced' with the notice's status and diagnostic as its last
 # error, whether it was recorded sent or not yet (a bounce can come 31 ms after the 250, before
-# the sender's result is recorded; a signed token says the email went out). A row that ended
-# failed or dead keeps its state, which says what the sender saw, and takes the notice as its
-# last error; so does a pending one (queued again by a redrive: the relay finishes it as
-# suppressed when it claims it, the address being suppressed now). A 'bounced' or 'suppressed'
-# row is left alone, so a notice read twice changes nothing. The address is suppressed once,
-# when its row changed. Returns (rows changed, addresses suppressed or extended).
+# the sender's result is recorded; a signed token says the email went out), also a pending one
+# the relay has published but not yet marked so (MARK_PUBLISHED keeps the bounced state). A row
+# that ended failed or dead keeps its state, which says what the sender saw, and takes the notice
+# as its last error; so does a redriven one (queued again: the relay finishes it as suppressed
+# when it claims it, the address being suppressed now). A 'bounced' or 'suppressed' row is left
+# alone, so a notice read twice changes nothing. The address is suppressed once, when its row
+# changed. Returns (rows changed, addresses suppressed or extended).
 RECORD_BOUNCE = sa.text(f"""
     WITH matched AS ({_REPORT_ROW}),
     changed AS (
         UPDATE outbox AS o
-        SET status = CASE WHEN m.status IN ('failed', 'dead', 'pending') THEN o.status
+        SET status = CASE WHEN m.status IN ('failed', 'dead') OR m.redriven THEN o.status
                           ELSE 'bounced' END,
             last_error = :error,
             smtp_code = COALESCE(:smtp_code, o.smtp_code),
@@ -225,7 +254,7 @@ RECORD_BOUNCE = sa.text(f"""
             updated_at = now()
         FROM matched AS m
         WHERE o.id = m.id AND m.status NOT IN ('bounced', 'suppressed')
-          AND (m.status NOT IN ('failed', 'dead', 'pending')
+          AND (NOT (m.status IN ('failed', 'dead') OR m.redriven)
                OR m.last_error IS DISTINCT FROM :error)
         RETURNING m.address
     ),

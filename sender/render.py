@@ -37,6 +37,7 @@ LARGEST_SHARE = 8
 # (other atext characters, such as = and ?, the email package may quote or decode).
 _PLAIN_ADDRESS = re.compile(r"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*")
 _HOLES = (b"To: ", b"Date: ", b"Message-ID: ")
+ADDRESS_HEADERS = ("From", "Sender", "Reply-To", "To", "Cc", "Bcc")
 _PLACEHOLDER_RECIPIENT = "placeholder@example.invalid"
 _PLACEHOLDER_NOW = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
@@ -211,6 +212,11 @@ class Templated:
     def message_id(self) -> str:
         return self.lines.message_id.removeprefix(b"Message-ID: ").decode("ascii")
 
+    @property
+    def header_addresses(self) -> tuple[str, ...]:
+        """What its From and To headers were made of (build_message writes no other)."""
+        return (self.event.sender, self.event.recipient)
+
     def serialise(self, *, utf8: bool, eight_bit: bool) -> bytes:
         template = self.cache.get(self.event, utf8=utf8, eight_bit=eight_bit)
         return template.fill(self.lines.to, self.lines.date, self.lines.message_id)
@@ -232,6 +238,17 @@ class Built:
     @property
     def message_id(self) -> str:
         return str(self.message["Message-ID"])
+
+    @property
+    def header_addresses(self) -> tuple[str, ...]:
+        """The addresses of its address headers (a header of another policy's, as its text)."""
+        found: list[str] = []
+        for name in ADDRESS_HEADERS:
+            for header in self.message.get_all(name) or ():
+                addresses = getattr(header, "addresses", None)
+                found.extend(str(header) if addresses is None else
+                             (address.addr_spec for address in addresses))
+        return tuple(found)
 
     def serialise(self, *, utf8: bool, eight_bit: bool) -> bytes:
         return serialise(self.message, utf8=utf8, eight_bit=eight_bit)

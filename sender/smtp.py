@@ -339,7 +339,7 @@ class SmtpPool:
         on_accepted: OnAccepted | None, dsn_envid: str | None = None,
     ) -> tuple[SmtpReply, bool]:
         """MAIL, RCPT, DATA: the final reply, and whether the connection can be reused."""
-        utf8 = not (sender.isascii() and recipient.isascii())
+        utf8 = not (sender.isascii() and recipient.isascii()) or _headers_need_utf8(message)
         if utf8 and not smtp.supports_extension("smtputf8"):
             return SmtpReply(Stage.MAIL_FROM, None,
                              "a non-ASCII address needs SMTPUTF8, which the server does not offer",
@@ -521,6 +521,15 @@ def _tls_context(config: SmtpConfig) -> ssl.SSLContext:
             raise ConfigError("POSTROOM_SMTP_TLS_CA_FILE",
                               f"cannot load {config.tls_ca_file}: {exc}") from exc
     return context
+
+
+def _headers_need_utf8(message: Payload) -> bool:
+    """Whether an address in ``message``'s headers has a non-ASCII local part (its domain goes
+    as IDNA): it is written as UTF-8 only under SMTPUTF8 (RFC 6532), and without it the email
+    package puts an encoded word in the addr-spec (``=?utf-8?q?jos=C3=A9?=@example.com``), which
+    RFC 2047 forbids. The envelope says nothing of the From when its sender is the return path
+    (POSTROOM_BOUNCE_ADDRESS)."""
+    return not all(envelope(address)[0].isascii() for address in message.header_addresses)
 
 
 def envelope(address: str) -> tuple[str, str | None]:

@@ -672,6 +672,72 @@ def test_a_non_ascii_local_part_is_refused_clearly_without_smtputf8() -> None:
     assert server.received == []
 
 
+BOUNCE_SECRET = b"0123456789abcdef-secret"
+
+
+def send_with_return_path(port: int, sender: str, kind: str) -> SmtpReply:
+    """Send an email from ``sender`` as the sender does with POSTROOM_BOUNCE_ADDRESS set: the
+    envelope sender is the ASCII return path, the From header ``sender``; ``kind`` says whether
+    the bytes come from a template (Delivery's choice for an email without files) or a full
+    build."""
+    import datetime as dt
+
+    from schemas.codec import EmailRequested
+    from sender.delivery import Delivery
+    from sender.message import build_message
+
+    now = dt.datetime.now(dt.UTC)
+    event = EmailRequested(idempotency_key="k|finance@example.com", message_key="k",
+                           outbox_id=7, recipient="finance@example.com", sender=sender,
+                           subject="S", body="b", attachments=(), priority="normal",
+                           created_at=now)
+    delivery = Delivery("postroom@example.com", None, 30.0,
+                        bounce_address="bounces@bounce.example.com", bounce_secret=BOUNCE_SECRET)
+
+    async def run() -> SmtpReply:
+        async with SmtpPool(config(port, tls=TlsMode.NONE)) as pool:
+            if kind == "templated":
+                async with pool.slot() as slot:
+                    reply, _ = await delivery.send(event, slot, now)
+                    return reply
+            return_path, _ = delivery.envelope_sender(event, now)
+            return await pool.send(build_message(event, attachments_root=None, now=now),
+                                   return_path, event.recipient)
+
+    return run_client(run())
+
+
+@pytest.mark.parametrize("kind", ["templated", "built"])
+def test_a_non_ascii_from_needs_smtputf8_under_an_ascii_return_path(kind: str) -> None:
+    """The return path is ASCII, so the envelope alone said no SMTPUTF8 was needed, and the
+    From went out as ``=?utf-8?q?jos=C3=A9?=@example.com`` (issue 24's review)."""
+    with Recording(smtputf8=True) as server:
+        reply = send_with_return_path(server.port, "josé@example.com", kind)
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    [(mail_from, _, content)] = server.received
+    assert mail_from.startswith("bounces+") and mail_from.isascii()
+    assert "From: josé@example.com\r\n".encode() in content
+    assert b"=?utf-8?" not in content.split(b"\r\n\r\n")[0].lower()
+
+
+@pytest.mark.parametrize("kind", ["templated", "built"])
+def test_a_non_ascii_from_is_refused_clearly_without_smtputf8(kind: str) -> None:
+    with Recording(smtputf8=False) as server:
+        reply = send_with_return_path(server.port, "josé@example.com", kind)
+    assert (reply.failure, reply.text) == (
+        Failure.BAD_MESSAGE, "a non-ASCII address needs SMTPUTF8, which the server does not offer")
+    assert server.received == []
+
+
+@pytest.mark.parametrize("kind", ["templated", "built"])
+def test_a_from_with_a_non_ascii_name_or_domain_needs_no_smtputf8(kind: str) -> None:
+    with Recording(smtputf8=False) as server:
+        reply = send_with_return_path(server.port, "José Núñez <reports@bücher.example>", kind)
+    assert (reply.stage, reply.code) == (Stage.DATA, 250)
+    [(_, _, content)] = server.received
+    assert b"<reports@xn--bcher-kva.example>" in content
+
+
 def send_to_a_server_that_answers_groups(**changes: object) -> SmtpReply:
     """Send one email to a server that answers MAIL, RCPT and DATA only once it holds all three:
     only a pipelining client gets through; one that waits for each reply times out at MAIL."""

@@ -8,6 +8,7 @@ import dataclasses
 import datetime as dt
 import smtplib
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from bounces.adapters import DatabaseRows, KafkaResults
-from bounces.intake import MAX_REPORT_BYTES
+from bounces.intake import MAX_REPORT_BYTES, UnavailableError
 from bounces.service import BounceIntake
 from postroom import enqueue
 from postroom.devkit.ports import free_port
@@ -132,3 +133,38 @@ def test_a_global_dsn_over_smtputf8_is_taken(bounce_settings: Settings, engine: 
             assert client.has_extn("smtputf8")
             client.sendmail("", [return_path(BOUNCE, token)], raw, mail_options=["SMTPUTF8"])
         assert intake.metrics.counter("bounce_reports_total", status="bounced") == 1
+
+
+def test_a_database_that_does_not_answer_is_unavailable_within_the_read_timeout(
+        engine: sa.Engine, row_token: tuple[int, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database that does not answer gets the MTA a 451 (docs/architecture.md): the read of
+    the token's row gives up after READ_TIMEOUT_S. Without a statement timeout a migration's
+    ACCESS EXCLUSIVE lock on the outbox held it for as long as the lock (issue 24's review)."""
+    monkeypatch.setattr("bounces.adapters.READ_TIMEOUT_S", 0.5, raising=False)
+    outbox_id, _ = row_token
+    rows = DatabaseRows(engine)
+    with engine.connect() as conn:
+        default = conn.execute(sa.text("SHOW statement_timeout")).scalar_one()
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(rows.row(outbox_id))
+        except UnavailableError as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    with engine.connect() as locker:
+        locker.execute(sa.text("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"))
+        reader.start()
+        reader.join(10)
+        still_waiting = reader.is_alive()
+        locker.rollback()
+    reader.join(10)
+    assert not still_waiting, "the read waited for the lock past its timeout"
+    [found] = outcome
+    assert isinstance(found, UnavailableError) and "statement timeout" in str(found)
+    row = rows.row(outbox_id)  # the lock gone, the same pool reads it
+    assert row is not None and row.outbox_id == outbox_id
+    with engine.connect() as conn:  # the timeout was the read's transaction's only
+        assert conn.execute(sa.text("SHOW statement_timeout")).scalar_one() == default

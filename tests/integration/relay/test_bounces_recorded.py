@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from postroom import enqueue
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic, results_topic
-from relay import suppression
+from relay import redrive, sql, suppression
 from relay.publisher import Relay
 from relay.recorder import (
     REPORT_STATUSES,
@@ -172,11 +173,120 @@ def test_a_bounce_for_a_row_queued_again_leaves_it_to_the_relay_to_suppress(
     records its error and suppresses the address; the relay then finishes the row suppressed
     instead of publishing it to a bounced address."""
     [row] = rows_of(engine, "again", ["moved@example.com"]).values()
+    assert Relay(settings, engine).publish_once() == 1
+    record(engine, [result(row, S.FAILED, smtp_code=550, error="550 5.1.1 moved")])
+    assert [r.id for r in redrive.redrive(engine, redrive.plan_requeue(engine, "again", None))
+            ] == [row.id]
     record(engine, [bounced(row)])
     after = state(engine, row)
     assert after.status == "pending" and after.last_error.startswith("bounced 5.1.1")
     assert Relay(settings, engine).publish_once() == 0
     assert state(engine, row).status == "suppressed"
+
+
+def test_a_bounce_before_the_relay_marks_its_row_published_ends_it_bounced(
+        settings: Settings, engine: sa.Engine) -> None:
+    """Between Kafka's acknowledgement and the relay's MARK_PUBLISHED the row is still pending
+    (and on the queue): a bounce then is of the email just sent, not of an earlier attempt, so
+    the row ends bounced as a published one does, and the mark keeps it so. It stayed pending,
+    and with the relay's claim gone by then nothing finished it (issue 24's review)."""
+    [row] = rows_of(engine, "fast", ["gone@example.com"]).values()
+    with engine.begin() as conn:  # the relay's claim, published and acknowledged, unmarked
+        [claimed] = sql.claim_due(conn, 10, 30.0)
+    record(engine, [bounced(row, minutes=0)])
+    assert state(engine, row).status == "bounced"
+    with engine.begin() as conn:
+        conn.execute(sql.MARK_PUBLISHED, {"ids": [claimed.outbox_id]})
+    after = state(engine, row)
+    assert after.status == "bounced" and after.last_error.startswith("bounced 5.1.1")
+    record(engine, [sent(row)])
+    assert state(engine, row).status == "bounced"
+    assert "gone@example.com" in listed(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one() == 0
+
+
+def retrying(row: Row, attempt: int) -> EmailResult:
+    return result(row, S.RETRYING, attempt=attempt, minutes=attempt, smtp_code=451,
+                  error="451 4.3.0 try again later",
+                  next_attempt_at=T0 + dt.timedelta(minutes=attempt, seconds=30))
+
+
+# What the sender reports of one email, in its order; the bounce may be recorded before, between
+# or after any of them, in the same batch or another.
+SENDER_RESULTS: dict[str, Callable[[Row], list[EmailResult]]] = {
+    "sent": lambda r: [result(r, S.SENT, smtp_code=250, message_id="<m@t>")],
+    "retrying, sent": lambda r: [retrying(r, 1), result(r, S.SENT, attempt=2, minutes=2,
+                                                        smtp_code=250, message_id="<m@t>")],
+    "retrying": lambda r: [retrying(r, 1)],
+    "retrying, failed": lambda r: [retrying(r, 1), result(r, S.FAILED, attempt=2, minutes=2,
+                                                          smtp_code=550, error="550 no")],
+    "retrying twice, dead": lambda r: [retrying(r, 1), retrying(r, 2),
+                                       result(r, S.DEAD, attempt=3, minutes=3, smtp_code=451,
+                                              error="451 4.3.0 try again later")],
+}
+ROW_FIELDS = ("status, attempts, last_error, smtp_code, enhanced_code, message_id, sent_at, "
+              "next_attempt_at")
+
+
+def batchings(results: Sequence[EmailResult]) -> Iterator[list[list[EmailResult]]]:
+    """``results`` cut into consecutive batches in every way (one batch, one each, ...)."""
+    for cuts in itertools.product([False, True], repeat=len(results) - 1):
+        batches, current = [], [results[0]]
+        for cut, item in zip(cuts, results[1:], strict=True):
+            if cut:
+                batches.append(current)
+                current = []
+            current.append(item)
+        yield [*batches, current]
+
+
+@pytest.mark.parametrize("story", list(SENDER_RESULTS))
+def test_a_row_ends_the_same_whenever_its_bounce_is_recorded(engine: sa.Engine,
+                                                             story: str) -> None:
+    """Every place of the bounce among the sender's results, every cut into batches: one final
+    row, the one a batch holding them all leaves (the recorder applies a batch's results before
+    its reports). A bounce recorded before the sender's 'sent' left attempts 0, sent_at and
+    message_id NULL; before a 'failed' it left the row bounced, where in one batch it ended
+    failed (issue 24's review). Read again, nothing changes."""
+    def final(batches: list[list[EmailResult]], n: int) -> tuple[Any, ...]:
+        [row] = rows_of(engine, f"{story}-{n}", [f"gone.{n}@example.com"]).values()
+        for batch in batches:
+            record(engine, [dataclasses.replace(item, idempotency_key=row.idempotency_key,
+                                                outbox_id=row.id, recipient=row.recipient)
+                            for item in batch])
+        with engine.connect() as conn:
+            return tuple(conn.execute(sa.text(f"SELECT {ROW_FIELDS} FROM outbox WHERE id = :id"),
+                                      {"id": row.id}).one())
+
+    template = Row(0, "", "gone@example.com")
+    own = SENDER_RESULTS[story](template)
+    report = bounced(template)
+    orders = [[*own[:at], report, *own[at:]] for at in range(len(own) + 1)]
+    expected = final([[*own, report]], 0)
+    ends = {" / ".join(" ".join(f"{r.status.value}({r.attempt})" for r in batch)
+                       for batch in batches): final(batches, n)
+            for n, batches in enumerate((b for order in orders for b in batchings(order)), 1)}
+    assert {order: end for order, end in ends.items() if end != expected} == {}
+    status, attempts, last_error, _smtp, _enhanced, message_id, sent_at, _next = expected
+    assert last_error.startswith("bounced 5.1.1")
+    assert (status, attempts) == {"sent": ("bounced", 1), "retrying, sent": ("bounced", 2),
+                                  "retrying": ("bounced", 1), "retrying, failed": ("failed", 2),
+                                  "retrying twice, dead": ("dead", 3)}[story]
+    assert (message_id is not None, sent_at is not None) == (("sent" in story,) * 2)
+
+
+def test_a_bounced_row_read_again_changes_nothing(engine: sa.Engine) -> None:
+    [row] = rows_of(engine, "k", ["gone@example.com"]).values()
+    everything = [retrying(row, 1), bounced(row),
+                  result(row, S.SENT, attempt=2, minutes=2, smtp_code=250, message_id="<m@t>")]
+    for item in everything:
+        record(engine, [item])
+    before = tables(engine)
+    record(engine, everything)
+    for item in everything:
+        record(engine, [item])
+    assert tables(engine) == before
 
 
 def test_a_delay_notice_is_the_last_error_and_the_state_stays(engine: sa.Engine) -> None:

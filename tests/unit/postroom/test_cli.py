@@ -164,3 +164,10 @@ def test_status_rows_written_by_sql_stay_one_line_each() -> None:
     assert lines[1].split("  ")[0] == "k FAKE"
     assert lines[1].endswith("(earlier attempt) 451-4.3.0 first 451 4.3.0 second")
     assert lines[2].endswith("  -")
+
+
+def test_a_suppression_longer_than_a_century_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Its expiry would be past what a timestamp read back into Python holds.
+    assert parse_exit(["suppression", "add", "a@example.com", "--expires", "3000000d"]) == 2
+    assert "--expires: at most 100 years" in capsys.readouterr().err

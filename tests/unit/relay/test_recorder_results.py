@@ -14,12 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from postroom.kafka import Record
-from postroom.settings import Settings
+from postroom.settings import LONGEST_PERIOD_S, Settings
 from relay.recorder import (
     ENHANCED_CODE_MAX_CHARS,
     ERROR_MAX_CHARS,
     MESSAGE_ID_MAX_CHARS,
+    REPORT_STATUSES,
     Recorder,
+    ReportPolicy,
+    report_params,
     result_problem,
     storable,
     storable_result,
@@ -85,11 +88,47 @@ def test_a_result_keeps_what_fits_and_escapes_the_rest() -> None:
     ({"recipient": "a\x00@example.com"}, "its recipient holds a NUL"),
     ({"recipient": "\udc80@example.com"}, "lone surrogate"),
     ({"attempt": 0}, "attempt 0 is below 1"),
+    ({"occurred_at": dt.datetime(9999, 12, 31, tzinfo=dt.UTC)}, "more than 24 h ahead"),
 ])
 def test_a_result_that_can_name_no_row_is_refused(changes: dict[str, object],
                                                   problem: str) -> None:
     found = result_problem(dataclasses.replace(RESULT, **changes))  # type: ignore[arg-type]
     assert found is not None and problem in found
+
+
+NOW = dt.datetime(2026, 12, 3, 7, 0, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(("ahead", "refused"), [(dt.timedelta(hours=23), False),
+                                                 (dt.timedelta(hours=24), False),
+                                                 (dt.timedelta(hours=24, seconds=1), True),
+                                                 (dt.timedelta(days=365), True)])
+def test_a_result_dated_more_than_a_day_ahead_is_refused(ahead: dt.timedelta,
+                                                         refused: bool) -> None:
+    found = result_problem(dataclasses.replace(RESULT, occurred_at=NOW + ahead), NOW)
+    assert (found is not None) is refused
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.datetimes(timezones=st.just(dt.UTC)), st.sampled_from(sorted(REPORT_STATUSES)),
+       st.floats(min_value=0.001, max_value=LONGEST_PERIOD_S))
+def test_a_report_the_recorder_takes_has_an_expiry_it_can_compute(
+        occurred_at: dt.datetime, status: DeliveryStatus, expiry_s: float) -> None:
+    """A forged report dated 9999-12-31 raised OverflowError out of run(), the batch
+    uncommitted: a crash loop (issue 24's review)."""
+    report = dataclasses.replace(RESULT, status=status, occurred_at=occurred_at)
+    if result_problem(report, NOW) is None:
+        assert report_params(report, ReportPolicy(expiry_s, 0))["expires_at"] > occurred_at
+
+
+def test_a_far_future_report_is_refused_counted_and_never_applied() -> None:
+    role = recorder(Registry(outages=0))
+    forged = dataclasses.replace(RESULT, status=DeliveryStatus.BOUNCED, error="x",
+                                 occurred_at=dt.datetime(9999, 12, 31, tzinfo=dt.UTC))
+    record = Record("p.email.results", 0, 7, b"k", encode(forged), headers_for(forged))
+    assert role._decode(record) is None
+    assert role.stats.refused == 1
+    assert role.metrics.counter("recorder_refused_total") == 1
 
 
 class Registry:
