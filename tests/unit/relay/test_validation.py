@@ -66,7 +66,7 @@ def test_recipients_are_checked_chunk_by_chunk_as_they_are_asked_for() -> None:
 def test_every_recipients_header_is_checked_not_only_the_firsts() -> None:
     """An encoded line break in the second recipient's local part: the sender's build refuses
     it, so enqueue must too (it checked the first recipient's headers only)."""
-    with pytest.raises(EnqueueError, match="cannot|header"):
+    with pytest.raises(EnqueueError, match=r"cannot|header"):
         list(validation.recipient_chunks(
             ["ok@example.com", "=?utf-8?q?a=0D=0A?=@example.com"], 10))
     assert list(validation.recipient_chunks(["ok@example.com", "José@example.com"], 10)) == [
