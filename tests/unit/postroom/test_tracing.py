@@ -160,19 +160,48 @@ def test_no_parent_starts_a_trace_and_an_exception_marks_the_span(
     assert finished.status.status_code is trace.StatusCode.ERROR
 
 
-def test_current_and_the_enqueue_span_follow_the_callers_span(
+def test_current_follows_the_callers_span(
         exporter: tuple[Tracing, InMemorySpanExporter]) -> None:
-    tracer_tracing, memory = exporter
-    provider = tracer_tracing._provider
-    job = provider.get_tracer("job")
+    tracer_tracing, _memory = exporter
+    job = tracer_tracing._provider.get_tracer("job")
     assert tracing.current() is None  # no span is current
     with job.start_as_current_span("nightly report") as outer:
         mine = tracing.current()
         assert mine is not None and int(mine.span_id, 16) == outer.get_span_context().span_id
-    # enqueue_span uses the global provider: none is set here, so the caller's context is kept.
-    with job.start_as_current_span("nightly report") as outer, tracing.enqueue_span("k") as kept:
-        assert kept is not None and int(kept.span_id, 16) == outer.get_span_context().span_id
-    assert [s.name for s in memory.get_finished_spans()] == ["nightly report", "nightly report"]
+    assert tracing.current() is None
+
+
+def test_the_enqueue_span_is_a_child_of_the_callers_span_from_the_global_provider() -> None:
+    from support.tracing import memory_tracing
+
+    _roles, provider, memory = memory_tracing()  # the process's global provider, in memory
+    memory.clear()
+    with provider.get_tracer("job").start_as_current_span("nightly report") as outer, \
+            tracing.enqueue_span("k") as kept:
+        pass
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    enqueued = spans["enqueue outbox"]
+    assert enqueued.parent.span_id == outer.get_span_context().span_id
+    assert enqueued.attributes["postroom.message_key"] == "k"
+    assert kept == TraceContext(f"{outer.get_span_context().trace_id:032x}",
+                                f"{enqueued.context.span_id:016x}",
+                                int(enqueued.context.trace_flags))
+    with tracing.enqueue_span("k") as outside:  # no span is current: no trace is started
+        assert outside is None
+
+
+def test_a_global_provider_that_makes_no_spans_keeps_the_callers_context() -> None:
+    """In a process of its own: the global provider is then OpenTelemetry's default, which
+    makes no spans, while the caller's span comes from a provider of its own."""
+    code = ("from opentelemetry.sdk.trace import TracerProvider\n"
+            "from postroom import tracing\n"
+            "job = TracerProvider().get_tracer('job')\n"
+            "with job.start_as_current_span('report') as outer, tracing.enqueue_span('k') as kept:\n"
+            "    assert int(kept.span_id, 16) == outer.get_span_context().span_id, kept\n"
+            "print('kept')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "kept"), done.stderr
 
 
 @pytest.mark.parametrize(("environ", "expected"), [
