@@ -322,12 +322,42 @@ def check_reachable(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> Non
             return
 
 
-def require_topics(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> None:
+# Errors a broker loss brings while leaderships, coordinators and the metadata's controller
+# move: a request made again a moment later is answered. Others (a refusal) are final.
+MOVING_CODES = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_WAIT_COORD",
+                          "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR",
+                          "COORDINATOR_LOAD_IN_PROGRESS", "LEADER_NOT_AVAILABLE",
+                          "NOT_LEADER_FOR_PARTITION", "REQUEST_TIMED_OUT"})
+# How often a role starting asks again for its topics while a broker is down (each ask waits
+# up to BROKER_WAIT_S): a cluster's failover takes about 10 s, its controller's fencing 9 s.
+START_TOPIC_TRIES = 6
+
+
+def is_moving(exc: KafkaClientError) -> bool:
+    """Whether ``exc`` is a broker loss's passing error, not a refusal."""
+    return exc.retriable or exc.code in MOVING_CODES
+
+
+def require_topics(settings: Settings, timeout_s: float = BROKER_WAIT_S,
+                   tries: int = START_TOPIC_TRIES, pause_s: float = 1.0) -> None:
     """KafkaClientError, in one line naming ``postroom topics create``, when a topic postroom
     uses does not exist: a role started before them would wait on them for ever. A topic this
-    principal may not describe is not called missing (``postroom check --role`` tells that)."""
+    principal may not describe is not called missing (``postroom check --role`` tells that).
+
+    A role started while a broker of the cluster is down may find the description timing out
+    (the metadata's controller was the broker lost): it asks again, ``tries`` times in all, with
+    a warning each time, before it gives up."""
     topics = all_topics(settings.topic_prefix, len(settings.retry_delays_s))
-    missing = [a.topic for a in topic_access(settings, topics, timeout_s) if a.exists is False]
+    for attempt in range(1, tries + 1):
+        try:
+            access = topic_access(settings, topics, timeout_s)
+            break
+        except KafkaClientError as exc:
+            if attempt == tries or not is_moving(exc):
+                raise
+            log.warning("%s; asking again in %.0fs (%d of %d)", exc, pause_s, attempt, tries)
+            time.sleep(pause_s)
+    missing = [a.topic for a in access if a.exists is False]
     if missing:
         raise KafkaClientError(
             f"{len(missing)} of {len(topics)} topics missing on "

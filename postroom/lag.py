@@ -23,6 +23,7 @@ from postroom.errors import ConfigError, KafkaClientError
 from postroom.kafka import (
     check_reachable,
     client_config,
+    is_moving,
     make_admin,
     message_headers,
     min_insync_replicas,
@@ -52,15 +53,9 @@ READ_TIMEOUT_S = 10.0
 MIN_REQUEST_S = 0.5  # a request still made once the sample's time is up gets this long
 # Errors of a request no broker answered: the message names the bootstrap servers.
 _NO_ANSWER = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
-# Errors a broker loss brings while leaderships and coordinators move: the part of the report
-# they hold up is labelled unavailable, the rest is answered. Others (a refusal) end the report.
-_MOVING = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_WAIT_COORD",
-                     "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
-                     "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION", "REQUEST_TIMED_OUT"})
-
-
-def _moving(exc: KafkaClientError) -> bool:
-    return exc.retriable or exc.code in _MOVING
+# A broker loss's passing errors (postroom.kafka.is_moving): the part of the report they hold up
+# is labelled unavailable, the rest is answered. Others (a refusal) end the report.
+_moving = is_moving
 # One-shot `postroom lag`: a short window of samples, so a verdict can be given at all.
 ONE_SHOT_SAMPLES = 3
 ONE_SHOT_INTERVAL_S = 1.0
