@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from postroom.errors import ConfigError
@@ -50,6 +50,10 @@ TRACER_NAME = "postroom"
 SHUTDOWN_TIMEOUT_S = 5.0
 
 Headers = Sequence[tuple[str, str | bytes | None]]
+Attributes = Mapping[str, str | int | float | bool | None]
+# Attributes are given as a function that makes them: with tracing off (or a span not recording)
+# it is never called, so a role's hot path builds no dictionary for a span nobody sees.
+AttributesOf = Callable[[], Attributes]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,9 +201,9 @@ class Span:
     def headers(self) -> tuple[tuple[str, bytes], ...]:
         return () if self._context is None else self._context.headers()
 
-    def set(self, attributes: Mapping[str, str | int | float | bool | None]) -> None:
+    def set(self, attributes: AttributesOf) -> None:
         if self._span is not None:
-            self._span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+            self._span.set_attributes(_present(attributes()))
 
     def error(self, description: str) -> None:
         if self._span is not None:
@@ -226,10 +230,10 @@ class Tracing:
 
     @contextlib.contextmanager
     def span(self, name: str, parent: TraceContext | None, *, kind: str = "internal",
-             attributes: Mapping[str, str | int | float | bool | None] | None = None,
-             ) -> Iterator[Span]:
+             attributes: AttributesOf | None = None) -> Iterator[Span]:
         """A span ``name`` under ``parent`` (a new trace without one); ``kind`` is
-        OpenTelemetry's SpanKind by name (producer, consumer, client, internal)."""
+        OpenTelemetry's SpanKind by name (producer, consumer, client, internal); ``attributes``
+        is called only when a span is made."""
         if self._tracer is None:
             yield Span(None, parent)
             return
@@ -237,7 +241,7 @@ class Tracing:
 
         span = self._tracer.start_span(
             name, context=_parent_context(parent), kind=trace.SpanKind[kind.upper()],
-            attributes={k: v for k, v in (attributes or {}).items() if v is not None})
+            attributes=_present(attributes()) if attributes is not None else None)
         try:
             yield Span(span, _of_span_context(span.get_span_context()) or parent)
         except BaseException as exc:
@@ -261,6 +265,11 @@ class Tracing:
 
 
 OFF = Tracing()
+
+
+def _present(attributes: Attributes) -> dict[str, str | int | float | bool]:
+    """The attributes that have a value (OpenTelemetry takes no None)."""
+    return {k: v for k, v in attributes.items() if v is not None}
 
 
 def _parent_context(parent: TraceContext | None) -> Any:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -29,7 +30,14 @@ from postroom.kafka import is_too_large
 from postroom.metrics import Metrics
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
-from postroom.tracing import OFF, Span, Tracing, kafka_attributes, parse_traceparent
+from postroom.tracing import (
+    OFF,
+    Attributes,
+    Span,
+    Tracing,
+    kafka_attributes,
+    parse_traceparent,
+)
 from relay import sql
 from relay.db import libpq_conninfo
 from relay.errors import PoisonRowError
@@ -44,6 +52,12 @@ FLUSH_SLICE_S = 1.0
 TOO_LARGE_ERROR = ("the event is too large to publish (over POSTROOM_EVENT_MAX_BYTES or the "
                    "broker's message size limit)")
 STATS_EVERY_S = 30.0
+
+
+def _send_attributes(topic: str, key: str, outbox_id: int, attempt: int) -> Attributes:
+    """A row's ``send`` span's attributes."""
+    return {**kafka_attributes("send", topic, key=key), "postroom.outbox_id": outbox_id,
+            "postroom.attempt": attempt}
 
 
 class _Connections:
@@ -256,10 +270,8 @@ class Relay:
                 if tracing.enabled:
                     span = row_spans[row[id_at]] = spans.enter_context(tracing.span(
                         f"send {topics[priority]}", parent, kind="producer",
-                        attributes={**kafka_attributes("send", topics[priority],
-                                                       key=row[key_at]),
-                                    "postroom.outbox_id": row[id_at],
-                                    "postroom.attempt": row[attempt_at]}))
+                        attributes=partial(_send_attributes, topics[priority], row[key_at],
+                                           row[id_at], row[attempt_at])))
                     headers.extend(span.headers())
                 elif parent is not None:
                     headers.extend(parent.headers())

@@ -399,12 +399,13 @@ class Recorder:
         batch's transaction."""
         return spans.enter_context(self._tracing.span(
             f"process {record.topic}", from_headers(record.headers), kind="consumer",
-            attributes={**kafka_attributes("process", record.topic, partition=record.partition,
-                                           key=result.idempotency_key, offset=record.offset,
-                                           group=self._settings.recorder_group),
-                        "postroom.outbox_id": result.outbox_id,
-                        "postroom.attempt": result.attempt,
-                        "postroom.status": result.status.value}))
+            attributes=lambda: {
+                **kafka_attributes("process", record.topic, partition=record.partition,
+                                   key=result.idempotency_key, offset=record.offset,
+                                   group=self._settings.recorder_group),
+                "postroom.outbox_id": result.outbox_id,
+                "postroom.attempt": result.attempt,
+                "postroom.status": result.status.value}))
 
     def _apply_batch(self, consumer: Consumer, messages: list[Message],
                      spans: contextlib.ExitStack, opened: list[Span]) -> bool:

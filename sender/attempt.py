@@ -78,15 +78,16 @@ class Attempts:
         event = admitted.event
         with self._tracing.span(
                 f"process {origin.topic}", from_headers(origin.headers), kind="consumer",
-                attributes={**kafka_attributes("process", origin.topic, partition=origin.partition,
-                                               key=event.idempotency_key, offset=origin.offset,
-                                               group=self._rules.group),
-                            "postroom.outbox_id": event.outbox_id,
-                            "postroom.attempt": event.attempt}) as span:
+                attributes=lambda: {
+                    **kafka_attributes("process", origin.topic, partition=origin.partition,
+                                       key=event.idempotency_key, offset=origin.offset,
+                                       group=self._rules.group),
+                    "postroom.outbox_id": event.outbox_id,
+                    "postroom.attempt": event.attempt}) as span:
             routing = await self._claim_and_send(origin, admitted, span.context)
             if routing is None:
                 return
-            span.set({"postroom.status": routing.status.value})
+            span.set(lambda: {"postroom.status": routing.status.value})
             await self._publish(origin, event, routing, span)
         if routing.status is not DeliveryStatus.SENT:
             await self._release_after(event, routing)
@@ -103,10 +104,11 @@ class Attempts:
         not_before = forward.event.not_before
         with self._tracing.span(
                 f"send {forward.topic}", span.context, kind="producer",
-                attributes={**kafka_attributes("send", forward.topic, key=key),
-                            "postroom.attempt": forward.event.attempt,
-                            "postroom.retry.not_before": (not_before.isoformat()
-                                                          if not_before else None)}) as scheduled:
+                attributes=lambda: {
+                    **kafka_attributes("send", forward.topic, key=key),
+                    "postroom.attempt": forward.event.attempt,
+                    "postroom.retry.not_before": not_before.isoformat() if not_before else None,
+                }) as scheduled:
             await asyncio.gather(
                 self._outcomes.result(key, routing.result, span.headers()),
                 self._outcomes.forward(origin, event, forward, self._clock.utcnow(),
@@ -196,15 +198,16 @@ class Attempts:
             async with self._transport.slot() as slot:
                 if not await self._still_ours(event.idempotency_key, claim, claimed_at):
                     return None
-                with self._tracing.span("smtp send", trace, kind="client", attributes={
+                with self._tracing.span("smtp send", trace, kind="client", attributes=lambda: {
                         "postroom.attempt": event.attempt,
                         "postroom.destination": destination}) as smtp:
                     sent = await self._send(event, slot, may_defer)
-                    smtp.set({"postroom.smtp.reply_code": sent.reply.code,
-                              "postroom.smtp.failure": (sent.reply.failure.value
-                                                        if sent.reply.failure else None),
-                              "postroom.smtp.stage": sent.reply.stage.value,
-                              "postroom.throttled": sent.throttled})
+                    smtp.set(lambda: {
+                        "postroom.smtp.reply_code": sent.reply.code,
+                        "postroom.smtp.failure": (sent.reply.failure.value
+                                                  if sent.reply.failure else None),
+                        "postroom.smtp.stage": sent.reply.stage.value,
+                        "postroom.throttled": sent.throttled})
                     if not 200 <= (sent.reply.code or 0) < 300:
                         smtp.error(sent.reply.text[:200] if sent.reply.text else "no reply")
                 throttled = sent.throttled
