@@ -11,13 +11,19 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from postroom import tracing
 from postroom.errors import ConfigError
 from postroom.tracing import OFF, TraceContext, Tracing
+from support.tracing import memory_provider
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by this interpreter in a process of its own (no module imported yet)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SID = "00f067aa0ba902b7"
@@ -115,17 +121,16 @@ def test_well_formed_traceparents_round_trip_unless_w3c_says_ignore(value: str) 
 
 @pytest.fixture
 def exporter() -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    provider, memory = memory_provider()
     yield Tracing.from_provider(provider), memory
     provider.shutdown()
 
 
 def test_off_makes_no_span_and_passes_the_parent_on() -> None:
     parent = TraceContext(TID, SID, 1)
-    with OFF.span("publish x", parent, kind="producer") as span:
-        span.set({"a": 1})
+    with OFF.span("publish x", parent, kind="producer",
+                  attributes=lambda: pytest.fail("attributes made with tracing off")) as span:
+        span.set(lambda: pytest.fail("attributes made for a span nobody sees"))
         span.error("no-op")
         assert span.context is parent
         assert span.headers() == parent.headers()
@@ -139,8 +144,8 @@ def test_a_span_is_the_child_of_its_remote_parent(
     tracer, memory = exporter
     parent = TraceContext(TID, SID, 1, "a=1")
     with tracer.span("process t", parent, kind="consumer",
-                     attributes={"messaging.system": "kafka", "skipped": None}) as span:
-        span.set({"postroom.attempt": 2})
+                     attributes=lambda: {"messaging.system": "kafka", "skipped": None}) as span:
+        span.set(lambda: {"postroom.attempt": 2})
         child_ctx = span.context
     [finished] = memory.get_finished_spans()
     assert finished.name == "process t" and finished.kind is trace.SpanKind.CONSUMER
@@ -199,8 +204,7 @@ def test_a_global_provider_that_makes_no_spans_keeps_the_callers_context() -> No
             "with job.start_as_current_span('report') as outer, tracing.enqueue_span('k') as kept:\n"
             "    assert int(kept.span_id, 16) == outer.get_span_context().span_id, kept\n"
             "print('kept')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False, timeout=60)
+    done = python(code)
     assert (done.returncode, done.stdout.strip()) == (0, "kept"), done.stderr
 
 
@@ -278,8 +282,7 @@ def test_without_otel_variables_no_role_imports_opentelemetry() -> None:
             "assert tracing.current() is None\n"
             "with tracing.enqueue_span('k') as ctx: assert ctx is None\n"
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False, timeout=60)
+    done = python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -289,7 +292,6 @@ def test_setup_without_the_extra_says_how_to_install_it() -> None:
             "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None\n"
             "from postroom import tracing\n"
             "tracing.setup('relay', {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://x'})\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False, timeout=60)
+    done = python(code)
     assert done.returncode == 1
     assert "pip install 'postroom[otel]'" in done.stderr, done.stderr
