@@ -13,9 +13,7 @@ not a collector's speed. "Off" is today's code with tracing off, not the code be
 from __future__ import annotations
 
 import contextlib
-import http.server
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +24,7 @@ from bench.report import BenchError, Options, Section, fmt_rate, per_s, progress
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, enqueue_rows, recipients
 from postroom import enqueue, tracing
+from postroom.devkit.otlp import OtlpReceiver
 from postroom.settings import Settings
 from postroom.tracing import OFF, Tracing
 from relay.db import make_engine
@@ -39,40 +38,21 @@ CONFIGS = ("off, rows without a context", "off, rows with a context (passed on)"
            "on, one span per row")
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    """An OTLP/HTTP endpoint that reads each export and answers 200."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.requests += 1  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @contextlib.contextmanager
-def _exporting_tracing() -> Iterator[tuple[Tracing, Any, http.server.HTTPServer]]:
+def _exporting_tracing() -> Iterator[tuple[Tracing, Any, OtlpReceiver]]:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    sink.requests = 0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=sink.serve_forever, daemon=True)
-    thread.start()
-    provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(
-        OTLPSpanExporter(endpoint=f"http://127.0.0.1:{sink.server_port}/v1/traces"),
-        max_queue_size=1 << 20, max_export_batch_size=512))
-    try:
-        yield Tracing.from_provider(provider), provider, sink
-    finally:
-        provider.shutdown()
-        sink.shutdown()
-        sink.server_close()
+    with OtlpReceiver(keep=False) as sink:
+        provider = TracerProvider(shutdown_on_exit=False)
+        provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=f"{sink.endpoint}/v1/traces"),
+            max_queue_size=1 << 20, max_export_batch_size=512))
+        try:
+            yield Tracing.from_provider(provider), provider, sink
+        finally:
+            provider.shutdown()
 
 
 @contextlib.contextmanager
@@ -161,7 +141,7 @@ def run(base: Settings, options: Options) -> Section:
         finally:
             engine.dispose()
             provider.force_flush()
-        requests = sink.requests  # type: ignore[attr-defined]
+        requests = sink.requests
     body: list[list[str]] = []
     for label, unit, figures_by in (("relay drain", "rows/s", drains),
                                     ("enqueue", "calls/s", enqueues)):

@@ -5,9 +5,7 @@ process exporting to an OTLP/HTTP endpoint this test serves."""
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import os
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from postroom import Email, enqueue, enqueue_many, tracing
+from postroom.devkit.otlp import OtlpReceiver
 from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
@@ -175,43 +174,21 @@ def test_a_traced_job_enqueues_on_0009_and_enqueue_many_keeps_its_context_once_u
     assert kept == [("early", None), ("early-2", None), *((f"inv-{n}", trace_id) for n in range(3))]
 
 
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    requests: list[ExportTraceServiceRequest]
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/v1/traces":
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            self.server.requests.append(request)  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def otlp_receiver() -> Iterator[http.server.HTTPServer]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    server.requests = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as receiver:
+        yield receiver
 
 
 def test_the_relay_process_exports_its_spans_over_otlp(
-        settings: Settings, engine: sa.Engine, otlp_receiver: http.server.HTTPServer,
+        settings: Settings, engine: sa.Engine, otlp_receiver: OtlpReceiver,
         tmp_path: Path) -> None:
     _tracing, provider, _exporter = memory_tracing()
     with provider.get_tracer("job").start_as_current_span("invoice run") as root, \
             engine.begin() as conn:
         enqueue(conn, key="exported", recipients=["c@example.com"], subject="S", body="b")
     env = {**os.environ, **scratch_env(settings),
-           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_receiver.server_port}",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"}
     log = tmp_path / "relay.log"
     relay = start_postroom("relay", env=env, log=log)
@@ -221,7 +198,7 @@ def test_the_relay_process_exports_its_spans_over_otlp(
     finally:
         assert stop_process(relay) == 0, log.read_text()
     spans = [(resource.resource, span)
-             for request in otlp_receiver.requests  # type: ignore[attr-defined]
+             for request in map(ExportTraceServiceRequest.FromString, otlp_receiver.bodies)
              for resource in request.resource_spans
              for scope in resource.scope_spans for span in scope.spans]
     [(resource, span)] = [(r, s) for r, s in spans if s.name.startswith("send ")]

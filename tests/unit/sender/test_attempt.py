@@ -289,13 +289,9 @@ def test_without_tracing_the_records_carry_the_events_context_on_as_it_came() ->
 
 
 def test_with_tracing_the_attempt_the_send_and_the_retry_are_spans_of_the_events_trace() -> None:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from support.tracing import memory_provider
 
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    provider, memory = memory_provider()
     w = world([TRANSIENT], tracing=Tracing.from_provider(provider))
     w.deliver(Admitted(event()), TRACED)
     spans = {s.name: s for s in memory.get_finished_spans()}
