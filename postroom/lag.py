@@ -55,7 +55,6 @@ MIN_REQUEST_S = 0.5  # a request still made once the sample's time is up gets th
 _NO_ANSWER = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
 # A broker loss's passing errors (postroom.kafka.is_moving): the part of the report they hold up
 # is labelled unavailable, the rest is answered. Others (a refusal) end the report.
-_moving = is_moving
 # One-shot `postroom lag`: a short window of samples, so a verdict can be given at all.
 ONE_SHOT_SAMPLES = 3
 ONE_SHOT_INTERVAL_S = 1.0
@@ -250,7 +249,7 @@ class LagReader:
             state, members = self._describe(group)
             alive, members_known = bool(members), True
         except KafkaClientError as exc:
-            if not _moving(exc):
+            if not is_moving(exc):
                 raise
             # Its coordinator moving after a broker loss: the offsets may still be read. Taken
             # as alive, so the verdict's window does not call it stopped for the gap.
@@ -313,7 +312,7 @@ class LagReader:
             metadata = consumer.list_topics(timeout=self._left_s())
         except KafkaException as exc:
             failed = self._failed(exc, f"cannot read the offsets of group {group}")
-            if not _moving(failed):
+            if not is_moving(failed):
                 raise failed from exc
             # No broker gave the metadata in time (a broker loss): the group's partitions, as
             # last seen, are unavailable, as when its committed offsets do not come.
@@ -335,7 +334,7 @@ class LagReader:
         try:
             committed = self._committed(group, partitions)
         except KafkaClientError as exc:
-            if not _moving(exc):
+            if not is_moving(exc):
                 raise
             return [], [(tp, f"committed offsets unreadable: {exc}") for tp in partitions]
         leaders = {(tp.topic, tp.partition): metadata.topics[tp.topic].partitions[tp.partition]

@@ -109,7 +109,7 @@ def enqueue(
     # never held whole): a bad one rolls back the rows of the chunks before it.
     with (tracing.enqueue_span(shared["message_key"]) as trace,
           conn.begin_nested() if second is not None else contextlib.nullcontext()):
-        trace = trace if trace is None or _keeps_trace(conn, schema) else None
+        trace = _kept(trace, conn, schema)
         statement = sql.insert_rows(schema, traced=trace is not None)
         params = {**shared, **_trace_params(trace)}
         if second is None:
@@ -155,7 +155,7 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
         trace = stack.enter_context(tracing.enqueue_span(None))
         stack.enter_context(conn.begin_nested())
         # Asked before the inserts' pipeline starts: a statement in it answers only later.
-        trace = trace if trace is None or _keeps_trace(conn, schema) else None
+        trace = _kept(trace, conn, schema)
         inserts = stack.enter_context(_Inserts(conn, schema))
         statement = sql.insert_emails(schema, traced=trace is not None)
         traced = _trace_params(trace)
@@ -188,16 +188,18 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
     return new
 
 
-def _keeps_trace(conn: sa.Connection | Session, schema: str | None) -> bool:
-    """Whether the outbox has migration 0010's columns: asked at each traced enqueue (one short
-    catalog query; the search path, and so the outbox, may differ from one call to the next), so
-    a job started before the upgrade traces once it is done."""
-    found = bool(conn.execute(sql.HAS_TRACE_COLUMNS, {"outbox": sql.outbox_of(schema)})
-                 .scalar_one())
-    if not found:
-        log.warning("the outbox has no trace context columns (run `postroom db upgrade` to "
-                    "0010): this job's rows are queued without its trace")
-    return found
+def _kept(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
+          schema: str | None) -> tracing.TraceContext | None:
+    """``trace`` when the outbox has migration 0010's columns to keep it in, else None: asked at
+    each traced enqueue (one short catalog query; the search path, and so the outbox, may differ
+    from one call to the next), so a job started before the upgrade traces once it is done."""
+    if trace is None:
+        return None
+    if conn.execute(sql.HAS_TRACE_COLUMNS, {"outbox": sql.outbox_of(schema)}).scalar_one():
+        return trace
+    log.warning("the outbox has no trace context columns (run `postroom db upgrade` to 0010): "
+                "this job's rows are queued without its trace")
+    return None
 
 
 # The INSERT_EMAILS columns an email's rows share, as _check names them.
