@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-from types import TracebackType
 from typing import Any
 
 
@@ -64,7 +63,6 @@ class OtlpReceiver:
         self._thread.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self._server.shutdown()
         self._server.server_close()
