@@ -74,6 +74,12 @@ def leader_kill(run: Run, rng: random.Random) -> None:
     _down_then_up(run, [run.busiest_leader()], LEADER_DOWN_S)
 
 
+def coordinator_kill(run: Run, rng: random.Random) -> None:
+    """The broker coordinating the sender group SIGKILLed: its heartbeats and commits have no
+    coordinator until the group's __consumer_offsets partition has a new leader."""
+    _down_then_up(run, [run.coordinators()[run.settings.sender_group]], LEADER_DOWN_S)
+
+
 def broker_down(run: Run, rng: random.Random) -> None:
     _down_then_up(run, [run.busiest_leader()], BROKER_DOWN_S)
 
@@ -142,6 +148,8 @@ def scenario(name: str, inject: Inject, proves: str, **more: Any) -> Scenario:
 FAILOVER = [
     scenario("leader of the busiest partitions SIGKILL, back after 30 s", leader_kill,
              "partition leaders move; no email lost or sent twice; deliveries resume"),
+    scenario("sender group's coordinator SIGKILL, back after 30 s", coordinator_kill,
+             "the group finds its new coordinator without a rebalance's pause"),
     scenario("one broker down 120 s", broker_down,
              "two replicas in sync go on taking every write; the broker catches up when back"),
     scenario("two brokers down 60 s (NOT_ENOUGH_REPLICAS)", two_brokers_down,
