@@ -42,11 +42,11 @@ from relay.db import make_engine
 
 HOST = "127.0.0.1"
 DEVSMTP_LATENCY_MS = 100
-# Issue 14's targets.
-TARGET_OVER_SEED_ON_SINK = 2.0
-TARGET_OVER_POSTOFFICE_ON_SINK = 2.0
-TARGET_OF_CEILING_AT_20 = 0.9
-TARGET_OVER_SEED_AT_64 = 50.0
+# Issue 26's targets (issue 14's before them: 2x, 2x, 0.9 at x20, 50x the seed at x64).
+TARGET_OVER_SEED_ON_SINK = 3.0        # job start -> last sent, both designs
+TARGET_OVER_POSTOFFICE_ON_SINK = 3.0  # commit -> last sent against its send phase
+TARGET_OF_CEILING_AT_20 = 0.95
+TARGET_OF_CEILING_AT_64 = 0.85
 TARGET_CPU_MS_PER_EMAIL = 0.5
 TARGET_RSS_GROWTH = 1.2  # end RSS over start RSS across the backlog: "flat"
 WIDE_CONCURRENCY = 64
@@ -129,6 +129,7 @@ class Timed:
     note: str = ""
     rss_mib: tuple[float, float] | None = None  # the sender's resident memory at start and end
     window: Buckets | None = None  # postroom: its senders' duplicate window over the run
+    job_seconds: float | None = None  # seed and postroom: from the job's start (its enqueue)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +153,12 @@ class Run:
     @property
     def per_s(self) -> float:
         return per_s(self.emails, self.seconds)
+
+    @property
+    def job_per_s(self) -> float | None:
+        """From the job's start (enqueue included) to the last sent: the median run's."""
+        seconds = sorted(t.job_seconds for t in self.timings if t.job_seconds is not None)
+        return per_s(self.emails, seconds[(len(seconds) - 1) // 2]) if seconds else None
 
     @property
     def spread(self) -> str:
@@ -215,17 +222,19 @@ def run_seed(server: Server, emails: int) -> Timed:
         db = seed_baseline.open_outbox(Path(tmp) / "outbox.db")
         try:
             now = dt.datetime.now(dt.UTC)
+            job_started = time.perf_counter()
             seed_baseline.enqueue(db, recipients(emails), SUBJECT, BODY, None, now)
             before, started = sample(pids), time.perf_counter()
             outcome = seed_baseline.deliver_due(db, now, HOST, server.port)
             seconds, after = time.perf_counter() - started, sample(pids)
+            job_seconds = time.perf_counter() - job_started
             sent = db.execute("SELECT count(*) FROM outbox WHERE status='sent'").fetchone()[0]
         finally:
             db.close()
     if sent != emails:
         problems = collections.Counter(v for v in outcome.values() if v != "sent")
         raise BenchError(f"seed design sent {sent} of {emails}: {dict(problems)}")
-    return Timed(seconds, usage(before, after))
+    return Timed(seconds, usage(before, after), job_seconds=job_seconds)
 
 
 # -- (b) postroom end to end -----------------------------------------------------------------------
@@ -269,7 +278,7 @@ def _first_error(engine: sa.Engine, key: str) -> str:
     return "" if row is None else f"{row[0]}: {row[1]}"
 
 
-def _wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, emails: int,
+def wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, emails: int,
                    timeout_s: float,
                    on_progress: Callable[[int], None] | None = None) -> dt.datetime:
     """Wait until every row of ``key`` is sent; return when the recorder wrote the last one.
@@ -316,7 +325,7 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 pids = {**components.pids, "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
-                _wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
+                wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
                 window_before = scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
                 progress(f"delivery: postroom is up (one warm-up email went through); "
                          f"enqueueing {emails:,} rows in one transaction")
@@ -326,10 +335,11 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                     if not warm_rss and sent >= emails / 10:
                         warm_rss.append(rss_mib(pids["sender"]))
 
+                job_started = time.time()
                 with engine.begin() as conn:
                     enqueue_rows(conn, "bench", recipients(emails))
                 committed_at, before = time.time(), sample(pids)
-                last = _wait_all_sent(engine, components, "bench", emails, 60 + emails / 20,
+                last = wait_all_sent(engine, components, "bench", emails, 60 + emails / 20,
                                       watch_rss)
                 seconds, after = last.timestamp() - committed_at, sample(pids)
                 rss_after = rss_mib(pids["sender"])
@@ -343,7 +353,8 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
     note = "; ".join(f"{name}: {len(lines)} warnings/errors" for name, lines in complaints.items())
     rss_before = warm_rss[0] if warm_rss else None
     rss = (rss_before, rss_after) if rss_before is not None and rss_after is not None else None
-    return Timed(seconds, usage(before, after), note, rss, window)
+    return Timed(seconds, usage(before, after), note, rss, window,
+                 job_seconds=last.timestamp() - job_started)
 
 
 # -- (c) django-post-office ------------------------------------------------------------------------
@@ -527,6 +538,8 @@ def _ms_per_email(cpu: CpuUsage | None, emails: int, *names: str) -> str:
 
 def _section(runs: list[Run], concurrency: int) -> Section:
     rate = {(r.server.name, r.design): r.per_s for r in runs}
+    job_rate = {r.design: r.job_per_s or 0.0 for r in runs
+                if r.server.name == "smtp-sink" and r.design in (SEED, POSTROOM)}
     by_design = {(r.server.name, r.design): r for r in runs}
     rows = []
     for index, r in enumerate(runs):
@@ -582,6 +595,8 @@ def _section(runs: list[Run], concurrency: int) -> Section:
           if r.design in POSTROOM_DESIGNS and r.timed.note),
         "",
         "Ratios:",
+        f"  postroom / seed, job start -> last sent, on {sink}: {job_rate[POSTROOM] / job_rate[SEED]:.2f}x "
+        f"({fmt_rate(job_rate[POSTROOM])} / {fmt_rate(job_rate[SEED])} emails/s)",
         f"  postroom / seed         on {sink}: {rate[sink, POSTROOM] / rate[sink, SEED]:.2f}x   "
         f"on {slow}: {rate[slow, POSTROOM] / rate[slow, SEED]:.1f}x "
         f"(x{WIDE_CONCURRENCY}: {rate[slow, POSTROOM_WIDE] / rate[slow, SEED]:.1f}x)",
@@ -604,15 +619,17 @@ def _section(runs: list[Run], concurrency: int) -> Section:
     ]
     sink_cpu = by_design[sink, POSTROOM].timed.cpu
     section.targets += [
-        Target("postroom / seed on smtp-sink", rate[sink, POSTROOM] / rate[sink, SEED],
-               TARGET_OVER_SEED_ON_SINK, "x"),
-        Target(f"postroom / django-post-office ({POSTOFFICE_THREADS} threads) on smtp-sink",
+        Target("postroom / seed on smtp-sink, job start -> last sent",
+               job_rate[POSTROOM] / job_rate[SEED], TARGET_OVER_SEED_ON_SINK, "x"),
+        Target(f"postroom / django-post-office ({POSTOFFICE_THREADS} threads) on smtp-sink, "
+               "commit -> last sent against its send phase",
                rate[sink, POSTROOM] / rate[sink, POSTOFFICE], TARGET_OVER_POSTOFFICE_ON_SINK, "x"),
         Target(f"postroom x{concurrency} on devsmtp {DEVSMTP_LATENCY_MS} ms, of the "
                f"{ceiling:.0f}/s ceiling", rate[slow, POSTROOM] / ceiling, TARGET_OF_CEILING_AT_20,
                "x"),
-        Target(f"postroom x{WIDE_CONCURRENCY} / seed on devsmtp {DEVSMTP_LATENCY_MS} ms",
-               rate[slow, POSTROOM_WIDE] / rate[slow, SEED], TARGET_OVER_SEED_AT_64, "x"),
+        Target(f"postroom x{WIDE_CONCURRENCY} on devsmtp {DEVSMTP_LATENCY_MS} ms, of the "
+               f"{wide_ceiling:.0f}/s ceiling", rate[slow, POSTROOM_WIDE] / wide_ceiling,
+               TARGET_OF_CEILING_AT_64, "x"),
     ]
     if sink_cpu is not None:
         section.targets.append(Target(

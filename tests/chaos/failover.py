@@ -43,6 +43,11 @@ class Protocol:
 
 PROTOCOLS = {p.name: p for p in (
     Protocol("classic"),  # postroom's defaults: session.timeout.ms 10 s, heartbeats every 2 s
+    # Sessions longer than the coordinator's move (fencing 9 s, then the offsets partition's
+    # election and load) with heartbeats at the same tenth: the shortest classic session a
+    # coordinator kill does not expire.
+    Protocol("classic-15s", (("POSTROOM_KAFKA_CONSUMER_CONFIG",
+                              "session.timeout.ms=15000;heartbeat.interval.ms=1500"),)),
     Protocol("classic-30s", (("POSTROOM_KAFKA_CONSUMER_CONFIG",
                               "session.timeout.ms=30000;heartbeat.interval.ms=3000"),)),
     Protocol("kip848", (("POSTROOM_KAFKA_CONSUMER_CONFIG", "group.protocol=consumer"),),
