@@ -15,11 +15,11 @@ import time
 from bench.report import BenchError, Options, Section, progress, table
 from bench.scratch import scratch
 from bench.workload import enqueue_rows, recipients
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.settings import Settings, TlsMode
 from relay.db import libpq_conninfo, make_engine
 from relay.publisher import Relay
 from sender.claims import lease_s
-from sender.devsmtp import DevSmtpServer
 from sender.ledger import Ledger, sender_identity
 from sender.service import Sender
 

@@ -979,7 +979,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if argv[:1] == ["devsmtp"]:
         # The dev server has its own parser (and runs without the POSTROOM_* settings).
         try:
-            from sender import devsmtp
+            from postroom.devkit import devsmtp
         except ModuleNotFoundError as exc:
             if (exc.name or "").partition(".")[0] != "aiosmtpd":
                 raise

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from postroom.devkit.devsmtp import read_maildir
 from postroom.devkit.ports import free_port, free_ports
 from postroom.devkit.processes import PostroomProcesses, run_postroom
 from postroom.devkit.scratch import scratch, scratch_env
@@ -46,7 +47,6 @@ from postroom.devkit.story import (
 )
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
-from sender.devsmtp import read_maildir
 
 RETRY_DELAYS = "2s,4s,8s,16s"
 

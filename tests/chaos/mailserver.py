@@ -15,8 +15,8 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from postroom.devkit import devsmtp
 from postroom.devkit.ports import free_port
-from sender import devsmtp
 
 DEFER_REPLY = "451 4.3.0 try again later"
 REJECT_REPLY = "550 5.1.1 User unknown"

@@ -526,7 +526,7 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
 
 
 def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
-    from sender.devsmtp import DevSmtpServer
+    from postroom.devkit.devsmtp import DevSmtpServer
 
     with DevSmtpServer(port=0) as server:
         proc = stack_cli("check", POSTROOM_SMTP_HOST="127.0.0.1",

@@ -23,11 +23,11 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from relay.report import BODY_MAX_LINES
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

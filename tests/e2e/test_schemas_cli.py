@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import support.registry
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.settings import Settings
 from schemas.codec import load_schema
-from sender.devsmtp import DevSmtpServer
 
 pytestmark = pytest.mark.e2e
 

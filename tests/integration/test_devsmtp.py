@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sender.devsmtp import DevSmtpServer, read_maildir
+from postroom.devkit.devsmtp import DevSmtpServer, read_maildir
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ def test_connections_are_counted_once_they_greet(server: DevSmtpServer) -> None:
 def run_cli(args: list[str], talk: Callable[[int], None]) -> tuple[str, str]:
     """Run ``postroom devsmtp ARGS``, call ``talk(port)`` once it listens, stop it with SIGTERM:
     its first stdout line and its stderr (it must exit 0)."""
-    proc = subprocess.Popen([sys.executable, "-m", "sender.devsmtp", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "postroom.devkit.devsmtp", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -168,7 +168,7 @@ def test_only_the_newest_messages_are_kept_in_memory(
     ("0.0.0.0", True), ("::", True), ("192.0.2.10", True), ("mail.example.com", True),  # noqa: S104
 ])
 def test_a_bind_beyond_loopback_is_warned_about(host: str, warned: bool) -> None:
-    from sender.devsmtp import bind_warning
+    from postroom.devkit.devsmtp import bind_warning
 
     warning = bind_warning(host)
     assert (warning is not None) == warned
@@ -222,3 +222,12 @@ def test_a_fault_of_the_server_itself_is_answered_451_not_500(
             client.mail(SENDER)
             client.rcpt("y@example.com")
             assert client.data(MESSAGE) == (451, b"4.3.0 local error in processing")
+
+
+def test_throttle_every_answers_every_nth_rcpt_with_the_rate_limit() -> None:
+    with DevSmtpServer("127.0.0.1", 0, throttle_every=3) as dev, \
+            smtplib.SMTP("127.0.0.1", dev.port, timeout=10) as client:
+        client.ehlo()
+        codes = [rcpt_reply(client, f"r{n}@example.com")[0] for n in range(7)]
+        assert codes == [250, 250, 450, 250, 250, 450, 250]
+        assert dev.throttled_replies == 2

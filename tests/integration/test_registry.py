@@ -20,6 +20,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 import support.registry
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import priority_topic, results_topic, topic_schemas, value_subject
@@ -32,7 +33,6 @@ from schemas.registry import (
     framing_for,
     register_contract,
 )
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration

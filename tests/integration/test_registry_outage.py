@@ -21,12 +21,12 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema as RegistrySchema
 
 import support.registry
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, value_subject
 from schemas.codec import EmailRequested, confluent_prefix, load_schema
 from schemas.registry import framing_for, register_contract
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import SenderThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.ports import free_port
 from postroom.settings import Secret, Settings, TlsMode
-from sender.devsmtp import DevSmtpServer
 from sender.outcome import REASON_MAX_CHARS, Failure, SmtpReply, Stage, Verdict, classify_reply
 from sender.smtp import SmtpConfig, SmtpPool
 

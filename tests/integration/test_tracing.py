@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from postroom import Email, enqueue, enqueue_many, tracing
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.otlp import OtlpReceiver
 from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch_env
@@ -26,7 +27,6 @@ from postroom.topics import priority_topic, results_topic, retry_topic
 from postroom.tracing import TraceContext
 from relay.db import downgrade, upgrade
 from relay.publisher import Relay
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 from support.tracing import memory_tracing
 

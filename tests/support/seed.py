@@ -12,9 +12,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.story import DEFERRED, FINAL_STATUSES, REFUSED, SEPTEMBER, SEPTEMBER_ENDS
 from postroom.devkit.wait import wait_until
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import outbox_rows
 
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"

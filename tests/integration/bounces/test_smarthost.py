@@ -18,11 +18,11 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.ports import free_ports
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.verp import make_token, return_path
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 from support.postfix import IntakeThread, started_smarthost
 

@@ -107,7 +107,7 @@ def _failing_or_none(settings: Settings) -> str | None:
 
 def test_the_check_command_says_warn_and_exits_0_with_a_broker_down(
         topics: Settings, brokers: Brokers, db_settings: Settings, tmp_path: Path) -> None:
-    from sender.devsmtp import DevSmtpServer
+    from postroom.devkit.devsmtp import DevSmtpServer
 
     brokers.stop(1)
     wait_until(lambda: _said_or_none(topics, 1), 60, "check to see broker 1 gone")

@@ -13,13 +13,13 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.lagrules import Verdict
 from postroom.settings import Settings, TlsMode
 from postroom.topics import Priority, priority_topic, retry_topic
 from schemas.codec import EmailRequested, encode, headers_for
-from sender.devsmtp import DevSmtpServer
 from support.foreign import produce_raw
 from support.pipeline import Pipeline, outbox_rows
 

@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -14,12 +14,12 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import read_token
 from schemas.codec import DeliveryStatus, EmailResult, encode, headers_for
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration

@@ -12,13 +12,13 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.settings import Settings
 from relay.publisher import Relay
-from sender.devsmtp import DevSmtpServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.ports import free_port
 from postroom.devkit.wait import wait_until
 from postroom.settings import TlsMode
 from postroom.verp import read_token
 from schemas.codec import EmailRequested
 from sender.delivery import Delivery
-from sender.devsmtp import DevSmtpServer
 from sender.smtp import SmtpConfig, SmtpPool
 
 pytestmark = pytest.mark.integration

@@ -13,11 +13,11 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer
 
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic
 from schemas.codec import EmailRequested, encode, headers_for
-from sender.devsmtp import DevSmtpServer
 from sender.routing import DLQ_CLASS_HEADER, DLQ_REASON_HEADER
 from support.foreign import produce_raw
 from support.pipeline import SenderThread

@@ -17,12 +17,12 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
 from relay.publisher import Relay
 from schemas.codec import SCHEMA_HEADER, EmailRequested, encode, headers_for, load_schema
-from sender.devsmtp import DevSmtpServer
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 

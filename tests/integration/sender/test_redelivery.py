@@ -12,12 +12,12 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import results_topic
 from relay.publisher import Relay
 from schemas.codec import DeliveryStatus, EmailResult, decode
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

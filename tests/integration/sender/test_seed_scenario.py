@@ -16,10 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.story import OCTOBER, make_workbook
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
-from sender.devsmtp import DevSmtpServer
 from support.pipeline import Pipeline, outbox_rows
 from support.seed import check_september, enqueue_september, seed_server
 

@@ -77,8 +77,11 @@ class _Handler:
         max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
         pipelining: bool = True,
         dsn: bool = False,
+        throttle_every: int = 0,
     ) -> None:
         self.pipelining = pipelining
+        self.throttle_every = throttle_every  # every Nth RCPT TO answered THROTTLE_REPLY (0: none)
+        self.rcpts = 0
         self.dsn = dsn
         self.max_kept = max_kept
         self.max_kept_bytes = max_kept_bytes
@@ -169,7 +172,9 @@ class _Handler:
     ) -> str:
         key = _norm(address)
         with self.lock:
-            throttled = key.rpartition("@")[2] in self.throttle
+            self.rcpts += 1
+            throttled = key.rpartition("@")[2] in self.throttle or (
+                self.throttle_every > 0 and self.rcpts % self.throttle_every == 0)
             if throttled:
                 self.throttled_replies += 1
         if throttled:
@@ -300,8 +305,9 @@ class DevSmtpServer:
     tries of each address. ``drop``: the connection is closed after the message content, with no
     reply. ``latency_ms``: delay before replying to the message content. ``tls_context``: offer
     STARTTLS with this server context. ``pipelining``: offer PIPELINING (RFC 2920). ``dsn``: offer
-    DSN (RFC 3461) and keep its parameters in each message's ``mail_options``. ``port=0``
-    picks a free port (read ``.port`` after start).
+    DSN (RFC 3461) and keep its parameters in each message's ``mail_options``.
+    ``throttle_every``: every Nth RCPT TO of the server's life gets the rate limit reply, whatever
+    its address. ``port=0`` picks a free port (read ``.port`` after start).
     """
 
     def __init__(
@@ -319,13 +325,14 @@ class DevSmtpServer:
         max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
         pipelining: bool = True,
         dsn: bool = False,
+        throttle_every: int = 0,
     ) -> None:
         self.host = host
         self._port = port
         self._handler = _Handler(reject=reject, defer=defer or {}, drop=drop,
                                  latency_ms=latency_ms, maildir=maildir, max_kept=max_kept,
                                  max_kept_bytes=max_kept_bytes, pipelining=pipelining,
-                                 dsn=dsn)
+                                 dsn=dsn, throttle_every=throttle_every)
         self._tls_context = tls_context
         self._controller: _Controller | None = None
 
@@ -500,6 +507,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=env.get(var("LATENCY"), 0),
                         help=f"wait MS milliseconds before accepting a message "
                              f"(env {var('LATENCY')}; default %(default)s)")
+    parser.add_argument("--throttle-every", type=int, metavar="N",
+                        default=env.get(var("THROTTLE_EVERY"), 0),
+                        help=f"answer every Nth RCPT TO with {THROTTLE_REPLY!r}, whatever its "
+                             f"address (env {var('THROTTLE_EVERY')}; default %(default)s: none)")
     parser.add_argument("--drop", action="append", metavar="ADDR",
                         help=f"close the connection after the message content, without a "
                              f"reply; repeatable (env {var('DROP')})")
@@ -531,6 +542,8 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         parser.error(f"--port must be from 0 (any free port) to {MAX_PORT}, got {args.port}")
     if args.latency < 0:
         parser.error("--latency must not be negative")
+    if int(args.throttle_every) < 0:
+        parser.error("--throttle-every must not be negative")
     if int(args.max_kept) < 1:
         parser.error("--max-kept must be at least 1")
     return args
@@ -552,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     server = DevSmtpServer(args.host, args.port, reject=args.reject, defer=dict(args.defer),
                            latency_ms=args.latency, maildir=args.maildir, drop=args.drop,
-                           max_kept=int(args.max_kept))
+                           max_kept=int(args.max_kept), throttle_every=int(args.throttle_every))
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -9,7 +9,7 @@ import email.policy
 
 import pytest
 
-from sender.devsmtp import _message_id, parse_args, parse_defer
+from postroom.devkit.devsmtp import _message_id, parse_args, parse_defer
 
 
 def test_defer_flag_syntax() -> None:
@@ -27,6 +27,15 @@ def test_flags_fall_back_to_environment_variables() -> None:
         2525, ["a@x.org", "b@x.org"], [("c@x.org", 3)], 50)
     args = parse_args(["--port", "2626", "--reject", "z@x.org"], env)
     assert (args.port, args.reject) == (2626, ["z@x.org"])
+    assert int(parse_args([], {"POSTROOM_DEVSMTP_THROTTLE_EVERY": "10"}).throttle_every) == 10
+    assert int(parse_args(["--throttle-every", "4"], {}).throttle_every) == 4
+
+
+def test_a_negative_throttle_every_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--throttle-every", "-1"], {})
+    assert exited.value.code == 2
+    assert "--throttle-every must not be negative" in capsys.readouterr().err
 
 
 def test_bad_defer_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
