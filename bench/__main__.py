@@ -1,5 +1,5 @@
-"""`python -m bench [relay] [delivery] [latency] [retry] [codec] [enqueue] [tracing] [--quick]`:
-run the benchmarks, print their figures.
+"""`python -m bench [PART ...] [--quick]`: run the benchmarks (relay, delivery, latency, throttle,
+retry, codec, enqueue, tracing; all by default), print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -23,7 +23,7 @@ from postroom.settings import Settings
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-PARTS = ("relay", "delivery", "latency", "retry", "codec", "enqueue", "tracing")
+PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "enqueue", "tracing")
 STACK_FREE = {"codec"}  # parts that need neither PostgreSQL nor Kafka
 
 
@@ -48,6 +48,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import latency
 
         return latency.run
+    if name == "throttle":
+        from bench import throttle
+
+        return throttle.run
     if name == "tracing":
         from bench import tracing
 
@@ -63,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="postroom benchmarks against the local stack (scripts/services.sh up; "
                     ". .dev/env). Figures on stdout, progress on stderr.")
     parser.add_argument("parts", nargs="*", metavar="PART",
-                        help="relay, delivery, latency, retry, codec, enqueue and/or tracing (default: all)")
+                        help=f"{', '.join(PARTS)} (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="smaller runs (about a minute in all) to check that everything works")
     parser.add_argument("--profile", action="store_true",

@@ -1,0 +1,105 @@
+"""Throttling benchmark (issue 26, target 6): the time to deliver 1,000 emails to a destination
+that throttles one send in ten (an in-process dev SMTP server answering every tenth RCPT TO with
+the rate limit), at a short and at the default first pause; how many pauses it took and how
+many sends were throttled, from the sender's own counters."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+
+from bench.report import BenchError, Options, Section, progress, table
+from bench.scratch import scratch
+from bench.workload import enqueue_rows, recipients
+from postroom.devkit.devsmtp import DevSmtpServer
+from postroom.settings import Settings, TlsMode
+from relay.db import libpq_conninfo, make_engine
+from relay.publisher import Relay
+from sender.claims import lease_s
+from sender.ledger import Ledger, sender_identity
+from sender.service import Sender
+
+THROTTLE_EVERY = 10
+FULL_EMAILS, QUICK_EMAILS = 1_000, 200
+PAUSES_S, QUICK_PAUSES_S = (1.0,), (1.0,)
+TIMEOUT_S = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Throttled:
+    pause_s: float
+    seconds: float
+    throttled: int    # the server's rate limit replies
+    counted: float    # the sender's throttled_total
+
+
+def run(base: Settings, options: Options) -> Section:
+    emails = QUICK_EMAILS if options.quick else FULL_EMAILS
+    runs = [_measure(base, emails, pause) for pause in (QUICK_PAUSES_S if options.quick
+                                                         else PAUSES_S)]
+    section = Section(f"Throttling: {emails:,} emails to a destination that throttles one send "
+                      f"in {THROTTLE_EVERY}")
+    section.lines += [
+        f"one domain; every {THROTTLE_EVERY}th RCPT TO of the server answered 450 4.2.1 (the rate "
+        "limit); sender concurrency 20, all components in this process; POSTROOM_THROTTLE_PAUSE "
+        "as given (the default is 60 s), POSTROOM_THROTTLE_MAX_WAIT at its default",
+        "",
+        *table(["first pause s", "all delivered after s", "throttled replies",
+                "sender's throttled_total"],
+               [[f"{r.pause_s:g}", f"{r.seconds:,.1f}", f"{r.throttled:,}", f"{r.counted:,.0f}"]
+                for r in runs]),
+        "",
+        "A burst of throttling replies (the sends in flight when a pause begins) pauses the "
+        "destination once; the pause doubles when a send after it is throttled again, as each "
+        f"tenth one here is: a server that throttles one send in {THROTTLE_EVERY} for good "
+        "holds the destination near its longest pause.",
+    ]
+    return section
+
+
+def _measure(base: Settings, emails: int, pause_s: float) -> Throttled:
+    with scratch(base, "throttle") as settings:
+        addresses = recipients(emails, tag="busy")
+        server = DevSmtpServer(port=0, throttle_every=THROTTLE_EVERY)
+        server.start()
+        try:
+            smtp = dataclasses.replace(settings, smtp_host="127.0.0.1", smtp_port=server.port,
+                                       smtp_tls=TlsMode.NONE, throttle_pause_s=pause_s)
+            return _deliver(smtp, addresses, server, pause_s)
+        finally:
+            server.stop()
+
+
+def _deliver(settings: Settings, addresses: list[str], server: DevSmtpServer,
+             pause_s: float) -> Throttled:
+    engine = make_engine(settings)
+    relay = Relay(settings, engine)
+    sender = Sender.from_settings(settings, ledger=Ledger(
+        libpq_conninfo(engine), sender_identity(), lease_s(settings), settings.database_schema))
+    loop = asyncio.new_event_loop()
+    threads = [threading.Thread(target=relay.run, daemon=True),
+               threading.Thread(target=lambda: loop.run_until_complete(sender.run()), daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        progress(f"throttle: {len(addresses):,} emails, first pause {pause_s:g} s")
+        started = time.monotonic()
+        with engine.begin() as conn:
+            enqueue_rows(conn, "busy", addresses)
+        deadline = started + TIMEOUT_S
+        while server.count() < len(addresses):
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {server.count()} of {len(addresses)} delivered in time")
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+    finally:
+        relay.stop()
+        loop.call_soon_threadsafe(sender.stop)
+        for thread in threads:
+            thread.join(60)
+        loop.close()
+        engine.dispose()
+    counted = sum(sender.metrics.counters("throttled_total").values())
+    return Throttled(pause_s, elapsed, server.throttled_replies, counted)
