@@ -14,7 +14,7 @@ from typing import Protocol
 from bounces.errors import BouncesError, Refusal, UnusableReportError
 from bounces.mapping import OutboxRow, results_for
 from bounces.reports import Report, parse_report
-from postroom.metrics import Metrics
+from postroom.metrics import BOUNCE_HELD_TOTAL, BOUNCE_REFUSED_TOTAL, BOUNCE_REPORTS_TOTAL, Metrics
 from postroom.verp import ExpiredTokenError, ForgedTokenError, TokenError, read_token
 from schemas.codec import EmailResult
 
@@ -85,7 +85,7 @@ class Intake:
         self._clock = clock
 
     def _refuse(self, refusal: Refusal, detail: str) -> None:
-        self._metrics.inc("bounce_refused_total", reason=refusal.value)
+        self._metrics.inc(BOUNCE_REFUSED_TOTAL, reason=refusal.value)
         log.warning("bounce refused (%s): %s", refusal.value, detail)
 
     def _read(self, text: str) -> int:
@@ -160,11 +160,11 @@ class Intake:
             if results:
                 self._results.publish(results)
         except UnavailableError as exc:
-            self._metrics.inc("bounce_held_total")
+            self._metrics.inc(BOUNCE_HELD_TOTAL)
             log.warning("bounce report held (%s): answered 451, the MTA tries again", exc)
             return HELD_REPLY
         for result in results:
-            self._metrics.inc("bounce_reports_total", status=result.status.value)
+            self._metrics.inc(BOUNCE_REPORTS_TOTAL, status=result.status.value)
         if results:
             return ACCEPTED_REPLY
         return UNKNOWN_REPLY if unknown and unknown == len(seen) else IGNORED_REPLY

@@ -16,7 +16,7 @@ from bounces.adapters import DatabaseRows, KafkaResults
 from bounces.errors import Refusal
 from bounces.intake import HELD_REPLY, MAX_REPORT_BYTES, Accepted, BounceConfig, Intake, Results, Rows
 from postroom.errors import ConfigError, PostroomError
-from postroom.metrics import Metrics
+from postroom.metrics import BOUNCE_REFUSED_TOTAL, Metrics
 from postroom.settings import Settings, env_name
 from schemas.registry import framing_for
 
@@ -81,7 +81,7 @@ class _Session(SMTP):
 
     async def push(self, status: Any) -> None:
         if (status.encode() if isinstance(status, str) else bytes(status)).startswith(b"552"):
-            self._metrics.inc("bounce_refused_total", reason=Refusal.TOO_LARGE.value)
+            self._metrics.inc(BOUNCE_REFUSED_TOTAL, reason=Refusal.TOO_LARGE.value)
             log.warning("bounce refused (%s): over %d bytes", Refusal.TOO_LARGE.value,
                         MAX_REPORT_BYTES)
         await super().push(status)

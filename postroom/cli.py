@@ -219,8 +219,8 @@ def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metri
     """A role's metrics, served with /healthz and /readyz when POSTROOM_METRICS_PORT is set.
     Ready means: the database at the newest revision (when configured), the broker with every
     topic, and for the sender (``smtp``) the SMTP server."""
+    from postroom.health import Check, Readiness, serve
     from postroom.kafka import check_topics
-    from postroom.metrics import Check, Readiness, serve
 
     metrics = Metrics(process=True)
     if not settings.metrics_port:

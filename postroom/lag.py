@@ -38,7 +38,26 @@ from postroom.lagrules import (
     lag_seconds,
     partition_verdict,
 )
-from postroom.metrics import Metrics
+from postroom.metrics import (
+    CONSUMERGROUP_MEMBERS,
+    CONSUMERGROUP_STATUS,
+    KAFKA_CONSUMERGROUP_GROUP_LAG,
+    KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS,
+    KAFKA_CONSUMERGROUP_GROUP_MAX_LAG,
+    KAFKA_CONSUMERGROUP_GROUP_MAX_LAG_SECONDS,
+    KAFKA_CONSUMERGROUP_GROUP_SUM_LAG,
+    LAG_PARTITIONS_UNAVAILABLE,
+    OUTBOX_BACKLOG,
+    OUTBOX_BACKLOG_AGE_SECONDS,
+    RETRY_OVERDUE,
+    RETRY_OVERDUE_SECONDS,
+    RETRY_WAITING,
+    TOPIC_PARTITIONS_BELOW_MIN_INSYNC_REPLICAS,
+    TOPIC_PARTITIONS_OFFLINE,
+    TOPIC_PARTITIONS_UNDER_REPLICATED,
+    Metrics,
+    MetricSpec,
+)
 from postroom.replication import TopicHealth, topic_health
 from postroom.settings import Settings
 from postroom.topics import all_topics, results_topic, sender_topics, tier_of_retry_topic
@@ -582,10 +601,10 @@ def render_json(report: LagReport) -> list[str]:
     return lines
 
 
-_RETRY_SERIES = ("retry_waiting", "retry_overdue", "retry_overdue_seconds")
+_RETRY_SERIES = (RETRY_WAITING, RETRY_OVERDUE, RETRY_OVERDUE_SECONDS)
 
 
-def _set_known(metrics: Metrics, name: str, value: float | None, labels: dict[str, str]) -> None:
+def _set_known(metrics: Metrics, name: MetricSpec, value: float | None, labels: dict[str, str]) -> None:
     """The gauge at ``value``; no series when it is unknown (a record not read in time)."""
     if value is None:
         metrics.remove(name, **labels)
@@ -603,42 +622,41 @@ def export(metrics: Metrics, report: LagReport, cluster: str) -> None:
             if p.unavailable is not None:
                 # Unknown is no series, not the last value or 0: an alert's expression then
                 # misses it rather than reading a lag that may be stale.
-                for name in ("kafka_consumergroup_group_lag",
-                             "kafka_consumergroup_group_lag_seconds"):
+                for name in (KAFKA_CONSUMERGROUP_GROUP_LAG, KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS):
                     metrics.remove(name, **labels)
                 if p.tier is not None:
                     for name in _RETRY_SERIES:
                         metrics.remove(name, **where)
                 continue
-            metrics.set("kafka_consumergroup_group_lag", p.lag, **labels)
-            _set_known(metrics, "kafka_consumergroup_group_lag_seconds", p.lag_seconds, labels)
+            metrics.set(KAFKA_CONSUMERGROUP_GROUP_LAG, p.lag, **labels)
+            _set_known(metrics, KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS, p.lag_seconds, labels)
             if p.tier is not None:
-                metrics.set("retry_waiting", p.lag, **where)
-                _set_known(metrics, "retry_overdue", p.overdue, where)
-                _set_known(metrics, "retry_overdue_seconds", p.overdue_seconds, where)
+                metrics.set(RETRY_WAITING, p.lag, **where)
+                _set_known(metrics, RETRY_OVERDUE, p.overdue, where)
+                _set_known(metrics, RETRY_OVERDUE_SECONDS, p.overdue_seconds, where)
         of_group = {"cluster_name": cluster, "group": group.group}
         # A group none of whose partitions was read keeps its last totals and status: 0 and OK
         # would resolve its alerts, and so would removing the series; their `for:` timers
         # carry on while postroom_lag_partitions_unavailable says the reading is old.
         if group.known:
-            metrics.set("kafka_consumergroup_group_sum_lag", group.sum_lag, **of_group)
-            metrics.set("kafka_consumergroup_group_max_lag", group.max_lag, **of_group)
-            metrics.set("kafka_consumergroup_group_max_lag_seconds", group.max_lag_seconds,
+            metrics.set(KAFKA_CONSUMERGROUP_GROUP_SUM_LAG, group.sum_lag, **of_group)
+            metrics.set(KAFKA_CONSUMERGROUP_GROUP_MAX_LAG, group.max_lag, **of_group)
+            metrics.set(KAFKA_CONSUMERGROUP_GROUP_MAX_LAG_SECONDS, group.max_lag_seconds,
                         **of_group)
-            metrics.set("consumergroup_status", group.verdict.value, group=group.group)
+            metrics.set(CONSUMERGROUP_STATUS, group.verdict.value, group=group.group)
         if group.members_known:  # not described: the count is not 0, it is unknown
-            metrics.set("consumergroup_members", len(group.members), group=group.group)
-        metrics.set("lag_partitions_unavailable", group.unavailable, group=group.group)
+            metrics.set(CONSUMERGROUP_MEMBERS, len(group.members), group=group.group)
+        metrics.set(LAG_PARTITIONS_UNAVAILABLE, group.unavailable, group=group.group)
     if report.replication is not None:
         for topic, health in report.replication.items():
             where = {"cluster_name": cluster, "topic": topic}
-            metrics.set("topic_partitions_offline", health.offline, **where)
-            metrics.set("topic_partitions_under_replicated", health.under_replicated, **where)
-            metrics.set("topic_partitions_below_min_insync_replicas", health.below_min_isr,
+            metrics.set(TOPIC_PARTITIONS_OFFLINE, health.offline, **where)
+            metrics.set(TOPIC_PARTITIONS_UNDER_REPLICATED, health.under_replicated, **where)
+            metrics.set(TOPIC_PARTITIONS_BELOW_MIN_INSYNC_REPLICAS, health.below_min_isr,
                         **where)
     if report.outbox is not None:
-        metrics.set("outbox_backlog", report.outbox.rows)
-        metrics.set("outbox_backlog_age_seconds", report.outbox.oldest_age_s or 0.0)
+        metrics.set(OUTBOX_BACKLOG, report.outbox.rows)
+        metrics.set(OUTBOX_BACKLOG_AGE_SECONDS, report.outbox.oldest_age_s or 0.0)
 
 
 def watch(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None, every_s: float,

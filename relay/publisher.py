@@ -27,7 +27,15 @@ from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
 from postroom.kafka import is_too_large
-from postroom.metrics import Metrics
+from postroom.metrics import (
+    RELAY_POISON_TOTAL,
+    RELAY_PUBLISH_DELAY_SECONDS,
+    RELAY_PUBLISHED_TOTAL,
+    RELAY_SUPPRESSED_TOTAL,
+    RELAY_TOO_LARGE_TOTAL,
+    RELAY_UNACKNOWLEDGED_TOTAL,
+    Metrics,
+)
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
 from postroom.tracing import (
@@ -194,7 +202,7 @@ class Relay:
         if not suppressed:
             return rows
         self.stats.suppressed += len(suppressed)
-        self.metrics.inc("relay_suppressed_total", len(suppressed))
+        self.metrics.inc(RELAY_SUPPRESSED_TOTAL, len(suppressed))
         log.info("%d email(s) to suppressed addresses finished as suppressed, not published",
                  len(suppressed))
         return [row for row in rows if row[id_at] not in suppressed]
@@ -306,7 +314,7 @@ class Relay:
         oldest = min((_epoch_s(row[created_at]) for row in rows[:produced]
                       if not refused or row[id_at] not in refused), default=None)
         if oldest is not None:
-            self.metrics.observe("relay_publish_delay_seconds", time.time() - oldest)
+            self.metrics.observe(RELAY_PUBLISH_DELAY_SECONDS, time.time() - oldest)
         unsent = [row[id_at] for row in rows[produced:]]
         if not failures:
             return Sent([row[id_at] for row in rows[:produced] if row[id_at] not in refused],
@@ -332,15 +340,15 @@ class Relay:
         acked, released = sent.acked, sent.released
         self.stats.rounds += 1
         if sent.too_large:
-            self.metrics.inc("relay_too_large_total", len(sent.too_large))
+            self.metrics.inc(RELAY_TOO_LARGE_TOTAL, len(sent.too_large))
         if sent.poison:
             self.stats.poison += len(sent.poison)
-            self.metrics.inc("relay_poison_total", len(sent.poison))
+            self.metrics.inc(RELAY_POISON_TOTAL, len(sent.poison))
         self.stats.published += len(acked)
         self.stats.failed += len(released)
-        self.metrics.inc("relay_published_total", len(acked))
+        self.metrics.inc(RELAY_PUBLISHED_TOTAL, len(acked))
         if released:
-            self.metrics.inc("relay_unacknowledged_total", len(released))
+            self.metrics.inc(RELAY_UNACKNOWLEDGED_TOTAL, len(released))
             raise KafkaClientError(
                 f"{len(released)} of {claimed} rows were not acknowledged; "
                 "their claims are released for the next round", retriable=True)

@@ -25,7 +25,15 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from postroom import kafka
 from postroom.errors import first_line
 from postroom.kafka import Record, readable_records
-from postroom.metrics import Metrics
+from postroom.metrics import (
+    RECORDED_TOTAL,
+    RECORDER_REFUSED_TOTAL,
+    RECORDER_UNREADABLE_TOTAL,
+    RECORDER_UNRECORDABLE_TOTAL,
+    SUPPRESSED_ADDRESSES_TOTAL,
+    UNDELIVERABLE_TOTAL,
+    Metrics,
+)
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.tracing import OFF, Span, Tracing, from_headers, kafka_attributes
@@ -374,14 +382,14 @@ class Recorder:
             except SchemaError as exc:
                 # A result we cannot read cannot be applied; skip it loudly rather than stall.
                 self.stats.unreadable += 1
-                self.metrics.inc("recorder_unreadable_total")
+                self.metrics.inc(RECORDER_UNREADABLE_TOTAL)
                 log.error("unreadable result %s[%d]@%d skipped: %s", record.topic,  # noqa: TRY400
                           record.partition, record.offset, _short(str(exc)))
                 return None
         problem = result_problem(result)
         if problem is not None:
             self.stats.refused += 1
-            self.metrics.inc("recorder_refused_total")
+            self.metrics.inc(RECORDER_REFUSED_TOTAL)
             log.error("result %s[%d]@%d refused: %s", record.topic, record.partition,
                       record.offset, problem)
             return None
@@ -453,7 +461,7 @@ class Recorder:
                 self._stop.wait(RETRY_BACKOFF_S)
         for result, why in refused:
             self.stats.unrecordable += 1
-            self.metrics.inc("recorder_unrecordable_total")
+            self.metrics.inc(RECORDER_UNRECORDABLE_TOTAL)
             log.error("result key=%.200r attempt=%d status=%s not recorded: the database "
                       "refused it (%s)", result.idempotency_key, result.attempt,
                       result.status.value, why)
@@ -464,12 +472,12 @@ class Recorder:
         self.stats.ignored += (sum(r.status not in REPORT_STATUSES for r in results) - changed
                                + applied.ignored)
         for result in results:
-            self.metrics.inc("recorded_total", status=result.status.value)
+            self.metrics.inc(RECORDED_TOTAL, status=result.status.value)
             if result.status in (DeliveryStatus.FAILED, DeliveryStatus.DEAD,
                                  DeliveryStatus.BOUNCED):
-                self.metrics.inc("undeliverable_total", status=result.status.value)
+                self.metrics.inc(UNDELIVERABLE_TOTAL, status=result.status.value)
         for source, count in applied.suppressed.items():
-            self.metrics.inc("suppressed_addresses_total", count, source=source)
+            self.metrics.inc(SUPPRESSED_ADDRESSES_TOTAL, count, source=source)
             log.info("suppressed %d address(es) (%s)", count, source)
         positions: dict[tuple[str, int], int] = {}
         for msg in messages:

@@ -13,7 +13,21 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar
 
-from postroom.metrics import Metrics
+from postroom.metrics import (
+    ATTACHMENTS_WAITING_TOTAL,
+    ATTEMPTS_TOTAL,
+    CLAIMS_RENEWED_TOTAL,
+    DESTINATIONS_PAUSED,
+    DUPLICATES_SUPPRESSED_TOTAL,
+    LEDGER_MARK_SECONDS,
+    OUTCOMES_TOTAL,
+    REPEATED_ATTEMPTS_SUPPRESSED_TOTAL,
+    SENT_MARK_WINDOW_SECONDS,
+    SERVER_FAULTS_TOTAL,
+    SMTP_REPLY_SECONDS,
+    THROTTLED_TOTAL,
+    Metrics,
+)
 from postroom.tracing import OFF, Span, TraceContext, Tracing, from_headers, kafka_attributes
 from schemas.codec import DeliveryStatus, EmailRequested
 from sender.admission import Admitted
@@ -91,7 +105,7 @@ class Attempts:
             await self._publish(origin, event, routing, span)
         if routing.status is not DeliveryStatus.SENT:
             await self._release_after(event, routing)
-        self._metrics.inc("outcomes_total", status=routing.status.value)
+        self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
 
     async def _publish(self, origin: Origin, event: EmailRequested, routing: Routing,
                        span: Span) -> None:
@@ -124,7 +138,7 @@ class Attempts:
                   and routing.forward.event.attempt == event.attempt)
         await self._ledger_call("release", partial(self._ledger.release, event.idempotency_key,
                                                    None if waited else event.attempt))
-        self._metrics.observe("ledger_mark_seconds", self._clock.monotonic() - started,
+        self._metrics.observe(LEDGER_MARK_SECONDS, self._clock.monotonic() - started,
                               operation="release")
 
     async def _claim_and_send(self, origin: Origin, admitted: Admitted,
@@ -158,7 +172,7 @@ class Attempts:
                 deferred_since = deferred_since or self._clock.monotonic()
                 continue
             if claim.claim is Claim.SENT:
-                self._metrics.inc("duplicates_suppressed_total")
+                self._metrics.inc(DUPLICATES_SUPPRESSED_TOTAL)
                 log.info("key=%s already accepted by the server; not sending again", key)
                 await self._outcomes.result(
                     key, already_sent(event, claim.message_id, self._clock.utcnow()),
@@ -166,7 +180,7 @@ class Attempts:
                 return None
             if claim.claim is Claim.DONE:
                 # Its result and its retry or dead letter went out with the attempt.
-                self._metrics.inc("repeated_attempts_suppressed_total")
+                self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
                 log.info("key=%s attempt=%d already made and its outcome published; not "
                          "making it again", key, event.attempt)
                 return None
@@ -222,7 +236,7 @@ class Attempts:
                              claim.session == self._ledger.session):
             return True
         kept = await self._ledger_call("renew", partial(self._ledger.renew, key))
-        self._metrics.inc("claims_renewed_total", result="kept" if kept else "lost")
+        self._metrics.inc(CLAIMS_RENEWED_TOTAL, result="kept" if kept else "lost")
         return kept
 
     async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool) -> Sent:
@@ -238,7 +252,7 @@ class Attempts:
 
         reply, message_id = await slot.send(event, self._clock.utcnow(), accepted)
         mark, read_at = marks[0] if marks else (None, self._clock.monotonic())
-        self._metrics.observe("smtp_reply_seconds", read_at - started, stage=reply.stage.value)
+        self._metrics.observe(SMTP_REPLY_SECONDS, read_at - started, stage=reply.stage.value)
         return Sent(reply, message_id, read_at, mark, may_defer and is_throttling(reply))
 
     async def _defer(self, event: EmailRequested) -> None:
@@ -246,8 +260,8 @@ class Attempts:
         and the send waits for its destination's pause."""
         key = event.idempotency_key
         await self._ledger_call("release", partial(self._ledger.release, key))
-        self._metrics.inc("throttled_total")
-        self._metrics.set("destinations_paused", self._line.paused())
+        self._metrics.inc(THROTTLED_TOTAL)
+        self._metrics.set(DESTINATIONS_PAUSED, self._line.paused())
         log.info("key=%s domain=%s attempt=%d throttled by the server: deferred, not counted as "
                  "an attempt", key, event.recipient.rpartition("@")[2], event.attempt)
 
@@ -257,14 +271,14 @@ class Attempts:
         reply, message_id = sent.reply, sent.message_id
         event = admitted.event
         outcome = classify_reply(reply)
-        self._metrics.inc("attempts_total", verdict=outcome.verdict.value)
+        self._metrics.inc(ATTEMPTS_TOTAL, verdict=outcome.verdict.value)
         if outcome.server_fault and outcome.verdict is not Verdict.SENT:
-            self._metrics.inc("server_faults_total", stage=reply.stage.value)
+            self._metrics.inc(SERVER_FAULTS_TOTAL, stage=reply.stage.value)
         now = self._clock.utcnow()
         # A redriven email has a fresh budget: its retry tiers count from the redrive.
         in_round = event.attempt - admitted.attempt_base
         if waits_for_configuration(reply):
-            self._metrics.inc("attachments_waiting_total")
+            self._metrics.inc(ATTACHMENTS_WAITING_TOTAL)
             decision = self._rules.policy.wait(in_round, now)
         else:
             decision = self._rules.policy.decide(outcome, in_round, now)
@@ -275,8 +289,8 @@ class Attempts:
                 "mark sent", partial(self._ledger.mark_sent, event.idempotency_key, message_id),
                 sent.mark)
             window_s = committed_at - sent.read_at  # the mark started with the read
-            self._metrics.observe("sent_mark_window_seconds", window_s)
-            self._metrics.observe("ledger_mark_seconds", window_s, operation="sent")
+            self._metrics.observe(SENT_MARK_WINDOW_SECONDS, window_s)
+            self._metrics.observe(LEDGER_MARK_SECONDS, window_s, operation="sent")
         log.log(*outcome_line(event, decision, outcome.reason))
         return route(self._rules.topic_prefix, origin, event, outcome, decision, message_id, now)
 

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, T
 
 from postroom import kafka
 from postroom.kafka import Record
-from postroom.metrics import Metrics
+from postroom.metrics import BACKLOG, Metrics
 from postroom.settings import Settings
 from postroom.topics import (
     Priority,
@@ -226,7 +226,7 @@ class SenderConsumer:
             self.consumer.resume([TopicPartition(t, p) for t, p in to_resume])
             self._priority_paused.difference_update(to_resume)
         for priority in Priority:
-            self._metrics.set("backlog", backlog[priority], priority=priority.value)
+            self._metrics.set(BACKLOG, backlog[priority], priority=priority.value)
 
     def put_back_paused(self, messages: list[Message]) -> list[Message]:
         """``messages`` less those of partitions paused by priority, which are rewound to their

@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from postroom.kafka import Record
-from postroom.metrics import Metrics
+from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS, Metrics
 from postroom.topics import tier_of_retry_topic
 from schemas.codec import SchemaById, SchemaUnavailableError
 from sender.admission import Admission, Admitted, admit
@@ -97,7 +97,7 @@ class Intake:
                     held_back.add(record.tp)
                     continue
                 if event.not_before is not None:
-                    self._metrics.observe("retry_lateness_seconds",
+                    self._metrics.observe(RETRY_LATENESS_SECONDS,
                                           lateness_s(event.not_before, now))
             self._start(self._deliver(origin_of(record), admitted), record)
         if waited:
@@ -107,7 +107,7 @@ class Intake:
                            now: dt.datetime) -> None:
         """Hold ``record``'s partition at it until the registry may answer: an infrastructure
         fault, not poison. Logged once per outage; each hold is counted."""
-        self._metrics.inc("registry_unavailable_total")
+        self._metrics.inc(REGISTRY_UNAVAILABLE_TOTAL)
         if self._registry_down_since is None:
             self._registry_down_since = time.monotonic()
             log.warning("the schema registry cannot give a writer schema (%s); records that need "

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from postroom import kafka
-from postroom.metrics import Metrics
+from postroom.metrics import PRODUCE_FAILURES_TOTAL, Metrics
 from postroom.settings import Settings
 from sender.errors import RecordTooLargeError
 
@@ -68,7 +68,7 @@ class AcknowledgedProducer:
                 await future
             except (KafkaException, BufferError) as exc:
                 if isinstance(exc, KafkaException) and kafka.is_too_large(exc):
-                    self._metrics.inc("produce_failures_total", topic=topic)
+                    self._metrics.inc(PRODUCE_FAILURES_TOTAL, topic=topic)
                     raise RecordTooLargeError(f"producing to {topic} failed: {exc}") from exc
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 # Not retriable (e.g. a record too large) means this partition is stuck until an
@@ -76,7 +76,7 @@ class AcknowledgedProducer:
                 level = logging.ERROR if err is not None and not err.retriable() else logging.WARNING
                 log.log(level, "producing to %s failed (%s); retrying in %.0fs", topic, exc,
                         PRODUCE_RETRY_S)
-                self._metrics.inc("produce_failures_total", topic=topic)
+                self._metrics.inc(PRODUCE_FAILURES_TOTAL, topic=topic)
                 await asyncio.sleep(PRODUCE_RETRY_S)
                 continue
             return

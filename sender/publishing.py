@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 
 from postroom.kafka import Record
-from postroom.metrics import Metrics
+from postroom.metrics import POISON_TOTAL, POISON_UNKEYED_TOTAL, Metrics
 from postroom.topics import dead_letter_topic, results_topic
 from postroom.tracing import from_headers
 from schemas.codec import EmailRequested, EmailResult, Framing
@@ -70,7 +70,7 @@ class OutcomePublisher:
         """Dead-letter a record no enqueue or sender of ours could have written, as it was read
         (or without its value when it is too large to copy), and end its outbox row with a
         ``failed`` result; a record with no readable key is only dead-lettered, and counted."""
-        self._metrics.inc("poison_total")
+        self._metrics.inc(POISON_TOTAL)
         result = poison_result(poison, now)
         log.error("poison record %s[%d]@%d dead-lettered%s: %s", record.topic, record.partition,
                   record.offset, "" if result is None else f", key={result.idempotency_key} failed",
@@ -91,6 +91,6 @@ class OutcomePublisher:
             # Its value and headers stay in the source topic, where the dead letter points.
             await self._producer.produce(topic, record.key, None, [*why, *trace])
         if result is None:
-            self._metrics.inc("poison_unkeyed_total")
+            self._metrics.inc(POISON_UNKEYED_TOTAL)
             return
         await self.result(result.idempotency_key, result, trace)

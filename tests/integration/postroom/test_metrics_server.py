@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from postroom.metrics import READY_WAIT_S, Metrics, Readiness, serve
+from postroom.health import READY_WAIT_S, Readiness, serve
+from postroom.metrics import READY, Metrics
 from postroom.settings import Settings, TlsMode
 from sender.smtp import check_smtp
 
@@ -88,7 +89,7 @@ def test_a_scrape_alone_shows_a_check_that_hangs_as_not_ready() -> None:
         settings = Settings(smtp_host="127.0.0.1", smtp_port=port, smtp_tls=TlsMode.NONE)
         metrics = Metrics()
         # It passed before: the gauge says 1 until the hang is seen.
-        metrics.set("ready", 1.0, check="smtp")
+        metrics.set(READY, 1.0, check="smtp")
         server = serve(metrics, 0, readiness=Readiness(
             [("smtp", lambda: check_smtp(settings))], metrics))
         base = f"http://127.0.0.1:{server.server_address[1]}"

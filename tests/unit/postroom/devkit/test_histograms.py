@@ -9,13 +9,14 @@ import pytest
 
 from postroom.devkit.histograms import SENT_MARK_WINDOW as WINDOW
 from postroom.devkit.histograms import Buckets, parse_histogram, scrape, scrape_histogram
-from postroom.metrics import WINDOW_BUCKETS_S, Metrics, serve
+from postroom.health import serve
+from postroom.metrics import LEDGER_MARK_SECONDS, SENT_MARK_WINDOW_SECONDS, WINDOW_BUCKETS_S, Metrics
 
 
 def window_of(*observations: float) -> Buckets:
     metrics = Metrics()
     for value in observations:
-        metrics.observe("sent_mark_window_seconds", value)
+        metrics.observe(SENT_MARK_WINDOW_SECONDS, value)
     return parse_histogram(metrics.render(), WINDOW)
 
 
@@ -45,8 +46,8 @@ def test_no_observations_give_no_figure_and_a_tail_past_the_buckets_gives_inf() 
 
 def test_labels_pick_the_series_and_processes_and_readings_combine() -> None:
     metrics = Metrics()
-    metrics.observe("ledger_mark_seconds", 0.003, operation="sent")
-    metrics.observe("ledger_mark_seconds", 20.0, operation="release")
+    metrics.observe(LEDGER_MARK_SECONDS, 0.003, operation="sent")
+    metrics.observe(LEDGER_MARK_SECONDS, 20.0, operation="release")
     sent = parse_histogram(metrics.render(), "postroom_ledger_mark_seconds", operation="sent")
     assert (sent.count, sent.quantile_bound(1.0)) == (1, 0.005)
     both = parse_histogram(metrics.render(), "postroom_ledger_mark_seconds")
@@ -64,7 +65,7 @@ def test_labels_pick_the_series_and_processes_and_readings_combine() -> None:
 
 def test_scrape_reads_a_served_page() -> None:
     metrics = Metrics()
-    metrics.observe("sent_mark_window_seconds", 0.004)
+    metrics.observe(SENT_MARK_WINDOW_SECONDS, 0.004)
     server = serve(metrics, 0)
     try:
         window = parse_histogram(scrape(server.server_address[1]), WINDOW)
@@ -76,9 +77,9 @@ def test_scrape_reads_a_served_page() -> None:
 
 def test_the_histograms_of_several_processes_are_summed() -> None:
     first, second = Metrics(), Metrics()
-    first.observe("sent_mark_window_seconds", 0.004)
-    second.observe("sent_mark_window_seconds", 0.02)
-    second.observe("sent_mark_window_seconds", 0.02)
+    first.observe(SENT_MARK_WINDOW_SECONDS, 0.004)
+    second.observe(SENT_MARK_WINDOW_SECONDS, 0.02)
+    second.observe(SENT_MARK_WINDOW_SECONDS, 0.02)
     servers = [serve(first, 0), serve(second, 0)]
     try:
         window = scrape_histogram([s.server_address[1] for s in servers], WINDOW)
