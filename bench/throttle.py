@@ -52,9 +52,9 @@ def run(base: Settings, options: Options) -> Section:
                 for r in runs]),
         "",
         "A burst of throttling replies (the sends in flight when a pause begins) pauses the "
-        "destination once; the pause doubles when a send after it is throttled again, as each "
-        f"tenth one here is: a server that throttles one send in {THROTTLE_EVERY} for good "
-        "holds the destination near its longest pause.",
+        "destination once and halves its concurrency; a clean send gives one connection back and "
+        "resets the pause, so a server that throttles one send in ten is paced at about the first "
+        "pause per round, never held at the longest one.",
     ]
     return section
 
