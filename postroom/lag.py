@@ -17,14 +17,18 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
 from postroom.errors import ConfigError, KafkaClientError
 from postroom.kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    OffsetSpec,
+    TopicPartition,
     check_reachable,
-    client_config,
     is_moving,
     make_admin,
+    make_reader,
     message_headers,
     min_insync_replicas,
     topic_replicas,
@@ -203,11 +207,9 @@ class LagReader:
     def _records(self) -> Consumer:
         if self._reader is None:
             # Reads records by assignment only: it joins no group and commits nothing.
-            self._reader = Consumer({
-                **client_config(self._settings), **self._settings.kafka_consumer_config,
-                "group.id": f"postroom-lag-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False, "enable.partition.eof": False,
-                "fetch.wait.max.ms": 10})
+            self._reader = make_reader(self._settings,
+                                       f"postroom-lag-reader-{uuid.uuid4().hex[:8]}",
+                                       **{"fetch.wait.max.ms": 10})
         return self._reader
 
     def _failed(self, exc: KafkaException, what: str) -> KafkaClientError:
@@ -359,8 +361,6 @@ class LagReader:
         the sample's time. One request per leader, all at once, so a leader that does not answer
         holds up only its own partitions; those that fail are asked again until the deadline
         (a new topic, leadership moving after a broker restart)."""
-        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
-
         found: dict[tuple[str, int], tuple[int, int] | str] = {}
         pending = []
         for tp in partitions:
@@ -408,8 +408,6 @@ class LagReader:
                    ) -> dict[tuple[str, int], int | None]:
         if not partitions:
             return {}
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
         request = [ConsumerGroupTopicPartitions(group, partitions)]
         try:
             result = self._admin.list_consumer_group_offsets(

@@ -13,12 +13,14 @@ from __future__ import annotations
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from postroom.kafka.acls import acl_binding, apply_acls
 from postroom.kafka.checks import KafkaDegraded, check_kafka, check_topics
@@ -63,11 +65,13 @@ __all__ = [
     "START_TOPIC_TRIES",
     "ClientLog",
     "Consumer",
+    "ConsumerGroupTopicPartitions",
     "Headers",
     "KafkaDegraded",
     "KafkaError",
     "KafkaException",
     "Message",
+    "OffsetSpec",
     "Producer",
     "Record",
     "RepeatedLines",

@@ -166,4 +166,4 @@ def reader_config(settings: Settings, group_id: str, **overrides: Any) -> dict[s
     """A consumer that only reads (assigned partitions, no offsets stored or committed): the
     settings' consumer tuning with postroom's error and log handling; overrides win."""
     return {**client_config(settings), **settings.kafka_consumer_config, "group.id": group_id,
-            "enable.auto.commit": False, **overrides}
+            "enable.auto.commit": False, "enable.partition.eof": False, **overrides}
