@@ -8,12 +8,12 @@ import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bounces.intake import UnavailableError
 from bounces.mapping import OutboxRow
 from postroom import kafka
 from postroom.errors import first_line
+from postroom.kafka import KafkaError, KafkaException, Message, Producer
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay.sql import ROW_OF_REPORT

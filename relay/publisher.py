@@ -21,12 +21,11 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from postroom import kafka
 from postroom.errors import KafkaClientError, first_line
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
-from postroom.kafka import is_too_large
+from postroom.kafka import KafkaError, KafkaException, Message, Producer, is_too_large
 from postroom.metrics import (
     RELAY_POISON_TOTAL,
     RELAY_PUBLISH_DELAY_SECONDS,

@@ -20,11 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from postroom import kafka
 from postroom.errors import first_line
-from postroom.kafka import Record, readable_records
+from postroom.kafka import Consumer, KafkaException, Message, Record, TopicPartition, readable_records
 from postroom.metrics import (
     RECORDED_TOTAL,
     RECORDER_REFUSED_TOTAL,

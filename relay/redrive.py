@@ -17,11 +17,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from postroom.errors import KafkaClientError, PostroomError
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
-from postroom.kafka import check_reachable, client_config, message_headers, translate
+from postroom.kafka import (
+    KafkaException,
+    TopicPartition,
+    check_reachable,
+    make_reader,
+    message_headers,
+    translate,
+)
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 from relay import sql
@@ -97,9 +103,7 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
     schema_by_id = _schema_lookup(settings)
     topic = dead_letter_topic(settings.topic_prefix)
     check_reachable(settings)
-    consumer = Consumer({**client_config(settings), **settings.kafka_consumer_config,
-                         "group.id": f"postroom-dlq-reader-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": False})
+    consumer = make_reader(settings, f"postroom-dlq-reader-{uuid.uuid4().hex[:8]}")
     letters: list[DeadLetter] = []
     try:
         metadata = consumer.list_topics(topic, timeout=READ_TIMEOUT_S)

@@ -12,10 +12,8 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
-
 from postroom import kafka
-from postroom.kafka import Record
+from postroom.kafka import OFFSET_INVALID, Consumer, KafkaException, Message, Record, TopicPartition
 from postroom.metrics import BACKLOG, Metrics
 from postroom.settings import Settings
 from postroom.topics import (

@@ -7,9 +7,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-
 from postroom import kafka
+from postroom.kafka import KafkaError, KafkaException, Message, Producer
 from postroom.metrics import PRODUCE_FAILURES_TOTAL, Metrics
 from postroom.settings import Settings
 from sender.errors import RecordTooLargeError

@@ -10,9 +10,8 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
-from confluent_kafka import KafkaError, KafkaException
 
-from postroom.kafka import create_topics, make_admin
+from postroom.kafka import KafkaError, KafkaException, create_topics, make_admin
 from postroom.settings import ENV_PREFIX, Settings
 
 ADMIN_TIMEOUT_S = 15.0

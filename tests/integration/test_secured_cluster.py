@@ -36,12 +36,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from bounces.adapters import KafkaResults
 from postroom import enqueue
-from postroom.acls import Acl, Pattern, Resource, Role, role_acls
+from postroom.acls import Acl, Role, role_acls
 from postroom.devkit.processes import postroom_command
 from postroom.devkit.story import make_workbook
 from postroom.devkit.wait import wait_until
 from postroom.errors import KafkaClientError
 from postroom.kafka import (
+    acl_binding,
     apply_acls,
     check_reachable,
     consumer_config,
@@ -92,15 +93,6 @@ class Secured:
         return [s.kafka_config["sasl.password"] for s in self.roles.values()]
 
 
-def _acl_filter(acl: Acl) -> AclBindingFilter:
-    kinds = {Resource.TOPIC: ResourceType.TOPIC, Resource.GROUP: ResourceType.GROUP,
-             Resource.CLUSTER: ResourceType.BROKER}
-    pattern = {Pattern.LITERAL: ResourcePatternType.LITERAL,
-               Pattern.PREFIXED: ResourcePatternType.PREFIXED}[acl.pattern]
-    return AclBindingFilter(kinds[acl.resource], acl.name, pattern, acl.principal, "*",
-                            AclOperation[acl.operation.name], AclPermissionType.ALLOW)
-
-
 @pytest.fixture
 def secured(db_settings: Settings, stack_settings: Settings) -> Iterator[Secured]:
     tag = f"t{uuid.uuid4().hex[:10]}"
@@ -130,7 +122,7 @@ def secured(db_settings: Settings, stack_settings: Settings) -> Iterator[Secured
     finally:
         plain = dataclasses.replace(stack_settings, topic_prefix=base.topic_prefix)
         admin = make_admin(plain)  # the PLAINTEXT listener's principal is a super user
-        for future in admin.delete_acls([_acl_filter(a) for a in acls]).values():
+        for future in admin.delete_acls([acl_binding(a, as_filter=True) for a in acls]).values():
             future.result()
         names = all_topics(base.topic_prefix, len(base.retry_delays_s))
         for future in admin.delete_topics(names, operation_timeout=10).values():
@@ -382,7 +374,7 @@ def test_rotating_the_relays_password_loses_no_mail(
             second.stop()
             thread.join(30)
     finally:
-        for future in plain.delete_acls([_acl_filter(a) for a in acls]).values():
+        for future in plain.delete_acls([acl_binding(a, as_filter=True) for a in acls]).values():
             future.result()
         for future in plain.alter_user_scram_credentials([UserScramCredentialDeletion(
                 user, ScramMechanism.SCRAM_SHA_512)]).values():

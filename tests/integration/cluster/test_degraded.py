@@ -11,18 +11,17 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from postroom.acls import Pattern, Resource, role_acls
+from postroom.acls import role_acls
 from postroom.devkit.processes import postroom_command
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.errors import KafkaClientError
-from postroom.kafka import KafkaDegraded, apply_acls, check_kafka, create_topics, make_admin
+from postroom.kafka import KafkaDegraded, acl_binding, apply_acls, check_kafka, create_topics, make_admin
 from postroom.lag import LagReader, postroom_groups, read_report
 from postroom.metrics import Metrics
 from postroom.settings import Settings
@@ -263,7 +262,7 @@ def test_the_secured_listener_with_three_addresses(topics: Settings, brokers: Br
         assert "min.insync.replicas=2 still met" in said  # the admin reads the topics' configs
     finally:
         plain = make_admin(topics)  # the PLAINTEXT listener's principal is a super user
-        for future in plain.delete_acls([_acl_filter(a) for a in acls]).values():
+        for future in plain.delete_acls([acl_binding(a, as_filter=True) for a in acls]).values():
             future.result()
 
 
@@ -272,23 +271,6 @@ def _ok_or_none(settings: Settings) -> str | None:
         return check_kafka(settings)
     except KafkaClientError:
         return None
-
-
-def _acl_filter(acl: Any) -> Any:
-    from confluent_kafka.admin import (  # type: ignore[attr-defined]
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    kinds = {Resource.TOPIC: ResourceType.TOPIC, Resource.GROUP: ResourceType.GROUP,
-             Resource.CLUSTER: ResourceType.BROKER}
-    pattern = {Pattern.LITERAL: ResourcePatternType.LITERAL,
-               Pattern.PREFIXED: ResourcePatternType.PREFIXED}[acl.pattern]
-    return AclBindingFilter(kinds[acl.resource], acl.name, pattern, acl.principal, "*",
-                            AclOperation[acl.operation.name], AclPermissionType.ALLOW)
 
 
 def _environ() -> dict[str, str]:

@@ -126,8 +126,8 @@ def test_a_role_client_whose_broker_is_gone_says_each_error_once_not_a_stream(
     from postroom import kafka
 
     repeats = kafka.RepeatedLines()
-    monkeypatch.setattr(kafka, "_repeats", repeats)
-    monkeypatch.setattr(kafka, "_client_log", kafka.ClientLog(repeats))
+    monkeypatch.setattr(kafka.config, "_repeats", repeats)
+    monkeypatch.setattr(kafka.config, "_client_log", kafka.ClientLog(repeats))
     [port] = free_ports(1)
     producer = kafka.make_producer(Settings(kafka_bootstrap_servers=f"127.0.0.1:{port}"))
     producer.produce("t", b"v")

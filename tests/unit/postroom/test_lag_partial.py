@@ -125,7 +125,7 @@ class FakeAdmin:
 
 @pytest.fixture
 def reader(monkeypatch: pytest.MonkeyPatch) -> LagReader:
-    monkeypatch.setattr(lag, "OFFSETS_RETRY_S", 0.5)
+    monkeypatch.setattr(lag.reader, "OFFSETS_RETRY_S", 0.5)
     return LagReader(Settings(kafka_bootstrap_servers="k1:9092,k2:9092,k3:9092"), {})
 
 
@@ -262,7 +262,7 @@ def test_a_refused_metadata_request_still_ends_the_report(
 
 def test_each_group_of_a_sample_has_its_own_time(reader: LagReader,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lag, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(lag.reader, "READ_TIMEOUT_S", 1.0)
     reader._groups = {"a": [T], "b": [T]}
     reader._reached = True
     monkeypatch.setattr(reader, "_replication", lambda: None)

@@ -26,7 +26,7 @@ def answers(monkeypatch: pytest.MonkeyPatch, *outcomes: object) -> list[int]:
             raise outcome
         return [TopicAccess(t, outcome, frozenset()) for t in topics]  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kafka, "topic_access", topic_access)
+    monkeypatch.setattr(kafka.topics, "topic_access", topic_access)
     return calls
 
 

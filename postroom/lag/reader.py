@@ -1,15 +1,10 @@
 """Reads the lag of postroom's consumer groups from the broker: offsets, the timestamp of each
 partition's first unconsumed record, the not_before of waiting retries, group state and members.
-
-The arithmetic and the verdicts are in postroom/lagrules.py; this module talks to Kafka, renders
-the report for `postroom lag` and sets the lag metrics under kafka-lag-exporter's names.
-"""
+The arithmetic and the verdicts are in postroom/lagrules.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import json
 import logging
 import threading
 import time
@@ -17,19 +12,24 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
 from postroom.errors import ConfigError, KafkaClientError
 from postroom.kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    OffsetSpec,
+    TopicPartition,
     check_reachable,
-    client_config,
     is_moving,
     make_admin,
+    make_reader,
     message_headers,
     min_insync_replicas,
     topic_replicas,
     translate,
 )
+from postroom.lag.report import GroupReport, LagReport, Member, OutboxBacklog, PartitionReport
 from postroom.lagrules import (
     CommitWindows,
     Verdict,
@@ -37,26 +37,6 @@ from postroom.lagrules import (
     group_verdict,
     lag_seconds,
     partition_verdict,
-)
-from postroom.metrics import (
-    CONSUMERGROUP_MEMBERS,
-    CONSUMERGROUP_STATUS,
-    KAFKA_CONSUMERGROUP_GROUP_LAG,
-    KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS,
-    KAFKA_CONSUMERGROUP_GROUP_MAX_LAG,
-    KAFKA_CONSUMERGROUP_GROUP_MAX_LAG_SECONDS,
-    KAFKA_CONSUMERGROUP_GROUP_SUM_LAG,
-    LAG_PARTITIONS_UNAVAILABLE,
-    OUTBOX_BACKLOG,
-    OUTBOX_BACKLOG_AGE_SECONDS,
-    RETRY_OVERDUE,
-    RETRY_OVERDUE_SECONDS,
-    RETRY_WAITING,
-    TOPIC_PARTITIONS_BELOW_MIN_INSYNC_REPLICAS,
-    TOPIC_PARTITIONS_OFFLINE,
-    TOPIC_PARTITIONS_UNDER_REPLICATED,
-    Metrics,
-    MetricSpec,
 )
 from postroom.replication import TopicHealth, topic_health
 from postroom.settings import Settings
@@ -80,102 +60,6 @@ ONE_SHOT_INTERVAL_S = 1.0
 # A partition whose offsets its leader did not give (leadership moving after a broker loss)
 # is asked again this often until the sample's time is up, then reported unavailable.
 OFFSETS_RETRY_S = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class Member:
-    client_id: str
-    host: str
-    partitions: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionReport:
-    group: str
-    topic: str
-    partition: int
-    committed: int | None  # None: the group has committed nothing here
-    end: int
-    lag: int
-    lag_seconds: float | None  # None: its first unconsumed record was not read in time
-    verdict: Verdict
-    tier: int | None = None         # retry tier number; None for other topics
-    # Retry tiers: records past their not_before, unconsumed, and how late the first of them
-    # is; None on a tier whose first record was not read in time (unknown).
-    overdue: int | None = None
-    overdue_seconds: float | None = None
-    # Why this partition's offsets could not be read (its leader down, the group's coordinator
-    # not answering); its lag is unknown, not 0, and counts in no total or verdict.
-    unavailable: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "group": self.group, "topic": self.topic, "partition": self.partition,
-            "committed": self.committed, "end": self.end, "lag": self.lag,
-            "lag_seconds": _rounded(self.lag_seconds), "verdict": self.verdict.name}
-        if self.unavailable is not None:
-            row.update(end=None, lag=None, lag_seconds=None, verdict="UNKNOWN",
-                       unavailable=self.unavailable)
-            return row
-        if self.tier is not None:
-            row.update(waiting=self.lag, overdue=self.overdue,
-                       overdue_seconds=_rounded(self.overdue_seconds))
-        return row
-
-
-def _rounded(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds, 3)
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupReport:
-    group: str
-    state: str
-    members: tuple[Member, ...]
-    partitions: tuple[PartitionReport, ...]
-    verdict: Verdict
-    # False when the group could not be described (its coordinator moving): ``members`` is
-    # then empty for want of an answer, not because no consumer runs.
-    members_known: bool = True
-
-    @property
-    def known(self) -> tuple[PartitionReport, ...]:
-        """The partitions whose lag was read."""
-        return tuple(p for p in self.partitions if p.unavailable is None)
-
-    @property
-    def unavailable(self) -> int:
-        return len(self.partitions) - len(self.known)
-
-    @property
-    def sum_lag(self) -> int:
-        return sum(p.lag for p in self.known)
-
-    @property
-    def max_lag(self) -> int:
-        return max((p.lag for p in self.known), default=0)
-
-    @property
-    def max_lag_seconds(self) -> float:
-        return max((p.lag_seconds for p in self.known if p.lag_seconds is not None),
-                   default=0.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class OutboxBacklog:
-    """Rows committed and due, not yet published, and the age of the oldest (None: no rows)."""
-
-    rows: int
-    oldest_age_s: float | None
-
-
-@dataclasses.dataclass(frozen=True)
-class LagReport:
-    at: dt.datetime
-    groups: tuple[GroupReport, ...]
-    outbox: OutboxBacklog | None
-    # Partitions of each of postroom's topics by replication state; None: not read.
-    replication: Mapping[str, TopicHealth] | None = None
 
 
 def postroom_groups(settings: Settings, only: str | None = None) -> dict[str, list[str]]:
@@ -222,11 +106,9 @@ class LagReader:
     def _records(self) -> Consumer:
         if self._reader is None:
             # Reads records by assignment only: it joins no group and commits nothing.
-            self._reader = Consumer({
-                **client_config(self._settings), **self._settings.kafka_consumer_config,
-                "group.id": f"postroom-lag-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False, "enable.partition.eof": False,
-                "fetch.wait.max.ms": 10})
+            self._reader = make_reader(self._settings,
+                                       f"postroom-lag-reader-{uuid.uuid4().hex[:8]}",
+                                       **{"fetch.wait.max.ms": 10})
         return self._reader
 
     def _failed(self, exc: KafkaException, what: str) -> KafkaClientError:
@@ -378,8 +260,6 @@ class LagReader:
         the sample's time. One request per leader, all at once, so a leader that does not answer
         holds up only its own partitions; those that fail are asked again until the deadline
         (a new topic, leadership moving after a broker restart)."""
-        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
-
         found: dict[tuple[str, int], tuple[int, int] | str] = {}
         pending = []
         for tp in partitions:
@@ -427,8 +307,6 @@ class LagReader:
                    ) -> dict[tuple[str, int], int | None]:
         if not partitions:
             return {}
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
         request = [ConsumerGroupTopicPartitions(group, partitions)]
         try:
             result = self._admin.list_consumer_group_offsets(
@@ -518,155 +396,3 @@ def read_report(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None,
         groups = reader.sample()
     return LagReport(dt.datetime.now(dt.UTC), tuple(groups), outbox() if outbox else None,
                      reader.replication)
-
-
-def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> list[str]:
-    """The report for a person; ``roles`` names the role of each group (its members)."""
-    lines = []
-    for group in report.groups:
-        role = (roles or {}).get(group.group, "consumer of this group")
-        members = ", ".join(f"{m.client_id}@{m.host} ({m.partitions} partitions)"
-                            for m in group.members) or f"none (no {role} is running)"
-        if not group.members_known:
-            members = "unknown"
-        partial = (f" (PARTIAL: {group.unavailable} of {len(group.partitions)} partitions "
-                   "unavailable, not counted)" if group.unavailable else "")
-        lines.append(f"{group.group}: {_group_verdict(group)}, state {group.state}, "
-                     f"members {members}; total lag {group.sum_lag}, "
-                     f"max {group.max_lag_seconds:.1f}s behind{partial}")
-        said = None
-        for p in group.partitions:
-            if p.unavailable is not None:
-                # One reason for many partitions (the coordinator's) is said once.
-                why = " (as above)" if p.unavailable == said else f": {p.unavailable}"
-                lines.append(f"  {p.topic}[{p.partition}] UNAVAILABLE{why}")
-                said = p.unavailable
-                continue
-            committed = "-" if p.committed is None else str(p.committed)
-            line = f"  {p.topic}[{p.partition}] committed={committed} end={p.end} lag={p.lag}"
-            if p.tier is not None:
-                line += f" waiting={p.lag} overdue={_known(p.overdue)}"
-                if p.overdue and p.overdue_seconds is not None:
-                    line += f" ({p.overdue_seconds:.1f}s late)"
-            else:
-                behind = "unknown" if p.lag_seconds is None else f"{p.lag_seconds:.1f}s"
-                line += f" behind={behind}"
-            lines.append(line + f" {p.verdict.name}")
-    lines.extend(_replication_lines(report))
-    if report.outbox is not None:
-        age = report.outbox.oldest_age_s
-        lines.append(f"outbox: {report.outbox.rows} row(s) waiting for the relay"
-                     + (f", oldest {age:.1f}s" if age is not None else ""))
-    return lines
-
-
-def _known(value: int | None) -> str:
-    return "unknown" if value is None else str(value)
-
-
-def _group_verdict(group: GroupReport) -> str:
-    """The group's verdict; UNKNOWN when none of its partitions was read."""
-    return group.verdict.name if group.known else "UNKNOWN"
-
-
-def _replication_lines(report: LagReport) -> list[str]:
-    """A line per topic with partitions offline, under-replicated or below min.insync.replicas."""
-    if report.replication is None:
-        return ["replication: UNKNOWN (the cluster's metadata could not be read)"]
-    return [f"replication: {topic}: {h.offline} offline, {h.under_replicated} under-replicated, "
-            f"{h.below_min_isr} below min.insync.replicas (of {h.partitions} partitions; "
-            "`postroom check` names them)"
-            for topic, h in report.replication.items()
-            if h.offline or h.under_replicated or h.below_min_isr]
-
-
-def render_json(report: LagReport) -> list[str]:
-    lines = [json.dumps({**p.as_json(), "group_state": g.state,
-                         "group_members": len(g.members) if g.members_known else None,
-                         "group_verdict": _group_verdict(g)})
-             for g in report.groups for p in g.partitions]
-    # Only topics with a problem (or none read): a healthy cluster adds no line.
-    replication = report.replication
-    if replication is None:
-        lines.append(json.dumps({"replication": None}))
-    else:
-        lines.extend(json.dumps({"replication": topic, "partitions": h.partitions,
-                                 "offline": h.offline, "under_replicated": h.under_replicated,
-                                 "below_min_insync_replicas": h.below_min_isr})
-                     for topic, h in replication.items()
-                     if h.offline or h.under_replicated or h.below_min_isr)
-    if report.outbox is not None:
-        lines.append(json.dumps({"outbox_backlog": report.outbox.rows,
-                                 "outbox_oldest_age_seconds": report.outbox.oldest_age_s}))
-    return lines
-
-
-_RETRY_SERIES = (RETRY_WAITING, RETRY_OVERDUE, RETRY_OVERDUE_SECONDS)
-
-
-def _set_known(metrics: Metrics, name: MetricSpec, value: float | None, labels: dict[str, str]) -> None:
-    """The gauge at ``value``; no series when it is unknown (a record not read in time)."""
-    if value is None:
-        metrics.remove(name, **labels)
-    else:
-        metrics.set(name, value, **labels)
-
-
-def export(metrics: Metrics, report: LagReport, cluster: str) -> None:
-    """Set the lag metrics: kafka-lag-exporter's names and labels, plus postroom's own."""
-    for group in report.groups:
-        for p in group.partitions:
-            labels = {"cluster_name": cluster, "group": group.group, "topic": p.topic,
-                      "partition": str(p.partition)}
-            where = {"topic": p.topic, "partition": str(p.partition)}
-            if p.unavailable is not None:
-                # Unknown is no series, not the last value or 0: an alert's expression then
-                # misses it rather than reading a lag that may be stale.
-                for name in (KAFKA_CONSUMERGROUP_GROUP_LAG, KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS):
-                    metrics.remove(name, **labels)
-                if p.tier is not None:
-                    for name in _RETRY_SERIES:
-                        metrics.remove(name, **where)
-                continue
-            metrics.set(KAFKA_CONSUMERGROUP_GROUP_LAG, p.lag, **labels)
-            _set_known(metrics, KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS, p.lag_seconds, labels)
-            if p.tier is not None:
-                metrics.set(RETRY_WAITING, p.lag, **where)
-                _set_known(metrics, RETRY_OVERDUE, p.overdue, where)
-                _set_known(metrics, RETRY_OVERDUE_SECONDS, p.overdue_seconds, where)
-        of_group = {"cluster_name": cluster, "group": group.group}
-        # A group none of whose partitions was read keeps its last totals and status: 0 and OK
-        # would resolve its alerts, and so would removing the series; their `for:` timers
-        # carry on while postroom_lag_partitions_unavailable says the reading is old.
-        if group.known:
-            metrics.set(KAFKA_CONSUMERGROUP_GROUP_SUM_LAG, group.sum_lag, **of_group)
-            metrics.set(KAFKA_CONSUMERGROUP_GROUP_MAX_LAG, group.max_lag, **of_group)
-            metrics.set(KAFKA_CONSUMERGROUP_GROUP_MAX_LAG_SECONDS, group.max_lag_seconds,
-                        **of_group)
-            metrics.set(CONSUMERGROUP_STATUS, group.verdict.value, group=group.group)
-        if group.members_known:  # not described: the count is not 0, it is unknown
-            metrics.set(CONSUMERGROUP_MEMBERS, len(group.members), group=group.group)
-        metrics.set(LAG_PARTITIONS_UNAVAILABLE, group.unavailable, group=group.group)
-    if report.replication is not None:
-        for topic, health in report.replication.items():
-            where = {"cluster_name": cluster, "topic": topic}
-            metrics.set(TOPIC_PARTITIONS_OFFLINE, health.offline, **where)
-            metrics.set(TOPIC_PARTITIONS_UNDER_REPLICATED, health.under_replicated, **where)
-            metrics.set(TOPIC_PARTITIONS_BELOW_MIN_INSYNC_REPLICAS, health.below_min_isr,
-                        **where)
-    if report.outbox is not None:
-        metrics.set(OUTBOX_BACKLOG, report.outbox.rows)
-        metrics.set(OUTBOX_BACKLOG_AGE_SECONDS, report.outbox.oldest_age_s or 0.0)
-
-
-def watch(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None, every_s: float,
-          stop: threading.Event, on_report: Callable[[LagReport], None]) -> None:
-    """Sample every ``every_s`` seconds until ``stop``; a failed sample is said and retried."""
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            on_report(read_report(reader, outbox))
-        except Exception as exc:  # noqa: BLE001 - the watcher outlives a broker or database outage
-            log.warning("lag sample failed (%s); trying again in %.0fs",
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__, every_s)
-        stop.wait(max(0.0, every_s - (time.monotonic() - started)))

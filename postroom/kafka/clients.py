@@ -1,0 +1,52 @@
+"""Building confluent-kafka's clients (producer, consumer, reader, admin), librdkafka's errors
+at creation translated to ours."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from postroom.kafka.config import client_config, consumer_config, producer_config, reader_config
+from postroom.kafka.errors import translate
+from postroom.settings import Settings, mask_kafka_config
+
+log = logging.getLogger(__name__)
+
+
+def make_producer(settings: Settings, **overrides: Any) -> Producer:
+    config = producer_config(settings, **overrides)
+    log.debug("producer config %s", mask_kafka_config(config))
+    try:
+        return Producer(config)
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka producer") from exc
+
+
+def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
+    config = consumer_config(settings, group_id, **overrides)
+    log.debug("consumer config %s", mask_kafka_config(config))
+    try:
+        return Consumer(config)
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka consumer") from exc
+
+
+def make_reader(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
+    """A consumer that only reads what it is assigned (:func:`reader_config`): ``postroom lag``
+    and the redrive, with every client's error callback and librdkafka's errors translated."""
+    config = reader_config(settings, group_id, **overrides)
+    log.debug("reader config %s", mask_kafka_config(config))
+    try:
+        return Consumer(config)
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka consumer") from exc
+
+
+def make_admin(settings: Settings) -> AdminClient:
+    try:
+        return AdminClient(client_config(settings))
+    except KafkaException as exc:
+        raise translate(exc, "cannot create Kafka admin client") from exc
