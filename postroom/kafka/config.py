@@ -20,10 +20,12 @@ CONSUMER_FETCH_WAIT_MS = 50
 # librdkafka's 45 s default kept a killed sender's partitions, and the emails in them, idle for
 # 45 s. Heartbeats come from librdkafka's own thread, not the event loop, so only a dead, stopped
 # or cut-off process misses them: 10 s (five heartbeats) rides out a long GC pause and moves a
-# dead member's partitions within about 12 s. A broker SIGKILLed on three brokers paused
-# deliveries 8.4 s (median) with it, as with 30 s or KIP-848's protocol (docs/operations.md,
-# "Consumer group protocol and session timeouts"); 30 s slowed a dead sender's takeover to 29 s.
-# The broker's group.min.session.timeout.ms is 6 s by default.
+# dead member's partitions within about 10-15 s. A broker SIGKILLed on three brokers pauses
+# deliveries for its fencing (9 s) with it; when that broker coordinated the group, the session
+# may run out before the new coordinator answers and the group rejoins (once, 19.2 s), which
+# KIP-848's protocol avoids and 12-15 s sessions narrow at the takeover's cost (docs/operations.md,
+# "Consumer group protocol and session timeouts"). The broker's group.min.session.timeout.ms is 6 s
+# by default.
 CONSUMER_SESSION_TIMEOUT_MS = 10_000
 CONSUMER_HEARTBEAT_INTERVAL_MS = 2_000
 # The broker's assignor (KIP-848) for each client-side strategy postroom asks for.
