@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import functools
 import itertools
 import json
 import logging
@@ -21,13 +20,12 @@ from sqlalchemy.orm import Session
 from postroom import tracing
 from postroom.rules import SizeLimits
 from postroom.topics import Priority
-from relay import sql, validation
-from relay.errors import InvalidEmailError, SchemaNotReadyError
+from relay import pgdriver, sql, validation
+from relay.errors import InvalidEmailError
 from schemas.codec import EmailRequested, SchemaError, event_size, requested_event_size
 
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1
-UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
 # Rows per INSERT: one statement and one round trip for each, the message's shared columns sent
 # once per statement; a million recipients given as an iterator are never held whole.
 INSERT_CHUNK_ROWS = 10_000
@@ -271,25 +269,11 @@ def _keys(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[
 def _insert(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],
             schema: str | None) -> int:
     """Insert one chunk's rows; how many are new. SchemaNotReadyError when there is no outbox."""
-    with _schema_ready(schema):
-        driver = _psycopg_connection(conn) if FAST_PATH else None
+    with pgdriver.schema_ready(schema):
+        driver = pgdriver.psycopg_connection(conn) if FAST_PATH else None
         if driver is None:
             return int(conn.execute(statement, params).scalar_one())
-        return _insert_on_driver(driver, _connection(conn).dialect, statement, params)
-
-
-@contextlib.contextmanager
-def _schema_ready(schema: str | None) -> Iterator[None]:
-    """SchemaNotReadyError for the statement's error when there is no outbox table."""
-    try:
-        yield
-    except sa.exc.ProgrammingError as exc:
-        if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
-            raise
-        where = f"schema {schema}" if schema else "the connection's search path"
-        raise SchemaNotReadyError(
-            f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
-            "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
+        return pgdriver.insert_on_driver(driver, pgdriver.sa_connection(conn).dialect, statement, params)
 
 
 class _Inserts:
@@ -304,8 +288,8 @@ class _Inserts:
 
     def __init__(self, conn: sa.Connection | Session, schema: str | None) -> None:
         self.conn, self.schema, self.new = conn, schema, 0
-        self._driver = _psycopg_connection(conn) if FAST_PATH else None
-        self._dialect = _connection(conn).dialect
+        self._driver = pgdriver.psycopg_connection(conn) if FAST_PATH else None
+        self._dialect = pgdriver.sa_connection(conn).dialect
         self._pipeline: contextlib.ExitStack | None = None
         self._pending: tuple[psycopg.Cursor[Any], str, dict[str, Any]] | None = None
 
@@ -322,7 +306,7 @@ class _Inserts:
             self.new += _insert(self.conn, statement, params, self.schema)
             return
         self._collect()
-        query = _driver_sql(statement.text, self._dialect, _binary_names(params))
+        query = pgdriver.driver_sql(statement.text, self._dialect, pgdriver.binary_names(params))
         cursor = self._driver.cursor()
         self._pending = (cursor, query, params)
         with self._errors(query, params):
@@ -361,63 +345,13 @@ class _Inserts:
     def _errors(self, query: str | None, params: dict[str, Any] | None) -> Iterator[None]:
         """psycopg's errors as SQLAlchemy's (as _insert_on_driver raises them), and no outbox
         as SchemaNotReadyError."""
-        with _schema_ready(self.schema):
+        with pgdriver.schema_ready(self.schema):
             try:
                 yield
             except psycopg.Error as exc:
                 raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
                                                  hide_parameters=True,
                                                  dialect=self._dialect) from exc
-
-
-def _connection(conn: sa.Connection | Session) -> sa.Connection:
-    return conn.connection() if isinstance(conn, Session) else conn
-
-
-def _psycopg_connection(conn: sa.Connection | Session) -> psycopg.Connection[Any] | None:
-    """The psycopg 3 connection under the caller's, when its transaction has begun (an
-    execution on the driver does not begin one SQLAlchemy knows of); None: use SQLAlchemy."""
-    connection = _connection(conn)
-    if not connection.in_transaction():
-        return None
-    driver = connection.connection.driver_connection
-    return driver if isinstance(driver, psycopg.Connection) else None
-
-
-@functools.cache
-def _driver_sql(text: str, dialect: sa.Dialect, binary: frozenset[str]) -> str:
-    """The statement as the dialect renders it for psycopg (``%(name)s``), the parameters named
-    in ``binary`` sent in binary (``%(name)b``)."""
-    query = str(sa.text(text).compile(dialect=dialect))
-    for name in binary:
-        query = query.replace(f"%({name})s", f"%({name})b")
-    return query
-
-
-def _binary_names(params: dict[str, Any]) -> frozenset[str]:
-    """The parameters that are lists of strings: psycopg writes them in binary 4 to 40 times
-    faster than as array literals, whose every item it searches for quotes (10,000 bodies of
-    500 bytes: 6.5 ms against 248)."""
-    return frozenset(name for name, value in params.items()
-                     if type(value) is list and value and all(type(v) is str for v in value))
-
-
-def _insert_on_driver(driver: psycopg.Connection[Any], dialect: sa.Dialect,
-                      statement: sa.TextClause, params: dict[str, Any]) -> int:
-    """conn.execute(statement, params).scalar_one() run on the psycopg connection itself: the
-    statement SQLAlchemy would send, with the same parameters (lists of strings in binary),
-    without its execution context. Errors come as SQLAlchemy's, as they would."""
-    query = _driver_sql(statement.text, dialect, _binary_names(params))
-    try:
-        with driver.cursor() as cursor:
-            cursor.execute(query, params)
-            row = cursor.fetchone()
-    except psycopg.Error as exc:
-        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
-                                         hide_parameters=True, dialect=dialect) from exc
-    if row is None:
-        raise sa.exc.NoResultFound("No row was found when one was required")
-    return int(row[0])
 
 
 def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any],

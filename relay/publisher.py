@@ -9,8 +9,6 @@ another relay off those rows, and what hands them back if this process dies mid-
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime as dt
 import logging
 import threading
 import time
@@ -23,7 +21,7 @@ import psycopg
 import sqlalchemy as sa
 
 from postroom import kafka
-from postroom.errors import KafkaClientError, first_line
+from postroom.errors import KafkaClientError
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
 from postroom.kafka import KafkaError, KafkaException, Message, Producer, is_too_large
 from postroom.metrics import (
@@ -46,9 +44,12 @@ from postroom.tracing import (
     parse_traceparent,
 )
 from relay import sql
-from relay.db import libpq_conninfo
+from relay.connections import Connections, Listener
+from relay.connections import one_line as _one_line
 from relay.errors import PoisonRowError
+from relay.rounds import Claim, RelayStats, Sent
 from relay.rows import POISON_PREFIX, event_value
+from relay.rows import epoch_s as _epoch_s
 from schemas.codec import EmailRequested, Framing, SchemaError, load_schema
 from schemas.registry import framing_for
 
@@ -67,74 +68,6 @@ def _send_attributes(topic: str, key: str, outbox_id: int, attempt: int) -> Attr
             "postroom.attempt": attempt}
 
 
-class _Connections:
-    """The relay's database connections: one for claims, one for marks, each used by one thread
-    at a time. They are kept across rounds and run in autocommit, so a claim or a mark is one
-    statement and one round trip; per round, pool check-outs with their pings, BEGIN, COMMIT and
-    the claim's plan settings cost more than the statements did under load.
-    """
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self._engine = engine
-        self._claims: sa.Connection | None = None
-        self._marks: sa.Connection | None = None
-
-    def claims(self) -> sa.Connection:
-        if self._claims is None:
-            conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            sql.pin_claim_plan(conn, session=True)
-            self._claims = conn
-        return self._claims
-
-    def marks(self) -> sa.Connection:
-        if self._marks is None:
-            self._marks = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        return self._marks
-
-    def close(self) -> None:
-        """Close both; the next use connects again (after a failure: to a restarted server)."""
-        claims, marks, self._claims, self._marks = self._claims, self._marks, None, None
-        if claims is not None:
-            # Its session settings must not reach the pool's other users.
-            claims.invalidate()
-            claims.close()
-        if marks is not None:
-            try:
-                marks.close()
-            except sa.exc.DBAPIError:
-                log.debug("closing the marks connection failed", exc_info=True)
-
-
-@dataclasses.dataclass
-class RelayStats:
-    published: int = 0
-    failed: int = 0
-    rounds: int = 0
-    errors: int = 0
-    poison: int = 0
-    suppressed: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Sent:
-    """What became of a round's claimed rows, by id: acknowledged, to release (not
-    acknowledged), too large ever to publish, and refused as poison (with the reason)."""
-
-    acked: list[int]
-    released: list[int]
-    too_large: list[int] = dataclasses.field(default_factory=list)
-    poison: list[tuple[int, str]] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-    """A round's claimed rows to publish (those to suppressed addresses finished already), and
-    whether the claim took a whole batch: then more rows are likely due at once."""
-
-    rows: Sequence[sa.Row[Any]]
-    full: bool
-
-
 class Relay:
     """Tails committed outbox rows into Kafka. ``run()`` until ``stop()``; safe to run many at once."""
 
@@ -150,8 +83,8 @@ class Relay:
         self._producer_factory = producer_factory or (lambda: kafka.make_producer(
             settings, **{"delivery.report.only.error": True}))
         self._producer: Producer | None = None
-        self._listener: psycopg.Connection[Any] | None = None
         self._stop = threading.Event()
+        self._listener = Listener(engine, self._stop)
         self.stats = RelayStats()
         self.metrics = metrics or Metrics()
         self._id_at = load_schema(EmailRequested.SCHEMA_NAME).field_names.index("outbox_id")
@@ -173,7 +106,7 @@ class Relay:
 
     def publish_once(self) -> int:
         """One round: claim, produce, wait for acks, mark. Returns the rows marked published."""
-        with contextlib.closing(_Connections(self._engine)) as db:
+        with contextlib.closing(Connections(self._engine)) as db:
             rows = self._claim(db).rows
             if not rows:
                 return 0
@@ -181,7 +114,7 @@ class Relay:
             self._mark(db, sent)
         return self._account(len(rows), sent)
 
-    def _claim(self, db: _Connections) -> Claim:
+    def _claim(self, db: Connections) -> Claim:
         settings = self._settings
         rows = sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
                              pinned=True)
@@ -191,7 +124,7 @@ class Relay:
         full = len(rows) == settings.relay_batch_size
         return Claim(self._without_suppressed(db, rows) if rows else rows, full)
 
-    def _without_suppressed(self, db: _Connections,
+    def _without_suppressed(self, db: Connections,
                             rows: Sequence[sa.Row[Any]]) -> Sequence[sa.Row[Any]]:
         """The claimed rows less those whose address is suppressed: those end ``suppressed``,
         off the queue, in one statement for the batch (relay/suppression.py)."""
@@ -370,7 +303,7 @@ class Relay:
             else:
                 return
 
-    def _mark(self, db: _Connections, sent: Sent) -> None:
+    def _mark(self, db: Connections, sent: Sent) -> None:
         # Separate statements, each its own transaction: they touch different rows. A relay that
         # dies before marking a poison row leaves it claimed; after the claim's TTL it is claimed
         # and refused again, as rows not acknowledged are published again.
@@ -401,14 +334,14 @@ class Relay:
         # Created now, the producer connects to the brokers while the relay waits for rows,
         # instead of when the first rows are already waiting.
         self.producer.poll(0)
-        db = _Connections(self._engine)
+        db = Connections(self._engine)
         with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
             claimed: Future[Claim] | None = None
             marking: Future[None] | None = None
             while not self._stop.is_set():
                 published = 0
                 try:
-                    self._ensure_listener()
+                    self._listener.ensure()
                     claim = claimed.result() if claimed is not None else self._claim(db)
                     claimed = None
                     rows = claim.rows
@@ -435,7 +368,7 @@ class Relay:
                     failures += 1
                     self.stats.errors += 1
                     log.warning("relay round failed (%s); retrying in %.1fs", _one_line(exc), delay)
-                    self._close_listener()
+                    self._listener.close()
                     self._stop.wait(delay)
                     continue
                 if time.monotonic() - last_stats > STATS_EVERY_S:
@@ -444,7 +377,7 @@ class Relay:
                              self.stats.published, self.stats.failed, self.stats.poison,
                              self.stats.rounds)
                 if published < settings.relay_batch_size and claimed is None:
-                    self._wait_for_rows(settings.relay_poll_interval_s)
+                    self._listener.wait_for_rows(settings.relay_poll_interval_s)
             self._abandon(db, claimed, marking)
         db.close()
         if self._producer is not None:
@@ -452,10 +385,10 @@ class Relay:
             if remaining:
                 log.warning("relay stopped with %d records unacknowledged; their rows stay "
                             "unpublished and are claimed again after the claim expires", remaining)
-        self._close_listener()
+        self._listener.close()
         log.info("relay stopped: published=%d", self.stats.published)
 
-    def _abandon(self, db: _Connections, claimed: Future[Claim] | None,
+    def _abandon(self, db: Connections, claimed: Future[Claim] | None,
                  marking: Future[None] | None) -> None:
         """Wind down database work in flight when a round fails or the relay stops: finish the
         bookkeeping, and hand back rows claimed ahead but not sent (else they wait out the TTL)."""
@@ -468,46 +401,3 @@ class Relay:
                     self._mark(db, Sent([], [row.outbox_id for row in done.rows]))
             except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
                 log.debug("database work of an abandoned round: %s", exc)
-
-    def _ensure_listener(self) -> None:
-        if self._listener is not None and not self._listener.closed:
-            return
-        self._listener = psycopg.connect(libpq_conninfo(self._engine), autocommit=True,
-                                         connect_timeout=10)
-        self._listener.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
-
-    def _close_listener(self) -> None:
-        if self._listener is not None:
-            try:
-                self._listener.close()
-            except psycopg.Error:
-                log.debug("closing the LISTEN connection failed", exc_info=True)
-            self._listener = None
-
-    def _wait_for_rows(self, timeout_s: float) -> None:
-        """Return on the first insert notification, after ``timeout_s``, or on stop()."""
-        listener = self._listener
-        if listener is None:
-            self._stop.wait(timeout_s)
-            return
-        deadline = time.monotonic() + timeout_s
-        try:
-            # Short slices so stop() is honoured promptly.
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                slice_s = min(0.25, max(0.0, deadline - time.monotonic()))
-                if any(True for _ in listener.notifies(timeout=slice_s, stop_after=1)):
-                    for _ in listener.notifies(timeout=0):  # drain what piled up meanwhile
-                        pass
-                    return
-        except psycopg.Error as exc:
-            log.warning("LISTEN connection lost (%s); polling until it is back", _one_line(exc))
-            self._close_listener()
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"
-
-
-def _epoch_s(created_at: int | dt.datetime) -> float:
-    """Seconds since the epoch of a claimed row's created_at (milliseconds, or a datetime)."""
-    return created_at.timestamp() if isinstance(created_at, dt.datetime) else created_at / 1000

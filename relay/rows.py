@@ -119,3 +119,7 @@ def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
+
+def epoch_s(created_at: int | dt.datetime) -> float:
+    """Seconds since the epoch of a claimed row's created_at (milliseconds, or a datetime)."""
+    return created_at.timestamp() if isinstance(created_at, dt.datetime) else created_at / 1000

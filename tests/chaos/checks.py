@@ -18,7 +18,7 @@ from chaos.mailserver import Reply, planned_deferrals
 from postroom.devkit.histograms import Buckets
 from postroom.topics import dead_letter_topic, results_topic
 from relay.db import make_engine, upgrade
-from relay.recorder import apply_each, apply_results, result_problem, storable_result
+from relay.results import apply_each, apply_results, result_problem, storable_result
 from schemas.codec import EmailResult, SchemaError, decode
 from schemas.registry import reader_for
 

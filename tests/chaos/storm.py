@@ -537,7 +537,7 @@ def after_stop(run: Any) -> list[str]:
         DLQ_TOPIC_HEADER,
     )
     from postroom.topics import dead_letter_topic
-    from relay.recorder import result_problem
+    from relay.results import result_problem
     storm: Storm = run.storm
     prefix = run.settings.topic_prefix
     problems = list(storm.produce_errors)

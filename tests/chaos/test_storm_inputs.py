@@ -14,7 +14,7 @@ from chaos import storm
 from postroom.errors import InvalidContentError
 from postroom.headers import ATTEMPT_BASE_HEADER, read_headers
 from postroom.rules import SizeLimits
-from relay.recorder import result_problem
+from relay.results import result_problem
 from relay.rows import check_row
 from schemas.codec import EmailResult, SchemaError, decode
 from sender.admission import Admission, admit

@@ -23,9 +23,9 @@ from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic, results_topic
 from relay import redrive, sql, suppression
 from relay.publisher import Relay
-from relay.recorder import (
+from relay.recorder import Recorder
+from relay.results import (
     REPORT_STATUSES,
-    Recorder,
     ReportPolicy,
     ReportsApplied,
     apply_reports,

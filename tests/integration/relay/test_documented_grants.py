@@ -22,13 +22,7 @@ from postroom.settings import Settings
 from relay import retention, suppression
 from relay.db import check_schema, make_engine
 from relay.publisher import Relay
-from relay.recorder import (
-    ReportPolicy,
-    ReportsApplied,
-    apply_reports,
-    apply_results,
-    apply_soft_bounces,
-)
+from relay.results import ReportPolicy, ReportsApplied, apply_reports, apply_results, apply_soft_bounces
 from schemas.codec import DeliveryStatus, EmailResult
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
-from relay import outbox
+from relay import outbox, pgdriver
 from relay.errors import EnqueueError, SchemaNotReadyError
 from support.fuzz import examples
 
@@ -134,13 +134,13 @@ def test_fast_path_and_reference_agree(engine: sa.Engine, files: list[str]) -> N
 def test_the_fast_path_is_taken(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a vacuous agreement: a job's psycopg connection gets the statement itself."""
     taken: list[str] = []
-    real = outbox._insert_on_driver
+    real = pgdriver.insert_on_driver
 
     def spy(driver: Any, dialect: Any, statement: sa.TextClause, params: dict[str, Any]) -> int:
         taken.append("INSERT_ROW" if "VALUES" in statement.text else "INSERT_ROWS")
         return real(driver, dialect, statement, params)
 
-    monkeypatch.setattr(outbox, "_insert_on_driver", spy)
+    monkeypatch.setattr(pgdriver, "insert_on_driver", spy)
     with engine.begin() as conn:
         assert enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b") == 1
         assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],

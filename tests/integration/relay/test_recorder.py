@@ -23,7 +23,8 @@ from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay import recorder
 from relay.publisher import Relay
-from relay.recorder import Recorder, RecorderStats, apply_each, apply_results
+from relay.recorder import Recorder, RecorderStats
+from relay.results import apply_each, apply_results
 from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
 
 pytestmark = pytest.mark.integration

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from postroom.kafka import Record
 from postroom.settings import LONGEST_PERIOD_S, Settings
-from relay.recorder import (
+from relay.recorder import Recorder
+from relay.results import (
     ENHANCED_CODE_MAX_CHARS,
     ERROR_MAX_CHARS,
     MESSAGE_ID_MAX_CHARS,
     REPORT_STATUSES,
-    Recorder,
     ReportPolicy,
     report_params,
     result_problem,

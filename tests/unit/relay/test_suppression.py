@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from postroom.errors import InvalidContentError, printable
-from relay.recorder import ERROR_MAX_CHARS, ReportPolicy, report_error, report_params
+from relay.results import ERROR_MAX_CHARS, ReportPolicy, report_error, report_params
 from relay.suppression import REASON_MAX_CHARS, normalise, reason_of
 from schemas.codec import DeliveryStatus, EmailResult
 from support.fuzz import examples

@@ -1,0 +1,81 @@
+"""Enqueue's statements on the caller's psycopg connection itself (the fast path), with psycopg's
+errors raised as SQLAlchemy's, and no outbox table as SchemaNotReadyError."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from relay.errors import SchemaNotReadyError
+
+UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
+
+
+@contextlib.contextmanager
+def schema_ready(schema: str | None) -> Iterator[None]:
+    """SchemaNotReadyError for the statement's error when there is no outbox table."""
+    try:
+        yield
+    except sa.exc.ProgrammingError as exc:
+        if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
+            raise
+        where = f"schema {schema}" if schema else "the connection's search path"
+        raise SchemaNotReadyError(
+            f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
+            "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
+
+
+def sa_connection(conn: sa.Connection | Session) -> sa.Connection:
+    return conn.connection() if isinstance(conn, Session) else conn
+
+
+def psycopg_connection(conn: sa.Connection | Session) -> psycopg.Connection[Any] | None:
+    """The psycopg 3 connection under the caller's, when its transaction has begun (an
+    execution on the driver does not begin one SQLAlchemy knows of); None: use SQLAlchemy."""
+    connection = sa_connection(conn)
+    if not connection.in_transaction():
+        return None
+    driver = connection.connection.driver_connection
+    return driver if isinstance(driver, psycopg.Connection) else None
+
+
+@functools.cache
+def driver_sql(text: str, dialect: sa.Dialect, binary: frozenset[str]) -> str:
+    """The statement as the dialect renders it for psycopg (``%(name)s``), the parameters named
+    in ``binary`` sent in binary (``%(name)b``)."""
+    query = str(sa.text(text).compile(dialect=dialect))
+    for name in binary:
+        query = query.replace(f"%({name})s", f"%({name})b")
+    return query
+
+
+def binary_names(params: dict[str, Any]) -> frozenset[str]:
+    """The parameters that are lists of strings: psycopg writes them in binary 4 to 40 times
+    faster than as array literals, whose every item it searches for quotes (10,000 bodies of
+    500 bytes: 6.5 ms against 248)."""
+    return frozenset(name for name, value in params.items()
+                     if type(value) is list and value and all(type(v) is str for v in value))
+
+
+def insert_on_driver(driver: psycopg.Connection[Any], dialect: sa.Dialect,
+                      statement: sa.TextClause, params: dict[str, Any]) -> int:
+    """conn.execute(statement, params).scalar_one() run on the psycopg connection itself: the
+    statement SQLAlchemy would send, with the same parameters (lists of strings in binary),
+    without its execution context. Errors come as SQLAlchemy's, as they would."""
+    query = driver_sql(statement.text, dialect, binary_names(params))
+    try:
+        with driver.cursor() as cursor:
+            cursor.execute(query, params)
+            row = cursor.fetchone()
+    except psycopg.Error as exc:
+        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
+                                         hide_parameters=True, dialect=dialect) from exc
+    if row is None:
+        raise sa.exc.NoResultFound("No row was found when one was required")
+    return int(row[0])

@@ -1,0 +1,120 @@
+"""The relay's statements: claim due rows, mark them published, failed or suppressed, release
+claims."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+# Claims due, unpublished rows no other relay holds. SKIP LOCKED lets several relays share the
+# backlog; the claim (not a held transaction) keeps a row theirs while Kafka acknowledges it.
+# It returns each row as the email-requested event's fields, in the contract's order and named
+# as there, so the relay encodes a row as it comes (the relay checks the names). created_at comes
+# as the contract's timestamp-millis, milliseconds since the epoch, rounded down as the codec
+# rounds a datetime: the database computes it for less than the relay's parsing of a timestamp
+# (exactly: extract() returns numeric since PostgreSQL 14). The attempt goes on from the row's
+# recorded attempts: 1 for a new row, n + 1 for a row redriven after n attempts. A row written by
+# SQL may hold what no event can carry: an infinite created_at comes as NULL and the attempt as a
+# bigint, so the claim itself never fails on a row and relay.rows refuses it as poison.
+CLAIM_DUE = sa.text("""
+    WITH claimed AS (
+        UPDATE outbox_queue
+        SET claimed_until = now() + make_interval(secs => :ttl_s)
+        WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM outbox_queue
+            WHERE available_at <= now()
+              AND (claimed_until IS NULL OR claimed_until < now())
+            ORDER BY available_at, id
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED))
+        RETURNING id
+    )
+    SELECT o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
+           COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
+           CASE WHEN isfinite(o.created_at)
+                THEN CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) END
+               AS created_at,
+           CAST(o.attempts AS bigint) + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before,
+           o.html, o.inline, o.traceparent, o.tracestate
+    FROM outbox AS o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
+""")
+
+# The claim has one good plan: walk outbox_queue_due in (available_at, id) order and stop after
+# :limit rows. Right after a bulk insert, before autovacuum has analyzed the table, the planner
+# estimates a few dozen due rows and prefers a bitmap scan of the whole backlog plus a sort, which
+# makes every batch cost the whole backlog (a drain quadratic in it). These settings leave it the
+# ordered index scan only; :local keeps them to the transaction, else they last the session.
+PIN_CLAIM_PLAN = sa.text("""
+    SELECT set_config('enable_bitmapscan', 'off', :local),
+           set_config('enable_seqscan', 'off', :local),
+           set_config('enable_sort', 'off', :local)
+""")
+
+
+def pin_claim_plan(conn: sa.Connection, *, session: bool = False) -> None:
+    """Pin the claim's plan for the caller's transaction, or for the whole ``session``."""
+    conn.execute(PIN_CLAIM_PLAN, {"local": not session})
+
+
+def claim_due(conn: sa.Connection, limit: int, ttl_s: float, *,
+              pinned: bool = False) -> Sequence[sa.Row[Any]]:
+    """Claim up to ``limit`` due rows for ``ttl_s`` seconds (in the caller's transaction, if any).
+
+    ``pinned``: the connection's session already has pin_claim_plan(); else it is pinned for the
+    transaction.
+    """
+    if not pinned:
+        pin_claim_plan(conn)
+    return conn.execute(CLAIM_DUE, {"limit": limit, "ttl_s": ttl_s}).all()
+
+
+# Takes acknowledged rows off the queue and records them published; a row another relay already
+# took off (its claim had expired) is left as that relay recorded it. A result may have been
+# recorded already (the sender can be faster than this update): its status is kept.
+MARK_PUBLISHED = sa.text("""
+    WITH done AS (DELETE FROM outbox_queue WHERE id = ANY(:ids) RETURNING id)
+    UPDATE outbox
+    SET published_at = now(), updated_at = now(),
+        status = CASE WHEN status = 'pending' THEN 'published' ELSE status END
+    WHERE id = ANY(ARRAY(SELECT id FROM done))
+""")
+
+# Rows that can never be published (no event can carry them, relay.rows, or theirs is too large):
+# off the queue, failed with the reason, one per row.
+MARK_FAILED = sa.text("""
+    WITH refused AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS r(id, error)
+    ), done AS (
+        DELETE FROM outbox_queue WHERE id IN (SELECT id FROM refused) RETURNING id
+    )
+    UPDATE outbox AS o
+    SET status = 'failed', last_error = r.error, updated_at = now()
+    FROM refused AS r
+    WHERE o.id = r.id AND o.id IN (SELECT id FROM done) AND o.status IN ('pending', 'published')
+""")
+
+RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id = ANY(:ids)")
+# The relay's one look at the list per claimed batch: claimed rows whose address is suppressed
+# now are taken off the queue and end 'suppressed', never published, the entry's source, expiry
+# and reason as their last error. Returns their ids.
+MARK_SUPPRESSED = sa.text("""
+    WITH hit AS (
+        SELECT o.id, s.source, s.reason, s.expires_at
+        FROM outbox AS o JOIN suppression AS s ON s.address = lower(o.recipient)
+        WHERE o.id = ANY(:ids) AND o.status IN ('pending', 'published') AND s.expires_at > now()
+    ), done AS (
+        DELETE FROM outbox_queue WHERE id IN (SELECT id FROM hit) RETURNING id
+    )
+    UPDATE outbox AS o
+    SET status = 'suppressed', updated_at = now(),
+        last_error = 'suppressed (' || h.source || ', until '
+                     || to_char(h.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') || ' UTC): '
+                     || h.reason
+    FROM hit AS h
+    WHERE o.id = h.id AND o.id IN (SELECT id FROM done)
+    RETURNING o.id
+""")
+
