@@ -281,6 +281,13 @@ class Settings:
                 "(every retry tier spent; not when the server was unreachable, nor on 421) and "
                 "then suppress it, e.g. `3`; `0`: never, as Amazon SES")
 
+    # The consumer groups derived from the prefix, as (field, value): not a setting. Kept so that
+    # dataclasses.replace(settings, topic_prefix=...) derives them again for the new prefix, while
+    # a group given explicitly stays; the names themselves stay plain str (librdkafka's admin
+    # calls fail on a str subclass).
+    derived_groups: frozenset[tuple[str, str]] = dataclasses.field(default=frozenset(),
+                                                                   compare=False)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Parse every ``POSTROOM_*`` variable; a malformed one raises ConfigError naming it."""
@@ -296,12 +303,16 @@ class Settings:
         return cls(**values)
 
     def __post_init__(self) -> None:
+        derived = set()
         for field, role in (("sender_group", "sender"), ("recorder_group", "recorder")):
             group = getattr(self, field)
             # A derived group is derived again: dataclasses.replace(settings, topic_prefix=...)
             # hands the old prefix's group back, and it must follow the new prefix.
-            if not group or isinstance(group, _DerivedGroup):
-                object.__setattr__(self, field, _DerivedGroup(default_group(self.topic_prefix, role)))
+            if not group or (field, group) in self.derived_groups:
+                group = default_group(self.topic_prefix, role)
+                object.__setattr__(self, field, group)
+                derived.add((field, group))
+        object.__setattr__(self, "derived_groups", frozenset(derived))
         if self.relay_claim_ttl_s * 1000 <= PRODUCER_MESSAGE_TIMEOUT_MS:
             raise ConfigError(env_name("relay_claim_ttl_s"),
                               f"must be longer than the producer's message timeout "
@@ -355,12 +366,6 @@ class Settings:
         (the client's own default waits for ever), and the client retries it."""
         url = self.require("schema_registry_url")
         return {"timeout": REGISTRY_TIMEOUT_S, **self.schema_registry_config, "url": url}
-
-
-class _DerivedGroup(str):
-    """A consumer group Settings derived from the topic prefix rather than was given."""
-
-    __slots__ = ()
 
 
 def markdown_table() -> str:

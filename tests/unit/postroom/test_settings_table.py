@@ -70,3 +70,11 @@ def test_a_group_given_is_kept_whatever_the_prefix() -> None:
     assert (moved.sender_group, moved.recorder_group) == ("postroom-sender", "staging.recorder")
     renamed = dataclasses.replace(moved, recorder_group="mine")
     assert dataclasses.replace(renamed, topic_prefix="x.").recorder_group == "mine"
+
+
+def test_the_groups_are_plain_strings_whether_derived_or_given() -> None:
+    # librdkafka's admin calls (create_acls) failed on a str subclass.
+    derived = dataclasses.replace(Settings(), topic_prefix="staging.")
+    given = Settings.from_env({"POSTROOM_SENDER_GROUP": "postroom-sender"})
+    assert {type(g) for s in (Settings(), derived, given)
+            for g in (s.sender_group, s.recorder_group)} == {str}
