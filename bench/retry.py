@@ -7,21 +7,14 @@ records how long after ``not_before`` it was taken up (``retry_lateness_seconds`
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
-import time
 
+from bench.inprocess import deliver_all
 from bench.report import BenchError, Options, Section, progress, table
 from bench.scratch import scratch
 from bench.workload import enqueue_rows, recipients
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.settings import Settings, TlsMode
-from relay.db import libpq_conninfo, make_engine
-from relay.publisher import Relay
-from sender.claims import lease_s
-from sender.ledger import Ledger, sender_identity
-from sender.service import Sender
 
 TIER_S = 2.0
 FULL_EMAILS, QUICK_EMAILS = 500, 100
@@ -60,33 +53,9 @@ def run(base: Settings, options: Options) -> Section:
 
 def _measure(settings: Settings, addresses: list[str],
              server: DevSmtpServer) -> tuple[tuple[int, float, float], float]:
-    engine = make_engine(settings)
-    relay = Relay(settings, engine)
-    sender = Sender.from_settings(settings, ledger=Ledger(
-        libpq_conninfo(engine), sender_identity(), lease_s(settings), settings.database_schema))
-    loop = asyncio.new_event_loop()
-    threads = [threading.Thread(target=relay.run, daemon=True),
-               threading.Thread(target=lambda: loop.run_until_complete(sender.run()), daemon=True)]
-    for thread in threads:
-        thread.start()
-    try:
-        progress(f"retry: enqueueing {len(addresses):,} emails, each to be deferred once")
-        started = time.monotonic()
-        with engine.begin() as conn:
-            enqueue_rows(conn, "late", addresses)
-        deadline = started + TIMEOUT_S
-        while server.count() < len(addresses):
-            if time.monotonic() > deadline:
-                raise BenchError(f"only {server.count()} of {len(addresses)} delivered in time")
-            time.sleep(0.1)
-        elapsed = time.monotonic() - started
-    finally:
-        relay.stop()
-        loop.call_soon_threadsafe(sender.stop)
-        for thread in threads:
-            thread.join(60)
-        loop.close()
-        engine.dispose()
+    progress(f"retry: enqueueing {len(addresses):,} emails, each to be deferred once")
+    sender, elapsed = deliver_all(settings, len(addresses), server,
+                                  lambda conn: enqueue_rows(conn, "late", addresses), TIMEOUT_S)
     summary = sender.metrics.summary("retry_lateness_seconds")
     if summary is None or summary[0] < len(addresses):
         raise BenchError(f"expected {len(addresses)} retries, the sender measured "

@@ -5,21 +5,14 @@ many sends were throttled, from the sender's own counters."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
-import time
 
-from bench.report import BenchError, Options, Section, progress, table
+from bench.inprocess import deliver_all
+from bench.report import Options, Section, progress, table
 from bench.scratch import scratch
 from bench.workload import enqueue_rows, recipients
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.settings import Settings, TlsMode
-from relay.db import libpq_conninfo, make_engine
-from relay.publisher import Relay
-from sender.claims import lease_s
-from sender.ledger import Ledger, sender_identity
-from sender.service import Sender
 
 THROTTLE_EVERY = 10
 FULL_EMAILS, QUICK_EMAILS = 1_000, 200
@@ -74,32 +67,8 @@ def _measure(base: Settings, emails: int, pause_s: float) -> Throttled:
 
 def _deliver(settings: Settings, addresses: list[str], server: DevSmtpServer,
              pause_s: float) -> Throttled:
-    engine = make_engine(settings)
-    relay = Relay(settings, engine)
-    sender = Sender.from_settings(settings, ledger=Ledger(
-        libpq_conninfo(engine), sender_identity(), lease_s(settings), settings.database_schema))
-    loop = asyncio.new_event_loop()
-    threads = [threading.Thread(target=relay.run, daemon=True),
-               threading.Thread(target=lambda: loop.run_until_complete(sender.run()), daemon=True)]
-    for thread in threads:
-        thread.start()
-    try:
-        progress(f"throttle: {len(addresses):,} emails, first pause {pause_s:g} s")
-        started = time.monotonic()
-        with engine.begin() as conn:
-            enqueue_rows(conn, "busy", addresses)
-        deadline = started + TIMEOUT_S
-        while server.count() < len(addresses):
-            if time.monotonic() > deadline:
-                raise BenchError(f"only {server.count()} of {len(addresses)} delivered in time")
-            time.sleep(0.1)
-        elapsed = time.monotonic() - started
-    finally:
-        relay.stop()
-        loop.call_soon_threadsafe(sender.stop)
-        for thread in threads:
-            thread.join(60)
-        loop.close()
-        engine.dispose()
+    progress(f"throttle: {len(addresses):,} emails, first pause {pause_s:g} s")
+    sender, elapsed = deliver_all(settings, len(addresses), server,
+                                  lambda conn: enqueue_rows(conn, "busy", addresses), TIMEOUT_S)
     counted = sum(sender.metrics.counters("throttled_total").values())
     return Throttled(pause_s, elapsed, server.throttled_replies, counted)
