@@ -84,7 +84,7 @@ def test_a_signal_before_the_service_exists_stops_it_once_attached() -> None:
     import os
     import signal
 
-    from postroom.cli import ShutdownSignals
+    from postroom.cli.services import ShutdownSignals
 
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
@@ -151,7 +151,7 @@ def test_the_roles_help_says_what_they_do(capsys: pytest.CaptureFixture[str],
 def test_status_rows_written_by_sql_stay_one_line_each() -> None:
     import datetime as dt
 
-    from postroom.cli import _status_table
+    from postroom.cli.status import _status_table
 
     when = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
     rows = [{"message_key": "k\nFAKE", "recipient": "a@example.com\r\nb", "status": "sent",
