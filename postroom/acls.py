@@ -105,8 +105,11 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
         acl(Role.SENDER, Operation.WRITE, Resource.TOPIC, dead_letter_topic(prefix)),
         acl(Role.SENDER, Operation.WRITE, Resource.TOPIC, results_topic(prefix)),
         acl(Role.SENDER, Operation.READ, Resource.GROUP, sender_group),
+        # Its group's KIP-848 session, read to choose the group protocol (kafka.group_protocol).
+        acl(Role.SENDER, Operation.DESCRIBE_CONFIGS, Resource.GROUP, sender_group),
         acl(Role.RECORDER, Operation.READ, Resource.TOPIC, results_topic(prefix)),
         acl(Role.RECORDER, Operation.READ, Resource.GROUP, recorder_group),
+        acl(Role.RECORDER, Operation.DESCRIBE_CONFIGS, Resource.GROUP, recorder_group),
         acl(Role.BOUNCES, Operation.WRITE, Resource.TOPIC, results_topic(prefix)),
         acl(Role.ADMIN, Operation.CREATE, Resource.TOPIC, admin_topics_prefix(prefix),
             Pattern.PREFIXED),
@@ -126,7 +129,8 @@ def role_acls(prefix: str, *, sender_group: str, recorder_group: str,
 
 # Operations a role's table has that it works without: the admin's DescribeConfigs came after the
 # table was first applied; without it `check` and `lag` judge replication with
-# min.insync.replicas unknown, so its absence is a warning, not a failure.
+# min.insync.replicas unknown, so its absence is a warning, not a failure. Without theirs on their
+# group, the sender and the recorder join with the classic protocol.
 OPTIONAL_OPERATIONS = frozenset({Operation.DESCRIBE_CONFIGS})
 
 # Operations a granted one implies, as Kafka's authorizer has it.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from postroom.acls import Operation, Role, needed_on_topics, role_acls, topic_problems, topic_warnings
 from postroom.errors import KafkaClientError
+from postroom.kafka.clients import make_admin
+from postroom.kafka.group_protocol import group_protocol
 from postroom.kafka.probe import check_reachable
 from postroom.kafka.topics import min_insync_replicas, topic_access, topic_replicas
 from postroom.replication import Severity, replication_findings, summary
@@ -68,9 +70,17 @@ def check_kafka(settings: Settings, role: Role | None = None, timeout_s: float =
     partitions, _brokers = topic_replicas(settings, topics, timeout_s)
     min_insync = min_insync_replicas(settings, topics, timeout_s)
     findings = replication_findings(partitions, min_insync)
-    text = "\n".join([f"{said}; {summary(findings, len(partitions))}",
-                      *(f"      {f.line()}" for f in findings),
-                      *(f"      WARN {w}" for w in warnings)])
+    lines = [f"{said}; {summary(findings, len(partitions))}",
+             *(f"      {f.line()}" for f in findings)]
+    groups = {Role.SENDER: [settings.sender_group], Role.RECORDER: [settings.recorder_group],
+              None: [settings.sender_group, settings.recorder_group]}.get(role, [])
+    if groups:
+        admin = make_admin(settings)
+        for group in groups:
+            choice = group_protocol(settings, group, admin)
+            lines.append(f"      group {group}: {choice.protocol} protocol ({choice.reason})")
+    lines += [f"      WARN {w}" for w in warnings]
+    text = "\n".join(lines)
     if any(f.severity is Severity.FAIL for f in findings):
         raise KafkaClientError(text)
     if findings or warnings:

@@ -23,7 +23,8 @@ CONSUMER_FETCH_WAIT_MS = 50
 # dead member's partitions within about 10-15 s. A broker SIGKILLed on three brokers pauses
 # deliveries for its fencing (9 s) with it; when that broker coordinated the group, the session
 # may run out before the new coordinator answers and the group rejoins (once, 19.2 s), which
-# KIP-848's protocol avoids and 12-15 s sessions narrow at the takeover's cost (docs/operations.md,
+# KIP-848's protocol avoids (a group joins with it where the platform allows a session this short:
+# group_protocol.py) and 12-15 s sessions narrow at the takeover's cost (docs/operations.md,
 # "Consumer group protocol and session timeouts"). The broker's group.min.session.timeout.ms is 6 s
 # by default.
 CONSUMER_SESSION_TIMEOUT_MS = 10_000

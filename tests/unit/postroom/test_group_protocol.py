@@ -11,8 +11,10 @@ from confluent_kafka import Consumer, KafkaException
 from postroom.kafka import (
     CONSUMER_HEARTBEAT_INTERVAL_MS,
     CONSUMER_SESSION_TIMEOUT_MS,
+    clients,
     consumer_config,
 )
+from postroom.kafka.group_protocol import ProtocolChoice, decide, librdkafka_version, named_protocol
 from postroom.settings import Settings
 
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
@@ -70,3 +72,64 @@ def test_a_classic_key_set_by_the_operator_with_kip848_is_refused_by_librdkafka(
     assert config["session.timeout.ms"] == "30000"
     with pytest.raises(KafkaException, match=r"session\.timeout\.ms"):
         created(config)
+
+
+# ---- which protocol a group joins with when the settings name none (postroom.kafka.group_protocol)
+
+NEW = (2, 16)
+
+
+@pytest.mark.parametrize(("librdkafka", "session_ms", "protocols", "protocol", "said"), [
+    (NEW, 10_000, "classic,consumer,streams", "consumer", "KIP-848: the group's session is 10 s"),
+    (NEW, 6_000, None, "consumer", "6 s"),       # the brokers' config unreadable: the session says
+    (NEW, 45_000, "classic,consumer", "classic", "would be 45 s"),      # Kafka's default
+    (NEW, 10_001, "classic,consumer", "classic", "at most 10000 on group g"),
+    (NEW, None, "classic,consumer", "classic", "could not be read"),
+    (NEW, 10_000, "classic", "classic", "rebalance.protocols is 'classic'"),
+    (NEW, 10_000, "classic, consumer", "consumer", "10 s"),
+    ((2, 11), 10_000, "classic,consumer", "classic", "librdkafka 2.11 predates"),
+    ((1, 99), 10_000, None, "classic", "predates"),
+])
+def test_kip848_only_where_the_platform_made_its_session_as_short_as_postroom_s(
+        librdkafka: tuple[int, int], session_ms: int | None, protocols: str | None,
+        protocol: str, said: str) -> None:
+    choice = decide("g", librdkafka=librdkafka, session_ms=session_ms,
+                    broker_protocols=protocols)
+    assert choice.protocol == protocol
+    assert said in choice.reason
+
+
+def test_librdkafka_packed_versions() -> None:
+    assert librdkafka_version(0x021000FF) == (2, 16)
+    assert librdkafka_version(0x020C0100) == (2, 12)
+    assert librdkafka_version(0x010900FF) == (1, 9)
+
+
+@pytest.mark.parametrize(("configs", "named"), [
+    (({}, {}), None),
+    (({"group.protocol": "CONSUMER"}, {}), "consumer"),
+    (({"group.protocol": "consumer"}, {"group.protocol": "classic"}), "classic"),  # caller wins
+    (({}, {"group.protocol": " classic "}), "classic"),
+])
+def test_a_named_protocol_decides_without_asking(
+        configs: tuple[dict[str, str], dict[str, str]], named: str | None) -> None:
+    assert named_protocol(*configs) == named
+
+
+def test_the_cluster_is_asked_only_when_no_protocol_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def ask(admin: object, group: str) -> ProtocolChoice:
+        asked.append(group)
+        return ProtocolChoice("consumer", "as the test says")
+
+    made: list[dict[str, object]] = []
+    monkeypatch.setattr(clients, "ask_cluster", ask)
+    monkeypatch.setattr(clients, "Consumer", lambda config: made.append(config))
+    clients.make_consumer(settings_of(), "g1")
+    clients.make_consumer(settings_of("group.protocol=classic"), "g2")
+    clients.make_consumer(settings_of(), "g3", **{"group.protocol": "classic"})
+    assert asked == ["g1"]
+    assert [c["group.protocol"] for c in made] == ["consumer", "classic", "classic"]
+    assert "session.timeout.ms" not in made[0] and made[1]["session.timeout.ms"] == 10_000
