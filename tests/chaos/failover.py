@@ -41,8 +41,12 @@ class Protocol:
     group_config: tuple[tuple[str, str], ...] = ()
 
 
+KIP848_GROUP_CONFIG = (("consumer.session.timeout.ms", "10000"),
+                       ("consumer.heartbeat.interval.ms", "2000"))
 PROTOCOLS = {p.name: p for p in (
-    Protocol("classic"),  # postroom's defaults: session.timeout.ms 10 s, heartbeats every 2 s
+    # postroom's defaults where the groups' KIP-848 session is Kafka's 45 s: the classic protocol,
+    # session.timeout.ms 10 s, heartbeats every 2 s.
+    Protocol("classic"),
     # Sessions longer than the coordinator's move (fencing 9 s, then the offsets partition's
     # election and load) with heartbeats at the same tenth: the shortest classic session a
     # coordinator kill does not expire.
@@ -55,7 +59,10 @@ PROTOCOLS = {p.name: p for p in (
     Protocol("classic-30s", (("POSTROOM_KAFKA_CONSUMER_CONFIG",
                               "session.timeout.ms=30000;heartbeat.interval.ms=3000"),)),
     Protocol("kip848", (("POSTROOM_KAFKA_CONSUMER_CONFIG", "group.protocol=consumer"),),
-             (("consumer.session.timeout.ms", "10000"), ("consumer.heartbeat.interval.ms", "2000"))),
+             KIP848_GROUP_CONFIG),
+    # postroom's default on a platform that set the groups' KIP-848 session to 10 s: no
+    # group.protocol named, the roles choose KIP-848 themselves (postroom.kafka.group_protocol).
+    Protocol("auto", (), KIP848_GROUP_CONFIG),
 )}
 
 

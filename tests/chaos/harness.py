@@ -219,6 +219,19 @@ class Run:
         self.wait_until(lambda: all(assigned(n) for n in ("sender1", "sender2")), timeout_s,
                         "both senders to be assigned partitions")
 
+    def group_protocols(self) -> str:
+        """Which protocol the sender's and recorder's groups run on, as the broker says: a note,
+        so a run's table shows which one it measured."""
+        admin = make_admin(self.settings)
+        groups = [self.settings.sender_group, self.settings.recorder_group]
+        types = []
+        for group, future in admin.describe_consumer_groups(groups, request_timeout=30).items():
+            try:
+                types.append(f"{group.split('-')[1]} {future.result().type.name}")
+            except KafkaException as exc:
+                types.append(f"{group.split('-')[1]} unknown ({exc})")
+        return "groups: " + ", ".join(sorted(types))
+
     def sent_mark_window(self) -> Buckets:
         """The running senders' sent_mark_window_seconds histograms (reply read to the mark's
         commit), summed: the processes started last, as a killed one's went with it."""

@@ -277,6 +277,7 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
         try:
             run.start()
             run.wait_assigned()
+            run.notes.append(run.group_protocols())
             run.feed(scenario.recipients(scenario.emails, run.tag), scenario.feed_per_s,
                      scenario.backlog, scenario.steady_feed)
             run.wait_until(_progress(run, scenario.start_faults_at), 120,
