@@ -50,7 +50,9 @@ from relay.errors import PoisonRowError
 from relay.rounds import Claim, RelayStats, Sent
 from relay.rows import POISON_PREFIX, event_value
 from relay.rows import epoch_s as _epoch_s
-from schemas.codec import EmailRequested, Framing, SchemaError, load_schema
+from schemas.codec import EmailRequested, load_schema
+from schemas.errors import SchemaError
+from schemas.framing import Framing
 from schemas.registry import framing_for
 
 log = logging.getLogger(__name__)

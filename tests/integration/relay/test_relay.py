@@ -30,7 +30,9 @@ from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import make_engine
 from relay.publisher import ROW_ID_HEADER, Relay
-from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema
+from schemas.codec import EmailRequested, load_schema
+from schemas.decoding import decode
+from schemas.framing import SCHEMA_HEADER
 
 pytestmark = pytest.mark.integration
 
