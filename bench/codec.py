@@ -18,7 +18,9 @@ import fastavro
 from bench.report import Section, fmt_rate, progress, table
 from bench.workload import BODY, MAIL_FROM, SUBJECT
 from postroom.settings import Settings
-from schemas.codec import EmailRequested, RecordWriter, SchemaError, load_schema
+from schemas.codec import EmailRequested, load_schema
+from schemas.compiled_writer import RecordWriter
+from schemas.errors import SchemaError
 
 ROUNDS = 9  # repeats of each writer, interleaved; the figure is the best one
 QUICK_ROUNDS = 3

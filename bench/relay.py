@@ -401,7 +401,7 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
 # Where a drain's time goes: publish_once()'s phases, found by the functions that carry them out.
 _PHASES = (
     ("encode a claimed row as Avro", "codec.py", "encode_values"),
-    ("produce() into librdkafka", "publisher.py", "_produce"),
+    ("produce() into librdkafka", "producing.py", "_produce"),
     ("flush(): waiting for the broker's acks", "~", "<method 'flush' of 'cimpl.Producer' objects>"),
     ("MARK_PUBLISHED transaction", "publisher.py", "_mark"),
 )

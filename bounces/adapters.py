@@ -17,7 +17,8 @@ from postroom.kafka import KafkaError, KafkaException, Message, Producer
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from relay.sql import ROW_OF_REPORT
-from schemas.codec import EmailResult, Framing
+from schemas.codec import EmailResult
+from schemas.framing import Framing
 
 # How long a report's results may wait for the broker's acknowledgement before the MTA is told
 # to try again (Postfix waits 600 s for the reply to the message: smtp_data_done_timeout).

@@ -22,7 +22,9 @@ from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import pgdriver, sql, validation
 from relay.errors import InvalidEmailError
-from schemas.codec import EmailRequested, SchemaError, event_size, requested_event_size
+from schemas.codec import EmailRequested
+from schemas.errors import SchemaError
+from schemas.sizes import event_size, requested_event_size
 
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1

@@ -45,14 +45,10 @@ from relay.results import (
     result_problem,
     storable_result,
 )
-from schemas.codec import (
-    DeliveryStatus,
-    EmailResult,
-    SchemaById,
-    SchemaError,
-    SchemaUnavailableError,
-    decode,
-)
+from schemas.codec import DeliveryStatus, EmailResult
+from schemas.decoding import decode
+from schemas.errors import SchemaError, SchemaUnavailableError
+from schemas.framing import SchemaById
 from schemas.registry import reader_for
 
 log = logging.getLogger(__name__)

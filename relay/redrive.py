@@ -31,14 +31,10 @@ from postroom.kafka import (
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 from relay import sql
-from schemas.codec import (
-    EmailRequested,
-    SchemaById,
-    SchemaError,
-    SchemaUnavailableError,
-    decode,
-    header_value,
-)
+from schemas.codec import EmailRequested
+from schemas.decoding import decode
+from schemas.errors import SchemaError, SchemaUnavailableError
+from schemas.framing import SchemaById, header_value
 
 log = logging.getLogger(__name__)
 

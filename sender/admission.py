@@ -22,14 +22,10 @@ from postroom.headers import (
     PostroomHeaders,
     read_headers,
 )
-from schemas.codec import (
-    EmailRequested,
-    SchemaById,
-    SchemaError,
-    SchemaUnavailableError,
-    decode,
-    header_value,
-)
+from schemas.codec import EmailRequested
+from schemas.decoding import decode
+from schemas.errors import SchemaError, SchemaUnavailableError
+from schemas.framing import SchemaById, header_value
 from sender.errors import PoisonRecordError
 
 # Senders' clocks may differ a little: a not_before up to this far past the longest delay waits.

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 from postroom.kafka import Record
 from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS, Metrics
 from postroom.topics import tier_of_retry_topic
-from schemas.codec import SchemaById, SchemaUnavailableError
+from schemas.errors import SchemaUnavailableError
+from schemas.framing import SchemaById
 from sender.admission import Admission, Admitted, admit
 from sender.errors import PoisonRecordError
 from sender.publishing import origin_of

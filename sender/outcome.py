@@ -1,6 +1,6 @@
 """Classifies what an SMTP server said (or failed to say) into sent, transient or permanent. Pure.
 
-The SMTP adapter (sender/smtp.py) turns every aiosmtplib reply or exception into a
+The SMTP adapter (sender/smtp_replies.py) turns every aiosmtplib reply or exception into a
 :class:`SmtpReply`; :func:`classify_reply` decides. No SMTP, Kafka or database library is
 imported here.
 """

@@ -6,7 +6,7 @@ aiosmtplib writes each command and waits for its reply: four writes and four rep
 email, the largest share of the sender's CPU left on a fast server (docs/benchmarks.md). Its
 protocol keeps one reply at a time and drops data that arrives while one is waiting to be read,
 so pipelined replies need a protocol of their own: this one. aiosmtplib stays the client for
-connecting, TLS and login; the pool (sender/smtp.py) hands a connection over with
+connecting, TLS and login; the pool's opener (sender/smtp_session.py) hands a connection over with
 :meth:`Pipeline.take_over` and from then on talks to it only through this class, which offers the
 few aiosmtplib calls the pool makes (``execute_command``, ``rset``, ``supports_extension``,
 ``close``).
@@ -38,7 +38,7 @@ SMTP_OK = 250
 SMTP_WILL_FORWARD = 251
 START_MAIL_INPUT = 354
 SERVICE_UNAVAILABLE = 421  # the server is closing the connection
-# The replies that let a transaction go on, whether pipelined or not (sender/smtp.py).
+# The replies that let a transaction go on, whether pipelined or not (sender/smtp_session.py).
 MAIL_ACCEPTED = (SMTP_OK,)
 RCPT_ACCEPTED = (SMTP_OK, SMTP_WILL_FORWARD)
 

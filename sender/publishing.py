@@ -12,7 +12,8 @@ from postroom.kafka import Record
 from postroom.metrics import POISON_TOTAL, POISON_UNKEYED_TOTAL, Metrics
 from postroom.topics import dead_letter_topic, results_topic
 from postroom.tracing import from_headers
-from schemas.codec import EmailRequested, EmailResult, Framing
+from schemas.codec import EmailRequested, EmailResult
+from schemas.framing import Framing
 from sender.errors import PoisonRecordError, RecordTooLargeError
 from sender.ports import TraceHeaders
 from sender.producer import AcknowledgedProducer

@@ -34,7 +34,8 @@ from sender.ports import Clock, SystemClock
 from sender.producer import AcknowledgedProducer
 from sender.publishing import OutcomePublisher
 from sender.retry import RetryPolicy
-from sender.smtp import SmtpConfig, SmtpPool
+from sender.smtp import SmtpPool
+from sender.smtp_config import SmtpConfig
 from sender.throttle import DestinationBy, ThrottleLimits, destination_of
 from sender.transport import SmtpTransport
 from sender.writers import WriterSchemas

@@ -41,7 +41,9 @@ from postroom.lagrules import (
 from postroom.replication import TopicHealth, topic_health
 from postroom.settings import Settings
 from postroom.topics import all_topics, results_topic, sender_topics, tier_of_retry_topic
-from schemas.codec import EmailRequested, SchemaError, decode
+from schemas.codec import EmailRequested
+from schemas.decoding import decode
+from schemas.errors import SchemaError
 
 log = logging.getLogger(__name__)
 

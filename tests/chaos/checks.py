@@ -19,7 +19,9 @@ from postroom.devkit.histograms import Buckets
 from postroom.topics import dead_letter_topic, results_topic
 from relay.db import make_engine, upgrade
 from relay.results import apply_each, apply_results, result_problem, storable_result
-from schemas.codec import EmailResult, SchemaError, decode
+from schemas.codec import EmailResult
+from schemas.decoding import decode
+from schemas.errors import SchemaError
 from schemas.registry import reader_for
 
 # A server may still read a killed client's last message from its socket buffer.

@@ -16,15 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from postroom.devkit.histograms import scrape
 from postroom.topics import Priority, priority_topic, results_topic, retry_topic
-from schemas.codec import (
-    DeliveryStatus,
-    EmailRequested,
-    EmailResult,
-    SchemaError,
-    decode,
-    encode,
-    headers_for,
-)
+from schemas.codec import DeliveryStatus, EmailRequested, EmailResult, encode
+from schemas.decoding import decode
+from schemas.errors import SchemaError
+from schemas.framing import headers_for
 
 ATTEMPT_BASE = "postroom.attempt_base"
 ROW_ID = "postroom.row_id"
@@ -221,7 +216,7 @@ def storm_records(rng: random.Random, tag: str, prefix: str, tiers: int, start: 
 def result_readable(record: HostileRecord) -> bool | None:
     """Whether the recorder can decode ``record`` without a registry: True, False, or None when
     it would wait for a registry (which this suite does not run)."""
-    from schemas.codec import SchemaUnavailableError
+    from schemas.errors import SchemaUnavailableError
     try:
         decode(EmailResult, record.value, record.headers)
     except SchemaUnavailableError:

@@ -16,7 +16,9 @@ from postroom.headers import ATTEMPT_BASE_HEADER, read_headers
 from postroom.rules import SizeLimits
 from relay.results import result_problem
 from relay.rows import check_row
-from schemas.codec import EmailResult, SchemaError, decode
+from schemas.codec import EmailResult
+from schemas.decoding import decode
+from schemas.errors import SchemaError
 from sender.admission import Admission, admit
 from sender.errors import PoisonRecordError
 

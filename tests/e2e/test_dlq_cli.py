@@ -25,7 +25,8 @@ from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, priority_topic
 from relay.db import make_engine
 from relay.outbox import enqueue
-from schemas.codec import SCHEMALESS, EmailRequested, Framing
+from schemas.codec import EmailRequested
+from schemas.framing import SCHEMALESS, Framing
 from schemas.registry import framing_for, register_contract
 from support.foreign import produce_raw
 

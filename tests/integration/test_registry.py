@@ -25,7 +25,8 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import priority_topic, results_topic, topic_schemas, value_subject
 from relay.publisher import Relay
-from schemas.codec import SCHEMA_HEADER, EmailRequested, encode, headers_for, load_schema
+from schemas.codec import EmailRequested, encode, load_schema
+from schemas.framing import SCHEMA_HEADER, headers_for
 from schemas.registry import (
     Registry,
     RegistryError,

@@ -15,14 +15,9 @@ import pytest
 import support.registry
 from postroom.settings import Settings
 from postroom.topics import retry_topic, value_subject
-from schemas.codec import (
-    EmailRequested,
-    confluent_prefix,
-    decode,
-    earlier_versions,
-    encode,
-    load_schema,
-)
+from schemas.codec import EmailRequested, encode, load_schema
+from schemas.decoding import decode, earlier_versions
+from schemas.framing import confluent_prefix
 from schemas.registry import Registry, framing_for, register_contract
 from sender.message import build_message
 

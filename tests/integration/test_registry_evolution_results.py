@@ -15,15 +15,9 @@ import pytest
 import support.registry
 from postroom.settings import Settings
 from postroom.topics import results_topic, value_subject
-from schemas.codec import (
-    DeliveryStatus,
-    EmailResult,
-    confluent_prefix,
-    decode,
-    earlier_versions,
-    encode,
-    load_schema,
-)
+from schemas.codec import DeliveryStatus, EmailResult, encode, load_schema
+from schemas.decoding import decode, earlier_versions
+from schemas.framing import confluent_prefix
 from schemas.registry import Registry, framing_for, register_contract
 
 pytestmark = pytest.mark.integration

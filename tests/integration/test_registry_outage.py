@@ -25,7 +25,8 @@ from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, value_subject
-from schemas.codec import EmailRequested, confluent_prefix, load_schema
+from schemas.codec import EmailRequested, load_schema
+from schemas.framing import confluent_prefix
 from schemas.registry import framing_for, register_contract
 from support.pipeline import SenderThread
 

@@ -60,7 +60,8 @@ from postroom.topics import (
     results_topic,
 )
 from relay.publisher import Relay
-from schemas.codec import SCHEMALESS, DeliveryStatus, EmailResult
+from schemas.codec import DeliveryStatus, EmailResult
+from schemas.framing import SCHEMALESS
 from support.pipeline import Pipeline
 from support.seed import check_september, enqueue_september, seed_server
 from support.stack import dev_dir

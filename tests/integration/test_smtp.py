@@ -19,7 +19,8 @@ from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.ports import free_port
 from postroom.settings import Secret, Settings, TlsMode
 from sender.outcome import REASON_MAX_CHARS, Failure, SmtpReply, Stage, Verdict, classify_reply
-from sender.smtp import SmtpConfig, SmtpPool
+from sender.smtp import SmtpPool
+from sender.smtp_config import SmtpConfig
 
 pytestmark = pytest.mark.integration
 

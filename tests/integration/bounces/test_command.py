@@ -20,7 +20,8 @@ from postroom.devkit.scratch import scratch_env
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import make_token, return_path
-from schemas.codec import DeliveryStatus, EmailResult, decode
+from schemas.codec import DeliveryStatus, EmailResult
+from schemas.decoding import decode
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,9 @@ from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import make_token, return_path
-from schemas.codec import SCHEMALESS, DeliveryStatus, EmailResult, decode
+from schemas.codec import DeliveryStatus, EmailResult
+from schemas.decoding import decode
+from schemas.framing import SCHEMALESS
 from support.postfix import IntakeThread
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from postroom.lag import LagReader, postroom_groups
 from postroom.lagrules import Verdict
 from postroom.settings import Settings, TlsMode
 from postroom.topics import Priority, priority_topic, retry_topic
-from schemas.codec import EmailRequested, encode, headers_for
+from schemas.codec import EmailRequested, encode
+from schemas.framing import headers_for
 from support.foreign import produce_raw
 from support.pipeline import Pipeline, outbox_rows
 

@@ -32,7 +32,8 @@ from relay.results import (
     apply_results,
     apply_soft_bounces,
 )
-from schemas.codec import DeliveryStatus, EmailResult, encode, headers_for
+from schemas.codec import DeliveryStatus, EmailResult, encode
+from schemas.framing import headers_for
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,8 @@ from relay import recorder
 from relay.publisher import Relay
 from relay.recorder import Recorder, RecorderStats
 from relay.results import apply_each, apply_results
-from schemas.codec import SCHEMA_HEADER, DeliveryStatus, EmailResult, encode, headers_for
+from schemas.codec import DeliveryStatus, EmailResult, encode
+from schemas.framing import SCHEMA_HEADER, headers_for
 
 pytestmark = pytest.mark.integration
 

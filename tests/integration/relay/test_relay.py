@@ -24,13 +24,16 @@ from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
+from postroom.headers import ROW_ID_HEADER
 from postroom.kafka import make_producer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
 from relay import sql
 from relay.db import make_engine
-from relay.publisher import ROW_ID_HEADER, Relay
-from schemas.codec import SCHEMA_HEADER, EmailRequested, decode, load_schema
+from relay.publisher import Relay
+from schemas.codec import EmailRequested, load_schema
+from schemas.decoding import decode
+from schemas.framing import SCHEMA_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,8 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import read_token
-from schemas.codec import DeliveryStatus, EmailResult, encode, headers_for
+from schemas.codec import DeliveryStatus, EmailResult, encode
+from schemas.framing import headers_for
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration

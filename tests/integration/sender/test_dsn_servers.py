@@ -24,7 +24,8 @@ from postroom.settings import TlsMode
 from postroom.verp import read_token
 from schemas.codec import EmailRequested
 from sender.delivery import Delivery
-from sender.smtp import SmtpConfig, SmtpPool
+from sender.smtp import SmtpPool
+from sender.smtp_config import SmtpConfig
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,8 @@ from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic
-from schemas.codec import EmailRequested, encode, headers_for
+from schemas.codec import EmailRequested, encode
+from schemas.framing import headers_for
 from sender.routing import DLQ_CLASS_HEADER, DLQ_REASON_HEADER
 from support.foreign import produce_raw
 from support.pipeline import SenderThread

@@ -22,7 +22,8 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
 from relay.publisher import Relay
-from schemas.codec import SCHEMA_HEADER, EmailRequested, encode, headers_for, load_schema
+from schemas.codec import EmailRequested, encode, load_schema
+from schemas.framing import SCHEMA_HEADER, headers_for
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 
@@ -173,7 +174,8 @@ def test_a_retry_kafka_refuses_as_too_large_ends_as_a_recorded_failure(
 
     from postroom.kafka import make_admin
     from postroom.topics import results_topic
-    from schemas.codec import EmailResult, decode
+    from schemas.codec import EmailResult
+    from schemas.decoding import decode
 
     prefix = settings.topic_prefix
     tier = retry_topic(prefix, 1)
@@ -277,7 +279,8 @@ def test_a_refused_email_ends_failed_in_its_row(
     run with POSTROOM_BODY_MAX_BYTES=100000. The row now ends `failed`, its last error saying
     `poison: ...`, through a result the recorder applies; the email beside it is delivered."""
     from postroom.topics import results_topic
-    from schemas.codec import EmailResult, decode
+    from schemas.codec import EmailResult
+    from schemas.decoding import decode
 
     server = DevSmtpServer(port=0)
     server.start()

@@ -17,7 +17,8 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import results_topic
 from relay.publisher import Relay
-from schemas.codec import DeliveryStatus, EmailResult, decode
+from schemas.codec import DeliveryStatus, EmailResult
+from schemas.decoding import decode
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

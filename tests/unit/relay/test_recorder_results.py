@@ -27,16 +27,9 @@ from relay.results import (
     storable,
     storable_result,
 )
-from schemas.codec import (
-    DeliveryStatus,
-    EmailResult,
-    Schema,
-    SchemaUnavailableError,
-    confluent_prefix,
-    encode,
-    headers_for,
-    load_schema,
-)
+from schemas.codec import DeliveryStatus, EmailResult, Schema, encode, load_schema
+from schemas.errors import SchemaUnavailableError
+from schemas.framing import confluent_prefix, headers_for
 
 RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="a@example.com",
                      status=DeliveryStatus.FAILED, attempt=1,

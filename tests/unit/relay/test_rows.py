@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from relay.errors import PoisonRowError
 from relay.rows import FIELDS, event_value
-from schemas.codec import SCHEMALESS, EmailRequested, decode, load_schema
+from schemas.codec import EmailRequested, load_schema
+from schemas.decoding import decode
+from schemas.framing import SCHEMALESS
 from support.fuzz import examples
 
 SCHEMA = load_schema("email_requested")

@@ -15,8 +15,9 @@ import pytest
 import sqlalchemy as sa
 
 from postroom.settings import Settings
-from relay import publisher
-from relay.publisher import Relay, Sent
+from relay import producing
+from relay.publisher import Relay
+from relay.rounds import Sent
 from schemas.codec import load_schema
 
 CREATED = dt.datetime(2026, 9, 30, tzinfo=dt.UTC)
@@ -97,7 +98,7 @@ def test_rows_the_producer_could_not_take_are_released_too(
         monkeypatch: pytest.MonkeyPatch) -> None:
     relay = relay_with(StandInProducer({b"k|r1@example.com"}, room=2))
     # A full local queue is retried until the producer's timeout; none here, to keep it short.
-    monkeypatch.setattr(publisher, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
+    monkeypatch.setattr(producing, "PRODUCER_MESSAGE_TIMEOUT_MS", 0)
     assert relay._send(claimed_rows(4)) == Sent([2], [1, 3, 4])
 
 

@@ -18,23 +18,19 @@ from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
 
 from schemas.codec import (
-    SCHEMA_HEADER,
     DeliveryStatus,
     EmailRequested,
     EmailResult,
-    RecordWriter,
     Schema,
-    SchemaError,
-    decode,
-    earlier_versions,
     encode,
     encode_values,
-    header_value,
-    headers_for,
-    known_writer_schemas,
     load_schema,
     parse_schema_text,
 )
+from schemas.compiled_writer import RecordWriter
+from schemas.decoding import decode, earlier_versions, known_writer_schemas
+from schemas.errors import SchemaError
+from schemas.framing import SCHEMA_HEADER, header_value, headers_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SCHEMA_FILES = sorted(p.name for p in resources.files("schemas").iterdir()

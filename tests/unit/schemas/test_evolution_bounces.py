@@ -13,18 +13,10 @@ from typing import Any
 import fastavro
 import pytest
 
-from schemas.codec import (
-    SCHEMA_HEADER,
-    DeliveryStatus,
-    EmailResult,
-    SchemaError,
-    decode,
-    earlier_versions,
-    encode,
-    headers_for,
-    load_schema,
-    parse_schema_text,
-)
+from schemas.codec import DeliveryStatus, EmailResult, encode, load_schema, parse_schema_text
+from schemas.decoding import decode, earlier_versions
+from schemas.errors import SchemaError
+from schemas.framing import SCHEMA_HEADER, headers_for
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 V1 = earlier_versions("email_result")[0]

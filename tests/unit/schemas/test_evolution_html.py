@@ -6,15 +6,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from schemas.codec import (
-    SCHEMA_HEADER,
-    EmailRequested,
-    decode,
-    earlier_versions,
-    encode,
-    headers_for,
-    load_schema,
-)
+from schemas.codec import EmailRequested, encode, load_schema
+from schemas.decoding import decode, earlier_versions
+from schemas.framing import SCHEMA_HEADER, headers_for
 from sender.message import build_message
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)

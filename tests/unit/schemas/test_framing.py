@@ -9,20 +9,10 @@ import re
 import pytest
 
 from postroom.topics import all_topics, results_topic, topic_schemas, value_subject
-from schemas.codec import (
-    SCHEMA_HEADER,
-    SCHEMALESS,
-    EmailRequested,
-    EmailResult,
-    Framing,
-    Schema,
-    SchemaError,
-    confluent_prefix,
-    decode,
-    encode,
-    load_schema,
-    split_confluent,
-)
+from schemas.codec import EmailRequested, EmailResult, Schema, encode, load_schema
+from schemas.decoding import decode
+from schemas.errors import SchemaError
+from schemas.framing import SCHEMA_HEADER, SCHEMALESS, Framing, confluent_prefix, split_confluent
 
 CREATED = dt.datetime(2026, 9, 30, 23, 59, 58, 125000, tzinfo=dt.UTC)
 EVENT = EmailRequested(

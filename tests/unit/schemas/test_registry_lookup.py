@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from postroom.settings import Settings
-from schemas.codec import SchemaError, SchemaUnavailableError, load_schema
+from schemas.codec import load_schema
+from schemas.errors import SchemaError, SchemaUnavailableError
 from schemas.registry import Registry, RegistryError
 
 SETTINGS = Settings.from_env({"POSTROOM_SCHEMA_REGISTRY_URL": "http://registry.invalid:8080"})

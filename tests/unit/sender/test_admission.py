@@ -11,7 +11,9 @@ import pytest
 
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER, UNREADABLE_HEADERS
 from postroom.rules import SizeLimits
-from schemas.codec import EmailRequested, SchemaUnavailableError, encode, headers_for
+from schemas.codec import EmailRequested, encode
+from schemas.errors import SchemaUnavailableError
+from schemas.framing import headers_for
 from sender.admission import (
     HEADERS_ALLOWANCE_BYTES,
     Admission,

@@ -21,7 +21,8 @@ from schemas.codec import EmailRequested
 from sender.delivery import Delivery
 from sender.message import dsn_mail_parameters, dsn_rcpt_parameters, xtext
 from sender.outcome import Failure, SmtpReply, Stage
-from sender.smtp import SmtpConfig, SmtpPool
+from sender.smtp import SmtpPool
+from sender.smtp_config import SmtpConfig
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 1, 7, 0, tzinfo=dt.UTC)

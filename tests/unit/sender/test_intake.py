@@ -11,8 +11,10 @@ from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.rules import SizeLimits
 from postroom.topics import priority_topic, retry_topic
-from schemas.codec import EmailRequested, Schema, SchemaUnavailableError, confluent_prefix, encode
-from schemas.codec import headers_for as schema_headers
+from schemas.codec import EmailRequested, Schema, encode
+from schemas.errors import SchemaUnavailableError
+from schemas.framing import confluent_prefix
+from schemas.framing import headers_for as schema_headers
 from sender.admission import Admission, Admitted
 from sender.errors import PoisonRecordError
 from sender.intake import REGISTRY_RETRY_FIRST_S, Intake

@@ -10,7 +10,7 @@ from typing import Any
 from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.tracing import TraceContext, from_headers
-from schemas.codec import SCHEMALESS
+from schemas.framing import SCHEMALESS
 from sender.errors import PoisonRecordError
 from sender.publishing import OutcomePublisher
 

@@ -29,17 +29,10 @@ from postroom.headers import (
     read_headers,
 )
 from postroom.rules import SizeLimits
-from schemas.codec import (
-    SCHEMA_HEADER,
-    EmailRequested,
-    Schema,
-    SchemaError,
-    confluent_prefix,
-    earlier_versions,
-    encode,
-    headers_for,
-    load_schema,
-)
+from schemas.codec import EmailRequested, Schema, encode, load_schema
+from schemas.decoding import earlier_versions
+from schemas.errors import SchemaError
+from schemas.framing import SCHEMA_HEADER, confluent_prefix, headers_for
 from sender.admission import Admission, Admitted, admit, readable_key
 from sender.errors import PoisonRecordError
 from sender.outcome import Outcome, Verdict

@@ -19,7 +19,9 @@ from aiosmtplib.protocol import MAX_RESPONSE_LENGTH, SMTPProtocol
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import DeliveryStatus, EmailResult, decode, encode, headers_for
+from schemas.codec import DeliveryStatus, EmailResult, encode
+from schemas.decoding import decode
+from schemas.framing import headers_for
 from sender import pipelining
 from sender.outcome import (
     MESSAGE_STAGES,

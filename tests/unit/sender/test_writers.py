@@ -10,7 +10,9 @@ import time
 import pytest
 
 from postroom.kafka import Record
-from schemas.codec import SCHEMA_HEADER, Schema, SchemaError, load_schema
+from schemas.codec import Schema, load_schema
+from schemas.errors import SchemaError
+from schemas.framing import SCHEMA_HEADER
 from sender.writers import WriterSchemas
 
 SCHEMA = load_schema("email_requested")

