@@ -398,18 +398,21 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
         max_ms=max(latencies_ms), min_ms=min(latencies_ms), relay_rounds=rounds)
 
 
-# Where a drain's time goes: publish_once()'s phases, found by the functions that carry them out.
+# Where a drain's time goes on the thread that steps the rounds: a round's phases, found by the
+# functions that carry them out. The marks and the claims ahead run on the database threads; this
+# thread sees them only as the waits for them.
 _PHASES = (
     ("encode a claimed row as Avro", "codec.py", "encode_values"),
     ("produce() into librdkafka", "producing.py", "_produce"),
     ("flush(): waiting for the broker's acks", "~", "<method 'flush' of 'cimpl.Producer' objects>"),
-    ("MARK_PUBLISHED transaction", "publisher.py", "_mark"),
+    ("waiting for the database threads (the claim ahead, the last batch's marks)", "_base.py",
+     "result"),
 )
 PROFILE_TOP = 12
 
 
 def profile_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows: int) -> list[str]:
-    """Drain ``rows`` pre-enqueued rows under cProfile; the phases of publish_once() and top costs."""
+    """Drain ``rows`` pre-enqueued rows under cProfile; the phases of a round and top costs."""
     _truncate(engine)
     progress(f"relay: profiling a drain of {rows:,} rows ({rows_per_txn:,} per transaction)")
     enqueue_elsewhere(EnqueueJob(settings, rows, rows_per_txn, f"prof{rows_per_txn}"))
@@ -418,9 +421,10 @@ def profile_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
-    for _ in range(rows + 1):  # bounded, as in measure_throughput
-        if relay.publish_once() == 0:
-            break
+    with relay.rounds() as rounds:
+        for _ in range(rows + 1):  # bounded, as in measure_throughput
+            if rounds.step() == 0:
+                break
     profiler.disable()
     wall_s = time.perf_counter() - started
     raw = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # (file, line, name) -> timings
@@ -429,15 +433,15 @@ def profile_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
         return sum(v[3] for (file, _, func), v in raw.items()
                    if func == name and file.endswith(file_suffix))
 
-    total = cumulative("publisher.py", "publish_once")
+    total = cumulative("publisher.py", "step")
     phases = [(label, cumulative(file, name)) for label, file, name in _PHASES]
-    phases.append(("CLAIM_DUE transaction and the rest of publish_once()",
+    phases.append(("CLAIM_DUE transaction (not ahead) and the rest of the round",
                    total - sum(seconds for _, seconds in phases)))
     top = sorted(raw.items(), key=lambda item: item[1][2], reverse=True)[:PROFILE_TOP]
     return [
         f"Profile: one drain of {rows:,} rows under cProfile, {wall_s:.2f} s wall "
         f"({per_s(rows, wall_s):,.0f} rows/s; the profiler slows Python code, not waiting)",
-        *table(["publish_once() phase", "seconds", "share", "us/row"],
+        *table(["round phase", "seconds", "share", "us/row"],
                [[label, f"{seconds:.2f}", f"{seconds / total:.0%}", f"{seconds / rows * 1e6:.0f}"]
                 for label, seconds in phases]),
         "",

@@ -2,7 +2,7 @@
 off and on, measured interleaved in one run against the local stack (the order of the
 configurations turns from run to run).
 
-The relay drains in this process (publish_once until nothing is due), so the figure is the
+The relay drains in this process (its rounds stepped until nothing is due), so the figure is the
 relay's own work per row: the claim, the event's encoding, the produce and its acknowledgement,
 and with tracing one span per row, batched by the SDK's BatchSpanProcessor (its queue large
 enough to drop none) and exported by the real OTLP/HTTP exporter, in this process, to a local
@@ -72,9 +72,9 @@ def _no_capture() -> Iterator[None]:
 
 def _drain(settings: Settings, engine: sa.Engine, tag: str, rows: int, *, context: bool,
            tracing: Tracing) -> float:
-    leftover = Relay(settings, engine)  # the enqueue calls' rows, untimed
-    while leftover.publish_once() > 0:
-        pass
+    with Relay(settings, engine).rounds() as leftover:  # the enqueue calls' rows, untimed
+        while leftover.step() > 0:
+            pass
     with engine.begin() as conn:
         enqueue_rows(conn, tag, recipients(rows, tag=tag))
         if context:
@@ -83,8 +83,9 @@ def _drain(settings: Settings, engine: sa.Engine, tag: str, rows: int, *, contex
     relay = Relay(settings, engine, tracing=tracing)
     started = time.perf_counter()
     published = 0
-    while (done := relay.publish_once()) > 0:
-        published += done
+    with relay.rounds() as rounds:
+        while (done := rounds.step()) > 0:
+            published += done
     seconds = time.perf_counter() - started
     if published != rows:
         raise BenchError(f"the relay published {published} of {rows} rows")

@@ -9,7 +9,6 @@ mid-round.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -84,23 +83,19 @@ class Relay:
     def stop(self) -> None:
         self._stop.set()
 
-    def publish_once(self) -> int:
-        """One round: claim, produce, wait for acks, mark. Returns the rows marked published."""
-        with contextlib.closing(Connections(self._engine)) as db:
-            rows = self._claim(db).rows
-            if not rows:
-                return 0
-            sent = self._send(rows)
-            self._mark(db, sent)
-        return self._account(len(rows), sent)
+    def rounds(self) -> Rounds:
+        """This relay's rounds on connections of their own (:class:`Rounds`); ``run()`` steps
+        through them until ``stop()``. A context manager: leaving it finishes what is in
+        flight."""
+        return Rounds(self)
 
     def _claim(self, db: Connections) -> Claim:
         settings = self._settings
         rows = sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
                              pinned=True)
-        # Part of the claim, so both publish_once() and run()'s pipelined rounds (which claim on
-        # a database thread) finish suppressed addresses before anything is produced; whether
-        # the batch was full is judged before, so suppressed rows do not make run() wait.
+        # Part of the claim, so a round, whichever thread claims it, finishes suppressed
+        # addresses before anything is produced; whether the batch was full is judged before,
+        # so suppressed rows do not make run() wait.
         full = len(rows) == settings.relay_batch_size
         return Claim(self._without_suppressed(db, rows) if rows else rows, full)
 
@@ -156,12 +151,7 @@ class Relay:
             db.marks().execute(sql.RELEASE_CLAIMS, {"ids": sent.released})
 
     def run(self) -> None:
-        """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors.
-
-        Under a backlog the rounds overlap: while this thread encodes and produces one batch,
-        two database threads mark the previous batch and claim the next one. At most one claim
-        and one mark are in flight, on rows no other statement of ours touches.
-        """
+        """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors."""
         settings = self._settings
         log.info("relay started: batch=%d poll=%.1fs prefix=%r", settings.relay_batch_size,
                  settings.relay_poll_interval_s, settings.topic_prefix)
@@ -173,36 +163,17 @@ class Relay:
         # Created now, the producer connects to the brokers while the relay waits for rows,
         # instead of when the first rows are already waiting.
         self.producer.poll(0)
-        db = Connections(self._engine)
-        with ThreadPoolExecutor(2, thread_name_prefix="relay-db") as database:
-            claimed: Future[Claim] | None = None
-            marking: Future[None] | None = None
+        with self.rounds() as rounds:
             while not self._stop.is_set():
-                published = 0
                 try:
                     self._listener.ensure()
-                    claim = claimed.result() if claimed is not None else self._claim(db)
-                    claimed = None
-                    rows = claim.rows
-                    if claim.full:
-                        claimed = database.submit(self._claim, db)
-                    if rows:
-                        sent = self._send(rows)
-                    if marking is not None:
-                        # The previous batch's bookkeeping, which ran while this one was sent.
-                        done, marking = marking, None
-                        done.result()
-                    if rows:
-                        marking = database.submit(self._mark, db, sent)
-                        published = self._account(len(rows), sent)
+                    published = rounds.step()
                     failures = 0
                 except (sa.exc.DBAPIError, psycopg.Error, KafkaClientError) as exc:
                     # The database or the broker, not a row (a row no event can carry is
                     # poison): a lost connection, a read-only standby after a failover, a
                     # revoked grant. The round's claims are released and it is tried again.
-                    self._abandon(db, claimed, marking)
-                    claimed = marking = None
-                    db.close()
+                    rounds.abandon()
                     delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
                     failures += 1
                     self.stats.errors += 1
@@ -215,10 +186,8 @@ class Relay:
                     log.info("relay: published=%d failed=%d poison=%d rounds=%d",
                              self.stats.published, self.stats.failed, self.stats.poison,
                              self.stats.rounds)
-                if published < settings.relay_batch_size and claimed is None:
+                if published < settings.relay_batch_size and not rounds.ahead:
                     self._listener.wait_for_rows(settings.relay_poll_interval_s)
-            self._abandon(db, claimed, marking)
-        db.close()
         if self._producer is not None:
             remaining = self._producer.flush(PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
             if remaining:
@@ -240,3 +209,61 @@ class Relay:
                     self._mark(db, Sent([], [row.outbox_id for row in done.rows]))
             except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
                 log.debug("database work of an abandoned round: %s", exc)
+
+
+class Rounds:
+    """A relay's rounds, one :meth:`step` at a time: claim, produce, wait for the acks, mark.
+
+    Under a backlog the rounds overlap: while the caller's thread encodes and produces one batch,
+    two database threads mark the previous batch and claim the next one. At most one claim and
+    one mark are in flight, on rows no other statement of ours touches. Leaving the context (or
+    :meth:`close`) finishes the marks in flight and hands back rows claimed ahead.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+        self._db = Connections(relay._engine)
+        self._database = ThreadPoolExecutor(2, thread_name_prefix="relay-db")
+        self._claimed: Future[Claim] | None = None
+        self._marking: Future[None] | None = None
+
+    def __enter__(self) -> Rounds:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def ahead(self) -> bool:
+        """Whether the next round's claim is under way: the last claim took a whole batch."""
+        return self._claimed is not None
+
+    def step(self) -> int:
+        """One round; the rows published (acknowledged; their marks may still be in flight).
+        Raises the database's or the broker's error; then :meth:`abandon` before the next."""
+        relay, db = self._relay, self._db
+        claimed, self._claimed = self._claimed, None
+        claim = claimed.result() if claimed is not None else relay._claim(db)
+        rows = claim.rows
+        if claim.full:
+            self._claimed = self._database.submit(relay._claim, db)
+        sent = relay._send(rows) if rows else None
+        if self._marking is not None:
+            # The previous batch's bookkeeping, which ran while this one was sent.
+            done, self._marking = self._marking, None
+            done.result()
+        if sent is None:
+            return 0
+        self._marking = self._database.submit(relay._mark, db, sent)
+        return relay._account(len(rows), sent)
+
+    def abandon(self) -> None:
+        """After a failed step: finish the marks in flight, hand back rows claimed ahead, and
+        start again on fresh connections."""
+        self._relay._abandon(self._db, self._claimed, self._marking)
+        self._claimed = self._marking = None
+        self._db.close()
+
+    def close(self) -> None:
+        self.abandon()
+        self._database.shutdown()

@@ -35,6 +35,7 @@ from schemas.registry import (
     register_contract,
 )
 from support.pipeline import Pipeline, outbox_rows
+from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
 
@@ -177,7 +178,7 @@ def test_the_pipeline_on_a_registry_reads_both_framings(
         with engine.begin() as conn:
             enqueue(conn, key="new", recipients=["a@example.com", "b@example.com"],
                     subject="New", body="b")
-        assert Relay(settings, engine).publish_once() == 2
+        assert publish_round(Relay(settings, engine)) == 2
 
         smtp = dataclasses.replace(settings, smtp_host="127.0.0.1", smtp_port=server.port,
                                    smtp_tls=TlsMode.NONE)

@@ -28,6 +28,7 @@ from postroom.tracing import TraceContext
 from relay.db import downgrade, upgrade
 from relay.publisher import Relay
 from support.pipeline import Pipeline, outbox_rows
+from support.rounds import publish_round
 from support.tracing import memory_tracing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -127,7 +128,7 @@ def _rows_with_contexts(engine: sa.Engine, key: str) -> None:
 def test_without_tracing_the_relay_passes_a_rows_context_on_and_drops_a_malformed_one(
         settings: Settings, engine: sa.Engine, consume: Callable[..., list[Any]]) -> None:
     _rows_with_contexts(engine, "passed-on")
-    assert Relay(settings, engine).publish_once() == 3  # none refused
+    assert publish_round(Relay(settings, engine)) == 3  # none refused
     records = consume(settings, [priority_topic(settings.topic_prefix, "normal")], expected=3)
     carried = {r.key.decode().rpartition("|")[2]: tracing.from_headers(r.headers)
                for r in records}
@@ -142,7 +143,7 @@ def test_with_tracing_a_malformed_context_starts_a_trace_of_its_own(
     tracer, _provider, exporter = memory_tracing()
     exporter.clear()
     _rows_with_contexts(engine, "odd-trace")
-    assert Relay(settings, engine, tracing=tracer).publish_once() == 3
+    assert publish_round(Relay(settings, engine, tracing=tracer)) == 3
     sends = {s.attributes["messaging.kafka.message.key"].rpartition("|")[2]: s
              for s in exporter.get_finished_spans() if s.name.startswith("send ")}
     assert f"{sends['a@example.com'].parent.span_id:016x}" == "00f067aa0ba902b7"

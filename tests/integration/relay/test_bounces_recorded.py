@@ -34,6 +34,7 @@ from relay.results import (
 )
 from schemas.codec import DeliveryStatus, EmailResult, encode
 from schemas.framing import headers_for
+from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
 
@@ -174,14 +175,14 @@ def test_a_bounce_for_a_row_queued_again_leaves_it_to_the_relay_to_suppress(
     records its error and suppresses the address; the relay then finishes the row suppressed
     instead of publishing it to a bounced address."""
     [row] = rows_of(engine, "again", ["moved@example.com"]).values()
-    assert Relay(settings, engine).publish_once() == 1
+    assert publish_round(Relay(settings, engine)) == 1
     record(engine, [result(row, S.FAILED, smtp_code=550, error="550 5.1.1 moved")])
     assert [r.id for r in redrive.redrive(engine, redrive.plan_requeue(engine, "again", None))
             ] == [row.id]
     record(engine, [bounced(row)])
     after = state(engine, row)
     assert after.status == "pending" and after.last_error.startswith("bounced 5.1.1")
-    assert Relay(settings, engine).publish_once() == 0
+    assert publish_round(Relay(settings, engine)) == 0
     assert state(engine, row).status == "suppressed"
 
 
@@ -378,7 +379,7 @@ def test_the_relay_finishes_a_suppressed_address_without_publishing(
     rows = rows_of(engine, "sep", ["gone@example.com", "ceo@example.com",
                                    "expired@example.com"])
     relay = Relay(settings, engine)
-    assert relay.publish_once() == 2
+    assert publish_round(relay) == 2
     assert relay.stats.suppressed == 1
     assert relay.metrics.counter("relay_suppressed_total") == 1
     gone = state(engine, rows["gone@example.com"])
@@ -393,7 +394,7 @@ def test_the_relay_finishes_a_suppressed_address_without_publishing(
                       timeout_s=15)
     assert sorted(r.key for r in records) == [rows["ceo@example.com"].idempotency_key.encode(),
                                               rows["expired@example.com"].idempotency_key.encode()]
-    assert relay.publish_once() == 0  # nothing left: the suppressed row is final
+    assert publish_round(relay) == 0  # nothing left: the suppressed row is final
 
 
 def test_a_suppressed_row_takes_no_later_result(engine: sa.Engine) -> None:

@@ -24,6 +24,7 @@ from relay.db import check_schema, make_engine
 from relay.publisher import Relay
 from relay.results import ReportPolicy, ReportsApplied, apply_reports, apply_results, apply_soft_bounces
 from schemas.codec import DeliveryStatus, EmailResult
+from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
 
@@ -117,7 +118,7 @@ def test_the_relay_publishes_and_suppresses_with_its_grants(settings: Settings,
     with engine_as(settings, "relay") as as_relay:
         check_schema(as_relay)
         relay = Relay(settings, as_relay)
-        assert relay.publish_once() == 1
+        assert publish_round(relay) == 1
     with engine.connect() as conn:
         states = dict(conn.execute(sa.text("SELECT id, status FROM outbox")).all())
     assert states == {gone.id: "suppressed", kept.id: "published"}

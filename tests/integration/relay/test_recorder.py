@@ -27,6 +27,7 @@ from relay.recorder import Recorder, RecorderStats
 from relay.results import apply_each, apply_results
 from schemas.codec import DeliveryStatus, EmailResult, encode
 from schemas.framing import SCHEMA_HEADER, headers_for
+from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def enqueue_and_publish(settings: Settings, engine: sa.Engine, key: str,
     """Rows of ``key`` for ``recipients``, relay-published; by recipient."""
     with engine.begin() as conn:
         enqueue(conn, key=key, recipients=recipients, subject="Report", body="b")
-    Relay(settings, engine).publish_once()
+    publish_round(Relay(settings, engine))
     with engine.connect() as conn:
         rows = conn.execute(sa.text(
             "SELECT id, idempotency_key, recipient, status FROM outbox WHERE message_key = :k "

@@ -34,6 +34,7 @@ from relay.publisher import Relay
 from schemas.codec import EmailRequested, load_schema
 from schemas.decoding import decode
 from schemas.framing import SCHEMA_HEADER
+from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ def test_rows_go_to_their_priority_topic_keyed_with_avro_and_headers(
         for priority in ALL_PRIORITIES:
             enqueue(conn, key=f"m-{priority}", recipients=["a@example.com", "b@example.com"],
                     subject=f"{priority} mail", body="hello", priority=priority)
-    assert Relay(settings, engine).publish_once() == 6
+    assert publish_round(Relay(settings, engine)) == 6
 
     records = consume(settings, topics(settings), expected=6)
     assert len(records) == 6
@@ -98,7 +99,7 @@ def test_the_claim_writes_created_at_as_the_codec_writes_the_timestamp(
         conn.execute(sa.text("UPDATE outbox SET created_at = CAST(:t AS timestamptz)"),
                      {"t": created_at})
         stored = conn.execute(sa.text("SELECT created_at FROM outbox")).scalar_one()
-    assert Relay(settings, engine).publish_once() == 1
+    assert publish_round(Relay(settings, engine)) == 1
     [record] = consume(settings, topics(settings), expected=1)
     event = decode(EmailRequested, record.value, record.headers)
     floored = stored - dt.timedelta(microseconds=stored.microsecond % 1000)
@@ -116,10 +117,10 @@ def test_a_row_committed_after_a_higher_id_is_still_published(
         enqueue(conn, key="fast", recipients=["fast@example.com"], subject="S", body="b")
         fast_id = conn.execute(sa.text("SELECT max(id) FROM outbox")).scalar_one()
     assert slow_id < fast_id
-    assert relay.publish_once() == 1  # only the committed, higher id
+    assert publish_round(relay) == 1  # only the committed, higher id
     slow_tx.commit()
     slow.close()
-    assert relay.publish_once() == 1  # the lower id, committed late, is not skipped
+    assert publish_round(relay) == 1  # the lower id, committed late, is not skipped
     keys = sorted(r.key for r in consume(settings, topics(settings), expected=2))
     assert keys == [b"fast|fast@example.com", b"slow|slow@example.com"]
     assert unpublished(engine) == 0
@@ -131,7 +132,7 @@ def test_a_rolled_back_insert_publishes_nothing(
         tx = conn.begin()
         enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
         tx.rollback()
-    assert Relay(settings, engine).publish_once() == 0
+    assert publish_round(Relay(settings, engine)) == 0
 
 
 def test_rows_due_later_wait_for_their_time(settings: Settings, engine: sa.Engine) -> None:
@@ -142,9 +143,9 @@ def test_rows_due_later_wait_for_their_time(settings: Settings, engine: sa.Engin
         enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b",
                 send_after=soon)
     relay = Relay(settings, engine)
-    assert relay.publish_once() == 0
+    assert publish_round(relay) == 0
     time.sleep(2.2)
-    assert relay.publish_once() == 1
+    assert publish_round(relay) == 1
 
 
 def test_the_claim_reads_the_queue_not_the_history(engine: sa.Engine) -> None:
@@ -246,12 +247,12 @@ def test_broker_outage_loses_nothing_and_releases_the_claims(
     down = Relay(unreachable, engine, producer_factory=lambda: make_producer(
         unreachable, **{"message.timeout.ms": 1500, "delivery.report.only.error": only_errors}))
     with pytest.raises(KafkaClientError, match="2 of 2 rows were not acknowledged"):
-        down.publish_once()
+        publish_round(down)
     with engine.connect() as conn:
         claimed = conn.execute(sa.text(
             "SELECT count(*) FROM outbox_queue WHERE claimed_until IS NOT NULL")).scalar_one()
     assert (unpublished(engine), claimed) == (2, 0)
-    assert Relay(settings, engine).publish_once() == 2
+    assert publish_round(Relay(settings, engine)) == 2
     assert len(consume(settings, topics(settings), expected=2)) == 2
 
 
@@ -376,7 +377,7 @@ def test_a_read_only_database_is_waited_out_not_an_exit(
         thread.join(timeout=15)
         read_only.dispose()
     assert not thread.is_alive()
-    Relay(settings, engine).publish_once()
+    publish_round(Relay(settings, engine))
     [record] = consume(settings, topics(settings), expected=1, timeout_s=15)
     assert record.key == b"standby|a@example.com"
 
@@ -401,8 +402,8 @@ def test_a_row_too_large_to_publish_is_failed_and_the_rest_published(
         conn.execute(INSERT_BY_HAND, {"key": "huge", "body": "x" * body_bytes})
         enqueue(conn, key="fine", recipients=["b@example.com"], subject="S", body="b")
     relay = Relay(dataclasses.replace(settings, event_max_bytes=event_max_bytes), engine)
-    assert relay.publish_once() == 1, refused_by
-    assert relay.publish_once() == 0
+    assert publish_round(relay) == 1, refused_by
+    assert publish_round(relay) == 0
     with engine.connect() as conn:
         rows = dict(conn.execute(sa.text(
             "SELECT message_key, status || ': ' || coalesce(last_error, '') FROM outbox")).all())

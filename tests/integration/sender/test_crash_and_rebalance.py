@@ -19,6 +19,7 @@ from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.settings import Settings
 from relay.publisher import Relay
+from support.rounds import publish_round
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,7 +61,7 @@ def test_killed_and_added_senders_deliver_everything_once(
     with engine.begin() as conn:
         enqueue(conn, key="crash", recipients=recipients, subject="S", body="b")
     relay = Relay(settings, engine)
-    while relay.publish_once():
+    while publish_round(relay):
         pass
     senders = PostroomProcesses(sender_env(settings, server.port), tmp_path)
     try:

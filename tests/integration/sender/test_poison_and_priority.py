@@ -26,6 +26,7 @@ from schemas.codec import EmailRequested, encode, load_schema
 from schemas.framing import SCHEMA_HEADER, headers_for
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.pipeline import Pipeline, SenderThread, outbox_rows
+from support.rounds import publish_round
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,7 +91,7 @@ def test_a_high_priority_backlog_goes_out_first(
             enqueue(conn, key=priority, subject="S", body="b", priority=priority,
                     recipients=[f"{priority}{i}@example.com" for i in range(per_priority)])
     relay = Relay(settings, engine)
-    while relay.publish_once():
+    while publish_round(relay):
         pass
     sender = SenderThread(smtp(settings, server, smtp_concurrency=1), engine).start()
     try:
