@@ -337,12 +337,6 @@ class Metrics:
         return {tuple(sorted(labels.items())): value
                 for labels, value in self._samples(name, "_total")}
 
-    def gauge(self, name: str | MetricSpec, **labels: str) -> float | None:
-        for found, value in self._samples(name):
-            if found == labels:
-                return value
-        return None
-
     def summary(self, name: str | MetricSpec) -> tuple[int, float, float] | None:
         """(count, sum, max) of a histogram, or None before the first observation."""
         count = sum(v for _, v in self._samples(name, "_count"))
