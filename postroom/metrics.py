@@ -325,13 +325,6 @@ class Metrics:
         return [(s.labels, s.value) for family in found.collect() for s in family.samples
                 if s.name == wanted]
 
-    def counter(self, name: str | MetricSpec, **labels: str) -> float:
-        """The value of a counter (0 before its first increment)."""
-        for found, value in self._samples(name, "_total"):
-            if found == labels:
-                return value
-        return 0.0
-
     def counters(self, name: str | MetricSpec) -> Mapping[tuple[tuple[str, str], ...], float]:
         """Every labelled value of counter ``name``."""
         return {tuple(sorted(labels.items())): value

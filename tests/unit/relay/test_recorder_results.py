@@ -37,6 +37,7 @@ from schemas.codec import (
     headers_for,
     load_schema,
 )
+from support.metrics import counter
 
 RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="a@example.com",
                      status=DeliveryStatus.FAILED, attempt=1,
@@ -128,7 +129,7 @@ def test_a_far_future_report_is_refused_counted_and_never_applied() -> None:
     record = Record("p.email.results", 0, 7, b"k", encode(forged), headers_for(forged))
     assert role._decode(record) is None
     assert role.stats.refused == 1
-    assert role.metrics.counter("recorder_refused_total") == 1
+    assert counter(role.metrics, "recorder_refused_total") == 1
 
 
 class Registry:
