@@ -225,27 +225,10 @@ OUTBOX_BACKLOG_AGE_SECONDS = MetricSpec(
 # every role
 READY = MetricSpec("ready", G, "1 when the role's last readiness check passed.", ("check",))
 
-CATALOGUE: dict[str, MetricSpec] = {m.name: m for m in (
-    RELAY_PUBLISHED_TOTAL, RELAY_TOO_LARGE_TOTAL, RELAY_POISON_TOTAL, RELAY_UNACKNOWLEDGED_TOTAL,
-    RELAY_PUBLISH_DELAY_SECONDS, OUTCOMES_TOTAL, ATTEMPTS_TOTAL, SERVER_FAULTS_TOTAL,
-    DUPLICATES_SUPPRESSED_TOTAL, REPEATED_ATTEMPTS_SUPPRESSED_TOTAL, POISON_TOTAL,
-    POISON_UNKEYED_TOTAL, REGISTRY_UNAVAILABLE_TOTAL, PRODUCE_FAILURES_TOTAL, BACKLOG,
-    RETRY_LATENESS_SECONDS, SMTP_REPLY_SECONDS, LEDGER_MARK_SECONDS, SENT_MARK_WINDOW_SECONDS,
-    CLAIMS_RENEWED_TOTAL, THROTTLED_TOTAL, ATTACHMENTS_WAITING_TOTAL, DESTINATIONS_PAUSED,
-    RECORDED_TOTAL, UNDELIVERABLE_TOTAL, SUPPRESSED_ADDRESSES_TOTAL, RELAY_SUPPRESSED_TOTAL,
-    RECORDER_UNREADABLE_TOTAL, RECORDER_REFUSED_TOTAL, RECORDER_UNRECORDABLE_TOTAL,
-    BOUNCE_REPORTS_TOTAL, BOUNCE_REFUSED_TOTAL, BOUNCE_HELD_TOTAL, KAFKA_CONSUMERGROUP_GROUP_LAG,
-    KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS, KAFKA_CONSUMERGROUP_GROUP_MAX_LAG,
-    KAFKA_CONSUMERGROUP_GROUP_MAX_LAG_SECONDS, KAFKA_CONSUMERGROUP_GROUP_SUM_LAG, CONSUMERGROUP_STATUS,
-    CONSUMERGROUP_MEMBERS, RETRY_WAITING, RETRY_OVERDUE, RETRY_OVERDUE_SECONDS,
-    LAG_PARTITIONS_UNAVAILABLE, TOPIC_PARTITIONS_OFFLINE, TOPIC_PARTITIONS_UNDER_REPLICATED,
-    TOPIC_PARTITIONS_BELOW_MIN_INSYNC_REPLICAS, OUTBOX_BACKLOG, OUTBOX_BACKLOG_AGE_SECONDS, READY,
-)}
-
 
 class Metrics:
     """The declared counters, gauges and histograms of one registry (one per process role);
-    read back (``counter``, ``gauge``, ``summary``) by object or by name."""
+    read back (``counters``, ``summary``) by object or by name."""
 
     def __init__(self, *, process: bool = False) -> None:
         self.registry = CollectorRegistry()
@@ -325,23 +308,10 @@ class Metrics:
         return [(s.labels, s.value) for family in found.collect() for s in family.samples
                 if s.name == wanted]
 
-    def counter(self, name: str | MetricSpec, **labels: str) -> float:
-        """The value of a counter (0 before its first increment)."""
-        for found, value in self._samples(name, "_total"):
-            if found == labels:
-                return value
-        return 0.0
-
     def counters(self, name: str | MetricSpec) -> Mapping[tuple[tuple[str, str], ...], float]:
         """Every labelled value of counter ``name``."""
         return {tuple(sorted(labels.items())): value
                 for labels, value in self._samples(name, "_total")}
-
-    def gauge(self, name: str | MetricSpec, **labels: str) -> float | None:
-        for found, value in self._samples(name):
-            if found == labels:
-                return value
-        return None
 
     def summary(self, name: str | MetricSpec) -> tuple[int, float, float] | None:
         """(count, sum, max) of a histogram, or None before the first observation."""

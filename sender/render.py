@@ -118,8 +118,6 @@ class TemplateCache:
         self._entries: collections.OrderedDict[_TemplateKey, tuple[Template, int]] = (
             collections.OrderedDict())
         self._bytes = 0
-        self.hits = 0
-        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -136,9 +134,7 @@ class TemplateCache:
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)
-            self.hits += 1
             return found[0]
-        self.misses += 1
         template = build_template(event, utf8=utf8, eight_bit=eight_bit)
         cost = template.size + sum(len(text) for text in key[:4] if isinstance(text, str))
         if cost <= self.max_bytes // LARGEST_SHARE:

@@ -28,6 +28,7 @@ from postroom.topics import dead_letter_topic, priority_topic, value_subject
 from schemas.codec import EmailRequested, load_schema
 from schemas.framing import confluent_prefix
 from schemas.registry import framing_for, register_contract
+from support.metrics import counter
 from support.pipeline import SenderThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -151,10 +152,10 @@ def test_a_new_schema_id_while_the_registry_is_down_waits_and_is_delivered(
                          value=confluent_prefix(new_id) + body.getvalue())
         assert producer.flush(10) == 0
         metrics = sender.sender.metrics
-        wait_until(lambda: metrics.counter("registry_unavailable_total") >= 3, 60,
+        wait_until(lambda: counter(metrics, "registry_unavailable_total") >= 3, 60,
                    "the sender to ask the registry again, and again")
         assert server.count() == 1
-        assert metrics.counter("poison_total") == 0
+        assert counter(metrics, "poison_total") == 0
 
         proxy.start()
         wait_until(lambda: server.count() >= 2, 60,
@@ -164,6 +165,6 @@ def test_a_new_schema_id_while_the_registry_is_down_waits_and_is_delivered(
         proxy.stop()
         server.stop()
     assert [m.rcpt for m in server.messages] == ["before@example.com", "during@example.com"]
-    assert sender.sender.metrics.counter("poison_total") == 0
+    assert counter(sender.sender.metrics, "poison_total") == 0
     assert consume(settings, [dead_letter_topic(settings.topic_prefix)], expected=1,
                    timeout_s=3) == []

@@ -17,6 +17,7 @@ from bounces.service import BounceIntake
 from postroom.devkit.smarthost import Smarthost, smarthost
 from postroom.metrics import Metrics
 from postroom.settings import Settings
+from support.metrics import counter
 from support.stack import dev_dir
 
 START_TIMEOUT_S = 15.0
@@ -70,4 +71,4 @@ class IntakeThread:
             raise AssertionError("the bounce intake crashed") from self.error
 
     def refused(self, reason: str) -> float:
-        return self.metrics.counter("bounce_refused_total", reason=reason)
+        return counter(self.metrics, "bounce_refused_total", reason=reason)

@@ -28,6 +28,7 @@ from postroom.verp import make_token, return_path
 from schemas.codec import DeliveryStatus, EmailResult
 from schemas.decoding import decode
 from schemas.framing import SCHEMALESS
+from support.metrics import counter
 from support.postfix import IntakeThread
 
 pytestmark = pytest.mark.integration
@@ -72,7 +73,7 @@ def test_a_dsn_becomes_a_bounced_result_on_the_results_topic(
     assert (result.outbox_id, result.status, result.enhanced_code, result.smtp_code,
             result.recipient, result.attempt) == (
         outbox_id, DeliveryStatus.BOUNCED, "5.1.1", 550, "gone@example.com", 1)
-    assert intake.metrics.counter("bounce_reports_total", status="bounced") == 1
+    assert counter(intake.metrics, "bounce_reports_total", status="bounced") == 1
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_a_kafka_that_does_not_acknowledge_holds_the_report(
     with pytest.raises(smtplib.SMTPDataError) as held:
         send(bounce_settings.bounce_listen[1], token, dsn(token))
     assert held.value.smtp_code == 451
-    assert metrics.counter("bounce_held_total") == 1
+    assert counter(metrics, "bounce_held_total") == 1
 
 
 def test_too_large_and_auto_replies_are_counted(bounce_settings: Settings, engine: sa.Engine,
@@ -109,7 +110,7 @@ def test_too_large_and_auto_replies_are_counted(bounce_settings: Settings, engin
         assert intake.refused("too_large") >= 1
         send(port, token, dsn(token, "vacation.eml"))  # taken (250), nothing recorded
         assert intake.refused("auto_reply") == 1
-        assert intake.metrics.counter("bounce_reports_total", status="bounced") == 0
+        assert counter(intake.metrics, "bounce_reports_total", status="bounced") == 0
 
 
 def test_a_port_in_use_stops_the_role_with_one_line(bounce_settings: Settings,
@@ -134,7 +135,7 @@ def test_a_global_dsn_over_smtputf8_is_taken(bounce_settings: Settings, engine: 
             client.ehlo("mx.example.com")
             assert client.has_extn("smtputf8")
             client.sendmail("", [return_path(BOUNCE, token)], raw, mail_options=["SMTPUTF8"])
-        assert intake.metrics.counter("bounce_reports_total", status="bounced") == 1
+        assert counter(intake.metrics, "bounce_reports_total", status="bounced") == 1
 
 
 def test_a_database_that_does_not_answer_is_unavailable_within_the_read_timeout(

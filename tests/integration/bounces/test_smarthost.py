@@ -23,6 +23,7 @@ from postroom.devkit.ports import free_ports
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.verp import make_token, return_path
+from support.metrics import counter
 from support.pipeline import Pipeline, outbox_rows
 from support.postfix import IntakeThread, started_smarthost
 
@@ -75,7 +76,7 @@ def test_postfix_dsns_bounce_and_delay_rows_and_a_forged_one_changes_nothing(
                                      and r[SLOW].last_error and r, 30, "slow@'s delay notice")
                 assert delayed[SLOW].status == "sent"
                 assert "4.3.0" in delayed[SLOW].last_error
-                assert intake.metrics.counter("bounce_reports_total", status="delayed") >= 1
+                assert counter(intake.metrics, "bounce_reports_total", status="delayed") >= 1
                 rows = wait_until(lambda: (r := rows_by_recipient(engine, "report-2026-11"))
                                   and r[SLOW].status == "bounced" and r,
                                   QUEUE_LIFETIME_S + 20, "slow@'s final bounce")

@@ -34,6 +34,7 @@ from relay.results import (
 )
 from schemas.codec import DeliveryStatus, EmailResult, encode
 from schemas.framing import headers_for
+from support.metrics import counter
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
@@ -381,7 +382,7 @@ def test_the_relay_finishes_a_suppressed_address_without_publishing(
     relay = Relay(settings, engine)
     assert publish_round(relay) == 2
     assert relay.stats.suppressed == 1
-    assert relay.metrics.counter("relay_suppressed_total") == 1
+    assert counter(relay.metrics, "relay_suppressed_total") == 1
     gone = state(engine, rows["gone@example.com"])
     assert gone.status == "suppressed"
     assert gone.last_error.startswith("suppressed (operator, until ")
@@ -434,10 +435,10 @@ def test_the_recorder_applies_reports_from_the_results_topic_once(
         return recorder
 
     first = run_recorder(f"first-{uuid.uuid4().hex[:8]}", 5)
-    assert first.metrics.counter("suppressed_addresses_total", source="bounce") == 1
-    assert first.metrics.counter("suppressed_addresses_total", source="complaint") == 1
-    assert first.metrics.counter("recorded_total", status="delayed") == 1
-    assert first.metrics.counter("undeliverable_total", status="bounced") == 1
+    assert counter(first.metrics, "suppressed_addresses_total", source="bounce") == 1
+    assert counter(first.metrics, "suppressed_addresses_total", source="complaint") == 1
+    assert counter(first.metrics, "recorded_total", status="delayed") == 1
+    assert counter(first.metrics, "undeliverable_total", status="bounced") == 1
     assert state(engine, old).status == "bounced"
     assert (state(engine, ceo).status, state(engine, ceo).last_error) == (
         "sent", "delayed 4.4.1: smtp; 451 4.4.1 try again later")

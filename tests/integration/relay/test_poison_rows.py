@@ -16,6 +16,7 @@ from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
 from relay.publisher import Relay
+from support.metrics import counter
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +94,7 @@ def test_hostile_rows_end_failed_as_poison_and_the_genuine_ones_are_published(
         assert error is not None and error.startswith("poison: ") and reason in error, (key, error)
     assert sorted(r.key for r in records) == [b"after|c@example.com", b"before|a@example.com",
                                               b"before|b@example.com"]
-    assert relay.metrics.counter("relay_poison_total") == len(HOSTILE)
+    assert counter(relay.metrics, "relay_poison_total") == len(HOSTILE)
     assert relay.stats.errors == 0
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one() == 0

@@ -27,6 +27,7 @@ from relay.recorder import Recorder, RecorderStats
 from relay.results import apply_each, apply_results
 from schemas.codec import DeliveryStatus, EmailResult, encode
 from schemas.framing import SCHEMA_HEADER, headers_for
+from support.metrics import counter
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
@@ -525,7 +526,7 @@ def test_a_database_that_refuses_every_write_holds_the_results_until_it_takes_th
 
             wait_until(lambda: retries() >= 3, WAIT_S, "the batch to be tried three times")
             assert thread.stats.unrecordable == 0
-            assert thread.recorder.metrics.counter("recorder_unrecordable_total") == 0
+            assert counter(thread.recorder.metrics, "recorder_unrecordable_total") == 0
             assert row_state(engine, a).status == "published"
     finally:
         read_only.dispose()

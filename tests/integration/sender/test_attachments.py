@@ -14,6 +14,7 @@ from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
+from support.metrics import counter
 from support.pipeline import Pipeline, outbox_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -78,7 +79,7 @@ def test_without_a_root_they_wait_uncounted_and_go_once_the_sender_has_one(
     pipeline = Pipeline(dataclasses.replace(base, attachments_root=None), engine,
                         metrics=metrics).start()
     try:
-        wait_until(lambda: metrics.counter("attachments_waiting_total") >= 10, 30,
+        wait_until(lambda: counter(metrics, "attachments_waiting_total") >= 10, 30,
                    "the emails to wait on their tier several times over")
         rows = outbox_rows(engine, "k")
     finally:

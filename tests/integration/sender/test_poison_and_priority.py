@@ -25,6 +25,7 @@ from relay.publisher import Relay
 from schemas.codec import EmailRequested, encode, load_schema
 from schemas.framing import SCHEMA_HEADER, headers_for
 from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
+from support.metrics import counter
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 from support.rounds import publish_round
 
@@ -78,7 +79,7 @@ def test_poison_records_are_dead_lettered_and_the_rest_delivered(
     assert "unknown writer schema" in reasons[priority_topic(prefix, "high")]
     assert "no postroom.schema header" in reasons[retry_topic(prefix, 1)]
     assert pipeline.sender is not None
-    assert pipeline.sender.sender.metrics.counter("poison_total") == 3
+    assert counter(pipeline.sender.sender.metrics, "poison_total") == 3
 
 
 def test_a_high_priority_backlog_goes_out_first(
@@ -269,8 +270,8 @@ def test_headers_int_refuses_are_poison_and_the_partition_goes_on(
         range(len(hostile)))
     assert {dict(r.headers)[DLQ_CLASS_HEADER] for r in dead} == {b"poison"}
     metrics = sender.sender.metrics
-    assert metrics.counter("poison_total") == len(hostile)
-    assert metrics.counter("poison_unkeyed_total") == 1  # the key that is not UTF-8
+    assert counter(metrics, "poison_total") == len(hostile)
+    assert counter(metrics, "poison_unkeyed_total") == 1  # the key that is not UTF-8
 
 
 def test_a_refused_email_ends_failed_in_its_row(
@@ -338,7 +339,7 @@ def test_retries_waiting_on_tiers_removed_from_the_delays_are_delivered_not_pois
         sender.stop()
         server.stop()
     assert sorted(m.rcpt for m in server.messages) == ["t3@example.com", "t4@example.com"]
-    assert sender.sender.metrics.counter("poison_total") == 0
+    assert counter(sender.sender.metrics, "poison_total") == 0
     assert consume(settings, [dead_letter_topic(prefix)], expected=1, timeout_s=3) == []
 
 

@@ -19,6 +19,7 @@ from postroom.topics import results_topic
 from relay.publisher import Relay
 from schemas.codec import DeliveryStatus, EmailResult
 from schemas.decoding import decode
+from support.metrics import counter
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 from support.rounds import publish_round
 
@@ -61,7 +62,7 @@ def test_a_row_published_twice_is_mailed_once(
     assert set(statuses) == {DeliveryStatus.SENT}
     assert pipeline.sender is not None
     metrics = pipeline.sender.sender.metrics
-    assert metrics.counter("duplicates_suppressed_total") == 1
+    assert counter(metrics, "duplicates_suppressed_total") == 1
     window = metrics.summary("sent_mark_window_seconds")  # one per email sent, not the copy
     assert window is not None and window[0] == 5
 
@@ -96,7 +97,7 @@ def test_a_failed_attempt_read_twice_is_made_once(
     assert outcomes == [(1, DeliveryStatus.RETRYING), (2, DeliveryStatus.SENT)]
     assert server.count("later@example.com") == 1
     assert pipeline.sender is not None
-    assert pipeline.sender.sender.metrics.counter("repeated_attempts_suppressed_total") == 1
+    assert counter(pipeline.sender.sender.metrics, "repeated_attempts_suppressed_total") == 1
 
 
 def test_a_graceful_stop_finishes_in_flight_sends(

@@ -30,6 +30,7 @@ from postroom.metrics import Metrics
 from postroom.verp import make_token, return_path
 from schemas.codec import DeliveryStatus, EmailResult
 from support.fuzz import examples
+from support.metrics import counter
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "bounces"
 NOW = dt.datetime(2026, 12, 2, 22, 5, tzinfo=dt.UTC)
@@ -81,7 +82,7 @@ def parts() -> tuple[Intake, FakeRows, FakeResults, Metrics]:
 
 
 def refused(metrics: Metrics, reason: str) -> float:
-    return metrics.counter("bounce_refused_total", reason=reason)
+    return counter(metrics, "bounce_refused_total", reason=reason)
 
 
 def test_a_hard_bounce_becomes_one_bounced_result_for_its_row(parts: tuple) -> None:
@@ -93,7 +94,7 @@ def test_a_hard_bounce_becomes_one_bounced_result_for_its_row(parts: tuple) -> N
         idempotency_key=ROW.idempotency_key, outbox_id=17, recipient="gone@example.com",
         status=DeliveryStatus.BOUNCED, attempt=1, occurred_at=NOW, smtp_code=550,
         enhanced_code="5.1.1", error="550 5.1.1 User unknown")]
-    assert metrics.counter("bounce_reports_total", status="bounced") == 1
+    assert counter(metrics, "bounce_reports_total", status="bounced") == 1
 
 
 @pytest.mark.parametrize(("name", "status"), [
@@ -185,7 +186,7 @@ def test_an_outage_holds_the_report_until_the_mta_tries_again(parts: tuple, down
     (rows if down == "rows" else results).down = True
     assert intake.message([accepted], raw) == HELD_REPLY
     assert results.published == []
-    assert metrics.counter("bounce_held_total") == 1
+    assert counter(metrics, "bounce_held_total") == 1
     rows.down = results.down = False
     assert intake.message([accepted], raw) == ACCEPTED_REPLY
     assert [r.status for r in results.published] == [DeliveryStatus.BOUNCED]

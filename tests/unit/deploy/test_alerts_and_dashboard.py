@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from postroom.metrics import CATALOGUE, NAMESPACE, Kind, Metrics, MetricSpec
+from postroom.metrics import NAMESPACE, Kind, Metrics, MetricSpec
+from support.metrics import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[3]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

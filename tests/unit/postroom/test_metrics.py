@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from postroom import metrics as metrics_module
 from postroom.health import Readiness, serve
 from postroom.metrics import (
     BACKLOG,
-    CATALOGUE,
     KAFKA_CONSUMERGROUP_GROUP_LAG,
     KAFKA_CONSUMERGROUP_GROUP_LAG_SECONDS,
     KAFKA_CONSUMERGROUP_GROUP_MAX_LAG_SECONDS,
@@ -21,8 +19,8 @@ from postroom.metrics import (
     OUTCOMES_TOTAL,
     SMTP_REPLY_SECONDS,
     Metrics,
-    MetricSpec,
 )
+from support.metrics import CATALOGUE, DECLARED, counter
 
 ROOT = Path(__file__).resolve().parents[3]
 # A write naming its metric by a string literal: refused at run time, and none may be left.
@@ -47,10 +45,9 @@ def test_a_metric_named_by_string_is_refused() -> None:
         Metrics().inc("outcomes_total", status="sent")  # type: ignore[arg-type]
 
 
-def test_the_catalogue_holds_every_declared_metric_once_under_its_own_name() -> None:
-    declared = [v for v in vars(metrics_module).values() if isinstance(v, MetricSpec)]
-    assert sorted(CATALOGUE) == sorted(m.name for m in declared)
-    assert all(CATALOGUE[m.name] is m for m in declared)
+def test_every_declared_metric_has_a_name_of_its_own() -> None:
+    assert len(DECLARED) == len(CATALOGUE) > 40
+    assert all(CATALOGUE[m.name] is m for m in DECLARED)
 
 
 def test_counters_gauges_and_histograms_render_with_help_and_type() -> None:
@@ -71,8 +68,8 @@ def test_counters_gauges_and_histograms_render_with_help_and_type() -> None:
     assert 'postroom_smtp_reply_seconds_bucket{le="+Inf",stage="data"} 2.0' in text
     assert 'postroom_smtp_reply_seconds_count{stage="data"} 2.0' in text
     assert "_created" not in text
-    assert metrics.counter("outcomes_total", status="failed") == 2
-    assert metrics.counter("outcomes_total", status="dead") == 0
+    assert counter(metrics, "outcomes_total", status="failed") == 2
+    assert counter(metrics, "outcomes_total", status="dead") == 0
     assert metrics.counters("outcomes_total") == {(("status", "sent"),): 1.0,
                                                   (("status", "failed"),): 2.0}
     assert metrics.summary("smtp_reply_seconds") == (2, 4.03, 4.0)
@@ -107,7 +104,7 @@ def test_a_metric_used_as_the_wrong_kind_is_refused_after_its_first_use_too() ->
     metrics.inc(OUTCOMES_TOTAL, status="sent")
     with pytest.raises(TypeError, match="outcomes_total is a counter, not a gauge"):
         metrics.set(OUTCOMES_TOTAL, 1, status="sent")
-    assert metrics.counter("outcomes_total", status="sent") == 2
+    assert counter(metrics, "outcomes_total", status="sent") == 2
 
 
 def test_a_removed_series_starts_again_from_zero() -> None:

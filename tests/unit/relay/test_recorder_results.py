@@ -30,6 +30,7 @@ from relay.results import (
 from schemas.codec import DeliveryStatus, EmailResult, Schema, encode, load_schema
 from schemas.errors import SchemaUnavailableError
 from schemas.framing import confluent_prefix, headers_for
+from support.metrics import counter
 
 RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="a@example.com",
                      status=DeliveryStatus.FAILED, attempt=1,
@@ -121,7 +122,7 @@ def test_a_far_future_report_is_refused_counted_and_never_applied() -> None:
     record = Record("p.email.results", 0, 7, b"k", encode(forged), headers_for(forged))
     assert role._decode(record) is None
     assert role.stats.refused == 1
-    assert role.metrics.counter("recorder_refused_total") == 1
+    assert counter(role.metrics, "recorder_refused_total") == 1
 
 
 class Registry:

@@ -19,6 +19,7 @@ from relay import producing
 from relay.publisher import Relay
 from relay.rounds import Sent
 from schemas.codec import load_schema
+from support.metrics import counter
 
 CREATED = dt.datetime(2026, 9, 30, tzinfo=dt.UTC)
 
@@ -126,7 +127,7 @@ def test_rows_that_cannot_become_an_event_are_poison_and_the_others_go_out() -> 
     assert producer.produced == [b"k|r2@example.com", b"k|r4@example.com"]
     assert relay._account(5, sent) == 2
     assert relay.stats.poison == 3
-    assert relay.metrics.counter("relay_poison_total") == 3
+    assert counter(relay.metrics, "relay_poison_total") == 3
 
 
 

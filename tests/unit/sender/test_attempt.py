@@ -34,6 +34,7 @@ from sender.outcome import Failure, SmtpReply, Stage
 from sender.retry import RetryPolicy
 from sender.routing import Origin
 from sender.throttle import ThrottleLimits
+from support.metrics import counter
 
 PREFIX = "t."
 KEY = "k|ops@example.com"
@@ -70,7 +71,7 @@ class World:
         asyncio.run(main())
 
     def count(self, name: str, **labels: str) -> float:
-        return self.metrics.counter(name, **labels)
+        return counter(self.metrics, name, **labels)
 
     def calls(self, what: str) -> list[tuple[Any, ...]]:
         return [step for step in self.trace if step[0] == what]

@@ -19,6 +19,7 @@ from sender.admission import Admission, Admitted
 from sender.errors import PoisonRecordError
 from sender.intake import REGISTRY_RETRY_FIRST_S, Intake
 from sender.routing import Origin
+from support.metrics import counter
 
 PREFIX = "t."
 NOW = dt.datetime(2026, 12, 2, 20, 0, tzinfo=dt.UTC)
@@ -124,7 +125,7 @@ def test_the_registry_not_answering_holds_the_partition_longer_each_time() -> No
     assert holds.held == [((HIGH, 0), 1, NOW + dt.timedelta(seconds=REGISTRY_RETRY_FIRST_S)),
                           ((HIGH, 0), 1, NOW + dt.timedelta(seconds=2 * REGISTRY_RETRY_FIRST_S))]
     assert started.runs == []
-    assert metrics.counter("registry_unavailable_total") == 2
+    assert counter(metrics, "registry_unavailable_total") == 2
     # It answers (the record is read); the next outage starts from the first wait again.
     holds.assigned = frozenset({(HIGH, 0)})
     take.dispatch([record(HIGH, 1)], NOW, no_answer)

@@ -16,7 +16,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from postroom.errors import InvalidContentError, printable
@@ -251,7 +251,7 @@ def test_read_headers_returns_a_value_or_raises_invalid_content(
     try:
         found = read_headers(headers)
     except InvalidContentError:
-        return
+        assume(False)  # refused as it may be; what is read is what needs checking
     assert 0 <= found.attempt_base <= 1_000_000
     assert found.row_id is None or found.row_id >= 1
 
