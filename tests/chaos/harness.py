@@ -171,6 +171,14 @@ class Run:
                      for group in (self.settings.sender_group, self.settings.recorder_group)]
         for future in admin.incremental_alter_configs(resources).values():
             future.result()
+        # The broker describes the new values a moment after the change returns, and a role
+        # reads them at its start to choose its group protocol.
+        def described() -> bool:
+            found = admin.describe_configs([ConfigResource(ResourceType.GROUP, r.name)
+                                            for r in resources], request_timeout=10)
+            return all(all(f.result()[k].value == v for k, v in self.group_config.items())
+                       for f in found.values())
+        self.wait_until(described, 30, "the groups' configs to be described")
 
     def env(self, role: Role) -> dict[str, str]:
         url = sa.make_url(self.settings.require("database_url")).update_query_dict(

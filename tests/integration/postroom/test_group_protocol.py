@@ -27,12 +27,14 @@ def set_group_session(settings: Settings, group: str, session_ms: int) -> None:
     entry = ConfigEntry("consumer.session.timeout.ms", str(session_ms),
                         incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
-    for future in make_admin(settings).incremental_alter_configs([resource]).values():
+    admin = make_admin(settings)  # kept until the futures are done: its end fails them
+    for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
 
 
 def group_type(settings: Settings, group: str) -> str:
-    future = make_admin(settings).describe_consumer_groups([group], request_timeout=30)[group]
+    admin = make_admin(settings)
+    future = admin.describe_consumer_groups([group], request_timeout=30)[group]
     return str(future.result().type.name)
 
 
@@ -47,7 +49,11 @@ def test_a_group_whose_session_the_platform_set_to_10_s_runs_on_kip848(
         kafka_settings: Settings) -> None:
     group = kafka_settings.sender_group
     set_group_session(kafka_settings, group, 10_000)
-    choice = ask_cluster(make_admin(kafka_settings), group)
+    # The broker answers DescribeConfigs with the new value a moment after the change returns.
+    admin = make_admin(kafka_settings)
+    wait_until(lambda: ask_cluster(admin, group).protocol == "consumer", 30,
+               "the group's new session to be described")
+    choice = ask_cluster(admin, group)
     assert (choice.protocol, choice.reason) == (
         "consumer", "KIP-848: the group's session is 10 s (consumer.session.timeout.ms)")
 
