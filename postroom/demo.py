@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from postroom.devkit.devsmtp import read_maildir
+from postroom.devkit.devsmtp_maildir import read_maildir
 from postroom.devkit.ports import free_port, free_ports
 from postroom.devkit.processes import PostroomProcesses, run_postroom
 from postroom.devkit.scratch import scratch, scratch_env

@@ -1,4 +1,4 @@
 """The delivery side of postroom: it owns SMTP. service.py wires the sender group member; pure
 decision modules (outcome, retry, routing, claims, offsets, priority, admission, throttle) beside
 adapters (consumer, producer, publishing, smtp, delivery, destinations, message, ledger);
-devsmtp.py is the local test server."""
+the local test server is postroom/devkit/devsmtp.py."""

@@ -72,14 +72,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if argv[:1] == ["devsmtp"]:
         # The dev server has its own parser (and runs without the POSTROOM_* settings).
         try:
-            from postroom.devkit import devsmtp
+            from postroom.devkit import devsmtp_cli
         except ModuleNotFoundError as exc:
             if (exc.name or "").partition(".")[0] != "aiosmtpd":
                 raise
             print("postroom devsmtp: error: the test server needs aiosmtpd: "
                   "pip install 'postroom[devsmtp]'", file=sys.stderr)
             return EXIT_FAILURE
-        return devsmtp.main(argv[1:])
+        return devsmtp_cli.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,41 +1,33 @@
 """A local SMTP server for development and tests that misbehaves on purpose (aiosmtpd).
 
 It rejects, defers, slows down or drops chosen recipients, and keeps what it accepts in memory
-and, optionally, in a Maildir another process can read.
+and, optionally, in a Maildir another process reads (devsmtp_maildir); devsmtp_cli runs it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import logging
 import mailbox
-import os
 import re
-import signal
 import ssl
-import sys
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from postroom.logs import configure_logging
+from postroom.devkit.devsmtp_session import DevController
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8025
-MAX_PORT = 65_535
 SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DNS lookup
-ENV_PREFIX = "POSTROOM_DEVSMTP_"
 REJECT_REPLY = "550 5.1.1 User unknown"
 DEFER_REPLY = "451 4.3.0 try again later"
 # Gmail's answer to a sender going too fast for one domain.
@@ -44,7 +36,6 @@ THROTTLE_REPLY = ("450 4.2.1 The user you are trying to contact is receiving mai
 # A fault of this server (its Maildir, a bug): temporary, never the recipient's refusal.
 LOCAL_ERROR_REPLY = "451 4.3.0 local error in processing"
 STOP_TIMEOUT_S = 2.0
-DSN_PARAMETERS = ("RET", "ENVID", "NOTIFY", "ORCPT")  # RFC 3461's, taken when DSN is offered
 # What the server keeps in memory: the newest messages, at most this many and this many bytes.
 DEFAULT_MAX_KEPT = 10_000
 DEFAULT_MAX_KEPT_BYTES = 256 * 1024 * 1024
@@ -231,7 +222,6 @@ class _Handler:
                         extra={"rcpt": rcpt, "message_id": message_id, "queue_id": queue_id})
         return f"250 2.0.0 Ok queued as {queue_id}"
 
-
     async def handle_exception(self, error: Exception) -> str:
         # aiosmtpd answers a handler's exception with a 500, which a client takes for the
         # recipient's permanent refusal; a fault of this server is a temporary one.
@@ -249,53 +239,6 @@ class _Handler:
                 logger.warning("devsmtp keeps at most %d messages / %d bytes in memory; "
                                "forgetting the oldest", self.max_kept, self.max_kept_bytes)
             self.forgotten += 1
-
-
-def bind_warning(host: str) -> str | None:
-    """What to say before listening on ``host``: None for a loopback address."""
-    if host == "localhost":
-        return None
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return None
-    except ValueError:
-        pass  # a host name: it may resolve to anything
-    return (f"WARNING: devsmtp listens on {host}, not on a loopback address: anyone who can "
-            "reach it can hand it mail, which it accepts and keeps. It is a test server.")
-
-
-class _DevSMTP(SMTP):
-    """aiosmtpd's SMTP session, telling the handler when a connection comes and goes."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        first = self.transport is None  # aiosmtpd calls this again after STARTTLS
-        super().connection_made(transport)
-        if first:
-            self.event_handler.opened(self)
-
-    def connection_lost(self, error: Exception | None) -> None:
-        super().connection_lost(error)
-        self.event_handler.closed(self)
-
-    def _getparams(self, params: Sequence[str]) -> dict[str, str | bool] | None:
-        # aiosmtpd refuses parameters it does not know (555); offering DSN, take RFC 3461's,
-        # which it keeps in the envelope's mail_options and rcpt_options.
-        found = super()._getparams(params)
-        if found is not None and self.event_handler.dsn:
-            for name in DSN_PARAMETERS:
-                found.pop(name, None)
-        return found
-
-
-class _Controller(Controller):
-    def factory(self) -> SMTP:
-        return _DevSMTP(self.handler, loop=self.loop, **self.SMTP_kwargs)
-
-    def _trigger_server(self) -> None:
-        # With port 0 the OS picks the port; learn it before aiosmtpd probes the server.
-        if self.port == 0 and isinstance(self.server, asyncio.Server):
-            self.port = self.server.sockets[0].getsockname()[1]
-        super()._trigger_server()  # type: ignore[no-untyped-call]
 
 
 class DevSmtpServer:
@@ -334,7 +277,7 @@ class DevSmtpServer:
                                  max_kept_bytes=max_kept_bytes, pipelining=pipelining,
                                  dsn=dsn, throttle_every=throttle_every)
         self._tls_context = tls_context
-        self._controller: _Controller | None = None
+        self._controller: DevController | None = None
 
     @property
     def port(self) -> int:
@@ -362,7 +305,7 @@ class DevSmtpServer:
         return self._handler.peak_connections
 
     def start(self) -> None:
-        controller = _Controller(
+        controller = DevController(
             self._handler, hostname=self.host, port=self._port,
             server_hostname=SERVER_HOSTNAME, tls_context=self._tls_context,
             ready_timeout=10.0,
@@ -432,20 +375,6 @@ def open_maildir(path: Path) -> mailbox.Maildir:
     return mailbox.Maildir(path, create=False)
 
 
-def read_maildir(path: Path) -> list[ReceivedMessage]:
-    """What a DevSmtpServer stored in the Maildir at ``path``, in no particular order."""
-    box = mailbox.Maildir(path, create=False)
-    found = []
-    for key in box.iterkeys():
-        raw = box.get_bytes(key)
-        head, _, body = raw.partition(b"\n")  # Return-Path
-        rcpt_line, _, rest = body.partition(b"\n")  # Delivered-To
-        mail_from = head.decode().removeprefix("Return-Path: <").rstrip("\r>")
-        rcpt = rcpt_line.decode().removeprefix("Delivered-To: ").rstrip("\r")
-        found.append(ReceivedMessage(mail_from, rcpt, _message_id(rest), rest))
-    return found
-
-
 # A Message-ID header line and its folded continuations, in the header block.
 _MESSAGE_ID = re.compile(rb"^message-id[ \t]*:(.*(?:\r?\n[ \t].*)*)", re.IGNORECASE | re.MULTILINE)
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
@@ -466,126 +395,6 @@ def _norm(address: str) -> str:
     return address.strip().strip("<>").lower()
 
 
-# CLI
-
-
-def parse_defer(text: str) -> tuple[str, int]:
-    """``"ops@example.com:2"`` -> ``("ops@example.com", 2)``."""
-    address, sep, count = text.strip().rpartition(":")
-    if not sep or not address or not count.isdigit() or int(count) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected ADDRESS:COUNT with COUNT at least 1, e.g. ops@example.com:2; got {text!r}")
-    return address, int(count)
-
-
-def _split(text: str | None) -> list[str]:
-    return [p.strip() for p in (text or "").split(",") if p.strip()]
-
-
-def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The ``postroom devsmtp`` parser; each flag defaults to its ``POSTROOM_DEVSMTP_*`` variable."""
-
-    def var(name: str) -> str:
-        return ENV_PREFIX + name
-
-    parser = argparse.ArgumentParser(
-        prog="postroom devsmtp",
-        description="Run a local SMTP server that rejects, defers, delays or drops chosen "
-                    "recipients. List variables take comma-separated values.",
-    )
-    parser.add_argument("--host", default=env.get(var("HOST"), DEFAULT_HOST),
-                        help=f"address to listen on (env {var('HOST')}; default %(default)s)")
-    parser.add_argument("--port", type=int, default=env.get(var("PORT"), DEFAULT_PORT),
-                        help=f"port to listen on (env {var('PORT')}; default %(default)s)")
-    parser.add_argument("--reject", action="append", metavar="ADDR",
-                        help=f"answer RCPT TO with {REJECT_REPLY!r}; repeatable "
-                             f"(env {var('REJECT')})")
-    parser.add_argument("--defer", action="append", type=parse_defer, metavar="ADDR:N",
-                        help=f"answer RCPT TO with {DEFER_REPLY!r} the first N times; "
-                             f"repeatable (env {var('DEFER')})")
-    parser.add_argument("--latency", type=int, metavar="MS",
-                        default=env.get(var("LATENCY"), 0),
-                        help=f"wait MS milliseconds before accepting a message "
-                             f"(env {var('LATENCY')}; default %(default)s)")
-    parser.add_argument("--throttle-every", type=int, metavar="N",
-                        default=env.get(var("THROTTLE_EVERY"), 0),
-                        help=f"answer every Nth RCPT TO with {THROTTLE_REPLY!r}, whatever its "
-                             f"address (env {var('THROTTLE_EVERY')}; default %(default)s: none)")
-    parser.add_argument("--drop", action="append", metavar="ADDR",
-                        help=f"close the connection after the message content, without a "
-                             f"reply; repeatable (env {var('DROP')})")
-    parser.add_argument("--maildir", type=Path, metavar="DIR",
-                        default=env.get(var("MAILDIR")),
-                        help=f"also store accepted messages in this Maildir "
-                             f"(env {var('MAILDIR')})")
-    parser.add_argument("--max-kept", type=int, metavar="N",
-                        default=env.get(var("MAX_KEPT"), DEFAULT_MAX_KEPT),
-                        help=f"keep at most the newest N messages in memory "
-                             f"(env {var('MAX_KEPT')}; default %(default)s)")
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
-    """Parse flags; a list flag given on the command line replaces its environment variable."""
-    parser = build_parser(env)
-    args = parser.parse_args(argv)
-    if args.reject is None:
-        args.reject = _split(env.get(ENV_PREFIX + "REJECT"))
-    if args.drop is None:
-        args.drop = _split(env.get(ENV_PREFIX + "DROP"))
-    if args.defer is None:
-        try:
-            args.defer = [parse_defer(p) for p in _split(env.get(ENV_PREFIX + "DEFER"))]
-        except argparse.ArgumentTypeError as exc:
-            parser.error(f"{ENV_PREFIX}DEFER: {exc}")
-    if not 0 <= args.port <= MAX_PORT:
-        parser.error(f"--port must be from 0 (any free port) to {MAX_PORT}, got {args.port}")
-    if args.latency < 0:
-        parser.error("--latency must not be negative")
-    if int(args.throttle_every) < 0:
-        parser.error("--throttle-every must not be negative")
-    if int(args.max_kept) < 1:
-        parser.error("--max-kept must be at least 1")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``postroom devsmtp``: serve until SIGINT or SIGTERM."""
-    args = parse_args(argv, os.environ)
-    configure_logging(logging.INFO, "%(asctime)s %(message)s")
-    logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd's per-command chatter
-    warning = bind_warning(args.host)
-    if warning is not None:
-        print(warning, file=sys.stderr, flush=True)
-    if args.maildir is not None:
-        try:
-            open_maildir(args.maildir)
-        except OSError as exc:
-            print(f"devsmtp: cannot use --maildir {args.maildir}: {exc}", file=sys.stderr)
-            return 1
-    server = DevSmtpServer(args.host, args.port, reject=args.reject, defer=dict(args.defer),
-                           latency_ms=args.latency, maildir=args.maildir, drop=args.drop,
-                           max_kept=int(args.max_kept), throttle_every=int(args.throttle_every))
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stopping.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            server.start()
-        except OSError as exc:
-            print(f"devsmtp: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-            return 1
-        print(f"devsmtp listening on {server.host}:{server.port}", flush=True)
-        stopping.wait()
-        server.stop()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m postroom.devkit.devsmtp`, as before devsmtp_cli
+    from postroom.devkit.devsmtp_cli import main
     raise SystemExit(main())

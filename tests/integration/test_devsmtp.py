@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from postroom.devkit.devsmtp import DevSmtpServer, read_maildir
+from postroom.devkit.devsmtp import DevSmtpServer
+from postroom.devkit.devsmtp_maildir import read_maildir
 
 pytestmark = pytest.mark.integration
 
@@ -168,7 +169,7 @@ def test_only_the_newest_messages_are_kept_in_memory(
     ("0.0.0.0", True), ("::", True), ("192.0.2.10", True), ("mail.example.com", True),  # noqa: S104
 ])
 def test_a_bind_beyond_loopback_is_warned_about(host: str, warned: bool) -> None:
-    from postroom.devkit.devsmtp import bind_warning
+    from postroom.devkit.devsmtp_cli import bind_warning
 
     warning = bind_warning(host)
     assert (warning is not None) == warned

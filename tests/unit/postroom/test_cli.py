@@ -124,7 +124,7 @@ def _readme_synopses() -> list[str]:
 @pytest.mark.parametrize("command", [*SUBCOMMANDS, ["devsmtp"]], ids=" ".join)
 def test_readmes_command_table_names_every_option_of_every_command(command: list[str]) -> None:
     # The table and the parsers drifted apart (status --limit and devsmtp's flags were missing).
-    from postroom.devkit.devsmtp import build_parser as devsmtp_parser
+    from postroom.devkit.devsmtp_cli import build_parser as devsmtp_parser
 
     name = " ".join(command)
     synopsis = " ".join(s for s in _readme_synopses() if s == name or s.startswith(name + " "))

@@ -9,7 +9,8 @@ import email.policy
 
 import pytest
 
-from postroom.devkit.devsmtp import _message_id, parse_args, parse_defer
+from postroom.devkit.devsmtp import _message_id
+from postroom.devkit.devsmtp_cli import parse_args, parse_defer
 
 
 def test_defer_flag_syntax() -> None:
