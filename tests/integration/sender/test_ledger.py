@@ -10,6 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 
 from postroom.devkit.wait import wait_until
@@ -21,6 +23,7 @@ from sender.ledger import Ledger
 from sender.ledger_session import ledger_conninfo
 from sender.ledger_sql import MARK_SENT, text_array
 from sender.marker import MARK_IN_FLIGHT
+from support.fuzz import examples
 
 pytestmark = pytest.mark.integration
 
@@ -554,9 +557,18 @@ def test_the_ledger_keeps_the_options_its_url_brings() -> None:
     assert conninfo_to_dict(conninfo)["host"] == "db"
 
 
-def test_marks_pass_any_key_to_postgresql_as_it_is(engine: sa.Engine) -> None:
-    keys = ["plain", 'a "quoted" key', "back\\slash\\", "{braces},commas", " spaced ", "NULL",
-            "", "ünïcødé ✉", "'single'"]
+KEYS = ["plain", 'a "quoted" key', "back\\slash\\", "{braces},commas", " spaced ", "NULL",
+        "", "ünïcødé ✉", "'single'"]
+
+
+@settings(max_examples=examples(100), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.sampled_from(KEYS), st.text(st.characters(
+    blacklist_categories=("Cs",), blacklist_characters="\x00"))), max_size=8))
+def test_marks_pass_any_key_to_postgresql_as_it_is(engine: sa.Engine, keys: list[str]) -> None:
+    """The hand-made array literal the marks are written with (libpq's text format) against
+    psycopg's own adaptation of the list, as the reference: PostgreSQL reads the same keys."""
     with psycopg.connect(libpq_conninfo(engine), autocommit=True) as conn:
-        got = conn.execute("SELECT %s::text[]", [text_array(keys).decode()]).fetchone()
-    assert got == (keys,)
+        got = conn.execute("SELECT %s::text[], %s::text[]",
+                           [text_array(keys).decode(), keys]).fetchone()
+    assert got == (keys, keys)
