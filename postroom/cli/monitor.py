@@ -21,7 +21,7 @@ from postroom.settings import Settings
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
-    from postroom.kafka import KafkaDegraded, check_kafka
+    from postroom.kafka import KafkaDegraded, check_groups, check_kafka
     from relay.db import check_database
     from schemas.registry import check_registry
     from sender.delivery import AttachmentsOffWarning, check_attachments
@@ -32,16 +32,25 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     def kafka(settings: Settings) -> str:
         return check_kafka(settings, role)
 
+    def groups(settings: Settings) -> str:
+        return check_groups(settings, role)
+
     failed = 0
+    kafka_failed = False
+    # The groups' protocol is asked of the brokers: not when they do not answer.
+    joins = (("groups", groups),) if role in (None, Role.SENDER, Role.RECORDER) else ()
     sender = (("attachments", check_attachments),) if role in (None, Role.SENDER) else ()
-    for name, check in (("database", check_database), ("kafka", kafka),
+    for name, check in (("database", check_database), ("kafka", kafka), *joins,
                         ("registry", check_registry), ("smtp", check_smtp), *sender):
+        if name == "groups" and kafka_failed:
+            continue
         try:
             print(f"ok    {name}: {check(settings)}")
         except (AttachmentsOffWarning, KafkaDegraded) as exc:  # said, and not a failure
             print(f"WARN  {name}: {exc}")
         except (PostroomError, sa_errors.OperationalError) as exc:
             failed += 1
+            kafka_failed = kafka_failed or name == "kafka"
             # Our own errors may list one problem per line (the kafka check, per topic).
             print(f"FAIL  {name}: {exc if isinstance(exc, PostroomError) else first_line(exc)}")
     return EXIT_FAILURE if failed else EXIT_OK

@@ -23,7 +23,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from postroom.kafka.acls import acl_binding, apply_acls
-from postroom.kafka.checks import KafkaDegraded, check_kafka, check_topics
+from postroom.kafka.checks import KafkaDegraded, check_groups, check_kafka, check_topics
 from postroom.kafka.clients import make_admin, make_consumer, make_producer, make_reader
 from postroom.kafka.config import (
     BROKER_WAIT_S,
@@ -78,6 +78,7 @@ __all__ = [
     "TopicPartition",
     "acl_binding",
     "apply_acls",
+    "check_groups",
     "check_kafka",
     "check_reachable",
     "check_topics",

@@ -70,19 +70,29 @@ def check_kafka(settings: Settings, role: Role | None = None, timeout_s: float =
     partitions, _brokers = topic_replicas(settings, topics, timeout_s)
     min_insync = min_insync_replicas(settings, topics, timeout_s)
     findings = replication_findings(partitions, min_insync)
-    lines = [f"{said}; {summary(findings, len(partitions))}",
-             *(f"      {f.line()}" for f in findings)]
-    groups = {Role.SENDER: [settings.sender_group], Role.RECORDER: [settings.recorder_group],
-              None: [settings.sender_group, settings.recorder_group]}.get(role, [])
-    if groups:
-        admin = make_admin(settings)
-        for group in groups:
-            choice = group_protocol(settings, group, admin)
-            lines.append(f"      group {group}: {choice.protocol} protocol ({choice.reason})")
-    lines += [f"      WARN {w}" for w in warnings]
-    text = "\n".join(lines)
+    text = "\n".join([f"{said}; {summary(findings, len(partitions))}",
+                      *(f"      {f.line()}" for f in findings),
+                      *(f"      WARN {w}" for w in warnings)])
     if any(f.severity is Severity.FAIL for f in findings):
         raise KafkaClientError(text)
     if findings or warnings:
         raise KafkaDegraded(text)
     return text
+
+
+def role_groups(settings: Settings, role: Role | None) -> list[str]:
+    """The consumer groups a role joins (the sender's, the recorder's; both for no role)."""
+    return {Role.SENDER: [settings.sender_group], Role.RECORDER: [settings.recorder_group],
+            None: [settings.sender_group, settings.recorder_group]}.get(role, [])
+
+
+def check_groups(settings: Settings, role: Role | None = None) -> str:
+    """What ``postroom check`` says of the role's consumer groups: the protocol each joins with,
+    and why (postroom.kafka.group_protocol), a line each. Never a failure: a group whose config
+    cannot be read joins with the classic protocol, and the line says so."""
+    admin = make_admin(settings)
+    lines = []
+    for group in role_groups(settings, role):
+        choice = group_protocol(settings, group, admin)
+        lines.append(f"{group} joins with the {choice.protocol} protocol ({choice.reason})")
+    return "\n      ".join(lines)

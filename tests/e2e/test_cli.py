@@ -533,21 +533,20 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
         proc = stack_cli("check", POSTROOM_SMTP_HOST="127.0.0.1",
                          POSTROOM_SMTP_PORT=str(server.port), POSTROOM_SMTP_TLS="auto")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    every = proc.stdout.splitlines()
-    lines = [line for line in every if not line.startswith(" ")]  # a check's own lines
+    lines = proc.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["ok    database", "ok    kafka",
+                                                      "ok    groups", "",
                                                       "ok    registry", "ok    smtp",
                                                       "WARN  attachments"]
-    assert "POSTROOM_ATTACHMENTS_ROOT is not set" in lines[4]  # a warning: the exit code is 0
+    assert "POSTROOM_ATTACHMENTS_ROOT is not set" in lines[6]  # a warning: the exit code is 0
     assert "all 9 topics exist" in lines[1]
-    assert "none configured" in lines[2] and "schemaless" in lines[2]
-    # Under kafka, the protocol each group joins with: the local broker keeps Kafka's 45 s
-    # KIP-848 session, so both are classic, and the line says why.
-    groups = every[every.index(lines[1]) + 1:every.index(lines[2])]
-    assert [line.split(":")[0].split()[-1].rsplit(".", 1)[-1] for line in groups] == [
-        "sender", "recorder"]
-    assert all("classic protocol (under KIP-848 the group's session would be 45 s" in line
-               for line in groups), groups
+    assert "none configured" in lines[4] and "schemaless" in lines[4]
+    # The protocol each group joins with: the local broker keeps Kafka's 45 s KIP-848 session,
+    # so both are classic, and the lines say why.
+    env = stack_cli.env
+    assert lines[2].startswith(f"ok    groups: {env['POSTROOM_SENDER_GROUP']} joins with the "
+                               "classic protocol (under KIP-848 the group's session would be 45 s")
+    assert lines[3].startswith(f"      {env['POSTROOM_RECORDER_GROUP']} joins with the classic")
 
 
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
