@@ -779,22 +779,22 @@ EOF
 # secure_bootstrap: the SCRAM users (upserted with the passwords from the files, so a new
 # password file takes effect) and the admin's right to manage ACLs, over the PLAINTEXT
 # listener; then the roles' ACLs for the default topic prefix, applied as the admin over
-# SASL_SSL. Skipped when the data dir's stamp matches the password files.
+# SASL_SSL. The users are set at every start: a broker restarted on its data dir came back
+# without them (Kafka 4.1.1, KRaft, one node) while its ACLs stayed. The rest is skipped when
+# the data dir's stamp matches the password files.
 secure_bootstrap() {
-    local stamp="$KAFKA_DATA/.postroom-secure" want out="$SECURE_DIR/bootstrap.out"
+    local stamp="$KAFKA_DATA/.postroom-secure" want out="$SECURE_DIR/bootstrap.out" missing
     want=$(cat "$SECURE_DIR"/*.properties | sha256sum | cut -d' ' -f1)
-    [[ -f $stamp && $(cat "$stamp") == "$want" ]] && return
-    say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,bounces,admin} and their ACLs (once)"
-    "$VENV_PY" - "$(plain_bootstrap)" "$SECURE_DIR" "$SCRAM_ITERATIONS" "${SECURE_ROLES[@]}" \
-        >"$out" 2>&1 <<'EOF' || die "kafka: creating the SCRAM users failed" "$out"
+    missing=$("$VENV_PY" - "$(plain_bootstrap)" "$SECURE_DIR" "$SCRAM_ITERATIONS" \
+        "${SECURE_ROLES[@]}" 2>"$out" <<'EOF'
 import sys
 from pathlib import Path
-from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
-    ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism,
+from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
     UserScramCredentialUpsertion)
 
 bootstrap, secure_dir, iterations, roles = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+present = set(admin.describe_user_scram_credentials().result(timeout=30))
 info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, iterations)
 upserts = []
 for role in roles:
@@ -803,7 +803,20 @@ for role in roles:
     upserts.append(UserScramCredentialUpsertion(f"postroom-{role}", info, password.encode()))
 for user, future in admin.alter_user_scram_credentials(upserts).items():
     future.result()
-    print(f"scram user {user}: set")
+print(" ".join(sorted({u.user for u in upserts} - present)))
+EOF
+    ) || die "kafka: setting the SCRAM users failed" "$out"
+    if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+        [[ -z $missing ]] || say "kafka: the broker had lost the SCRAM users $missing; set them again"
+        return
+    fi
+    say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,bounces,admin} and their ACLs (once)"
+    "$VENV_PY" - "$(plain_bootstrap)" >>"$out" 2>&1 <<'EOF' || die "kafka: granting the admin ACLs failed" "$out"
+import sys
+from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+    ResourcePatternType, ResourceType)
+
+admin = AdminClient({"bootstrap.servers": sys.argv[1], "log_level": 0})
 # Only the admin manages ACLs (postroom acls apply); what it may do with topics is in its ACLs.
 bindings = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL,
                        "User:postroom-admin", "*", op, AclPermissionType.ALLOW)
