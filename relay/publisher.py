@@ -265,5 +265,7 @@ class Rounds:
         self._db.close()
 
     def close(self) -> None:
-        self.abandon()
-        self._database.shutdown()
+        try:
+            self.abandon()
+        finally:
+            self._database.shutdown()

@@ -810,7 +810,7 @@ EOF
         [[ -z $missing ]] || say "kafka: the broker had lost the SCRAM users $missing; set them again"
         return
     fi
-    say "kafka: creating the SCRAM users postroom-{relay,sender,recorder,bounces,admin} and their ACLs (once)"
+    say "kafka: the ACLs of postroom-{relay,sender,recorder,bounces,admin} (once)"
     "$VENV_PY" - "$(plain_bootstrap)" >>"$out" 2>&1 <<'EOF' || die "kafka: granting the admin ACLs failed" "$out"
 import sys
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,

@@ -88,8 +88,9 @@ def role_groups(settings: Settings, role: Role | None) -> list[str]:
 
 def check_groups(settings: Settings, role: Role | None = None) -> str:
     """What ``postroom check`` says of the role's consumer groups: the protocol each joins with,
-    and why (postroom.kafka.group_protocol), a line each. Never a failure: a group whose config
-    cannot be read joins with the classic protocol, and the line says so."""
+    and why (postroom.kafka.group_protocol), a line each. A group whose config cannot be read
+    joins with the classic protocol, and its line says so; only an admin client that cannot be
+    made fails it."""
     admin = make_admin(settings)
     lines = []
     for group in role_groups(settings, role):

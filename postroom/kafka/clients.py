@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from postroom.kafka.config import client_config, consumer_config, producer_config, reader_config
 from postroom.kafka.errors import translate
-from postroom.kafka.group_protocol import ask_cluster, named_protocol
+from postroom.kafka.group_protocol import group_protocol, named_protocol
 from postroom.settings import Settings, mask_kafka_config
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consum
     the overrides, the cluster is asked which one the group is to use (postroom.kafka.
     group_protocol), and the answer and its reason are logged."""
     if named_protocol(settings.kafka_consumer_config, overrides) is None:
-        choice = ask_cluster(make_admin(settings), group_id)
+        choice = group_protocol(settings, group_id, make_admin(settings))
         log.info("consumer group %s joins with the %s protocol: %s", group_id, choice.protocol,
                  choice.reason)
         overrides = {**overrides, "group.protocol": choice.protocol}

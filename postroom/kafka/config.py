@@ -140,7 +140,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     asked of the broker (``group.remote.assignor``), as librdkafka refuses them otherwise.
     """
     kip848 = str({**settings.kafka_consumer_config, **overrides}.get(
-        "group.protocol", "classic")).lower() == "consumer"
+        "group.protocol", "classic")).strip().lower() == "consumer"
     timing = {} if kip848 else {"session.timeout.ms": CONSUMER_SESSION_TIMEOUT_MS,
                                 "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS}
     config: dict[str, Any] = {

@@ -39,6 +39,8 @@ KIP848_LIBRDKAFKA = (2, 12)
 GROUP_SESSION = "consumer.session.timeout.ms"
 BROKER_PROTOCOLS = "group.coordinator.rebalance.protocols"
 ASK_TIMEOUT_S = 5.0
+# Consumer settings an operator may give that librdkafka refuses with group.protocol=consumer.
+CLASSIC_TIMING = frozenset({"session.timeout.ms", "heartbeat.interval.ms"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,20 +104,24 @@ def _config_value(admin: AdminClient, resource: ConfigResource, name: str,
 
 def ask_cluster(admin: AdminClient, group: str,
                 timeout_s: float = ASK_TIMEOUT_S) -> ProtocolChoice:
-    """:func:`decide` on what the cluster says of ``group`` and of one broker."""
+    """:func:`decide` on what the cluster says of ``group`` and of one broker. The brokers are
+    asked only when the group's session would allow KIP-848, so an untuned cluster costs one
+    request and a broker that does not answer one ``timeout_s``."""
     session = _config_value(admin, ConfigResource(ResourceType.GROUP, group), GROUP_SESSION,
                             timeout_s)
+    session_ms = int(session) if session is not None and session.isdigit() else None
     protocols = None
-    try:
-        brokers = admin.list_topics(timeout=timeout_s).brokers
-    except KafkaException as exc:
-        log.debug("list brokers: %s", exc)
-        brokers = {}
-    if brokers:
-        protocols = _config_value(admin, ConfigResource(ResourceType.BROKER, str(min(brokers))),
-                                  BROKER_PROTOCOLS, timeout_s)
-    return decide(group, librdkafka=librdkafka_version(libversion()[1]),
-                  session_ms=int(session) if session is not None and session.isdigit() else None,
+    if session_ms is not None and session_ms <= CONSUMER_SESSION_TIMEOUT_MS:
+        try:
+            brokers = admin.list_topics(timeout=timeout_s).brokers
+        except KafkaException as exc:
+            log.debug("list brokers: %s", exc)
+            brokers = {}
+        if brokers:
+            protocols = _config_value(admin, ConfigResource(ResourceType.BROKER,
+                                                            str(min(brokers))),
+                                      BROKER_PROTOCOLS, timeout_s)
+    return decide(group, librdkafka=librdkafka_version(libversion()[1]), session_ms=session_ms,
                   broker_protocols=protocols)
 
 
@@ -126,4 +132,9 @@ def group_protocol(settings: Settings, group: str, admin: AdminClient,
     named = named_protocol(settings.kafka_consumer_config, overrides or {})
     if named is not None:
         return ProtocolChoice(named, "group.protocol as configured")
+    timing = sorted(CLASSIC_TIMING & set(settings.kafka_consumer_config))
+    if timing:
+        # librdkafka refuses these with KIP-848's protocol: the operator chose classic timing.
+        return ProtocolChoice(CLASSIC, f"POSTROOM_KAFKA_CONSUMER_CONFIG sets {', '.join(timing)}, "
+                                       "which only the classic protocol takes")
     return ask_cluster(admin, group)

@@ -5,8 +5,12 @@ created, never connected."""
 
 from __future__ import annotations
 
+import types
+from concurrent.futures import Future
+
 import pytest
 from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import ConfigEntry, ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from postroom.kafka import (
     CONSUMER_HEARTBEAT_INTERVAL_MS,
@@ -14,7 +18,14 @@ from postroom.kafka import (
     clients,
     consumer_config,
 )
-from postroom.kafka.group_protocol import ProtocolChoice, decide, librdkafka_version, named_protocol
+from postroom.kafka.group_protocol import (
+    ProtocolChoice,
+    ask_cluster,
+    decide,
+    group_protocol,
+    librdkafka_version,
+    named_protocol,
+)
 from postroom.settings import Settings
 
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
@@ -125,7 +136,8 @@ def test_the_cluster_is_asked_only_when_no_protocol_is_named(
         return ProtocolChoice("consumer", "as the test says")
 
     made: list[dict[str, object]] = []
-    monkeypatch.setattr(clients, "ask_cluster", ask)
+    monkeypatch.setattr(clients, "group_protocol",
+                        lambda settings, group, admin: ask(admin, group))
     monkeypatch.setattr(clients, "Consumer", lambda config: made.append(config))
     clients.make_consumer(settings_of(), "g1")
     clients.make_consumer(settings_of("group.protocol=classic"), "g2")
@@ -133,3 +145,57 @@ def test_the_cluster_is_asked_only_when_no_protocol_is_named(
     assert asked == ["g1"]
     assert [c["group.protocol"] for c in made] == ["consumer", "classic", "classic"]
     assert "session.timeout.ms" not in made[0] and made[1]["session.timeout.ms"] == 10_000
+
+
+@pytest.mark.parametrize("timing", ["session.timeout.ms=30000", "heartbeat.interval.ms=1000"])
+def test_classic_timing_in_the_settings_keeps_the_group_classic_without_asking(
+        timing: str) -> None:
+    """librdkafka refuses these with KIP-848: a platform's 10 s session must not make the role
+    fail at its next start."""
+    class NoAdmin:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the cluster was asked ({name})")
+
+    choice = group_protocol(settings_of(timing), "g", NoAdmin())  # type: ignore[arg-type]
+    assert choice.protocol == "classic"
+    assert timing.split("=")[0] in choice.reason
+    created(consumer_config(settings_of(timing), "g", **{"group.protocol": choice.protocol}))
+
+
+class Answers:
+    """An admin client's describe_configs and list_topics, as the cluster would answer them."""
+
+    def __init__(self, session: str | None) -> None:
+        self.session = session
+        self.asked: list[str] = []
+
+    def describe_configs(self, resources: list[ConfigResource],
+                         request_timeout: float) -> dict[ConfigResource, Future[object]]:
+        resource = resources[0]
+        self.asked.append(f"describe {resource.restype.name}")
+        future: Future[object] = Future()
+        if resource.restype is ResourceType.GROUP and self.session is not None:
+            future.set_result({"consumer.session.timeout.ms": ConfigEntry(
+                "consumer.session.timeout.ms", self.session)})
+        elif resource.restype is ResourceType.BROKER:
+            future.set_result({"group.coordinator.rebalance.protocols": ConfigEntry(
+                "group.coordinator.rebalance.protocols", "classic,consumer")})
+        else:
+            future.set_exception(KafkaException("timed out"))
+        return {resource: future}
+
+    def list_topics(self, timeout: float) -> object:
+        self.asked.append("metadata")
+        return types.SimpleNamespace(brokers={2: None, 1: None})
+
+
+@pytest.mark.parametrize(("session", "protocol", "asked"), [
+    ("45000", "classic", ["describe GROUP"]),                       # untuned: one request
+    (None, "classic", ["describe GROUP"]),                          # no answer: one timeout
+    ("10000", "consumer", ["describe GROUP", "metadata", "describe BROKER"]),
+])
+def test_the_brokers_are_asked_only_when_the_group_s_session_allows_kip848(
+        session: str | None, protocol: str, asked: list[str]) -> None:
+    admin = Answers(session)
+    assert ask_cluster(admin, "g").protocol == protocol  # type: ignore[arg-type]
+    assert admin.asked == asked
