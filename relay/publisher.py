@@ -196,20 +196,6 @@ class Relay:
         self._listener.close()
         log.info("relay stopped: published=%d", self.stats.published)
 
-    def _abandon(self, db: Connections, claimed: Future[Claim] | None,
-                 marking: Future[None] | None) -> None:
-        """Wind down database work in flight when a round fails or the relay stops: finish the
-        bookkeeping, and hand back rows claimed ahead but not sent (else they wait out the TTL)."""
-        for future in (marking, claimed):
-            if future is None:
-                continue
-            try:
-                done = future.result()
-                if isinstance(done, Claim) and done.rows:
-                    self._mark(db, Sent([], [row.outbox_id for row in done.rows]))
-            except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
-                log.debug("database work of an abandoned round: %s", exc)
-
 
 class Rounds:
     """A relay's rounds, one :meth:`step` at a time: claim, produce, wait for the acks, mark.
@@ -258,9 +244,17 @@ class Rounds:
         return relay._account(len(rows), sent)
 
     def abandon(self) -> None:
-        """After a failed step: finish the marks in flight, hand back rows claimed ahead, and
-        start again on fresh connections."""
-        self._relay._abandon(self._db, self._claimed, self._marking)
+        """After a failed step: finish the marks in flight, hand back rows claimed ahead but not
+        sent (else they wait out the TTL), and start again on fresh connections."""
+        for future in (self._marking, self._claimed):
+            if future is None:
+                continue
+            try:
+                done = future.result()
+                if isinstance(done, Claim) and done.rows:
+                    self._relay._mark(self._db, Sent([], [row.outbox_id for row in done.rows]))
+            except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
+                log.debug("database work of an abandoned round: %s", exc)
         self._claimed = self._marking = None
         self._db.close()
 
