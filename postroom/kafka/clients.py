@@ -9,9 +9,15 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from postroom.kafka.config import client_config, consumer_config, producer_config, reader_config
+from postroom.kafka.config import (
+    client_config,
+    consumer_config,
+    named_protocol,
+    producer_config,
+    reader_config,
+)
 from postroom.kafka.errors import translate
-from postroom.kafka.group_protocol import group_protocol, named_protocol
+from postroom.kafka.group_protocol import group_protocol
 from postroom.settings import Settings, mask_kafka_config
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -29,6 +29,9 @@ CONSUMER_FETCH_WAIT_MS = 50
 # by default.
 CONSUMER_SESSION_TIMEOUT_MS = 10_000
 CONSUMER_HEARTBEAT_INTERVAL_MS = 2_000
+# The classic protocol's session timing, which librdkafka refuses with group.protocol=consumer.
+CLASSIC_TIMING = {"session.timeout.ms": CONSUMER_SESSION_TIMEOUT_MS,
+                  "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS}
 # The broker's assignor (KIP-848) for each client-side strategy postroom asks for.
 REMOTE_ASSIGNOR = {"range": "range", "cooperative-sticky": "uniform"}
 
@@ -129,6 +132,15 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     }
 
 
+def named_protocol(*configs: Mapping[str, Any]) -> str | None:
+    """``group.protocol`` as the settings or the caller give it (the last config wins), if any."""
+    named = None
+    for config in configs:
+        if "group.protocol" in config:
+            named = str(config["group.protocol"]).strip().lower()
+    return named
+
+
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
     """A consumer that commits only what the caller stores as done, rebalancing cooperatively
     unless the caller overrides the assignment (the sender divides each topic: range).
@@ -139,10 +151,8 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     postroom's session and heartbeat defaults are left out, and its assignment strategy is
     asked of the broker (``group.remote.assignor``), as librdkafka refuses them otherwise.
     """
-    kip848 = str({**settings.kafka_consumer_config, **overrides}.get(
-        "group.protocol", "classic")).strip().lower() == "consumer"
-    timing = {} if kip848 else {"session.timeout.ms": CONSUMER_SESSION_TIMEOUT_MS,
-                                "heartbeat.interval.ms": CONSUMER_HEARTBEAT_INTERVAL_MS}
+    kip848 = named_protocol(settings.kafka_consumer_config, overrides) == "consumer"
+    timing = {} if kip848 else CLASSIC_TIMING
     config: dict[str, Any] = {
         # A paused retry tier resumes with a fresh fetch; the broker's default wait (500 ms)
         # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.

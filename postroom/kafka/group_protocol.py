@@ -27,7 +27,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from postroom.kafka.config import CONSUMER_SESSION_TIMEOUT_MS
+from postroom.kafka.config import CLASSIC_TIMING, CONSUMER_SESSION_TIMEOUT_MS, named_protocol
 from postroom.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,23 +39,12 @@ KIP848_LIBRDKAFKA = (2, 12)
 GROUP_SESSION = "consumer.session.timeout.ms"
 BROKER_PROTOCOLS = "group.coordinator.rebalance.protocols"
 ASK_TIMEOUT_S = 5.0
-# Consumer settings an operator may give that librdkafka refuses with group.protocol=consumer.
-CLASSIC_TIMING = frozenset({"session.timeout.ms", "heartbeat.interval.ms"})
 
 
 @dataclasses.dataclass(frozen=True)
 class ProtocolChoice:
     protocol: str  # CLASSIC or CONSUMER
     reason: str
-
-
-def named_protocol(*configs: Mapping[str, Any]) -> str | None:
-    """``group.protocol`` as the settings or the caller give it (the last config wins), if any."""
-    named = None
-    for config in configs:
-        if "group.protocol" in config:
-            named = str(config["group.protocol"]).strip().lower()
-    return named
 
 
 def librdkafka_version(packed: int) -> tuple[int, int]:
@@ -132,7 +121,7 @@ def group_protocol(settings: Settings, group: str, admin: AdminClient,
     named = named_protocol(settings.kafka_consumer_config, overrides or {})
     if named is not None:
         return ProtocolChoice(named, "group.protocol as configured")
-    timing = sorted(CLASSIC_TIMING & set(settings.kafka_consumer_config))
+    timing = sorted(CLASSIC_TIMING.keys() & set(settings.kafka_consumer_config))
     if timing:
         # librdkafka refuses these with KIP-848's protocol: the operator chose classic timing.
         return ProtocolChoice(CLASSIC, f"POSTROOM_KAFKA_CONSUMER_CONFIG sets {', '.join(timing)}, "

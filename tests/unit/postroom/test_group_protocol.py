@@ -18,13 +18,13 @@ from postroom.kafka import (
     clients,
     consumer_config,
 )
+from postroom.kafka.config import named_protocol
 from postroom.kafka.group_protocol import (
     ProtocolChoice,
     ask_cluster,
     decide,
     group_protocol,
     librdkafka_version,
-    named_protocol,
 )
 from postroom.settings import Settings
 
