@@ -779,9 +779,9 @@ EOF
 # secure_bootstrap: the SCRAM users (upserted with the passwords from the files, so a new
 # password file takes effect) and the admin's right to manage ACLs, over the PLAINTEXT
 # listener; then the roles' ACLs for the default topic prefix, applied as the admin over
-# SASL_SSL. The users are set at every start: a broker restarted on its data dir came back
-# without them (Kafka 4.1.1, KRaft, one node) while its ACLs stayed. The rest is skipped when
-# the data dir's stamp matches the password files.
+# SASL_SSL. The users and the admin's rights are set at every start: a broker restarted on its
+# data dir came back without the users (Kafka 4.1.1, KRaft, one node) while its ACLs stayed. The
+# roles' ACLs are skipped when the data dir's stamp matches the password files.
 secure_bootstrap() {
     local stamp="$KAFKA_DATA/.postroom-secure" want out="$SECURE_DIR/bootstrap.out" missing
     want=$(cat "$SECURE_DIR"/*.properties | sha256sum | cut -d' ' -f1)
@@ -789,7 +789,8 @@ secure_bootstrap() {
         "${SECURE_ROLES[@]}" 2>"$out" <<'EOF'
 import sys
 from pathlib import Path
-from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
+from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+    ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism,
     UserScramCredentialUpsertion)
 
 bootstrap, secure_dir, iterations, roles = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
@@ -803,6 +804,13 @@ for role in roles:
     upserts.append(UserScramCredentialUpsertion(f"postroom-{role}", info, password.encode()))
 for user, future in admin.alter_user_scram_credentials(upserts).items():
     future.result()
+# Only the admin manages ACLs (postroom acls apply); what it may do with topics is in its ACLs.
+# Creating an ACL that exists changes nothing.
+bindings = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL,
+                       "User:postroom-admin", "*", op, AclPermissionType.ALLOW)
+            for op in (AclOperation.ALTER, AclOperation.DESCRIBE)]
+for binding, future in admin.create_acls(bindings).items():
+    future.result()
 print(" ".join(sorted({u.user for u in upserts} - present)))
 EOF
     ) || die "kafka: setting the SCRAM users failed" "$out"
@@ -811,20 +819,6 @@ EOF
         return
     fi
     say "kafka: the ACLs of postroom-{relay,sender,recorder,bounces,admin} (once)"
-    "$VENV_PY" - "$(plain_bootstrap)" >>"$out" 2>&1 <<'EOF' || die "kafka: granting the admin ACLs failed" "$out"
-import sys
-from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
-    ResourcePatternType, ResourceType)
-
-admin = AdminClient({"bootstrap.servers": sys.argv[1], "log_level": 0})
-# Only the admin manages ACLs (postroom acls apply); what it may do with topics is in its ACLs.
-bindings = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL,
-                       "User:postroom-admin", "*", op, AclPermissionType.ALLOW)
-            for op in (AclOperation.ALTER, AclOperation.DESCRIBE)]
-for binding, future in admin.create_acls(bindings).items():
-    future.result()
-    print(f"acl {binding}")
-EOF
     # The roles' ACLs for the default prefix, so `. .dev/env && . .dev/secure/relay.env` works.
     # The admin's new rights reach the broker's authorizer a moment after the controller took
     # them: a refusal is asked again a few times.
