@@ -11,6 +11,8 @@ from concurrent.futures import Future
 import pytest
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import ConfigEntry, ConfigResource, ResourceType  # type: ignore[attr-defined]
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from postroom.kafka import (
     CONSUMER_HEARTBEAT_INTERVAL_MS,
@@ -27,6 +29,7 @@ from postroom.kafka.group_protocol import (
     librdkafka_version,
 )
 from postroom.settings import Settings
+from support.fuzz import examples
 
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
 
@@ -167,6 +170,7 @@ class Answers:
 
     def __init__(self, session: str | None) -> None:
         self.session = session
+        self.protocols = "classic,consumer"
         self.asked: list[str] = []
 
     def describe_configs(self, resources: list[ConfigResource],
@@ -179,7 +183,7 @@ class Answers:
                 "consumer.session.timeout.ms", self.session)})
         elif resource.restype is ResourceType.BROKER:
             future.set_result({"group.coordinator.rebalance.protocols": ConfigEntry(
-                "group.coordinator.rebalance.protocols", "classic,consumer")})
+                "group.coordinator.rebalance.protocols", self.protocols)})
         else:
             future.set_exception(KafkaException("timed out"))
         return {resource: future}
@@ -199,3 +203,21 @@ def test_the_brokers_are_asked_only_when_the_group_s_session_allows_kip848(
     admin = Answers(session)
     assert ask_cluster(admin, "g").protocol == protocol  # type: ignore[arg-type]
     assert admin.asked == asked
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.one_of(st.none(), st.text(), st.from_regex(r"[0-9]{1,25}", fullmatch=True),
+                 st.sampled_from(["²", "٣", "10000 ", "1e4", "-1", "0x10", "+6000", "6_000"])),
+       st.text())
+def test_whatever_the_cluster_answers_the_choice_is_made_without_raising(
+        session: str | None, protocols: str) -> None:
+    """A broker's answers are data: a session that is not a plain number of at most 10 s, or
+    brokers without the protocol, give classic; a role never fails on them at its start."""
+    admin = Answers(session)
+    admin.protocols = protocols
+    choice = ask_cluster(admin, "g")  # type: ignore[arg-type]
+    plain = session is not None and session.isascii() and session.isdigit() and len(session) <= 18
+    allowed = plain and int(session) <= 10_000 and "consumer" in {  # type: ignore[arg-type]
+        p.strip() for p in protocols.split(",")}
+    assert choice.protocol == ("consumer" if allowed else "classic")
+    assert "\n" not in choice.reason
