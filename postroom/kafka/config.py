@@ -132,6 +132,16 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     }
 
 
+_PLAIN_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def plain_number(value: object) -> int | None:
+    """A config value the broker or the settings give, as a whole number when it is a plain
+    ASCII one; None otherwise (not ``str.isdigit()``, which takes '²' that ``int()`` refuses)."""
+    text = str(value) if value is not None else ""
+    return int(text) if _PLAIN_NUMBER.fullmatch(text) else None
+
+
 def named_protocol(*configs: Mapping[str, Any]) -> str | None:
     """``group.protocol`` as the settings or the caller give it (the last config wins), if any."""
     named = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +27,12 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from postroom.kafka.config import CLASSIC_TIMING, CONSUMER_SESSION_TIMEOUT_MS, named_protocol
+from postroom.kafka.config import (
+    CLASSIC_TIMING,
+    CONSUMER_SESSION_TIMEOUT_MS,
+    named_protocol,
+    plain_number,
+)
 from postroom.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,7 +44,6 @@ KIP848_LIBRDKAFKA = (2, 12)
 GROUP_SESSION = "consumer.session.timeout.ms"
 BROKER_PROTOCOLS = "group.coordinator.rebalance.protocols"
 ASK_TIMEOUT_S = 5.0
-ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +103,7 @@ def ask_cluster(admin: AdminClient, group: str,
     request and a broker that does not answer one ``timeout_s``."""
     session = _config_value(admin, ConfigResource(ResourceType.GROUP, group), GROUP_SESSION,
                             timeout_s)
-    # What a broker says is data: a value that is not a plain number is none ("²".isdigit()).
-    session_ms = int(session) if session is not None and ASCII_DIGITS.fullmatch(session) else None
+    session_ms = plain_number(session)
     protocols = None
     if session_ms is not None and session_ms <= CONSUMER_SESSION_TIMEOUT_MS:
         try:

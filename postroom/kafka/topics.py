@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from postroom.acls import TopicAccess, admin_topics_prefix
 from postroom.errors import KafkaClientError
 from postroom.kafka.clients import make_admin
-from postroom.kafka.config import BROKER_WAIT_S
+from postroom.kafka.config import BROKER_WAIT_S, plain_number
 from postroom.kafka.errors import is_moving, translate
 from postroom.kafka.probe import check_reachable
 from postroom.replication import PartitionReplicas, replication_refusal
@@ -88,8 +88,8 @@ def min_insync_replicas(settings: Settings, topics: Sequence[str], timeout_s: fl
             entry = future.result().get("min.insync.replicas")
         except KafkaException:
             continue  # not authorized, or gone: judged without it
-        if entry is not None and entry.value is not None and entry.value.isdigit():
-            found[resource.name] = int(entry.value)
+        if entry is not None and (number := plain_number(entry.value)) is not None:
+            found[resource.name] = number
     return found
 
 
@@ -108,8 +108,8 @@ def broker_settings(admin: AdminClient, broker: int, names: Sequence[str],
         return found
     for name in names:
         entry = entries.get(name)
-        if entry is not None and str(entry.value).isdigit():
-            found[name] = int(entry.value)
+        if entry is not None and (number := plain_number(entry.value)) is not None:
+            found[name] = number
     return found
 
 
@@ -125,9 +125,9 @@ def planned_replication(settings: Settings, admin: AdminClient, metadata: Any,
     in; with none of them, a warning says the factor could not be checked."""
     configs = broker_settings(admin, min(metadata.brokers), (
         "default.replication.factor", "min.insync.replicas"), timeout_s) if metadata.brokers else {}
-    own = settings.topic_config.get("min.insync.replicas", "")
-    min_insync = int(own) if own.isdigit() else configs.get("min.insync.replicas")
-    if min_insync is None and not own.isdigit():
+    own = plain_number(settings.topic_config.get("min.insync.replicas"))
+    min_insync = own if own is not None else configs.get("min.insync.replicas")
+    if min_insync is None:
         ours = sorted(name for name in metadata.topics
                       if name.startswith(admin_topics_prefix(settings.topic_prefix)))
         found = [n for n in min_insync_replicas(settings, ours, timeout_s, admin).values()
