@@ -28,6 +28,8 @@ from relay.errors import SchemaNotReadyError
 
 pytestmark = pytest.mark.integration
 
+HEAD = "0011"  # the newest revision
+
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
                         status, published_at, claimed_until)
@@ -47,7 +49,7 @@ def test_0004_moves_unpublished_rows_and_their_claims_to_the_queue_and_back(
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0003)
 
-    assert upgrade(engine) == "0010"  # to the head: enqueue() writes today's columns
+    assert upgrade(engine) == HEAD  # to the head: enqueue() writes today's columns
     with engine.begin() as conn:
         assert conn.execute(QUEUE).all() == [("claimed", True), ("waiting", False)]
         # New rows enter the queue through the insert trigger, published ones do not.
@@ -83,7 +85,7 @@ def test_0005_rewrites_only_the_keys_the_old_encoding_made_ambiguous(engine: sa.
     with engine.begin() as conn:
         conn.execute(ROWS_AT_0004)
 
-    assert upgrade(engine) == "0010"  # through 0005, to the head enqueue() writes
+    assert upgrade(engine) == HEAD  # through 0005, to the head enqueue() writes
     with engine.begin() as conn:
         assert conn.execute(KEYS).all() == [
             ("back\\slash", "back\\\\slash|c@example.com"),
@@ -148,7 +150,7 @@ def test_four_upgrades_at_the_same_moment_all_succeed(fresh: Settings) -> None:
     for engine in engines:
         engine.dispose()
     assert errors == []
-    assert head_of(fresh) == "0010"
+    assert head_of(fresh) == HEAD
 
 
 def test_four_db_upgrade_processes_started_at_once_all_succeed(fresh: Settings,
@@ -180,8 +182,8 @@ def test_four_db_upgrade_processes_started_at_once_all_succeed(fresh: Settings,
     outputs = [log.read_text() for log in logs]
     assert codes == [0, 0, 0, 0], outputs
     assert all("Traceback" not in out for out in outputs), outputs
-    assert all("outbox schema is at revision 0010" in out for out in outputs), outputs
-    assert head_of(fresh) == "0010"
+    assert all(f"outbox schema is at revision {HEAD}" in out for out in outputs), outputs
+    assert head_of(fresh) == HEAD
 
 
 def test_a_schema_never_migrated_is_not_migrated_not_at_revision_none(fresh: Settings) -> None:
@@ -202,7 +204,7 @@ def test_0009_adds_bounced_and_suppressed_and_the_list_and_goes_back(engine: sa.
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin_nested():
                 conn.execute(sa.text("UPDATE outbox SET status = 'bounced'"))
-    assert upgrade(engine) == "0010"
+    assert upgrade(engine) == HEAD
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET status = 'bounced' WHERE recipient = 'a@example.com'"))
         conn.execute(sa.text("UPDATE outbox SET status = 'suppressed', last_error = 'suppressed' "
@@ -227,7 +229,7 @@ def test_0010_adds_the_trace_context_columns_and_an_untraced_job_still_enqueues_
     assert downgrade(engine, "0009") == "0009"
     with engine.begin() as conn:  # an untraced enqueue writes only the columns of before
         assert enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b") == 1
-    assert upgrade(engine) == "0010"
+    assert upgrade(engine) == HEAD
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET traceparent = 'x', tracestate = 'y'"))
         assert conn.execute(sa.text("SELECT traceparent, tracestate FROM outbox")).one() == (
@@ -238,3 +240,57 @@ def test_0010_adds_the_trace_context_columns_and_an_untraced_job_still_enqueues_
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'outbox' "
             "AND table_schema = current_schema() AND column_name LIKE 'trace%'")).all()
     assert columns == []
+
+
+QUEUED = sa.text("SELECT o.recipient FROM outbox_queue AS q JOIN outbox AS o USING (id) "
+                 "ORDER BY o.recipient")
+QUEUE_IDS = sa.text("SELECT count(*) FROM outbox_queue")
+FOREIGN_KEYS = sa.text("""SELECT count(*) FROM pg_constraint
+                          WHERE conrelid = to_regclass('outbox_queue') AND contype = 'f'""")
+
+
+def _wake_ups(listener: sa.Connection) -> list[str]:
+    """The relay's wake-ups the listening connection has received since the last call."""
+    driver = listener.connection.driver_connection
+    listener.execute(sa.text("SELECT 1"))  # reads what the server has sent meanwhile
+    return [n.payload for n in driver.notifies(timeout=0.2, stop_after=10)]  # type: ignore[union-attr]
+
+
+def test_0011_queues_through_static_sql_and_deletes_and_truncates_take_queue_rows_with_them(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    schema = db_settings.database_schema
+    with engine.connect() as listener:
+        listener.execute(sa.text("LISTEN postroom_outbox"))
+        listener.commit()
+        with engine.begin() as conn:
+            assert conn.execute(FOREIGN_KEYS).scalar_one() == 0
+            enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
+                    body="b")
+        assert _wake_ups(listener) == [schema]
+        with engine.begin() as conn:  # a rerun queues nothing and wakes nobody
+            assert enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b") == 0
+        assert _wake_ups(listener) == []
+    # The queue beside the outbox, whatever the inserting connection's search path says.
+    with engine.begin() as conn:
+        conn.execute(sa.text("SET LOCAL search_path = pg_catalog"))
+        conn.execute(sa.text(
+            f'INSERT INTO "{schema}".outbox (idempotency_key, message_key, recipient, subject, '
+            "body, priority) VALUES ('c|c@example.com', 'c', 'c@example.com', 'S', 'b', 'normal')"))
+    with engine.begin() as conn:
+        assert conn.execute(QUEUED).scalars().all() == [
+            "a@example.com", "b@example.com", "c@example.com"]
+        conn.execute(sa.text("DELETE FROM outbox WHERE recipient = 'a@example.com'"))
+        assert conn.execute(QUEUED).scalars().all() == ["b@example.com", "c@example.com"]
+        assert conn.execute(QUEUE_IDS).scalar_one() == 2  # no queue row left without its row
+        conn.execute(sa.text("TRUNCATE outbox"))
+        assert conn.execute(QUEUE_IDS).scalar_one() == 0
+
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["d@example.com"], subject="S", body="b")
+    assert downgrade(engine, "0010") == "0010"
+    with engine.begin() as conn:
+        assert conn.execute(FOREIGN_KEYS).scalar_one() == 1
+        enqueue(conn, key="k", recipients=["e@example.com"], subject="S", body="b")
+        conn.execute(sa.text("DELETE FROM outbox WHERE recipient = 'd@example.com'"))
+        assert conn.execute(QUEUED).scalars().all() == ["e@example.com"]
+    assert upgrade(engine) == HEAD
