@@ -4,7 +4,8 @@ enqueue_many, against the local PostgreSQL (issue 26, targets 1 and 2).
 Each measurement runs with the fast path and, interleaved with it, with the reference
 (relay.outbox.FAST_PATH off: every statement through SQLAlchemy, as INSERT_ROWS or
 INSERT_EMAILS); personalised calls a third time with the full build
-(check_composable_by_building) as the header check, so all figures come from one run.
+(check_composable_by_building) as the header check, and twice more as Batch.enqueue calls (fast
+path and reference), so all figures come from one run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 from bench.report import Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT
-from postroom import Email, enqueue, enqueue_many
+from postroom import Batch, Email, enqueue, enqueue_many
 from postroom.mime import check_composable_by_building
 from postroom.settings import Settings
 from relay import outbox, validation
@@ -72,6 +73,18 @@ def _personalised(tag: str, calls: int) -> Callable[[sa.Connection], int]:
     return work
 
 
+def _batched(tag: str, calls: int) -> Callable[[sa.Connection], int]:
+    """The personalised calls, each a Batch.enqueue: rows written together, counted at the end."""
+    def work(conn: sa.Connection) -> int:
+        with Batch(conn) as batch:
+            for n in range(calls):
+                batch.enqueue(key=f"{tag}-{n}", recipients=[f"c{n}@example.com"],
+                              subject=f"Invoice {n} for September 2026", body=BODY,
+                              sender=MAIL_FROM)
+        return batch.new
+    return work
+
+
 def _bulk(tag: str, rows: int) -> Callable[[sa.Connection], int]:
     def work(conn: sa.Connection) -> int:
         return enqueue(conn, key=tag, recipients=(f"r{n}@example.com" for n in range(rows)),
@@ -108,20 +121,23 @@ def run(base: Settings, options: Options) -> Section:
     memory_rows = QUICK_MEMORY_ROWS if quick else MEMORY_ROWS
     results: dict[str, list[float]] = {
         "personalised": [], "personalised, reference": [], "personalised, full build": [],
+        "batch": [], "batch, reference": [],
         "bulk": [], "bulk, reference": [], "many": [], "many, reference": []}
     with scratch(base, "enqueue") as settings:
         engine = make_engine(settings)
         try:
             for run_no in range(RUNS):
                 progress(f"enqueue: run {run_no + 1} of {RUNS}: {calls:,} personalised calls "
-                         f"(three ways), {bulk_rows:,} recipients and {many:,} emails at once "
-                         "(two ways each)")
+                         f"(three ways, and two in a Batch), {bulk_rows:,} recipients and "
+                         f"{many:,} emails at once (two ways each)")
                 for name, work, mode in (
                         ("personalised", _personalised(f"p{run_no}", calls), None),
                         ("personalised, reference", _personalised(f"pr{run_no}", calls),
                          _reference_path),
                         ("personalised, full build", _personalised(f"ref{run_no}", calls),
                          _reference_check),
+                        ("batch", _batched(f"pb{run_no}", calls), None),
+                        ("batch, reference", _batched(f"pbr{run_no}", calls), _reference_path),
                         ("bulk", _bulk(f"bulk{run_no}", bulk_rows), None),
                         ("bulk, reference", _bulk(f"bulkr{run_no}", bulk_rows), _reference_path),
                         ("many", _many(f"many{run_no}", many), None),
@@ -138,6 +154,8 @@ def run(base: Settings, options: Options) -> Section:
     labels = {"personalised": f"{calls:,} enqueue calls, one recipient each (calls/s)",
               "personalised, reference": "  the same, fast path off (reference)",
               "personalised, full build": "  the same, full build as header check",
+              "batch": f"{calls:,} Batch.enqueue calls, one recipient each (calls/s)",
+              "batch, reference": "  the same, fast path off (reference)",
               "bulk": f"one enqueue call, {bulk_rows:,} recipients (rows/s)",
               "bulk, reference": "  the same, fast path off (reference)",
               "many": f"enqueue_many, {many:,} one-recipient emails (rows/s)",
@@ -158,6 +176,8 @@ def run(base: Settings, options: Options) -> Section:
     ]
     section.targets += [
         Target("personalised enqueue, one call each", medians["personalised"], 5_000, "calls/s"),
+        Target("personalised enqueue, one Batch.enqueue call each", medians["batch"], 5_000,
+               "calls/s"),
         Target(f"bulk enqueue, {bulk_rows:,} recipients in one call", medians["bulk"], 50_000,
                "rows/s"),
         Target("enqueue_many, one-recipient emails", medians["many"], 50_000, "rows/s"),

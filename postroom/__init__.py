@@ -1,7 +1,7 @@
 """postroom: durable, observable email delivery over a PostgreSQL outbox and Kafka.
 
 Report jobs import from here only: ``from postroom import enqueue`` (and ``enqueue_many``,
-``Email`` for many personalised emails at once). The packages beside this one
+``Email``, or ``Batch`` one call each, for many personalised emails at once). The packages beside this one
 (relay, sender, schemas) are postroom's own roles and contract, installed as top-level packages;
 :func:`check_companions` refuses a same-named package of another distribution that shadows one.
 """
@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from relay.outbox import Batch as Batch
     from relay.outbox import Email as Email
     from relay.outbox import enqueue as enqueue
     from relay.outbox import enqueue_many as enqueue_many
 
 __version__ = "0.1.0"
-__all__ = ["Email", "__version__", "check_companions", "enqueue", "enqueue_many"]
+__all__ = ["Batch", "Email", "__version__", "check_companions", "enqueue", "enqueue_many"]
 
 COMPANIONS = ("relay", "sender", "schemas")
 
@@ -39,7 +40,7 @@ def check_companions() -> None:
 
 def __getattr__(name: str) -> Any:
     # Imported on first use, so the base modules (postroom.settings, ...) load without the roles.
-    if name in ("enqueue", "enqueue_many", "Email"):
+    if name in ("enqueue", "enqueue_many", "Email", "Batch"):
         check_companions()
         import relay.outbox
 

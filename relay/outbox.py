@@ -13,15 +13,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from postroom import tracing
 from postroom.rules import SizeLimits
 from postroom.topics import Priority
-from relay import pgdriver, sql, validation
+from relay import sql, validation
 from relay.errors import InvalidEmailError
+from relay.inserts import Inserts, insert_one
 from schemas.codec import EmailRequested
 from schemas.errors import SchemaError
 from schemas.sizes import event_size, requested_event_size
@@ -115,15 +115,15 @@ def enqueue(
         if second is None:
             keys = _keys(shared, first, limits)
             if len(first) == 1 and FAST_PATH:
-                new = _insert(conn, sql.insert_row(schema, traced=trace is not None),
-                              {**params, "idempotency_key": keys[0], "recipient": first[0]},
-                              schema)
+                new = insert_one(conn, sql.insert_row(schema, traced=trace is not None),
+                                 {**params, "idempotency_key": keys[0], "recipient": first[0]},
+                                 schema, fast=FAST_PATH)
             else:
-                new = _insert(conn, statement, {**params, "keys": keys, "recipients": first},
-                              schema)
+                new = insert_one(conn, statement, {**params, "keys": keys, "recipients": first},
+                                 schema, fast=FAST_PATH)
             given = len(first)
         else:
-            with _Inserts(conn, schema) as inserts:
+            with Inserts(conn, schema, fast=FAST_PATH) as inserts:
                 for chunk in itertools.chain((first, second), message.chunks):
                     keys = _keys(shared, chunk, limits)
                     inserts.add(statement, {**params, "keys": keys, "recipients": chunk})
@@ -144,48 +144,132 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
     Each email is checked as enqueue checks it, and their rows go to the database together, up
     to INSERT_CHUNK_ROWS per statement, not one statement per email. A bad email raises
     :class:`~relay.errors.EnqueueError` and writes nothing of any of them (emails given as an
-    iterator are read as they are written, never held whole).
+    iterator are read as they are written, never held whole; nor are one email's recipients).
     """
-    limits = _limits(limits, attachment_max_bytes, schema)
     if isinstance(emails, Email) or not isinstance(emails, Iterable):
         raise InvalidEmailError(f"emails must be a list of Email, not {type(emails).__name__}")
-    columns: dict[str, list[Any]] = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
-    given = 0
-    with contextlib.ExitStack() as stack:
-        trace = stack.enter_context(tracing.enqueue_span(None))
-        stack.enter_context(conn.begin_nested())
-        # Asked before the inserts' pipeline starts: a statement in it answers only later.
-        trace = _kept(trace, conn, schema)
-        inserts = stack.enter_context(_Inserts(conn, schema))
-        statement = sql.insert_emails(schema, traced=trace is not None)
-        traced = _trace_params(trace)
+    with Batch(conn, attachment_max_bytes=attachment_max_bytes, limits=limits,
+               schema=schema) as batch:
         for email in emails:
-            if not isinstance(email, Email):
-                raise InvalidEmailError(f"an email must be an Email, not {type(email).__name__}")
-            message = _check(email, limits)
-            shared = message.shared
-            values = {name: shared[name] for name in _SHARED_EMAIL_COLUMNS}
-            values["attachments"] = _json_list(shared["attachments"])
-            values["inline"] = _json_list(shared["inline"])
-            for chunk in message.chunks:
-                keys = _keys(shared, chunk, limits)
-                for name, value in values.items():
-                    if len(chunk) == 1:
-                        columns[name].append(value)
-                    else:
-                        columns[name] += [value] * len(chunk)
-                columns["idempotency_key"] += keys
-                columns["recipient"] += chunk
-                if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
-                    given += len(columns["recipient"])
-                    inserts.add(statement, {**columns, **traced})
-                    columns = {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
-        if columns["recipient"]:
-            given += len(columns["recipient"])
-            inserts.add(statement, {**columns, **traced})
-    new = inserts.new
-    log.info("enqueued many: new_rows=%d of=%d", new, given)
-    return new
+            # Any refusal ends the whole call, so one email's rows need not be checked whole first.
+            batch.add(email, whole=False)
+    return batch.new
+
+
+class Batch:
+    """Many emails in the caller's transaction, one call each, their rows written together.
+
+    ::
+
+        with Batch(conn) as batch:  # postroom.Batch
+            for invoice in invoices:
+                batch.enqueue(key=invoice.key, recipients=[invoice.email], subject=..., body=...)
+        print(batch.new)            # the rows that are new, once the block has ended
+
+    :meth:`enqueue` takes :func:`enqueue`'s arguments and checks the email as enqueue does: a bad
+    one raises :class:`~relay.errors.EnqueueError` and leaves nothing of that email in the batch,
+    which goes on if the job catches the error. A call does not wait for the database: the rows
+    go in statements of up to INSERT_CHUNK_ROWS, pipelined as :func:`enqueue_many`'s, and the
+    count comes when the block ends (a job that needs each email's own count calls enqueue,
+    which waits for it). A database error is raised at the call that sends a statement or at the
+    block's end; an exception leaving the block writes nothing of the batch (a savepoint), and
+    the caller commits or rolls back the rest. An email's recipients are checked whole before
+    any of its rows is kept: one email of a million recipients given as an iterator belongs in
+    enqueue, which never holds them.
+    """
+
+    def __init__(self, conn: sa.Connection | Session, *, attachment_max_bytes: int | None = None,
+                 limits: SizeLimits | None = None, schema: str | None = None) -> None:
+        self.new = 0  # set when the block ends
+        self.given = 0  # rows given so far, new or not
+        self._conn, self._schema = conn, schema
+        self._limits = _limits(limits, attachment_max_bytes, schema)
+        self._stack: contextlib.ExitStack | None = None
+        self._columns = _no_columns()
+
+    def __enter__(self) -> Batch:
+        if self._stack is not None:
+            raise RuntimeError("this Batch is in use already")
+        with contextlib.ExitStack() as stack:
+            trace = stack.enter_context(tracing.enqueue_span(None))
+            stack.enter_context(self._conn.begin_nested())
+            # Asked before the inserts' pipeline starts: a statement in it answers only later.
+            trace = _kept(trace, self._conn, self._schema)
+            self._inserts = stack.enter_context(Inserts(self._conn, self._schema,
+                                                        fast=FAST_PATH))
+            self._statement = sql.insert_emails(self._schema, traced=trace is not None)
+            self._traced = _trace_params(trace)
+            self._stack = stack.pop_all()
+        return self
+
+    def enqueue(self, *, key: str | None = None, recipients: Iterable[str], subject: str,
+                body: str, attachments: Sequence[str | Path] = (),
+                priority: str | Priority = Priority.NORMAL, send_after: dt.datetime | None = None,
+                sender: str | None = None, html: str | None = None,
+                inline: Sequence[str | Path] = ()) -> None:
+        """Check one email as :func:`enqueue` does and add its rows to the batch."""
+        self.add(Email(recipients=recipients, subject=subject, body=body, key=key,
+                       attachments=attachments, priority=priority, send_after=send_after,
+                       sender=sender, html=html, inline=inline))
+
+    def add(self, email: Email, *, whole: bool = True) -> None:
+        """:meth:`enqueue` of an :class:`Email`. ``whole=False``: its recipients past the first
+        INSERT_CHUNK_ROWS are checked as they are written (a refusal then leaves some of its rows
+        in the batch: for callers that end the batch on any refusal)."""
+        if self._stack is None:
+            raise RuntimeError("Batch.enqueue outside its with block")
+        if not isinstance(email, Email):
+            raise InvalidEmailError(f"an email must be an Email, not {type(email).__name__}")
+        message = _check(email, self._limits)
+        shared = message.shared
+        values = {name: shared[name] for name in _SHARED_EMAIL_COLUMNS}
+        values["attachments"] = _json_list(shared["attachments"])
+        values["inline"] = _json_list(shared["inline"])
+        chunks: Iterable[list[str]] = message.chunks
+        keyed: Iterable[tuple[list[str], list[str]]]
+        if whole:
+            first = next(message.chunks)
+            second = next(message.chunks, None)
+            chunks = [first] if second is None else [first, second, *message.chunks]
+            keyed = [(chunk, _keys(shared, chunk, self._limits)) for chunk in chunks]
+        else:
+            keyed = ((chunk, _keys(shared, chunk, self._limits)) for chunk in chunks)
+        for chunk, keys in keyed:
+            columns = self._columns
+            for name, value in values.items():
+                if len(chunk) == 1:
+                    columns[name].append(value)
+                else:
+                    columns[name] += [value] * len(chunk)
+            columns["idempotency_key"] += keys
+            columns["recipient"] += chunk
+            if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
+                self._write()
+
+    def _write(self) -> None:
+        columns, self._columns = self._columns, _no_columns()
+        self.given += len(columns["recipient"])
+        self._inserts.add(self._statement, {**columns, **self._traced})
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        try:
+            if kind is None and self._columns["recipient"]:
+                self._write()
+        except BaseException as error:
+            stack.__exit__(type(error), error, error.__traceback__)
+            raise
+        stack.__exit__(kind, exc, traceback)
+        if kind is None:
+            self.new = self._inserts.new
+            log.info("enqueued many: new_rows=%d of=%d", self.new, self.given)
+
+
+def _no_columns() -> dict[str, list[Any]]:
+    return {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
 
 
 def _kept(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
@@ -266,94 +350,6 @@ def _keys(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[
     longest = max(range(len(keys)), key=lambda n: len(keys[n])) if len(keys) > 1 else 0
     _check_event_size((keys[longest], chunk[longest]), shared, limits)
     return keys
-
-
-def _insert(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],
-            schema: str | None) -> int:
-    """Insert one chunk's rows; how many are new. SchemaNotReadyError when there is no outbox."""
-    with pgdriver.schema_ready(schema):
-        driver = pgdriver.psycopg_connection(conn) if FAST_PATH else None
-        if driver is None:
-            return int(conn.execute(statement, params).scalar_one())
-        return pgdriver.insert_on_driver(driver, pgdriver.sa_connection(conn).dialect, statement, params)
-
-
-class _Inserts:
-    """The chunk statements of one call, in order, and how many rows they made new.
-
-    On the fast path they are pipelined on the psycopg connection (its pipeline mode): a chunk
-    is sent once the one before it is written, and the caller checks and builds the next while
-    the server writes it, so the job's CPU and the server's work in parallel. Elsewhere each
-    runs through :func:`_insert`. A refusal raised between chunks leaves after the statement in
-    flight has ended; the caller's savepoint then takes back what the call wrote.
-    """
-
-    def __init__(self, conn: sa.Connection | Session, schema: str | None) -> None:
-        self.conn, self.schema, self.new = conn, schema, 0
-        self._driver = pgdriver.psycopg_connection(conn) if FAST_PATH else None
-        self._dialect = pgdriver.sa_connection(conn).dialect
-        self._pipeline: contextlib.ExitStack | None = None
-        self._pending: tuple[psycopg.Cursor[Any], str, dict[str, Any]] | None = None
-
-    def __enter__(self) -> _Inserts:
-        if self._driver is not None:
-            self._pipeline = contextlib.ExitStack()
-            with self._errors(None, None):
-                self._pipeline.enter_context(self._driver.pipeline())
-        return self
-
-    def add(self, statement: sa.TextClause, params: dict[str, Any]) -> None:
-        """Send one chunk's statement, once the one before it is written."""
-        if self._driver is None:
-            self.new += _insert(self.conn, statement, params, self.schema)
-            return
-        self._collect()
-        query = pgdriver.driver_sql(statement.text, self._dialect, pgdriver.binary_names(params))
-        cursor = self._driver.cursor()
-        self._pending = (cursor, query, params)
-        with self._errors(query, params):
-            cursor.execute(query, params)
-
-    def _collect(self) -> None:
-        if self._pending is None:
-            return
-        cursor, query, params = self._pending
-        self._pending = None
-        with self._errors(query, params), cursor:
-            row = cursor.fetchone()
-        if row is None:
-            raise sa.exc.NoResultFound("No row was found when one was required")
-        self.new += int(row[0])
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        if self._pipeline is None:
-            return
-        pending = self._pending
-        where = (None, None) if pending is None else (pending[1], pending[2])
-        try:
-            if kind is None:
-                self._collect()
-        except BaseException as error:
-            # leaving the pipeline waits for what is in flight; given an exception, it logs a
-            # second error instead of raising it
-            with self._errors(*where):
-                self._pipeline.__exit__(type(error), error, error.__traceback__)
-            raise
-        with self._errors(*where):
-            self._pipeline.__exit__(kind, exc, traceback)
-
-    @contextlib.contextmanager
-    def _errors(self, query: str | None, params: dict[str, Any] | None) -> Iterator[None]:
-        """psycopg's errors as SQLAlchemy's (as _insert_on_driver raises them), and no outbox
-        as SchemaNotReadyError."""
-        with pgdriver.schema_ready(self.schema):
-            try:
-                yield
-            except psycopg.Error as exc:
-                raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
-                                                 hide_parameters=True,
-                                                 dialect=self._dialect) from exc
 
 
 def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any],

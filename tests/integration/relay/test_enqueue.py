@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -328,12 +329,12 @@ def test_a_job_engine_without_the_schema_is_told_how_to_name_it(
     assert count(engine) == 0
 
 
-def readme_job_snippet() -> str:
-    """The first Python block of README's "Using it from a job", as written."""
+def readme_job_snippet(block: int = 0) -> str:
+    """The ``block``-th Python block of README's "Using it from a job", as written."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## Using it from a job"):]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start:section.index("```", start)]
+    section = section[:section.index("\n## ", 1)]
+    return section.split("```python\n")[block + 1].split("```", 1)[0]
 
 
 def test_the_readme_job_snippet_works_with_postroom_database_schema_set(
@@ -350,6 +351,19 @@ def test_the_readme_job_snippet_works_with_postroom_database_schema_set(
         rows = conn.execute(sa.text("SELECT message_key, attachments FROM outbox")).all()
     assert rows == [("sales-report-2026-09", [str(report)])] * len(TEAM)
     assert queued(engine) == len(TEAM)
+
+
+def test_the_readme_batch_snippet_queues_each_invoice(engine: sa.Engine,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    invoices = [types.SimpleNamespace(number=n, email=f"c{n}@example.com", text=f"Due: {n} EUR")
+                for n in range(3)]
+    exec(readme_job_snippet(1), {"engine": engine, "invoices": invoices})  # noqa: S102
+    assert capsys.readouterr().out == "3 rows queued\n"
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT message_key, recipient, body FROM outbox "
+                                    "ORDER BY id")).all()
+    assert rows == [(f"invoice-{n}", f"c{n}@example.com", f"Due: {n} EUR") for n in range(3)]
+    assert queued(engine) == 3
 
 
 # -- many recipients: chunks of one statement each (issue 26) ------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,22 +19,12 @@ from sqlalchemy.orm import Session
 from postroom import Email, enqueue, enqueue_many
 from relay import outbox, pgdriver
 from relay.errors import EnqueueError, SchemaNotReadyError
+from support.enqueue_strategies import ROW_COLUMNS, email_kwargs
 from support.fuzz import examples
 
 pytestmark = pytest.mark.integration
 
 CHUNK_ROWS = outbox.INSERT_CHUNK_ROWS
-
-ROW_COLUMNS = ("idempotency_key", "message_key", "recipient", "sender", "subject", "body",
-               "attachments", "html", "inline", "priority", "status", "attempts")
-# What array literals quote or escape, what JSON escapes, and what no row may hold.
-TRICKY = st.sampled_from(['"', "\\", "{", "}", ",", " ", "NULL", "é", "|", "'", "\t", "\n",
-                          "\x00", "\ud800", "=?utf-8?q?=0D=0A?=", "[]"])
-TEXT = st.lists(st.text(max_size=6) | TRICKY, max_size=4).map("".join)
-ADDRESSES = st.sampled_from(["a@example.com", "A@Example.com", "b.c+d@example.org",
-                             " e@example.net ", "bad", "x@-y.com", "ü@exämple.de"])
-SEND_AFTER = st.none() | st.just(dt.datetime(2026, 12, 24, 7, 0, tzinfo=dt.UTC))
-
 
 @dataclasses.dataclass(frozen=True)
 class Call:
@@ -45,21 +34,10 @@ class Call:
     emails: tuple[dict[str, Any], ...]
 
 
-def _email(draw: st.DrawFn, files: list[str]) -> dict[str, Any]:
-    return {"key": draw(st.none() | st.sampled_from(["k", "k|1", "k\\2"]) | TEXT),
-            "recipients": draw(st.lists(ADDRESSES, min_size=0, max_size=4)),
-            "subject": draw(st.sampled_from(["Invoice", "Q3 report"]) | TEXT),
-            "body": draw(TEXT), "sender": draw(st.none() | ADDRESSES),
-            "html": draw(st.none() | TEXT), "attachments": draw(st.lists(st.sampled_from(files),
-                                                                         max_size=2)),
-            "priority": draw(st.sampled_from(["normal", "high", "urgent"])),
-            "send_after": draw(SEND_AFTER)}
-
-
 @st.composite
 def calls(draw: st.DrawFn, files: list[str]) -> list[Call]:
     made = [Call(many=draw(st.booleans()),
-                 emails=tuple(_email(draw, files) for _ in range(draw(st.integers(1, 3)))))
+                 emails=tuple(email_kwargs(draw, files) for _ in range(draw(st.integers(1, 3)))))
             for _ in range(draw(st.integers(1, 4)))]
     return made + draw(st.lists(st.sampled_from(made), max_size=2))  # reruns of some
 

@@ -52,4 +52,5 @@ def test_enqueue_many_and_email_are_the_outbox_ones() -> None:
 
     assert postroom.enqueue_many is relay.outbox.enqueue_many
     assert postroom.Email is relay.outbox.Email
-    assert {"enqueue", "enqueue_many", "Email"} <= set(postroom.__all__)
+    assert postroom.Batch is relay.outbox.Batch
+    assert {"enqueue", "enqueue_many", "Email", "Batch"} <= set(postroom.__all__)

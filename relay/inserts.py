@@ -1,0 +1,103 @@
+"""Enqueue's statements run: one at a time, or a call's chunks pipelined on the caller's psycopg
+connection (the fast path, relay.outbox.FAST_PATH)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from relay import pgdriver
+
+
+def insert_one(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],
+               schema: str | None, *, fast: bool) -> int:
+    """Insert one chunk's rows; how many are new. SchemaNotReadyError when there is no outbox."""
+    with pgdriver.schema_ready(schema):
+        driver = pgdriver.psycopg_connection(conn) if fast else None
+        if driver is None:
+            return int(conn.execute(statement, params).scalar_one())
+        return pgdriver.insert_on_driver(driver, pgdriver.sa_connection(conn).dialect, statement, params)
+
+
+class Inserts:
+    """The chunk statements of one call, in order, and how many rows they made new.
+
+    On the fast path they are pipelined on the psycopg connection (its pipeline mode): a chunk
+    is sent once the one before it is written, and the caller checks and builds the next while
+    the server writes it, so the job's CPU and the server's work in parallel. Elsewhere each
+    runs through :func:`insert_one`. A refusal raised between chunks leaves after the statement in
+    flight has ended; the caller's savepoint then takes back what the call wrote.
+    """
+
+    def __init__(self, conn: sa.Connection | Session, schema: str | None, *, fast: bool) -> None:
+        self.conn, self.schema, self.new = conn, schema, 0
+        self._driver = pgdriver.psycopg_connection(conn) if fast else None
+        self._dialect = pgdriver.sa_connection(conn).dialect
+        self._pipeline: contextlib.ExitStack | None = None
+        self._pending: tuple[psycopg.Cursor[Any], str, dict[str, Any]] | None = None
+
+    def __enter__(self) -> Inserts:
+        if self._driver is not None:
+            self._pipeline = contextlib.ExitStack()
+            with self._errors(None, None):
+                self._pipeline.enter_context(self._driver.pipeline())
+        return self
+
+    def add(self, statement: sa.TextClause, params: dict[str, Any]) -> None:
+        """Send one chunk's statement, once the one before it is written."""
+        if self._driver is None:
+            self.new += insert_one(self.conn, statement, params, self.schema, fast=False)
+            return
+        self._collect()
+        query = pgdriver.driver_sql(statement.text, self._dialect, pgdriver.binary_names(params))
+        cursor = self._driver.cursor()
+        self._pending = (cursor, query, params)
+        with self._errors(query, params):
+            cursor.execute(query, params)
+
+    def _collect(self) -> None:
+        if self._pending is None:
+            return
+        cursor, query, params = self._pending
+        self._pending = None
+        with self._errors(query, params), cursor:
+            row = cursor.fetchone()
+        if row is None:
+            raise sa.exc.NoResultFound("No row was found when one was required")
+        self.new += int(row[0])
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._pipeline is None:
+            return
+        pending = self._pending
+        where = (None, None) if pending is None else (pending[1], pending[2])
+        try:
+            if kind is None:
+                self._collect()
+        except BaseException as error:
+            # leaving the pipeline waits for what is in flight; given an exception, it logs a
+            # second error instead of raising it
+            with self._errors(*where):
+                self._pipeline.__exit__(type(error), error, error.__traceback__)
+            raise
+        with self._errors(*where):
+            self._pipeline.__exit__(kind, exc, traceback)
+
+    @contextlib.contextmanager
+    def _errors(self, query: str | None, params: dict[str, Any] | None) -> Iterator[None]:
+        """psycopg's errors as SQLAlchemy's (as pgdriver.insert_on_driver raises them), and no outbox
+        as SchemaNotReadyError."""
+        with pgdriver.schema_ready(self.schema):
+            try:
+                yield
+            except psycopg.Error as exc:
+                raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
+                                                 hide_parameters=True,
+                                                 dialect=self._dialect) from exc
