@@ -1,6 +1,6 @@
 """Delivery benchmark: the seed's design, django-post-office, postroom end to end, a bare
 aiosmtplib client and a bare pipelined client (what the server allows), side by side, to
-smtp-sink (no latency) and devsmtp at 100 ms per message; postroom runs as `postroom
+smtp-sink (no latency) and bench.slowsink at 100 ms per message; postroom runs as `postroom
 relay|sender|recorder` subprocesses, timed from enqueue commit to the last row recorded sent; its
 senders' duplicate window (the final reply read to the sent mark's commit) comes from their own
 histogram, scraped from their metrics port."""
@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -35,13 +36,14 @@ from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
 from postroom.devkit.histograms import SENT_MARK_WINDOW, Buckets, scrape_histogram
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import PostroomProcesses, postroom_command, stop_process
+from postroom.devkit.processes import PostroomProcesses, stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 
 HOST = "127.0.0.1"
-DEVSMTP_LATENCY_MS = 100
+REPO = Path(__file__).resolve().parents[1]  # where `python -m bench.slowsink` finds the package
+SLOW_LATENCY_MS = 100
 # Issue 26's targets (issue 14's before them: 2x, 2x, 0.9 at x20, 50x the seed at x64).
 TARGET_OVER_SEED_ON_SINK = 3.0        # job start -> last sent, both designs
 TARGET_OVER_POSTOFFICE_ON_SINK = 3.0  # commit -> last sent against its send phase
@@ -96,20 +98,20 @@ class ServerPlan:
     @property
     def label(self) -> str:
         if self.latency_ms:
-            return f"devsmtp ({self.latency_ms} ms/message)"
+            return f"slowsink ({self.latency_ms} ms/message)"
         return "smtp-sink (no latency)"
 
 
 FULL = (ServerPlan("smtp-sink", 0, {SEED: 5_000, POSTOFFICE: 5_000, POSTROOM: 5_000,
                                     POSTROOM_TWO: 5_000, BARE: 5_000, WIRE: 5_000,
                                     BACKLOG: 100_000}),
-        ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 100, POSTOFFICE: 2_000, POSTROOM: 2_000,
+        ServerPlan("slowsink", SLOW_LATENCY_MS, {SEED: 100, POSTOFFICE: 2_000, POSTROOM: 2_000,
                                                    POSTROOM_WIDE: 2_000, BARE: 2_000, WIRE: 2_000,
                                                    WIRE_WIDE: 2_000}))
 QUICK = (ServerPlan("smtp-sink", 0, {SEED: 1_000, POSTOFFICE: 1_000, POSTROOM: 1_000,
                                      POSTROOM_TWO: 1_000, BARE: 1_000, WIRE: 1_000,
                                      BACKLOG: 5_000}),
-         ServerPlan("devsmtp", DEVSMTP_LATENCY_MS, {SEED: 30, POSTOFFICE: 400, POSTROOM: 400,
+         ServerPlan("slowsink", SLOW_LATENCY_MS, {SEED: 30, POSTOFFICE: 400, POSTROOM: 400,
                                                     POSTROOM_WIDE: 400, BARE: 400, WIRE: 400,
                                                     WIRE_WIDE: 400}))
 
@@ -191,9 +193,9 @@ def smtp_server(plan: ServerPlan) -> Iterator[Server]:
     """Start the plan's server on a free loopback port in its own process."""
     port = free_port()
     if plan.latency_ms:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX + "DEVSMTP_")}
-        command = [*postroom_command(), "devsmtp", "--host", HOST, "--port", str(port),
-                   "--latency", str(plan.latency_ms)]
+        env = dict(os.environ)
+        command = [sys.executable, "-m", "bench.slowsink", "--host", HOST, "--port", str(port),
+                   "--delay-ms", str(plan.latency_ms)]
     else:
         sink = shutil.which("smtp-sink") or "/usr/sbin/smtp-sink"
         if not Path(sink).exists():
@@ -203,7 +205,7 @@ def smtp_server(plan: ServerPlan) -> Iterator[Server]:
         # As root smtp-sink wants a user to drop to; the last argument is its listen backlog.
         command = [sink, *(["-u", "nobody"] if os.geteuid() == 0 else []), f"{HOST}:{port}", "1000"]
     progress(f"delivery: starting {plan.label} on {HOST}:{port}")
-    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+    process = subprocess.Popen(command, env=env, cwd=REPO, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_port(port, process, plan.label)
@@ -558,9 +560,9 @@ def _section(runs: list[Run], concurrency: int) -> Section:
                   f"{r.timed.rss_mib[0]:.0f} -> {r.timed.rss_mib[1]:.0f}",
                   _window_ms(r.timed.window)]
                  for r in runs if r.design in POSTROOM_DESIGNS]
-    sink, slow = "smtp-sink", "devsmtp"
-    ceiling = concurrency * 1000 / DEVSMTP_LATENCY_MS
-    wide_ceiling = WIDE_CONCURRENCY * 1000 / DEVSMTP_LATENCY_MS
+    sink, slow = "smtp-sink", "slowsink"
+    ceiling = concurrency * 1000 / SLOW_LATENCY_MS
+    wide_ceiling = WIDE_CONCURRENCY * 1000 / SLOW_LATENCY_MS
     section = Section("Delivery: enqueue commit -> last email accepted by the SMTP server")
     section.lines += [
         "500-byte plain-text body, one recipient per email, N distinct recipients; every server "
@@ -613,9 +615,9 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         f"{rate[slow, WIRE_WIDE] / wide_ceiling:.2f}x of {wide_ceiling:,.0f}/s)",
         f"  two senders / one       on {sink}: "
         f"{rate[sink, POSTROOM_TWO] / rate[sink, POSTROOM]:.2f}x",
-        f"  ({concurrency} connections to a server that takes {DEVSMTP_LATENCY_MS} ms per message "
+        f"  ({concurrency} connections to a server that takes {SLOW_LATENCY_MS} ms per message "
         f"cap any client at {ceiling:,.0f} emails/s; one connection at "
-        f"{1000 / DEVSMTP_LATENCY_MS:.0f}/s.)",
+        f"{1000 / SLOW_LATENCY_MS:.0f}/s.)",
     ]
     sink_cpu = by_design[sink, POSTROOM].timed.cpu
     section.targets += [
@@ -624,10 +626,10 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         Target(f"postroom / django-post-office ({POSTOFFICE_THREADS} threads) on smtp-sink, "
                "commit -> last sent against its send phase",
                rate[sink, POSTROOM] / rate[sink, POSTOFFICE], TARGET_OVER_POSTOFFICE_ON_SINK, "x"),
-        Target(f"postroom x{concurrency} on devsmtp {DEVSMTP_LATENCY_MS} ms, of the "
+        Target(f"postroom x{concurrency} on slowsink {SLOW_LATENCY_MS} ms, of the "
                f"{ceiling:.0f}/s ceiling", rate[slow, POSTROOM] / ceiling, TARGET_OF_CEILING_AT_20,
                "x"),
-        Target(f"postroom x{WIDE_CONCURRENCY} on devsmtp {DEVSMTP_LATENCY_MS} ms, of the "
+        Target(f"postroom x{WIDE_CONCURRENCY} on slowsink {SLOW_LATENCY_MS} ms, of the "
                f"{wide_ceiling:.0f}/s ceiling", rate[slow, POSTROOM_WIDE] / wide_ceiling,
                TARGET_OF_CEILING_AT_64, "x"),
     ]

@@ -1,0 +1,87 @@
+"""The benchmark's slow server answers each message's end after its delay, and every other command
+at once, in order under pipelining."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiosmtplib
+import pytest
+
+from bench.slowsink import SlowSession
+from postroom.devkit.ports import free_port
+
+DELAY_S = 0.05
+MESSAGE = "From: a@example.com\r\nTo: b@example.com\r\nSubject: x\r\n\r\n.leading dot\r\nhi\r\n"
+
+
+async def _with_server(work: object) -> object:
+    port = free_port()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: SlowSession(DELAY_S), "127.0.0.1", port)
+    async with server:
+        return await work(port)  # type: ignore[operator]
+
+
+def test_each_message_waits_its_delay_and_is_accepted() -> None:
+    async def send(port: int) -> tuple[list[str], float]:
+        client = aiosmtplib.SMTP(hostname="127.0.0.1", port=port)
+        await client.connect()
+        assert client.supports_extension("pipelining")
+        started = time.monotonic()
+        codes = []
+        for n in range(3):
+            errors, reply = await client.sendmail("a@example.com", [f"b{n}@example.com"], MESSAGE)
+            assert errors == {}
+            codes.append(reply)
+        elapsed = time.monotonic() - started
+        await client.quit()
+        return codes, elapsed
+
+    codes, elapsed = asyncio.run(_with_server(send))  # type: ignore[misc]
+    assert codes == ["2.0.0 Ok: queued"] * 3
+    assert elapsed >= 3 * DELAY_S
+
+
+def test_pipelined_commands_are_answered_in_order_after_the_delayed_reply() -> None:
+    async def pipelined(port: int) -> list[bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await reader.readline()  # greeting
+        writer.write(b"EHLO me\r\nMAIL FROM:<a@example.com>\r\nRCPT TO:<b@example.com>\r\nDATA\r\n")
+        lines = [await reader.readline() for _ in range(8)]  # 5 of EHLO, MAIL, RCPT, 354
+        # The message (its first line the terminator's dot: empty), then the next transaction
+        # already pipelined behind it, whose replies must wait for the delayed 250.
+        writer.write(b".\r\nMAIL FROM:<a@example.com>\r\nNOOP\r\nFROB\r\nQUIT\r\n")
+        started = time.monotonic()
+        first = await reader.readline()
+        waited = time.monotonic() - started
+        lines += [first, *[await reader.readline() for _ in range(4)]]
+        assert await reader.read() == b""  # closed after QUIT
+        writer.close()
+        assert waited >= DELAY_S * 0.9
+        return [line[:3] for line in lines]
+
+    codes = asyncio.run(_with_server(pipelined))  # type: ignore[misc]
+    assert codes == [b"250"] * 5 + [b"250", b"250", b"354",
+                                    b"250", b"250", b"250", b"502", b"221"]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_a_message_split_anywhere_ends_once(chunk: int) -> None:
+    """The terminator split across reads is still found; the content is not kept."""
+    async def split(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await reader.readline()
+        wire = (b"HELO me\r\nMAIL FROM:<a@example.com>\r\nRCPT TO:<b@example.com>\r\nDATA\r\n"
+                + MESSAGE.encode() + b".\r\nQUIT\r\n")
+        for start in range(0, len(wire), chunk):
+            writer.write(wire[start:start + chunk])
+            await writer.drain()
+        replies = await reader.read()
+        writer.close()
+        return replies
+
+    replies = asyncio.run(_with_server(split))  # type: ignore[misc]
+    assert [line[:3] for line in replies.splitlines()] == [
+        b"250", b"250", b"250", b"354", b"250", b"221"]
