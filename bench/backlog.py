@@ -20,6 +20,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench import relay
-from bench.cpu import CpuSample, CpuUsage, pids_named, rss_mib, sample, usage
+from bench.cpu import CpuSample, CpuUsage, pids_named, rss_mib, sample, thread_cpu_s, usage
 from bench.delivery import (
     DELIVERY_PARTITIONS,
     TARGET_RSS_GROWTH,
@@ -56,8 +57,8 @@ SINK = ServerPlan("smtp-sink", 0, {})
 POLL_S = 2.0
 PROGRESS_EVERY_S = 5.0
 DRAIN_POLL_S = 0.5  # the head of the queue: one index entry
-# Counting the outbox's rows reads the whole table (about half a second of PostgreSQL's CPU at a
-# million rows); between counts the recorder's updates in PostgreSQL's statistics stand for them.
+# Counting the outbox's rows reads the whole table (1.6 GB at a million rows, fillfactor 50);
+# between counts the recorder's updates in PostgreSQL's statistics stand for them.
 EXACT_LOOK_EVERY_S = 60.0
 PURGE_AGE = "1s"  # every row ended more than a second ago; needs --force (younger than retention)
 AUTOVACUUM_WAIT_S, QUICK_AUTOVACUUM_WAIT_S = 900.0, 150.0
@@ -70,8 +71,10 @@ CPU_COLUMNS = (("relay", "relay"), ("sender", "sender"), ("recorder", "recorder"
                ("PostgreSQL", "postgres:"), ("Kafka (java)", "java:"), ("smtp-sink", "smtp-sink"),
                ("bench", "bench"), ("job", "job"))
 CPU_NAMES = (*(column for column, _ in CPU_COLUMNS), "others")
-BUSY = 0.9          # a stage with the machine this busy was bound by the CPUs
-ONE_PROCESS = 0.85  # ... else one process this busy (of a CPU) was what bound it
+PYTHON_ROLES = ("relay", "sender", "recorder")  # their threads are watched one by one
+SINGLE_THREADED = ("postgres:", "smtp-sink", "job")  # processes whose CPU is one thread's
+BUSY = 0.9         # a stage with the machine this busy was bound by the CPUs
+ONE_THREAD = 0.85  # ... else one thread this busy (of a CPU) was what bound it
 
 
 # -- windows (pure) --------------------------------------------------------------------------------
@@ -125,22 +128,35 @@ def overall(marks: Sequence[Mark]) -> Window:
     return Window(marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1])
 
 
+def trend(rates: Sequence[float]) -> float | None:
+    """A least-squares line through the rates in order: its value at the last over its value at
+    the first (1.0: flat, below: decay), less swayed by one slow window than last / first. None
+    for fewer than three rates or a line that starts at or below zero. Pure."""
+    if len(rates) < 3:
+        return None
+    slope, intercept = statistics.linear_regression(range(len(rates)), rates)
+    if intercept <= 0:
+        return None
+    return (intercept + slope * (len(rates) - 1)) / intercept
+
+
 def window_rows(emails: int) -> int:
     """WINDOW_ROWS, or a tenth of a run too small for ten of them. Pure."""
     return max(1, min(WINDOW_ROWS, emails // 10))
 
 
-def bound_by(cpus: Mapping[str, float], busy: float | None) -> str:
-    """What bound a stage, from each process group's CPUs (CPU seconds over wall seconds) and the
-    machine's busy fraction: the CPUs when the machine was busy, else a process that kept a CPU
-    busy, else none (the stage waited: round trips, batching, a server). Pure."""
+def bound_by(cpus: Mapping[str, float], busy: float | None,
+             thread: tuple[str, float] | None) -> str:
+    """What bound a stage, from each process group's CPUs (CPU seconds over wall seconds), the
+    machine's busy fraction and the busiest thread (a name and its CPUs): the CPUs when the
+    machine was busy, else a thread that kept a CPU busy (a Python role's main thread holds the
+    GIL), else none (the stage waited: round trips, batching, a server). Pure."""
     if not cpus or busy is None:
         return "-"
-    top = max(cpus, key=lambda name: cpus[name])
     if busy >= BUSY:
-        return f"the CPUs (most: {top})"
-    if cpus[top] >= ONE_PROCESS:
-        return f"{top} (one CPU)"
+        return f"the CPUs (most: {max(cpus, key=lambda name: cpus[name])})"
+    if thread is not None and thread[1] >= ONE_THREAD:
+        return f"one thread: {thread[0]}"
     return "no CPU: waiting"
 
 
@@ -158,6 +174,7 @@ class Stage:
     name: str
     seconds: float
     cpu: CpuUsage | None
+    threads: Mapping[str, float]  # "<role> <thread name>" -> CPU seconds, the busiest of each
 
     def cpus(self) -> dict[str, float]:
         """Each CPU_COLUMNS group's CPU seconds over the stage's wall seconds, and "others": the
@@ -168,12 +185,25 @@ class Stage:
         return {**{column: self.cpu.of(prefix) / self.seconds for column, prefix in CPU_COLUMNS},
                 "others": max(0.0, self.cpu.busy_fraction * self.cpu.cpus - watched)}
 
+    def busiest_thread(self) -> tuple[str, float] | None:
+        """The thread that used the most CPU, in CPUs: of the Python roles' threads and of the
+        processes that have one (each PostgreSQL backend, smtp-sink, the job)."""
+        if self.cpu is None or self.seconds <= 0:
+            return None
+        single = {name.replace(":", " "): seconds for name, seconds in self.cpu.processes.items()
+                  if name.startswith(SINGLE_THREADED)}
+        candidates = {**self.threads, **single}
+        if not candidates:
+            return None
+        name = max(candidates, key=lambda n: candidates[n])
+        return name, candidates[name] / self.seconds
+
 
 class StageMeter:
     """The CPU of a stage's processes: the named ones, every postgres and java process (looked up
     again at each tick, so backends that come and go are counted up to their last tick), and the
     children of the benchmark that exited during the stage (the enqueueing process, `postroom
-    purge`) as "job". Call tick() every few seconds."""
+    purge`) as "job"; and each thread of the Python roles. Call tick() every second or two."""
 
     def __init__(self, name: str, named: Mapping[str, int]) -> None:
         self.name = name
@@ -183,9 +213,16 @@ class StageMeter:
         self._first = sample(self._pids())
         self._seen: dict[str, float] = dict(self._first.processes) if self._first else {}
         self._last = self._first
+        # Threads there at the start count from their CPU then; those that start later from 0.
+        self._thread_base = self._threads()
+        self._thread_last = dict(self._thread_base)
 
     def _pids(self) -> dict[str, int]:
         return {**self._named, **pids_named("postgres", "java")}
+
+    def _threads(self) -> dict[tuple[str, str], float]:
+        return {(role, thread): seconds for role in PYTHON_ROLES if role in self._named
+                for thread, seconds in thread_cpu_s(self._named[role]).items()}
 
     def watch(self, name: str, pid: int) -> None:
         self._named[name] = pid
@@ -195,15 +232,21 @@ class StageMeter:
         if now is not None:
             self._seen.update(now.processes)
             self._last = now
+        self._thread_last.update(self._threads())
 
     def stop(self) -> Stage:
         self.tick()
         seconds = time.monotonic() - self._started
+        threads: dict[str, float] = {}
+        for (role, thread), cpu_s in self._thread_last.items():
+            used = cpu_s - self._thread_base.get((role, thread), 0.0)
+            label = f"{role} {thread.split(' ', 1)[1]}"  # without its id: one line per name
+            threads[label] = max(threads.get(label, 0.0), used)
         if self._first is None or self._last is None:
-            return Stage(self.name, seconds, None)
+            return Stage(self.name, seconds, None, threads)
         self._seen["job"] = _children_cpu_s() - self._children_s
         after = CpuSample(self._seen, busy_s=self._last.busy_s, total_s=self._last.total_s)
-        return Stage(self.name, seconds, usage(self._first, after))
+        return Stage(self.name, seconds, usage(self._first, after), threads)
 
 
 # -- looks at the database -------------------------------------------------------------------------
@@ -323,6 +366,10 @@ class Figures:
         rates = [w.rows_per_s for w in self.windows]
         return f"{fmt_rate(min(rates))}..{fmt_rate(max(rates))}"
 
+    def trend(self) -> str:
+        fitted = trend([w.rows_per_s for w in self.windows])
+        return "-" if fitted is None else f"{fitted:.2f}"
+
 
 def _figures(marks: Sequence[Mark], every: int, what: str) -> Figures:
     found = windows(marks, every)
@@ -332,16 +379,17 @@ def _figures(marks: Sequence[Mark], every: int, what: str) -> Figures:
 
 
 class Ticker:
-    """Calls ``report()`` and ticks ``meter`` when PROGRESS_EVERY_S has passed since the last time."""
+    """Ticks ``meter`` at each call (every half second to two seconds: the CPU of a process that
+    ends between two ticks is lost since the last); prints ``report()`` every PROGRESS_EVERY_S."""
 
     def __init__(self, meter: StageMeter, report: Callable[[], str]) -> None:
         self._meter, self._report = meter, report
         self._next = time.monotonic() + PROGRESS_EVERY_S
 
     def __call__(self) -> None:
+        self._meter.tick()
         if time.monotonic() >= self._next:
             self._next = time.monotonic() + PROGRESS_EVERY_S
-            self._meter.tick()
             progress(self._report())
 
 
@@ -452,7 +500,7 @@ def _purge(engine: sa.Engine, components: PostroomProcesses, emails: int) -> tup
             process.kill()
             raise BenchError(f"postroom purge took over {deadline - started:.0f}s")
         ticker()
-        time.sleep(0.2)
+        time.sleep(DRAIN_POLL_S)
     seconds = time.monotonic() - started
     stage = meter.stop()
     log = components.log("purge")
@@ -614,11 +662,12 @@ def _section(r: Result, settings: Settings, concurrency: int) -> Section:
                                    for _, f in stages)] for k in range(count)]
     cpu_rows = []
     for stage in r.stages:
-        cpus = stage.cpus()
+        cpus, thread = stage.cpus(), stage.busiest_thread()
         cpu_rows.append([stage.name, f"{stage.seconds:,.1f}",
                          *(f"{cpus[column]:.2f}" if cpus else "-" for column in CPU_NAMES),
                          "-" if stage.cpu is None else f"{stage.cpu.busy_fraction:.0%}",
-                         bound_by(cpus, stage.cpu.busy_fraction if stage.cpu else None)])
+                         "-" if thread is None else f"{thread[0]} {thread[1]:.2f}",
+                         bound_by(cpus, stage.cpu.busy_fraction if stage.cpu else None, thread)])
     size_rows = [[name if n == 0 else "", moment, _mib(s.heap), _mib(s.indexes), _mib(s.toast),
                   _mib(s.total), f"{s.live:,}", f"{s.dead:,}"]
                  for name in TABLES
@@ -634,11 +683,11 @@ def _section(r: Result, settings: Settings, concurrency: int) -> Section:
         f"with the relay still running; {DELIVERY_PARTITIONS} partitions a topic; {r.disk}",
         "",
         *table(["stage", "rows", "seconds", "rows/s", "windows (rows)", "first window",
-                "last window", "last / first", "min..max"],
+                "last window", "last / first", "line's last / first", "min..max"],
                [[name, f"{f.overall.rows:,}", f"{f.overall.seconds:,.1f}",
                  fmt_rate(f.overall.rows_per_s), f"{len(f.windows)} x ~{every:,}",
                  fmt_rate(f.windows[0].rows_per_s), fmt_rate(f.windows[-1].rows_per_s),
-                 f"{f.last_over_first:.2f}", f.spread()] for name, f in stages]),
+                 f"{f.last_over_first:.2f}", f.trend(), f.spread()] for name, f in stages]),
         "",
         f"rows/s per window of ~{every:,} rows (each stage's own windows):",
         *table(["window", *(name for name, _ in stages)], window_table),
@@ -649,7 +698,8 @@ def _section(r: Result, settings: Settings, concurrency: int) -> Section:
         f"one's, {r.drain.stamps:,} rounds. sent: from the first recorder batch's updated_at to "
         f"the last one's, rows recorded 'sent' ({r.sent.stamps:,} batches). A window ends at the "
         f"first stamp past each multiple of {every:,} rows; a last one of fewer than half that "
-        "joins the one before.",
+        "joins the one before. line's last / first: a least-squares line through the windows' "
+        "rates, its value at the last window over its value at the first (below 1: decay).",
         "",
         f"Relay drain over the backlog against its drain of {r.reference_rows:,} rows in "
         f"{ROWS_PER_TXN:,}-row transactions (the relay part's, run here first in a scratch of its "
@@ -669,10 +719,13 @@ def _section(r: Result, settings: Settings, concurrency: int) -> Section:
         "this process, job the children that ended in the stage (the enqueueing process, "
         "`postroom purge`), others the machine's busy CPUs less all those; machine busy: all "
         "CPUs, every process:",
-        *table(["stage", "seconds", *CPU_NAMES, "machine busy", "bound by"], cpu_rows),
-        f"bound by: the CPUs when the machine was at least {BUSY:.0%} busy (the largest share "
-        f"named), else a process at {ONE_PROCESS:.2f} CPUs or more, else nothing on the CPU "
-        "(the stage waited).",
+        *table(["stage", "seconds", *CPU_NAMES, "machine busy", "busiest thread", "bound by"],
+               cpu_rows),
+        "busiest thread: of the relay's, the sender's and the recorder's threads (main: the one "
+        "that runs Python; rdk:*: librdkafka's) and of the one-thread processes (each PostgreSQL "
+        f"backend, smtp-sink, the job). bound by: the CPUs when the machine was at least {BUSY:.0%} "
+        f"busy (the group with the largest share named), else a thread at {ONE_THREAD:.2f} CPUs "
+        "or more, else nothing on the CPU (the stage waited: round trips, batching).",
         "",
         f"`postroom purge --older-than {PURGE_AGE} --force` with the pipeline running: "
         f"{r.purge.seconds:,.1f} s, {r.purge.outbox_rows:,} outbox rows and "
