@@ -1,5 +1,5 @@
-"""`python -m bench [PART ...] [--quick]`: run the benchmarks (relay, delivery, latency, throttle,
-retry, codec, enqueue, tracing; all by default), print their figures.
+"""`python -m bench [PART ...] [--quick] [--emails N]`: run the benchmarks (relay, delivery, latency,
+throttle, retry, codec, enqueue, tracing, backlog; all by default), print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -23,7 +23,8 @@ from postroom.settings import Settings
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "enqueue", "tracing")
+PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "enqueue", "tracing",
+         "backlog")
 STACK_FREE = {"codec"}  # parts that need neither PostgreSQL nor Kafka
 
 
@@ -56,6 +57,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import tracing
 
         return tracing.run
+    if name == "backlog":
+        from bench import backlog
+
+        return backlog.run
     from bench import delivery
 
     return delivery.run
@@ -72,7 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="smaller runs (about a minute in all) to check that everything works")
     parser.add_argument("--profile", action="store_true",
                         help="relay: also drain once under cProfile and print where the time goes")
+    parser.add_argument("--emails", type=_positive, metavar="N",
+                        help="backlog: emails in the backlog (default 1,000,000; 20,000 with "
+                             "--quick)")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"--- {name} benchmark ---")
         load_before = os.getloadavg()[0]
         try:
-            section = _runner(name)(base, Options(quick=args.quick, profile=args.profile))
+            section = _runner(name)(base, Options(quick=args.quick, profile=args.profile,
+                                                    emails=args.emails))
         except (BenchError, ChildProcessError, TimeoutError) as exc:
             # The last two: a postroom process exited or never got going (postroom.devkit).
             print(f"bench {name}: {exc}", file=sys.stderr)

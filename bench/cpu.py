@@ -42,8 +42,13 @@ class CpuUsage:
 
 def process_cpu_s(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` (all its threads), 0.0 if unknown."""
+    return _stat_cpu_s(_PROC / str(pid) / "stat")
+
+
+def _stat_cpu_s(path: Path) -> float:
+    """User plus system CPU seconds in a stat file of /proc (a process's or a thread's)."""
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
+        stat = path.read_text()
     except OSError:
         return 0.0
     # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
@@ -61,6 +66,25 @@ def rss_mib(pid: int) -> float | None:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return None
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of process ``pid`` by '<thread id> <thread name>' (the main
+    thread's name is "main"); empty if unknown."""
+    found = {}
+    tasks = _PROC / str(pid) / "task"
+    try:
+        tids = [entry.name for entry in tasks.iterdir()]
+    except OSError:
+        return {}
+    for tid in tids:
+        # task/<tid>/stat is the thread's own; /proc/<tid>/stat would be the whole process's.
+        try:
+            name = "main" if tid == str(pid) else (tasks / tid / "comm").read_text().strip()
+        except OSError:
+            continue  # exited meanwhile
+        found[f"{tid} {name}"] = _stat_cpu_s(tasks / tid / "stat")
+    return found
 
 
 def pids_named(*commands: str) -> dict[str, int]:

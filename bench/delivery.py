@@ -262,22 +262,56 @@ def component_env(settings: Settings, port: int, concurrency: int) -> dict[str, 
     }
 
 
-def _progress_of(engine: sa.Engine, key: str) -> sa.Row[tuple[int, int, int, dt.datetime | None]]:
+# What a wait for sent rows reads at each look: rows sent, rows not delivered (retrying, failed,
+# dead), rows in all, and the last updated_at of them (None: not read at this look).
+SentProgress = tuple[int, int, int, dt.datetime | None]
+
+
+def _progress_of(engine: sa.Engine, key: str) -> SentProgress:
     with engine.connect() as conn:
-        return conn.execute(sa.text("""
+        sent, unsent, total, last = conn.execute(sa.text("""
             SELECT count(*) FILTER (WHERE status = 'sent'),
                    count(*) FILTER (WHERE status IN ('retrying', 'failed', 'dead')),
                    count(*),
                    max(updated_at)
             FROM outbox WHERE message_key = :key"""), {"key": key}).one()
+    return sent, unsent, total, last
 
 
-def _first_error(engine: sa.Engine, key: str) -> str:
+def first_error(engine: sa.Engine, key: str | None = None) -> str:
+    """The status and last error of one undelivered row (of message key ``key``), or ''."""
+    of_key = "" if key is None else "message_key = :key AND "
     with engine.connect() as conn:
         row = conn.execute(sa.text(
-            "SELECT status, last_error FROM outbox WHERE message_key = :key "
-            "AND status IN ('retrying', 'failed', 'dead') LIMIT 1"), {"key": key}).one_or_none()
+            f"SELECT status, last_error FROM outbox WHERE {of_key}"
+            "status IN ('retrying', 'failed', 'dead') LIMIT 1"), {"key": key}).one_or_none()
     return "" if row is None else f"{row[0]}: {row[1]}"
+
+
+def wait_sent(components: PostroomProcesses, emails: int, timeout_s: float,
+              look: Callable[[], SentProgress], error: Callable[[], str], *,
+              on_progress: Callable[[int], None] | None = None, poll_s: float = POLL_S,
+              tag: str = "delivery") -> dt.datetime:
+    """Look every ``poll_s`` until ``emails`` rows are sent; return when the recorder wrote the
+    last one. ``error()`` says why when a look finds a row not delivered; ``on_progress(sent)`` is
+    called at every look."""
+    deadline = time.monotonic() + timeout_s
+    next_report = time.monotonic() + PROGRESS_EVERY_S
+    while time.monotonic() < deadline:
+        sent, unsent, total, last = look()
+        if on_progress is not None:
+            on_progress(sent)
+        if unsent:
+            # The default retry tiers start at 5 minutes: a run with a retry cannot finish in time.
+            raise BenchError(f"{unsent} of {total} rows were not delivered ({error()})")
+        if sent == emails and last is not None:
+            return last
+        components.check_alive()
+        if time.monotonic() >= next_report:
+            progress(f"{tag}: postroom has {sent:,} of {emails:,} rows recorded sent")
+            next_report += PROGRESS_EVERY_S
+        time.sleep(poll_s)
+    raise BenchError(f"timed out after {timeout_s:.0f}s with {sent} of {emails} rows sent")
 
 
 def wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, emails: int,
@@ -285,24 +319,8 @@ def wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, em
                    on_progress: Callable[[int], None] | None = None) -> dt.datetime:
     """Wait until every row of ``key`` is sent; return when the recorder wrote the last one.
     ``on_progress(sent)`` is called at every look."""
-    deadline = time.monotonic() + timeout_s
-    next_report = time.monotonic() + PROGRESS_EVERY_S
-    while time.monotonic() < deadline:
-        sent, unsent, total, last = _progress_of(engine, key)
-        if on_progress is not None:
-            on_progress(sent)
-        if unsent:
-            # The default retry tiers start at 5 minutes: a run with a retry cannot finish in time.
-            raise BenchError(f"{unsent} of {total} rows were not delivered "
-                             f"({_first_error(engine, key)})")
-        if sent == emails and last is not None:
-            return last
-        components.check_alive()
-        if time.monotonic() >= next_report:
-            progress(f"delivery: postroom has {sent:,} of {emails:,} rows recorded sent")
-            next_report += PROGRESS_EVERY_S
-        time.sleep(POLL_S)
-    raise BenchError(f"timed out after {timeout_s:.0f}s with {sent} of {emails} rows sent")
+    return wait_sent(components, emails, timeout_s, lambda: _progress_of(engine, key),
+                     lambda: first_error(engine, key), on_progress=on_progress)
 
 
 def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,

@@ -18,7 +18,7 @@ import queue
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -95,12 +95,13 @@ class EnqueueJob:
 class EnqueueReport:
     started_at: float   # epoch seconds, just before the first transaction
     finished_at: float  # epoch seconds, after the last commit
-    commits: tuple[tuple[str, float], ...]  # paced runs: (message key, epoch right after commit)
+    commits: tuple[tuple[str, float], ...]  # each transaction: (message key, epoch right after commit)
     worst_lateness_s: float  # paced runs: how late the most delayed transaction began
 
 
 def run_enqueue(job: EnqueueJob) -> EnqueueReport:
-    """Enqueue as ``job`` says; paced jobs keep to an absolute schedule and record commit times."""
+    """Enqueue as ``job`` says; paced jobs keep to an absolute schedule. Every commit's time is
+    recorded."""
     engine = make_engine(job.settings)
     try:
         with engine.connect() as conn:  # connect before the clock starts
@@ -120,8 +121,7 @@ def run_enqueue(job: EnqueueJob) -> EnqueueReport:
             batch = recipients(min(job.rows_per_txn, job.total_rows - done), first=done)
             with engine.begin() as conn:
                 enqueue_rows(conn, key, batch)
-            if job.interval_s is not None:
-                commits.append((key, time.time()))
+            commits.append((key, time.time()))
             done += len(batch)
         return EnqueueReport(started_at, time.time(), tuple(commits), worst_lateness)
     finally:
@@ -135,14 +135,16 @@ def _enqueue_worker(job: EnqueueJob, results: Any) -> None:
         results.put(f"{type(exc).__name__}: {first_line(exc)[:300]}")
 
 
-def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:
-    """Run ``job`` in a fresh process (its own interpreter and GIL) and return its report."""
+def enqueue_elsewhere(job: EnqueueJob, timeout_s: float = ENQUEUE_TIMEOUT_S,
+                      waiting: Callable[[], None] | None = None) -> EnqueueReport:
+    """Run ``job`` in a fresh process (its own interpreter and GIL) and return its report;
+    ``waiting()`` is called every half second meanwhile."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     process = context.Process(target=_enqueue_worker, args=(job, results), name="bench-enqueue",
                               daemon=True)
     process.start()
-    deadline = time.monotonic() + ENQUEUE_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     outcome: object = None
     try:
         while outcome is None:
@@ -150,11 +152,13 @@ def enqueue_elsewhere(job: EnqueueJob) -> EnqueueReport:
             try:
                 outcome = results.get(timeout=0.5)
             except queue.Empty:
+                if waiting is not None:
+                    waiting()
                 if not alive:
                     raise BenchError("the enqueueing process exited with status "
                                      f"{process.exitcode} and no result") from None
                 if time.monotonic() > deadline:
-                    raise BenchError(f"the enqueueing process took over {ENQUEUE_TIMEOUT_S:.0f}s") from None
+                    raise BenchError(f"the enqueueing process took over {timeout_s:.0f}s") from None
     finally:
         process.join(10)
         if process.is_alive():
@@ -251,15 +255,20 @@ def _queue_head(engine: sa.Engine) -> int | None:
         return conn.execute(sa.text("SELECT id FROM outbox_queue ORDER BY id LIMIT 1")).scalar()
 
 
-def _wait_all_published(engine: sa.Engine, relays: PostroomProcesses) -> None:
-    """Wait until no row is unpublished; when the relay stops making progress, say what it waits on."""
-    deadline = time.monotonic() + PUBLISH_TIMEOUT_S
+def wait_all_published(engine: sa.Engine, relays: PostroomProcesses,
+                       timeout_s: float = PUBLISH_TIMEOUT_S, poll_s: float = POLL_S,
+                       on_poll: Callable[[int], None] | None = None) -> None:
+    """Wait until no row is unpublished; when the relay stops making progress, say what it waits on.
+    ``on_poll(head)`` is called at every look that finds rows queued, with the lowest id queued."""
+    deadline = time.monotonic() + timeout_s
     last_head, last_progress, diagnosed = -1, time.monotonic(), False
     while time.monotonic() < deadline:
         relays.check_alive()
         head = _queue_head(engine)
         if head is None:
             return
+        if on_poll is not None:
+            on_poll(head)
         if head != last_head:
             last_head, last_progress = head, time.monotonic()
         elif not diagnosed and time.monotonic() - last_progress > STALLED_ROUND_S:
@@ -267,8 +276,8 @@ def _wait_all_published(engine: sa.Engine, relays: PostroomProcesses) -> None:
             progress(f"relay: no progress for {STALLED_ROUND_S:.0f} s (row {head} still queued)")
             for line in [*_stall_report(engine), *relays.log_tail()]:
                 progress(f"  {line}")
-        time.sleep(POLL_S)
-    raise BenchError(f"timed out after {PUBLISH_TIMEOUT_S:.0f}s waiting for every row to be published")
+        time.sleep(poll_s)
+    raise BenchError(f"timed out after {timeout_s:.0f}s waiting for every row to be published")
 
 
 def _stall_report(engine: sa.Engine) -> list[str]:
@@ -324,7 +333,7 @@ def measure_drain(settings: Settings, engine: sa.Engine, rows_per_txn: int, rows
         watched = {**{f"relay:{name}": pid for name, pid in running.pids.items()},
                    **pids_named("postgres", "java")}
         before, window_started = sample(watched), time.monotonic()
-        _wait_all_published(engine, running)
+        wait_all_published(engine, running)
         cpu, window_s = usage(before, sample(watched)), time.monotonic() - window_started
     with engine.connect() as conn:
         # Every mark stamps its rows with its own transaction time: rounds are distinct stamps.
@@ -359,7 +368,7 @@ def measure_throughput(settings: Settings, engine: sa.Engine, rows_per_txn: int,
              "`postroom relay` publishes")
     with relay_processes(settings) as running:
         concurrent = enqueue_filled(EnqueueJob(settings, rows, rows_per_txn, f"e2e{rows_per_txn}"))
-        _wait_all_published(engine, running)
+        wait_all_published(engine, running)
     with engine.connect() as conn:
         last = conn.execute(sa.text("SELECT max(published_at), count(*) FROM outbox")).one()
     if last[1] != rows:
@@ -382,7 +391,7 @@ def measure_latency(settings: Settings, engine: sa.Engine, plan: RelayPlan) -> L
     with relay_processes(settings) as running:
         paced = enqueue_elsewhere(EnqueueJob(settings, rows, plan.rows_per_paced_txn, "lat",
                                              interval_s=interval_s))
-        _wait_all_published(engine, running)
+        wait_all_published(engine, running)
     committed_at = dict(paced.commits)
     with engine.connect() as conn:
         published = conn.execute(sa.text("SELECT message_key, published_at FROM outbox")).all()

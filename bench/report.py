@@ -17,10 +17,12 @@ class BenchError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How a benchmark part runs: ``quick`` shrinks every run, ``profile`` adds a profiled one."""
+    """How a benchmark part runs: ``quick`` shrinks every run, ``profile`` adds a profiled one,
+    ``emails`` sets the backlog part's size (None: its default for a full or a quick run)."""
 
     quick: bool = False
     profile: bool = False
+    emails: int | None = None
 
 
 def progress(message: str) -> None:
