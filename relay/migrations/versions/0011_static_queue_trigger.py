@@ -10,9 +10,10 @@ rounds; docs/benchmarks.md, "Enqueue benchmark"): a one-row INSERT took 257 µs 
 - 0004's trigger built its INSERT with ``EXECUTE format(...)`` to find the queue beside whatever
   outbox fired it; PL/pgSQL plans such a statement anew at every call. Each schema's function now
   names its own schema's queue, written in when this migration runs, so the plan is cached for the
-  session. After ``ALTER SCHEMA ... RENAME`` the two functions below must be created again with
-  the new name; until then an insert fails (the old schema's queue does not exist) and writes
-  nothing (docs/operations.md).
+  session. Each function refuses to run for any table but its schema's outbox, so after ``ALTER
+  SCHEMA ... RENAME`` every insert, delete and truncate of the outbox fails, changing nothing,
+  until the two functions are created again with the new name (docs/operations.md); they never
+  act on another schema's queue.
 - The wake-up (0001's ``outbox_notify``, a second trigger on every statement) is sent from the
   same function, and only when the statement queued a row.
 - The foreign key from ``outbox_queue.id`` to ``outbox.id`` checked every new queue row with a
@@ -39,8 +40,22 @@ def _schema() -> str:
     return '"' + str(name).replace('"', '""') + '"'
 
 
+def _only_the_outbox(name: str) -> str:
+    """PL/pgSQL that refuses to run for any table but ``name``'s outbox: a trigger of another
+    table calling the function, or this schema's outbox after the schema was renamed (the
+    queue it names is then another's)."""
+    literal = "'" + name.replace("'", "''") + "'"
+    return f"""IF TG_TABLE_SCHEMA <> {literal} OR TG_TABLE_NAME <> 'outbox' THEN
+                RAISE EXCEPTION 'postroom: % is the trigger function of %.outbox only, not of %.%',
+                    TG_NAME, {literal}, TG_TABLE_SCHEMA, TG_TABLE_NAME
+                    USING HINT = 'after ALTER SCHEMA ... RENAME, create the outbox''s trigger '
+                                 'functions again (docs/operations.md)';
+            END IF;"""
+
+
 def upgrade() -> None:
-    schema = _schema()
+    name = op.get_bind().exec_driver_sql("SELECT current_schema()").scalar_one()
+    schema, guard = _schema(), _only_the_outbox(str(name))
     op.execute("DROP TRIGGER outbox_notify ON outbox")
     op.execute("DROP FUNCTION postroom_outbox_notify()")
     # Rows skipped by ON CONFLICT DO NOTHING are not in new_rows; a NOTIFY is delivered at commit,
@@ -50,6 +65,7 @@ def upgrade() -> None:
         DECLARE
             queued bigint;
         BEGIN
+            {guard}
             INSERT INTO {schema}.outbox_queue (id, available_at)
             SELECT id, available_at FROM new_rows WHERE published_at IS NULL;
             GET DIAGNOSTICS queued = ROW_COUNT;
@@ -59,11 +75,14 @@ def upgrade() -> None:
             RETURN NULL;
         END $$""")
     # SECURITY DEFINER: the deleting role needs no privilege on the queue, as with the foreign
-    # key's cascade; the names it uses are qualified and its search path fixed.
+    # key's cascade; the names it uses are qualified and its search path fixed. PostgreSQL checks
+    # EXECUTE only when a trigger is created, so without the guard and the REVOKE any role could
+    # hang it on a table of its own and delete queue rows through it.
     op.execute(f"""
         CREATE FUNCTION postroom_outbox_unqueue() RETURNS trigger LANGUAGE plpgsql
         SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
         BEGIN
+            {guard}
             IF TG_OP = 'TRUNCATE' THEN
                 TRUNCATE {schema}.outbox_queue;
             ELSE
@@ -71,6 +90,7 @@ def upgrade() -> None:
             END IF;
             RETURN NULL;
         END $$""")
+    op.execute("REVOKE EXECUTE ON FUNCTION postroom_outbox_unqueue() FROM PUBLIC")
     op.execute("""CREATE TRIGGER outbox_unqueue AFTER DELETE ON outbox
                   REFERENCING OLD TABLE AS old_rows
                   FOR EACH STATEMENT EXECUTE FUNCTION postroom_outbox_unqueue()""")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -247,6 +248,8 @@ QUEUED = sa.text("SELECT o.recipient FROM outbox_queue AS q JOIN outbox AS o USI
 QUEUE_IDS = sa.text("SELECT count(*) FROM outbox_queue")
 FOREIGN_KEYS = sa.text("""SELECT count(*) FROM pg_constraint
                           WHERE conrelid = to_regclass('outbox_queue') AND contype = 'f'""")
+TRIGGERS = sa.text("""SELECT tgname FROM pg_trigger
+                      WHERE tgrelid = to_regclass('outbox') AND NOT tgisinternal""")
 
 
 def _wake_ups(listener: sa.Connection) -> list[str]:
@@ -264,6 +267,8 @@ def test_0011_queues_through_static_sql_and_deletes_and_truncates_take_queue_row
         listener.commit()
         with engine.begin() as conn:
             assert conn.execute(FOREIGN_KEYS).scalar_one() == 0
+            assert set(conn.execute(TRIGGERS).scalars()) == {
+                "outbox_queue", "outbox_unqueue", "outbox_truncate"}
             enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
                     body="b")
         assert _wake_ups(listener) == [schema]
@@ -290,7 +295,58 @@ def test_0011_queues_through_static_sql_and_deletes_and_truncates_take_queue_row
     assert downgrade(engine, "0010") == "0010"
     with engine.begin() as conn:
         assert conn.execute(FOREIGN_KEYS).scalar_one() == 1
+        assert set(conn.execute(TRIGGERS).scalars()) == {"outbox_queue", "outbox_notify"}
         enqueue(conn, key="k", recipients=["e@example.com"], subject="S", body="b")
         conn.execute(sa.text("DELETE FROM outbox WHERE recipient = 'd@example.com'"))
         assert conn.execute(QUEUED).scalars().all() == ["e@example.com"]
     assert upgrade(engine) == HEAD
+
+
+def test_0011_s_trigger_functions_serve_their_own_outbox_only(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    schema = db_settings.database_schema
+    unqueue = f'"{schema}".postroom_outbox_unqueue()'
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
+    role = f"postroom_t_{uuid.uuid4().hex[:8]}"
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'CREATE ROLE {role}; GRANT USAGE ON SCHEMA "{schema}" TO {role}'))
+        conn.commit()
+        try:
+            # A role of no privilege cannot hang the SECURITY DEFINER function on its own table.
+            with pytest.raises(sa.exc.ProgrammingError, match="permission denied for function"), \
+                    conn.begin():
+                conn.execute(sa.text(f"SET LOCAL ROLE {role}"))
+                conn.execute(sa.text("CREATE TEMP TABLE mine (id bigint)"))
+                conn.execute(sa.text("CREATE TRIGGER t AFTER TRUNCATE ON mine "
+                                     f"FOR EACH STATEMENT EXECUTE FUNCTION {unqueue}"))
+            # Nor would it run there for a role that may execute it.
+            with pytest.raises(sa.exc.ProgrammingError, match=r"trigger function of .*outbox only"), \
+                    conn.begin():
+                conn.execute(sa.text("CREATE TEMP TABLE mine (id bigint)"))
+                conn.execute(sa.text("CREATE TRIGGER t AFTER TRUNCATE ON mine "
+                                     f"FOR EACH STATEMENT EXECUTE FUNCTION {unqueue}"))
+                conn.execute(sa.text("TRUNCATE mine"))
+        finally:
+            conn.rollback()
+            conn.execute(sa.text(f'REVOKE USAGE ON SCHEMA "{schema}" FROM {role}; DROP ROLE {role}'))
+            conn.commit()
+    # Renamed, the schema's outbox refuses inserts and deletes instead of using another's queue.
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'ALTER SCHEMA "{schema}" RENAME TO "{schema}_renamed"'))
+        conn.commit()
+        try:
+            for statement in (
+                    f'DELETE FROM "{schema}_renamed".outbox',
+                    f'INSERT INTO "{schema}_renamed".outbox (idempotency_key, message_key, '
+                    "recipient, subject, body, priority) VALUES ('x', 'x', 'x@example.com', 'S', "
+                    "'b', 'normal')"):
+                with pytest.raises(sa.exc.ProgrammingError, match=r"not of .*_renamed\.outbox"), \
+                        conn.begin():
+                    conn.execute(sa.text(statement))
+        finally:
+            conn.rollback()
+            conn.execute(sa.text(f'ALTER SCHEMA "{schema}_renamed" RENAME TO "{schema}"'))
+            conn.commit()
+    with engine.connect() as conn:
+        assert conn.execute(QUEUE_IDS).scalar_one() == 1  # the row queued before is still there
