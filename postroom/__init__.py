@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relay.outbox import Batch as Batch
+    from relay.batch import Batch as Batch
+    from relay.batch import enqueue_many as enqueue_many
     from relay.outbox import Email as Email
     from relay.outbox import enqueue as enqueue
-    from relay.outbox import enqueue_many as enqueue_many
 
 __version__ = "0.1.0"
 __all__ = ["Batch", "Email", "__version__", "check_companions", "enqueue", "enqueue_many"]
@@ -40,9 +40,14 @@ def check_companions() -> None:
 
 def __getattr__(name: str) -> Any:
     # Imported on first use, so the base modules (postroom.settings, ...) load without the roles.
-    if name in ("enqueue", "enqueue_many", "Email", "Batch"):
+    if name in ("enqueue", "Email"):
         check_companions()
         import relay.outbox
 
         return getattr(relay.outbox, name)
+    if name in ("enqueue_many", "Batch"):
+        check_companions()
+        import relay.batch
+
+        return getattr(relay.batch, name)
     raise AttributeError(f"module 'postroom' has no attribute {name!r}")

@@ -26,27 +26,28 @@ def insert_one(conn: sa.Connection | Session, statement: sa.TextClause, params: 
 
 
 class Inserts:
-    """The chunk statements of one call, in order, and how many rows they made new.
+    """The chunk statements of one call or batch, in order, and how many rows they made new.
 
     On the fast path they are pipelined on the psycopg connection (its pipeline mode): a chunk
     is sent once the one before it is written, and the caller checks and builds the next while
-    the server writes it, so the job's CPU and the server's work in parallel. Elsewhere each
-    runs through :func:`insert_one`. A refusal raised between chunks leaves after the statement in
-    flight has ended; the caller's savepoint then takes back what the call wrote.
+    the server writes it, so the job's CPU and the server's work in parallel. Any other statement
+    on the connection meanwhile (the job's own, a Session's flush) first waits for the one in
+    flight and leaves the pipeline, so it runs as without one; the next chunk opens it again.
+    Elsewhere each runs through :func:`insert_one`. A refusal raised between chunks leaves after
+    the statement in flight has ended; the caller's savepoint then takes back what it wrote.
     """
 
     def __init__(self, conn: sa.Connection | Session, schema: str | None, *, fast: bool) -> None:
         self.conn, self.schema, self.new = conn, schema, 0
         self._driver = pgdriver.psycopg_connection(conn) if fast else None
-        self._dialect = pgdriver.sa_connection(conn).dialect
+        self._connection = pgdriver.sa_connection(conn)
+        self._dialect = self._connection.dialect
         self._pipeline: contextlib.ExitStack | None = None
         self._pending: tuple[psycopg.Cursor[Any], str, dict[str, Any]] | None = None
 
     def __enter__(self) -> Inserts:
         if self._driver is not None:
-            self._pipeline = contextlib.ExitStack()
-            with self._errors(None, None):
-                self._pipeline.enter_context(self._driver.pipeline())
+            sa.event.listen(self._connection, "before_cursor_execute", self._before_statement)
         return self
 
     def add(self, statement: sa.TextClause, params: dict[str, Any]) -> None:
@@ -54,6 +55,11 @@ class Inserts:
         if self._driver is None:
             self.new += insert_one(self.conn, statement, params, self.schema, fast=False)
             return
+        if self._pipeline is None:
+            pipeline = contextlib.ExitStack()
+            with self._errors(None, None):
+                pipeline.enter_context(self._driver.pipeline())
+            self._pipeline = pipeline
         self._collect()
         query = pgdriver.driver_sql(statement.text, self._dialect, pgdriver.binary_names(params))
         cursor = self._driver.cursor()
@@ -72,9 +78,14 @@ class Inserts:
             raise sa.exc.NoResultFound("No row was found when one was required")
         self.new += int(row[0])
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        if self._pipeline is None:
+    def _before_statement(self, *_: object) -> None:
+        self._leave(None, None, None)
+
+    def _leave(self, kind: type[BaseException] | None, exc: BaseException | None,
+               traceback: TracebackType | None) -> None:
+        """Wait for the statement in flight (unless leaving on ``exc``) and leave the pipeline."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is None:
             return
         pending = self._pending
         where = (None, None) if pending is None else (pending[1], pending[2])
@@ -85,10 +96,16 @@ class Inserts:
             # leaving the pipeline waits for what is in flight; given an exception, it logs a
             # second error instead of raising it
             with self._errors(*where):
-                self._pipeline.__exit__(type(error), error, error.__traceback__)
+                pipeline.__exit__(type(error), error, error.__traceback__)
             raise
         with self._errors(*where):
-            self._pipeline.__exit__(kind, exc, traceback)
+            pipeline.__exit__(kind, exc, traceback)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._driver is not None:
+            sa.event.remove(self._connection, "before_cursor_execute", self._before_statement)
+        self._leave(kind, exc, traceback)
 
     @contextlib.contextmanager
     def _errors(self, query: str | None, params: dict[str, Any] | None) -> Iterator[None]:

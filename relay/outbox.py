@@ -6,11 +6,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 import itertools
-import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
@@ -97,8 +95,8 @@ def enqueue(
     table there raises :class:`~relay.errors.SchemaNotReadyError`. The caller commits (or rolls
     back).
     """
-    limits = _limits(limits, attachment_max_bytes, schema)
-    message = _check(Email(recipients=recipients, subject=subject, body=body, key=key,
+    limits = limits_of(limits, attachment_max_bytes, schema)
+    message = check_email(Email(recipients=recipients, subject=subject, body=body, key=key,
                            attachments=attachments, priority=priority, send_after=send_after,
                            sender=sender, html=html, inline=inline), limits)
     shared = message.shared
@@ -109,11 +107,11 @@ def enqueue(
     # never held whole): a bad one rolls back the rows of the chunks before it.
     with (tracing.enqueue_span(shared["message_key"]) as trace,
           conn.begin_nested() if second is not None else contextlib.nullcontext()):
-        trace = _kept(trace, conn, schema)
+        trace = kept_trace(trace, conn, schema)
         statement = sql.insert_rows(schema, traced=trace is not None)
-        params = {**shared, **_trace_params(trace)}
+        params = {**shared, **trace_params(trace)}
         if second is None:
-            keys = _keys(shared, first, limits)
+            keys = keys_of(shared, first, limits)
             if len(first) == 1 and FAST_PATH:
                 new = insert_one(conn, sql.insert_row(schema, traced=trace is not None),
                                  {**params, "idempotency_key": keys[0], "recipient": first[0]},
@@ -125,7 +123,7 @@ def enqueue(
         else:
             with Inserts(conn, schema, fast=FAST_PATH) as inserts:
                 for chunk in itertools.chain((first, second), message.chunks):
-                    keys = _keys(shared, chunk, limits)
+                    keys = keys_of(shared, chunk, limits)
                     inserts.add(statement, {**params, "keys": keys, "recipients": chunk})
                     given += len(chunk)
             new = inserts.new
@@ -135,144 +133,7 @@ def enqueue(
     return new
 
 
-def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
-                 attachment_max_bytes: int | None = None, limits: SizeLimits | None = None,
-                 schema: str | None = None) -> int:
-    """Queue many emails (each a different subject, body or attachment, say: an invoice run)
-    in the caller's transaction, as :func:`enqueue` queues each; return how many rows are new.
-
-    Each email is checked as enqueue checks it, and their rows go to the database together, up
-    to INSERT_CHUNK_ROWS per statement, not one statement per email. A bad email raises
-    :class:`~relay.errors.EnqueueError` and writes nothing of any of them (emails given as an
-    iterator are read as they are written, never held whole; nor are one email's recipients).
-    """
-    if isinstance(emails, Email) or not isinstance(emails, Iterable):
-        raise InvalidEmailError(f"emails must be a list of Email, not {type(emails).__name__}")
-    with Batch(conn, attachment_max_bytes=attachment_max_bytes, limits=limits,
-               schema=schema) as batch:
-        for email in emails:
-            # Any refusal ends the whole call, so one email's rows need not be checked whole first.
-            batch.add(email, whole=False)
-    return batch.new
-
-
-class Batch:
-    """Many emails in the caller's transaction, one call each, their rows written together.
-
-    ::
-
-        with Batch(conn) as batch:  # postroom.Batch
-            for invoice in invoices:
-                batch.enqueue(key=invoice.key, recipients=[invoice.email], subject=..., body=...)
-        print(batch.new)            # the rows that are new, once the block has ended
-
-    :meth:`enqueue` takes :func:`enqueue`'s arguments and checks the email as enqueue does: a bad
-    one raises :class:`~relay.errors.EnqueueError` and leaves nothing of that email in the batch,
-    which goes on if the job catches the error. A call does not wait for the database: the rows
-    go in statements of up to INSERT_CHUNK_ROWS, pipelined as :func:`enqueue_many`'s, and the
-    count comes when the block ends (a job that needs each email's own count calls enqueue,
-    which waits for it). A database error is raised at the call that sends a statement or at the
-    block's end; an exception leaving the block writes nothing of the batch (a savepoint), and
-    the caller commits or rolls back the rest. An email's recipients are checked whole before
-    any of its rows is kept: one email of a million recipients given as an iterator belongs in
-    enqueue, which never holds them.
-    """
-
-    def __init__(self, conn: sa.Connection | Session, *, attachment_max_bytes: int | None = None,
-                 limits: SizeLimits | None = None, schema: str | None = None) -> None:
-        self.new = 0  # set when the block ends
-        self.given = 0  # rows given so far, new or not
-        self._conn, self._schema = conn, schema
-        self._limits = _limits(limits, attachment_max_bytes, schema)
-        self._stack: contextlib.ExitStack | None = None
-        self._columns = _no_columns()
-
-    def __enter__(self) -> Batch:
-        if self._stack is not None:
-            raise RuntimeError("this Batch is in use already")
-        with contextlib.ExitStack() as stack:
-            trace = stack.enter_context(tracing.enqueue_span(None))
-            stack.enter_context(self._conn.begin_nested())
-            # Asked before the inserts' pipeline starts: a statement in it answers only later.
-            trace = _kept(trace, self._conn, self._schema)
-            self._inserts = stack.enter_context(Inserts(self._conn, self._schema,
-                                                        fast=FAST_PATH))
-            self._statement = sql.insert_emails(self._schema, traced=trace is not None)
-            self._traced = _trace_params(trace)
-            self._stack = stack.pop_all()
-        return self
-
-    def enqueue(self, *, key: str | None = None, recipients: Iterable[str], subject: str,
-                body: str, attachments: Sequence[str | Path] = (),
-                priority: str | Priority = Priority.NORMAL, send_after: dt.datetime | None = None,
-                sender: str | None = None, html: str | None = None,
-                inline: Sequence[str | Path] = ()) -> None:
-        """Check one email as :func:`enqueue` does and add its rows to the batch."""
-        self.add(Email(recipients=recipients, subject=subject, body=body, key=key,
-                       attachments=attachments, priority=priority, send_after=send_after,
-                       sender=sender, html=html, inline=inline))
-
-    def add(self, email: Email, *, whole: bool = True) -> None:
-        """:meth:`enqueue` of an :class:`Email`. ``whole=False``: its recipients past the first
-        INSERT_CHUNK_ROWS are checked as they are written (a refusal then leaves some of its rows
-        in the batch: for callers that end the batch on any refusal)."""
-        if self._stack is None:
-            raise RuntimeError("Batch.enqueue outside its with block")
-        if not isinstance(email, Email):
-            raise InvalidEmailError(f"an email must be an Email, not {type(email).__name__}")
-        message = _check(email, self._limits)
-        shared = message.shared
-        values = {name: shared[name] for name in _SHARED_EMAIL_COLUMNS}
-        values["attachments"] = _json_list(shared["attachments"])
-        values["inline"] = _json_list(shared["inline"])
-        chunks: Iterable[list[str]] = message.chunks
-        keyed: Iterable[tuple[list[str], list[str]]]
-        if whole:
-            first = next(message.chunks)
-            second = next(message.chunks, None)
-            chunks = [first] if second is None else [first, second, *message.chunks]
-            keyed = [(chunk, _keys(shared, chunk, self._limits)) for chunk in chunks]
-        else:
-            keyed = ((chunk, _keys(shared, chunk, self._limits)) for chunk in chunks)
-        for chunk, keys in keyed:
-            columns = self._columns
-            for name, value in values.items():
-                if len(chunk) == 1:
-                    columns[name].append(value)
-                else:
-                    columns[name] += [value] * len(chunk)
-            columns["idempotency_key"] += keys
-            columns["recipient"] += chunk
-            if len(columns["recipient"]) >= INSERT_CHUNK_ROWS:
-                self._write()
-
-    def _write(self) -> None:
-        columns, self._columns = self._columns, _no_columns()
-        self.given += len(columns["recipient"])
-        self._inserts.add(self._statement, {**columns, **self._traced})
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        stack, self._stack = self._stack, None
-        if stack is None:
-            return
-        try:
-            if kind is None and self._columns["recipient"]:
-                self._write()
-        except BaseException as error:
-            stack.__exit__(type(error), error, error.__traceback__)
-            raise
-        stack.__exit__(kind, exc, traceback)
-        if kind is None:
-            self.new = self._inserts.new
-            log.info("enqueued many: new_rows=%d of=%d", self.new, self.given)
-
-
-def _no_columns() -> dict[str, list[Any]]:
-    return {name: [] for name in sql.INSERT_EMAILS_COLUMNS}
-
-
-def _kept(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
+def kept_trace(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
           schema: str | None) -> tracing.TraceContext | None:
     """``trace`` when the outbox has migration 0010's columns to keep it in, else None: asked at
     each traced enqueue (one short catalog query; the search path, and so the outbox, may differ
@@ -286,24 +147,14 @@ def _kept(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
     return None
 
 
-# The INSERT_EMAILS columns an email's rows share, as _check names them.
-_SHARED_EMAIL_COLUMNS = ("message_key", "sender", "subject", "body", "html", "priority",
-                         "available_at")
-
-
-def _json_list(paths: list[str]) -> str:
-    """Paths as the JSON array INSERT_EMAILS takes (most emails have none)."""
-    return json.dumps(paths) if paths else "[]"
-
-
-def _trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
+def trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
     """The trace context columns' values, for a statement made with ``traced``."""
     if trace is None:
         return {}
     return {"traceparent": trace.traceparent, "tracestate": trace.tracestate}
 
 
-def _limits(limits: SizeLimits | None, attachment_max_bytes: int | None,
+def limits_of(limits: SizeLimits | None, attachment_max_bytes: int | None,
             schema: object) -> SizeLimits:
     if schema is not None and not isinstance(schema, str):
         raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
@@ -313,7 +164,7 @@ def _limits(limits: SizeLimits | None, attachment_max_bytes: int | None,
     return limits
 
 
-def _check(email: Email, limits: SizeLimits) -> _Message:
+def check_email(email: Email, limits: SizeLimits) -> _Message:
     """The email's checked values and its recipients' chunks; EnqueueError for a bad one."""
     subject = validation.check_subject(email.subject)
     message_key = validation.check_key(email.key if email.key is not None else subject)
@@ -343,7 +194,7 @@ def _check(email: Email, limits: SizeLimits) -> _Message:
     return _Message(shared, itertools.chain((first,), chunks))
 
 
-def _keys(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[str]:
+def keys_of(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[str]:
     """The idempotency keys of a chunk's rows, once the longest one's event fits the cap."""
     prefix = validation.idempotency_key_prefix(shared["message_key"])
     keys = [prefix + address.lower() for address in chunk]

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.orm import Session
 
 from postroom import Batch, enqueue
 from relay import inserts, outbox
@@ -86,9 +87,13 @@ def chunk_rows() -> Iterator[None]:
     outbox.INSERT_CHUNK_ROWS = CHUNK_ROWS
 
 
+@pytest.mark.parametrize("fast", [True, False])
 def test_a_batch_writes_what_enqueue_once_per_email_writes(
-        engine: sa.Engine, files: list[str], chunk_rows: None) -> None:
-    @settings(max_examples=examples(60), deadline=None,
+        engine: sa.Engine, files: list[str], chunk_rows: None, fast: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbox, "FAST_PATH", fast)
+
+    @settings(max_examples=examples(40), deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(emails=jobs(files), rows_per_statement=st.sampled_from([1, 2, 3, CHUNK_ROWS]))
     def agree(emails: list[dict[str, Any]], rows_per_statement: int) -> None:
@@ -129,6 +134,50 @@ def test_an_exception_leaving_the_block_writes_nothing_of_the_batch(engine: sa.E
         assert count(conn) == 1  # the job's earlier row is kept; the caller decides
     with pytest.raises(RuntimeError, match="outside its with block"):
         batch.enqueue(key="late", recipients=["l@example.com"], subject="S", body="b")
+    with pytest.raises(RuntimeError, match="a Batch is used once"), \
+            engine.begin() as conn, batch:
+        pass  # the rows of its first block are not written by a second
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("session", [False, True])
+def test_the_jobs_own_statements_inside_the_block_run_as_without_a_batch(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, fast: bool, session: bool) -> None:
+    """The job marks its invoices as it queues them: its statements wait for the batch's one in
+    flight (a pipeline left open gave a SELECT no result and an UPDATE a rowcount of -1)."""
+    monkeypatch.setattr(outbox, "FAST_PATH", fast)
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 2)
+    with engine.connect() as connection, connection.begin():
+        connection.execute(sa.text("CREATE TEMP TABLE invoices (n int PRIMARY KEY, mailed bool)"))
+        connection.execute(sa.text("INSERT INTO invoices SELECT n, false FROM generate_series(0, 4) n"))
+        conn: sa.Connection | Session = Session(connection) if session else connection
+        with Batch(conn) as batch:
+            for n in range(5):
+                batch.enqueue(key=f"inv-{n}", recipients=[f"c{n}@example.com"], subject="S",
+                              body="b")
+                updated = conn.execute(sa.text("UPDATE invoices SET mailed = true WHERE n = :n"),
+                                       {"n": n})
+                assert updated.rowcount == 1  # type: ignore[attr-defined]
+                queued = conn.execute(sa.text("SELECT count(*) FROM outbox")).scalar_one()
+                assert queued == 2 * ((n + 1) // 2)  # what the full statements wrote so far
+        assert batch.new == 5
+        assert conn.execute(sa.text("SELECT count(*) FROM invoices WHERE mailed")).scalar_one() == 5
+
+
+def test_a_database_error_is_raised_once_sent_and_the_batch_takes_no_more(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    refused: list[str] = []
+    with pytest.raises(SchemaNotReadyError), engine.begin() as conn, \
+            Batch(conn, schema="nosuch") as batch:
+        for n in range(3):
+            try:
+                batch.enqueue(key=f"k{n}", recipients=[f"c{n}@example.com"], subject="S", body="b")
+            except (SchemaNotReadyError, RuntimeError) as exc:  # the job goes on regardless
+                refused.append(type(exc).__name__)
+    # The first email's statement fails when the second is sent; the third is not taken; the
+    # block's end raises the first error again.
+    assert refused == ["SchemaNotReadyError", "RuntimeError"]
 
 
 def test_calls_do_not_wait_the_rows_go_in_few_statements(

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import relay.batch
 import relay.outbox
 
 
@@ -50,7 +51,7 @@ def test_unknown_attributes_are_still_attribute_errors() -> None:
 def test_enqueue_many_and_email_are_the_outbox_ones() -> None:
     import postroom
 
-    assert postroom.enqueue_many is relay.outbox.enqueue_many
+    assert postroom.enqueue_many is relay.batch.enqueue_many
     assert postroom.Email is relay.outbox.Email
-    assert postroom.Batch is relay.outbox.Batch
+    assert postroom.Batch is relay.batch.Batch
     assert {"enqueue", "enqueue_many", "Email", "Batch"} <= set(postroom.__all__)
