@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from bounces.adapters import DatabaseRows
-from postroom import enqueue
+from postroom import Batch, enqueue
 from postroom.settings import Settings
 from relay import retention, suppression
 from relay.db import check_schema, make_engine
@@ -196,3 +196,18 @@ def test_the_suppression_commands_work_with_their_grants(settings: Settings) -> 
             assert [e.reason for e in suppression.entries(conn)] == ["left for good"]
             suppression.remove(conn, "gone@example.com")
             assert suppression.entries(conn) == []
+
+
+def test_a_report_job_enqueues_with_its_grants(settings: Settings, engine: sa.Engine) -> None:
+    """One recipient, several, a rerun, and a Batch: the insert, its ON CONFLICT, the queue
+    trigger and its wake-up, as the job's role."""
+    with engine_as(settings, "report jobs (`enqueue`)") as as_job, as_job.begin() as conn:
+        assert enqueue(conn, key="one", recipients=["a@example.com"], subject="S", body="b") == 1
+        assert enqueue(conn, key="two", recipients=["a@example.com", "b@example.com"],
+                       subject="S", body="b") == 2
+        assert enqueue(conn, key="one", recipients=["a@example.com"], subject="S", body="b") == 0
+        with Batch(conn) as batch:
+            batch.enqueue(key="three", recipients=["c@example.com"], subject="S", body="b")
+        assert batch.new == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one() == 4
