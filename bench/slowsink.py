@@ -6,8 +6,8 @@ It stands for "a server that takes 100 ms per message" (issue 26, target 3). The
 and about 7 ms of turn-around per message on top of its delay: the pipelined client, which only
 writes, got 0.94 of the 200/s that 20 connections allow and 0.89 of 640/s at 64. This one parses
 lines with an asyncio protocol, advertises PIPELINING, 8BITMIME, SMTPUTF8 and
-ENHANCEDSTATUSCODES, keeps nothing, and holds the connection's later replies (and reads) until the
-delayed one is written, so replies keep their order under pipelining.
+ENHANCEDSTATUSCODES, keeps nothing, and stops reading the connection until the delayed reply is
+written, so replies keep their order under pipelining and a client cannot fill its buffer.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class SlowSession(asyncio.Protocol):
                     break
                 self.buffer = self.buffer[end + len(END_OF_DATA):]
                 self.in_data, self.waiting = False, True
+                self.transport.pause_reading()  # what comes next waits for the delayed reply
                 self.messages += 1
                 asyncio.get_running_loop().call_later(self.delay_s, self._accepted)
                 break
@@ -94,6 +95,7 @@ class SlowSession(asyncio.Protocol):
             return
         self.waiting = False
         self.transport.write(b"250 2.0.0 Ok: queued\r\n")
+        self.transport.resume_reading()
         self._serve()
 
     def _close(self, replies: list[bytes]) -> None:
