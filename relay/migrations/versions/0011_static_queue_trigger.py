@@ -84,7 +84,9 @@ def upgrade() -> None:
         BEGIN
             {guard}
             IF TG_OP = 'TRUNCATE' THEN
-                TRUNCATE {schema}.outbox_queue;
+                -- DELETE, not TRUNCATE: `TRUNCATE outbox, outbox_queue` (what the foreign key
+                -- asked for) holds the queue open, and a TRUNCATE of it here would fail.
+                DELETE FROM {schema}.outbox_queue;
             ELSE
                 DELETE FROM {schema}.outbox_queue AS q USING old_rows AS o WHERE q.id = o.id;
             END IF;

@@ -289,6 +289,10 @@ def test_0011_queues_through_static_sql_and_deletes_and_truncates_take_queue_row
         assert conn.execute(QUEUE_IDS).scalar_one() == 2  # no queue row left without its row
         conn.execute(sa.text("TRUNCATE outbox"))
         assert conn.execute(QUEUE_IDS).scalar_one() == 0
+    with engine.begin() as conn:  # both at once, as the foreign key asked
+        enqueue(conn, key="k", recipients=["f@example.com"], subject="S", body="b")
+        conn.execute(sa.text("TRUNCATE outbox, outbox_queue RESTART IDENTITY"))
+        assert conn.execute(QUEUE_IDS).scalar_one() == 0
 
     with engine.begin() as conn:
         enqueue(conn, key="k", recipients=["d@example.com"], subject="S", body="b")
