@@ -88,6 +88,15 @@ class Role:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     metrics_port: int | None = None
+    supervised: int = 0  # starts again after it exited at its start on a refused connection
+
+
+# What a role prints when PostgreSQL refuses its connection at start (a fast restart under way):
+# it stops, as on a wrong address, and leaves trying again to its supervisor (docs/operations.md,
+# "Running in production"). The harness is that supervisor; it starts such a role again, a
+# second later, at most SUPERVISED_STARTS times.
+REFUSED_AT_START = "error: cannot use the database (POSTROOM_DATABASE_URL): connection failed"
+SUPERVISED_STARTS = 3
 
 
 def recipients_for(count: int, tag: str, start: int = 0) -> list[str]:
@@ -397,6 +406,7 @@ class Run:
         total = len(self.expected)
 
         def drained() -> bool:
+            self.supervise()
             # No fault is injected now: a role that exited did so on its own, and the rest of
             # its input would wait for ever; say which and why at once.
             if exited := self.exited():
@@ -405,6 +415,22 @@ class Run:
             return self.finished() >= total
         self.wait_until(drained, timeout_s, f"all {total} rows to reach sent/failed/dead")
         return time.time() - self.last_fault_at if self.last_fault_at else 0.0
+
+    def supervise(self) -> None:
+        """Start again, as a supervisor would, each role that exited at its start because the
+        database refused its connection (REFUSED_AT_START), and say so."""
+        for name, role in self.roles.items():
+            if role.proc is None or role.proc.poll() != 1 or role.supervised >= SUPERVISED_STARTS:
+                continue
+            text = (self.log_dir / f"{name}.{role.starts}.log").read_text(errors="replace")
+            if REFUSED_AT_START not in text:
+                continue
+            role.supervised += 1
+            print(f"chaos: {self.name}: {name} exited at its start, PostgreSQL refusing the "
+                  f"connection; started again a second later, as its supervisor would "
+                  f"({role.supervised} of {SUPERVISED_STARTS})", flush=True)
+            time.sleep(1.0)
+            self.start_role(name)
 
     def exited(self) -> list[str]:
         """Each role whose current process has exited: its code and its log's last line."""
