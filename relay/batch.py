@@ -52,16 +52,11 @@ def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
         raise InvalidEmailError(f"emails must be a list of Email, not {type(emails).__name__}")
     batch = Batch(conn, attachment_max_bytes=attachment_max_bytes, limits=limits, schema=schema)
     # The call's one span covers it whole (a Batch's covers only its start).
-    with tracing.enqueue_span(None) as trace:
-        batch.open(trace)
-        try:
-            for email in emails:
-                # Any refusal ends the whole call: one email's rows need not be checked whole.
-                batch.add(email, whole=False)
-        except BaseException as exc:
-            batch.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        batch.__exit__(None, None, None)
+    with tracing.enqueue_span(None) as trace, contextlib.ExitStack() as stack:
+        stack.push(batch.open(trace))  # left as a with block leaves it
+        for email in emails:
+            # Any refusal ends the whole call: one email's rows need not be checked whole.
+            batch.add(email, whole=False)
     return batch.new
 
 
@@ -148,15 +143,10 @@ class Batch:
         values = {name: shared[name] for name in _SHARED_EMAIL_COLUMNS}
         values["attachments"] = _json_list(shared["attachments"])
         values["inline"] = _json_list(shared["inline"])
-        chunks: Iterable[list[str]] = message.chunks
-        keyed: Iterable[tuple[list[str], list[str]]]
+        keyed: Iterable[tuple[list[str], list[str]]] = (
+            (chunk, outbox.keys_of(shared, chunk, self._limits)) for chunk in message.chunks)
         if whole:
-            first = next(message.chunks)
-            second = next(message.chunks, None)
-            chunks = [first] if second is None else [first, second, *message.chunks]
-            keyed = [(chunk, outbox.keys_of(shared, chunk, self._limits)) for chunk in chunks]
-        else:
-            keyed = ((chunk, outbox.keys_of(shared, chunk, self._limits)) for chunk in chunks)
+            keyed = list(keyed)  # every chunk checked before any of its rows is kept
         for chunk, keys in keyed:
             columns, most = self._columns, outbox.INSERT_CHUNK_ROWS
             if columns["recipient"] and len(columns["recipient"]) + len(chunk) > most:

@@ -97,8 +97,9 @@ def enqueue(
     """
     limits = limits_of(limits, attachment_max_bytes, schema)
     message = check_email(Email(recipients=recipients, subject=subject, body=body, key=key,
-                           attachments=attachments, priority=priority, send_after=send_after,
-                           sender=sender, html=html, inline=inline), limits)
+                                attachments=attachments, priority=priority,
+                                send_after=send_after, sender=sender, html=html, inline=inline),
+                          limits)
     shared = message.shared
     first = next(message.chunks)
     second = next(message.chunks, None)
@@ -134,7 +135,7 @@ def enqueue(
 
 
 def kept_trace(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
-          schema: str | None) -> tracing.TraceContext | None:
+               schema: str | None) -> tracing.TraceContext | None:
     """``trace`` when the outbox has migration 0010's columns to keep it in, else None: asked at
     each traced enqueue (one short catalog query; the search path, and so the outbox, may differ
     from one call to the next), so a job started before the upgrade traces once it is done."""
@@ -155,7 +156,7 @@ def trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
 
 
 def limits_of(limits: SizeLimits | None, attachment_max_bytes: int | None,
-            schema: object) -> SizeLimits:
+              schema: object) -> SizeLimits:
     if schema is not None and not isinstance(schema, str):
         raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
     limits = limits or SizeLimits()
