@@ -17,13 +17,12 @@ import time
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from bench.workload import BODY
 from postroom.devkit.scratch import scratch
 from postroom.settings import Settings
-from relay import sql
+from relay import pgdriver, sql
 from relay.db import libpq_conninfo, make_engine, upgrade
 
 ROUNDS, CALLS, CHUNK, CHUNKS = 5, 1_000, 10_000, 5
@@ -32,18 +31,10 @@ VARIANTS = ("0004: dynamic SQL, two triggers, foreign key",
             "no trigger")
 
 _DIALECT = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
-
-
-def _driver_sql(text: str, binary: tuple[str, ...] = ()) -> str:
-    query = str(sa.text(text.format(outbox="outbox", trace="", trace_values=""))
-                .compile(dialect=_DIALECT))
-    for name in binary:
-        query = query.replace(f"%({name})s", f"%({name})b")
-    return query
-
-
-ROW = _driver_sql(sql.INSERT_ROW)
-ROWS = _driver_sql(sql.INSERT_ROWS, ("keys", "recipients"))
+# The statements enqueue's fast path sends (INSERT_ROW, INSERT_ROWS with its lists in binary).
+ROW = pgdriver.driver_sql(sql.insert_row(None).text, _DIALECT, frozenset())
+ROWS = pgdriver.driver_sql(sql.insert_rows(None).text, _DIALECT,
+                           frozenset({"keys", "recipients"}))
 SHARED: dict[str, Any] = {"message_key": "m", "sender": None, "subject": "S", "body": BODY,
                           "attachments": [], "html": None, "inline": [], "priority": "normal",
                           "available_at": None}
