@@ -9,7 +9,7 @@ import itertools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -53,8 +53,7 @@ class Email:
     inline: Sequence[str | Path] = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Message:
+class _Message(NamedTuple):
     """An email's checked values, shared by its rows (the row columns, by name)."""
 
     shared: dict[str, Any]
@@ -211,15 +210,20 @@ def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any]
     counted whole: the text and HTML bodies, the attachments' and inline images' paths. Counted
     from the values' lengths; a value the count refuses is encoded, for the encoder's words."""
     key, recipient = key_and_recipient
-    values = {"idempotency_key": key, "message_key": shared["message_key"],
-              "outbox_id": EVENT_SIZE_OUTBOX_ID, "recipient": recipient,
-              "sender": shared["sender"] or "", "subject": shared["subject"],
-              "body": shared["body"], "priority": shared["priority"],
-              "created_at": dt.datetime.now(dt.UTC), "html": shared["html"]}
+    created_at = dt.datetime.now(dt.UTC)
     try:
-        size = requested_event_size(**values, attachments=shared["attachments"],
-                                    inline=shared["inline"])
+        size = requested_event_size(
+            idempotency_key=key, message_key=shared["message_key"],
+            outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=recipient, sender=shared["sender"] or "",
+            subject=shared["subject"], body=shared["body"], priority=shared["priority"],
+            created_at=created_at, html=shared["html"], attachments=shared["attachments"],
+            inline=shared["inline"])
     except SchemaError:
+        values = {"idempotency_key": key, "message_key": shared["message_key"],
+                  "outbox_id": EVENT_SIZE_OUTBOX_ID, "recipient": recipient,
+                  "sender": shared["sender"] or "", "subject": shared["subject"],
+                  "body": shared["body"], "priority": shared["priority"],
+                  "created_at": created_at, "html": shared["html"]}
         size = _encoded_event_size(values, shared)
     if size > limits.event_max_bytes:
         raise InvalidEmailError(

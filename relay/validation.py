@@ -23,8 +23,9 @@ MAX_HTML_BYTES = 512 * 1024
 
 
 class _as_enqueue_error:
-    """postroom.rules' refusal, raised as the EnqueueError the caller documents. A class, not
-    a generator: an invoice's checks enter it seven times, 1.2 µs each as @contextmanager."""
+    """postroom.rules' refusal, raised as the EnqueueError the caller documents, for the checks
+    of attachments. The checks every email meets catch the refusal themselves: a try costs
+    nothing until it raises, where entering this costs about 0.3 µs."""
 
     __slots__ = ("error",)
 
@@ -42,8 +43,10 @@ class _as_enqueue_error:
 
 def check_address(address: object, *, what: str = "recipient") -> str:
     """Return the address with surrounding blanks removed, or raise InvalidEmailError saying why."""
-    with _as_enqueue_error():
+    try:
         return rules.check_address(address, what=what)
+    except InvalidContentError as exc:
+        raise InvalidEmailError(str(exc)) from None
 
 
 def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -51,12 +54,27 @@ def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]
     lists of up to ``size``; checked as the chunks are asked for, so an iterator of any length
     is never held whole. Duplicates stay: the insert skips a second row of one idempotency key
     (the address compared case-insensitively)."""
+    if type(recipients) is list and 0 < len(recipients) <= size:
+        # One chunk (a personalised email's one recipient, most often), checked at once as the
+        # generator would check it when its first chunk is asked for, without the generator.
+        return iter((_checked(recipients),))
     if isinstance(recipients, str):
         raise InvalidEmailError("recipients must be a list of addresses, not one string")
     if isinstance(recipients, bytes | bytearray) or not isinstance(recipients, Iterable):
         raise InvalidEmailError("recipients must be a list of addresses, not "
                                 f"{type(recipients).__name__}")
     return _chunks(recipients, size)
+
+
+def _checked(recipients: list[str]) -> list[str]:
+    check = rules.check_address
+    try:
+        addresses = [check(raw) for raw in recipients]
+        for address in addresses:
+            check_recipient_composable(address)
+    except InvalidContentError as exc:
+        raise InvalidEmailError(str(exc)) from None
+    return addresses
 
 
 def _chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -78,25 +96,33 @@ def _chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def check_subject(subject: object) -> str:
-    with _as_enqueue_error():
+    try:
         return rules.check_subject(subject)
+    except InvalidContentError as exc:
+        raise InvalidEmailError(str(exc)) from None
 
 
 def check_key(key: object) -> str:
-    with _as_enqueue_error():
+    try:
         return rules.check_key(key)
+    except InvalidContentError as exc:
+        raise InvalidEmailError(str(exc)) from None
 
 
 def check_body(body: object, max_bytes: int = rules.DEFAULT_BODY_MAX_BYTES) -> str:
-    with _as_enqueue_error():
+    try:
         return rules.check_body(body, max_bytes)
+    except InvalidContentError as exc:
+        raise InvalidEmailError(str(exc)) from None
 
 
 def check_headers(sender: str, recipient: str, subject: str, attachments: Sequence[str]) -> None:
     """InvalidEmailError when the message would not carry exactly its intended headers (an
     encoded line break in the subject or a file name, say)."""
-    with _as_enqueue_error():
+    try:
         check_composable(sender, recipient, subject, [Path(p).name for p in attachments])
+    except InvalidContentError as exc:
+        raise InvalidEmailError(str(exc)) from None
 
 
 def check_html(html: str | None) -> str | None:
@@ -136,6 +162,8 @@ def check_inline(paths: Sequence[str | Path], html: str | None, max_bytes: int,
 
 
 def check_priority(priority: str | Priority) -> Priority:
+    if type(priority) is Priority:
+        return priority
     try:
         return Priority.parse(str(priority))
     except ValueError as exc:
@@ -153,6 +181,8 @@ def check_files(paths: Sequence[str | Path], max_bytes: int, total_max_bytes: in
                 *, what: str = "attachment", counted_bytes: int = 0) -> tuple[list[str], int]:
     """:func:`check_attachments`, and the bytes of the files with the ``counted_bytes`` of
     files checked before them (inline images count after the attachments)."""
+    if type(paths) in (tuple, list) and not paths:  # most emails have none
+        return [], counted_bytes
     if isinstance(paths, (str, Path)):
         raise InvalidEmailError(f"{what}s must be a list of paths, not one path")
     if isinstance(paths, bytes | bytearray) or not isinstance(paths, Iterable):

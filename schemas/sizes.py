@@ -27,7 +27,7 @@ def _long_size(value: int) -> int:
 
 
 def _string_size(text: str) -> int:
-    size = len(text.encode())
+    size = len(text) if type(text) is str and text.isascii() else len(text.encode())
     return (1 if size < 64 else _long_size(size)) + size
 
 
@@ -69,9 +69,10 @@ def requested_event_size(*, idempotency_key: str, message_key: str, outbox_id: i
     event_size."""
     symbols, header = _requested_layout()
     try:
-        strings = (_string_size(idempotency_key) + _string_size(message_key)
-                   + _string_size(recipient) + _string_size(sender) + _string_size(subject)
-                   + _string_size(body))
+        strings = 0
+        for text in (idempotency_key, message_key, recipient, sender, subject, body):
+            size = len(text) if type(text) is str and text.isascii() else len(text.encode())
+            strings += (1 if size < 64 else _long_size(size)) + size
         priority_size = symbols[priority]
         millis = (created_at - EPOCH) // MILLISECOND
         html_size = 1 if html is None else 1 + _string_size(html)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
 from postroom import Batch, enqueue
+from relay import batch as batch_module
 from relay import inserts, outbox
 from relay.errors import EnqueueError, InvalidEmailError, SchemaNotReadyError
 from support.enqueue_strategies import ROW_COLUMNS, email_kwargs
@@ -198,6 +199,29 @@ def test_calls_do_not_wait_the_rows_go_in_few_statements(
         assert batch.new == 0  # not counted before the block ends
     assert sent == [3, 3, 1]
     assert batch.new == batch.given == 7
+
+
+def test_one_recipient_emails_go_in_statements_of_statement_rows_and_a_big_email_whole(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STATEMENT_ROWS bounds a statement of many emails; one email's chunk of recipients (up
+    to INSERT_CHUNK_ROWS) is never split across statements."""
+    sent: list[int] = []
+    real = inserts.Inserts.add
+
+    def spy(self: inserts.Inserts, statement: sa.TextClause, params: dict[str, Any]) -> None:
+        sent.append(len(params["recipient"]))
+        real(self, statement, params)
+
+    monkeypatch.setattr(inserts.Inserts, "add", spy)
+    monkeypatch.setattr(batch_module, "STATEMENT_ROWS", 4)
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 6)
+    with engine.begin() as conn, Batch(conn) as batch:
+        for n in range(9):
+            batch.enqueue(key=f"k{n}", recipients=[f"c{n}@example.com"], subject="S", body="b")
+        batch.enqueue(key="team", recipients=[f"t{n}@example.com" for n in range(7)],
+                      subject="S", body="b")
+    assert sent == [4, 4, 1, 6, 1]  # the team's 7 recipients: chunks of 6 and 1
+    assert batch.new == batch.given == 16
 
 
 def test_no_outbox_is_told_when_the_block_ends(engine: sa.Engine) -> None:
