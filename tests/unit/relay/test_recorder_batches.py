@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from confluent_kafka import Message
 
-from relay.recorder import BATCH_MAX, BATCH_WAIT_S, QUIET_S, gather
+from relay.recorder import BATCH_MAX, BATCH_WAIT_S, GAP_S, QUIET_S, gather
 
 
 class Topic:
@@ -42,8 +42,9 @@ def test_a_burst_is_applied_once_a_read_finds_nothing_new() -> None:
     topic = Topic([300, 200, 7, 0, 50])
     batch = gather(topic.consume, topic.clock)
     assert batch == list(range(507))
-    assert topic.asked == [(BATCH_MAX, QUIET_S), (700, QUIET_S), (500, QUIET_S),
-                           (493, QUIET_S)]
+    # The first read waits QUIET_S for anything; the reads after it GAP_S for more.
+    assert topic.asked == [(BATCH_MAX, QUIET_S), (700, GAP_S), (500, GAP_S), (493, GAP_S)]
+    assert topic.now == GAP_S  # the burst's end was seen one short read after its last record
 
 
 def test_a_batch_stops_at_its_size() -> None:
@@ -64,5 +65,5 @@ def test_a_steady_trickle_is_applied_every_batch_wait() -> None:
     # the batch ends with the first read that finishes past the wait.
     assert len(batch) == len(topic.asked)
     first_read_done = QUIET_S
-    assert first_read_done + BATCH_WAIT_S <= topic.now < first_read_done + BATCH_WAIT_S + QUIET_S * 2
+    assert first_read_done + BATCH_WAIT_S <= topic.now < first_read_done + BATCH_WAIT_S + GAP_S * 2
     assert len(batch) < BATCH_MAX
