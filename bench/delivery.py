@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from email.message import EmailMessage
 from email.utils import make_msgid
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 
 import aiosmtplib
 import sqlalchemy as sa
+from confluent_kafka import ConsumerGroupState, KafkaException
 
 from bench import seed_baseline
 from bench.cpu import CpuUsage, rss_mib, sample, usage
@@ -38,6 +39,7 @@ from postroom.devkit.histograms import SENT_MARK_WINDOW, Buckets, scrape_histogr
 from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses, stop_process
 from postroom.devkit.scratch import scratch_env
+from postroom.kafka import make_admin
 from postroom.settings import ENV_PREFIX, Settings
 from relay.db import make_engine
 
@@ -323,6 +325,38 @@ def wait_all_sent(engine: sa.Engine, components: PostroomProcesses, key: str, em
                      lambda: first_error(engine, key), on_progress=on_progress)
 
 
+GROUP_FORMED_TIMEOUT_S = 60.0
+
+
+def wait_group_formed(settings: Settings, components: PostroomProcesses, senders: Sequence[str],
+                      timeout_s: float = GROUP_FORMED_TIMEOUT_S) -> None:
+    """Until the sender group is stable with one member per sender, each holding partitions, as
+    the broker describes it, and every sender has logged an assignment. The warm-up email alone
+    showed only that one sender ran: a second that joined after it took its share mid-run, and
+    in one run of two senders the first sent 86% of the emails."""
+    admin = make_admin(settings)
+    group = settings.sender_group
+    deadline = time.monotonic() + timeout_s
+    seen = "not described yet"
+    while time.monotonic() < deadline:
+        components.check_alive()
+        try:
+            described = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+        except KafkaException as exc:
+            seen = f"cannot describe it: {exc}"
+        else:
+            holding = [m for m in described.members if m.assignment.topic_partitions]
+            seen = (f"{described.state.name.lower()}, {len(described.members)} member(s), "
+                    f"{len(holding)} holding partitions")
+            if (described.state is ConsumerGroupState.STABLE and len(holding) == len(senders)
+                    == len(described.members)
+                    and all("assigned " in components.log(name) for name in senders)):
+                return
+        time.sleep(0.2)
+    raise BenchError(f"the sender group {group} did not form with {len(senders)} member(s) "
+                     f"within {timeout_s:.0f}s ({seen})")
+
+
 def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,
                  senders: int = 1) -> Timed:
     """From the enqueue commit to the last row recorded sent; notes what the logs complained of,
@@ -346,6 +380,7 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
                 wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
+                wait_group_formed(settings, components, list(sender_ports))
                 window_before = scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
                 progress(f"delivery: postroom is up (one warm-up email went through); "
                          f"enqueueing {emails:,} rows in one transaction")
