@@ -190,7 +190,8 @@ def check_body(body: object, max_bytes: int = DEFAULT_BODY_MAX_BYTES) -> str:
     if "\x00" in text:
         raise InvalidContentError("body contains a NUL character")
     # ASCII text (isascii() reads a flag of the string) is as many bytes as characters
-    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    size = (len(text) if type(text) is str and text.isascii()
+            else len(text.encode("utf-8", "surrogatepass")))
     if size > max_bytes:
         raise InvalidContentError(f"body is {size} bytes, over the limit of {max_bytes} "
                                   "(POSTROOM_BODY_MAX_BYTES); attach large content as a file")

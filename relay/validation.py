@@ -68,10 +68,12 @@ def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]
 
 def _checked(recipients: list[str]) -> list[str]:
     check = rules.check_address
+    addresses = []
     try:
-        addresses = [check(raw) for raw in recipients]
-        for address in addresses:
+        for raw in recipients:  # each whole before the next, as _chunks checks them
+            address = check(raw)
             check_recipient_composable(address)
+            addresses.append(address)
     except InvalidContentError as exc:
         raise InvalidEmailError(str(exc)) from None
     return addresses

@@ -71,3 +71,25 @@ def test_every_recipients_header_is_checked_not_only_the_firsts() -> None:
             ["ok@example.com", "=?utf-8?q?a=0D=0A?=@example.com"], 10))
     assert list(validation.recipient_chunks(["ok@example.com", "José@example.com"], 10)) == [
         ["ok@example.com", "José@example.com"]]
+
+
+def _chunks_or_refusal(recipients: object, size: int) -> object:
+    try:
+        return list(validation.recipient_chunks(recipients, size))
+    except EnqueueError as exc:
+        return type(exc).__name__, str(exc)
+
+
+RECIPIENT = st.one_of(
+    st.from_regex(r"[a-z]{1,4}@example\.com", fullmatch=True), ANYTHING,
+    st.sampled_from(["=?utf-8?q?a=0D=0A?=@example.com", "nope", " pad@example.com ", "José@b.c"]))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(recipients=st.lists(RECIPIENT, max_size=5), size=st.integers(1, 6))
+@example(recipients=["=?utf-8?q?a=0D=0A?=@example.com", "nope"], size=10)
+def test_a_list_of_one_chunk_is_checked_as_the_generator_checks_any_iterable(
+        recipients: list[object], size: int) -> None:
+    """A list of at most one chunk is checked at once, without the generator (issue 26): the
+    same chunks, or the same refusal naming the same recipient, as an iterator of it gets."""
+    assert _chunks_or_refusal(recipients, size) == _chunks_or_refusal(iter(recipients), size)
