@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import shutil
 import socket
@@ -134,6 +135,8 @@ class Timed:
     rss_mib: tuple[float, float] | None = None  # the sender's resident memory at start and end
     window: Buckets | None = None  # postroom: its senders' duplicate window over the run
     job_seconds: float | None = None  # seed and postroom: from the job's start (its enqueue)
+    # slowsink: the client's turn-around per message over the run (bench.slowsink.Turnaround)
+    turnaround: Mapping[str, Mapping[str, float]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +217,20 @@ def smtp_server(plan: ServerPlan) -> Iterator[Server]:
         yield Server(port, process.pid)
     finally:
         stop_process(process)
+
+
+def take_turnaround(server: Server) -> dict[str, dict[str, float]]:
+    """slowsink's turn-around figures since the last call (its XTURN), which starts them again."""
+    with socket.create_connection((HOST, server.port), timeout=SMTP_TIMEOUT_S) as sock, \
+            sock.makefile("rwb") as wire:
+        wire.readline()  # greeting
+        wire.write(b"XTURN\r\nQUIT\r\n")
+        wire.flush()
+        reply = wire.readline()
+    if not reply.startswith(b"250 "):
+        raise BenchError(f"slowsink answered XTURN with {reply[:80]!r}")
+    figures: dict[str, dict[str, float]] = json.loads(reply[4:])
+    return figures
 
 
 # -- (a) the seed ----------------------------------------------------------------------------------
@@ -350,11 +367,18 @@ def wait_group_formed(settings: Settings, components: PostroomProcesses, senders
                     f"{len(holding)} holding partitions")
             if (described.state is ConsumerGroupState.STABLE and len(holding) == len(senders)
                     == len(described.members)
-                    and all("assigned " in components.log(name) for name in senders)):
+                    and all(_holds_partitions(components.log(name)) for name in senders)):
                 return
         time.sleep(0.2)
     raise BenchError(f"the sender group {group} did not form with {len(senders)} member(s) "
                      f"within {timeout_s:.0f}s ({seen})")
+
+
+def _holds_partitions(log: str) -> bool:
+    """Whether a sender's last assignment line (sender/consumer.py) gave it partitions."""
+    changes = [line for line in log.splitlines() if " assigned " in line or " revoked " in line]
+    return bool(changes) and " assigned " in changes[-1] and not changes[-1].endswith(
+        " assigned nothing")
 
 
 def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,
@@ -555,7 +579,12 @@ def run(base: Settings, options: Options) -> Section:
                         continue
                     progress(f"delivery: round {round_no + 1}/{rounds}: "
                              f"{_label(design, concurrency)}, {emails:,} emails to {plan.label}")
-                    timings[design].append(_run_design(base, server, design, emails, concurrency))
+                    if plan.latency_ms:
+                        take_turnaround(server)  # what came before this design is not its
+                    timed = _run_design(base, server, design, emails, concurrency)
+                    if plan.latency_ms:
+                        timed = dataclasses.replace(timed, turnaround=take_turnaround(server))
+                    timings[design].append(timed)
         runs += [Run(plan, design, emails, tuple(timings[design]))
                  for design, emails in plan.emails.items()]
     return _section(runs, concurrency)
@@ -589,6 +618,27 @@ def _ms_per_email(cpu: CpuUsage | None, emails: int, *names: str) -> str:
     if cpu is None:
         return "-"
     return f"{sum(cpu.of(name) for name in names) * 1000 / emails:.2f}"
+
+
+def _turnaround_lines(runs: list[Run], concurrency: int) -> list[str]:
+    """slowsink's view of each design's turn-around per message, the median run's: the part of a
+    message's time that is the client's and the wire's, on top of the server's delay."""
+    rows = []
+    for r in runs:
+        figures = r.timed.turnaround
+        if not figures:
+            continue
+        cells = []
+        for stage in ("after_250", "after_354"):
+            got = figures.get(stage, {})
+            cells.append(f"{got['p50_ms']:.2f} / {got['p90_ms']:.2f} / {got['mean_ms']:.2f}"
+                         if got.get("count") else "-")
+        rows.append([_label(r.design, concurrency), *cells])
+    if not rows:
+        return []
+    return [f"turn-around per message on slowsink, as the server saw it (ms, p50 / p90 / mean; "
+            f"the median run's): a message takes the server's {SLOW_LATENCY_MS} ms and these",
+            *table(["design", "250 to the message -> next MAIL", "354 -> message's end"], rows)]
 
 
 def _section(runs: list[Run], concurrency: int) -> Section:
@@ -648,6 +698,8 @@ def _section(runs: list[Run], concurrency: int) -> Section:
                 "duplicate window p50 / p99 ms"], role_rows),
         *(f"postroom logs on {r.server.label}, {r.design}: {r.timed.note}" for r in runs
           if r.design in POSTROOM_DESIGNS and r.timed.note),
+        "",
+        *_turnaround_lines(runs, concurrency),
         "",
         "Ratios:",
         f"  postroom / seed, job start -> last sent, on {sink}: {job_rate[POSTROOM] / job_rate[SEED]:.2f}x "

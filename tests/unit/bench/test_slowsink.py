@@ -4,6 +4,7 @@ at once, in order under pipelining."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiosmtplib
@@ -85,3 +86,38 @@ def test_a_message_split_anywhere_ends_once(chunk: int) -> None:
     replies = asyncio.run(_with_server(split))  # type: ignore[misc]
     assert [line[:3] for line in replies.splitlines()] == [
         b"250", b"250", b"250", b"354", b"250", b"221"]
+
+
+def test_xturn_tells_the_clients_turn_around_and_starts_again() -> None:
+    """A client that waits after the 250 before its next MAIL shows that wait; one that writes
+    its next MAIL behind the message shows none; a second XTURN starts from nothing."""
+    pause_s = 0.03
+
+    async def measured(port: int) -> list[dict[str, dict[str, float]]]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await reader.readline()
+        envelope = b"MAIL FROM:<a@example.com>\r\nRCPT TO:<b@example.com>\r\nDATA\r\n"
+        writer.write(b"HELO me\r\n" + envelope)
+        for _ in range(4):  # HELO, MAIL, RCPT, 354
+            await reader.readline()
+        writer.write(b".\r\n")
+        await reader.readline()  # the delayed 250
+        await asyncio.sleep(pause_s)
+        writer.write(envelope)  # the next MAIL, pause_s after the 250
+        for _ in range(3):
+            await reader.readline()
+        writer.write(b".\r\n" + envelope)  # the one after it, behind the message
+        for _ in range(4):  # 250 to the message, then MAIL, RCPT, 354
+            await reader.readline()
+        writer.write(b".\r\nXTURN\r\nXTURN\r\nQUIT\r\n")
+        await reader.readline()  # 250 to the message
+        taken = [json.loads((await reader.readline())[4:]) for _ in range(2)]
+        writer.close()
+        return taken
+
+    first, second = asyncio.run(_with_server(measured))  # type: ignore[misc]
+    after_250, after_354 = first["after_250"], first["after_354"]
+    assert after_250["count"] == 2 and after_354["count"] == 3
+    assert after_250["mean_ms"] >= pause_s * 1000 / 2  # one of the two waited pause_s
+    assert after_250["p50_ms"] < pause_s * 1000  # the median of two: their mean
+    assert second == {"after_250": {"count": 0}, "after_354": {"count": 0}}
