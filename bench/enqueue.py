@@ -5,7 +5,8 @@ Each measurement runs with the fast path and, interleaved with it, with the refe
 (relay.outbox.FAST_PATH off: every statement through SQLAlchemy, as INSERT_ROWS or
 INSERT_EMAILS); personalised calls a third time with the full build
 (check_composable_by_building) as the header check, and twice more as Batch.enqueue calls (fast
-path and reference), so all figures come from one run.
+path and reference), so all figures come from one run. enqueue_many runs a third time with no
+statement sent (Inserts.add does nothing): the job's own share of its time, beside the whole.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from bench.workload import BODY, MAIL_FROM, SUBJECT
 from postroom import Batch, Email, enqueue, enqueue_many
 from postroom.mime import check_composable_by_building
 from postroom.settings import Settings
-from relay import outbox, validation
+from relay import inserts, outbox, validation
 from relay.db import make_engine
 
 RUNS = 3  # of each measurement; the figure is the median, the spread min..max
@@ -56,6 +57,17 @@ def _reference_path() -> Iterator[None]:
         yield
     finally:
         outbox.FAST_PATH = True
+
+
+@contextlib.contextmanager
+def _nothing_sent() -> Iterator[None]:
+    """enqueue_many's own share: every email checked and its row built, no statement sent."""
+    real = inserts.Inserts.add
+    inserts.Inserts.add = lambda self, statement, params: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        inserts.Inserts.add = real  # type: ignore[method-assign]
 
 
 def _timed(engine: sa.Engine, work: Callable[[sa.Connection], int]) -> tuple[float, int]:
@@ -100,6 +112,16 @@ def _many(tag: str, emails: int) -> Callable[[sa.Connection], int]:
     return work
 
 
+def _many_unsent(tag: str, emails: int) -> Callable[[sa.Connection], int]:
+    """:func:`_many`, counting the emails (with nothing sent, no row is new)."""
+    many = _many(tag, emails)
+
+    def work(conn: sa.Connection) -> int:
+        many(conn)
+        return emails
+    return work
+
+
 def _rates(figures: list[float]) -> tuple[float, str]:
     return statistics.median(figures), f"{fmt_rate(min(figures))}..{fmt_rate(max(figures))}"
 
@@ -122,7 +144,8 @@ def run(base: Settings, options: Options) -> Section:
     results: dict[str, list[float]] = {
         "personalised": [], "personalised, reference": [], "personalised, full build": [],
         "batch": [], "batch, reference": [],
-        "bulk": [], "bulk, reference": [], "many": [], "many, reference": []}
+        "bulk": [], "bulk, reference": [], "many": [], "many, reference": [],
+        "many, nothing sent": []}
     with scratch(base, "enqueue") as settings:
         engine = make_engine(settings)
         try:
@@ -141,7 +164,9 @@ def run(base: Settings, options: Options) -> Section:
                         ("bulk", _bulk(f"bulk{run_no}", bulk_rows), None),
                         ("bulk, reference", _bulk(f"bulkr{run_no}", bulk_rows), _reference_path),
                         ("many", _many(f"many{run_no}", many), None),
-                        ("many, reference", _many(f"manyr{run_no}", many), _reference_path)):
+                        ("many, reference", _many(f"manyr{run_no}", many), _reference_path),
+                        ("many, nothing sent", _many_unsent(f"manyn{run_no}", many),
+                         _nothing_sent)):
                     with mode() if mode is not None else contextlib.nullcontext():
                         seconds, rows = _timed(engine, work)
                     results[name].append(per_s(rows, seconds))
@@ -159,7 +184,8 @@ def run(base: Settings, options: Options) -> Section:
               "bulk": f"one enqueue call, {bulk_rows:,} recipients (rows/s)",
               "bulk, reference": "  the same, fast path off (reference)",
               "many": f"enqueue_many, {many:,} one-recipient emails (rows/s)",
-              "many, reference": "  the same, fast path off (reference)"}
+              "many, reference": "  the same, fast path off (reference)",
+              "many, nothing sent": "  the same, no statement sent: the job's share (emails/s)"}
     medians: dict[str, float] = {}
     for name, figures in results.items():
         medians[name], spread = _rates(figures)
