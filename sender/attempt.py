@@ -57,6 +57,33 @@ class AttemptRules:
     group: str | None = None  # the consumer group, for the spans' attributes
 
 
+class _Turn:
+    """A send's turn at its destination, given back once: when the server has accepted the
+    message, from the read of its 250, or after the send whatever came of it."""
+
+    __slots__ = ("_destination", "_given_back", "_line")
+
+    def __init__(self, line: DestinationLine, destination: str) -> None:
+        self._line = line
+        self._destination = destination
+        self._given_back = False
+
+    def give_back_now(self) -> None:
+        """The server accepted the message (a 250 is never throttling): the turn goes back from
+        the read of the 250. The connection's reply woke the send's coroutine first, so at the
+        loop's next turn it gives its connection back before the send given this turn looks:
+        that send writes its MAIL in the turn after the 250, not in the one after that."""
+        if not self._given_back:
+            self._given_back = True
+            self._line.release_now(self._destination)
+
+    async def give_back(self, *, throttled: bool) -> None:
+        """After the send, unless the 250 gave it back already."""
+        if not self._given_back:
+            self._given_back = True
+            await self._line.release(self._destination, throttled=throttled)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sent:
     """One send: the reply, the Message-ID, when the reply was read, for a 250 its ledger mark
@@ -208,6 +235,7 @@ class Attempts:
         """Send through a held connection, the destination's turn given back after it; None
         when the claim was lost while the send waited."""
         throttled = False
+        turn = _Turn(self._line, destination)
         try:
             async with self._transport.slot() as slot:
                 if not await self._still_ours(event.idempotency_key, claim, claimed_at):
@@ -215,7 +243,7 @@ class Attempts:
                 with self._tracing.span("smtp send", trace, kind="client", attributes=lambda: {
                         "postroom.attempt": event.attempt,
                         "postroom.destination": destination}) as smtp:
-                    sent = await self._send(event, slot, may_defer)
+                    sent = await self._send(event, slot, may_defer, turn.give_back_now)
                     smtp.set(lambda: {
                         "postroom.smtp.reply_code": sent.reply.code,
                         "postroom.smtp.failure": (sent.reply.failure.value
@@ -227,7 +255,7 @@ class Attempts:
                 throttled = sent.throttled
                 return sent
         finally:
-            await self._line.release(destination, throttled=throttled)
+            await turn.give_back(throttled=throttled)
 
     async def _still_ours(self, key: str, claim: ClaimResult, claimed_at: float) -> bool:
         """Renew a claim that waited too long for its turn, or that an ended ledger session took;
@@ -239,7 +267,8 @@ class Attempts:
         self._metrics.inc(CLAIMS_RENEWED_TOTAL, result="kept" if kept else "lost")
         return kept
 
-    async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool) -> Sent:
+    async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool,
+                    on_accepted: Callable[[], None]) -> Sent:
         key = event.idempotency_key
         started = self._clock.monotonic()
         marks: list[tuple[asyncio.Future[float], float]] = []
@@ -249,6 +278,7 @@ class Attempts:
             # the send's coroutine resumes, the slot and the destination are given back, or the
             # loop turns.
             marks.append((self._ledger.start_mark(key, message_id), self._clock.monotonic()))
+            on_accepted()
 
         reply, message_id = await slot.send(event, self._clock.utcnow(), accepted)
         mark, read_at = marks[0] if marks else (None, self._clock.monotonic())

@@ -4,6 +4,8 @@ decisions are sender/throttle.py's; this is the asyncio side (waiting, waking)."
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -26,18 +28,13 @@ class DestinationGate:
         self._states: dict[str, Destination] = {}
         self._line_length = limits.concurrency * queued_per_send
         self._lines: dict[str, asyncio.Semaphore] = {}
-        # One lock; a condition per destination, so a finished send wakes only the sends waiting
-        # for its destination, and only as many as may start (one condition for all woke every
-        # waiter on every release: ~100 wake-ups per email when all mail goes to one domain).
-        self._lock = asyncio.Lock()
-        self._changed: dict[str, asyncio.Condition] = {}
+        # The sends waiting for each destination's turn, a future each, so a finished send wakes
+        # only the sends waiting for its destination, and only as many as may start (one
+        # condition for all woke every waiter on every release: ~100 wake-ups per email when all
+        # mail goes to one domain); futures rather than a condition, so a release needs no lock
+        # and can be made from a callback (release_now).
+        self._waiters: dict[str, collections.deque[asyncio.Future[None]]] = {}
         self.waiting = 0  # sends waiting for their destination right now
-
-    def _condition(self, name: str) -> asyncio.Condition:
-        condition = self._changed.get(name)
-        if condition is None:
-            condition = self._changed[name] = asyncio.Condition(self._lock)
-        return condition
 
     async def queue(self, name: str) -> None:
         line = self._lines.get(name)
@@ -56,40 +53,63 @@ class DestinationGate:
         self._lines[name].release()
 
     async def acquire(self, name: str) -> None:
-        changed = self._condition(name)
-        async with changed:
-            counted = False
-            try:
-                while True:
-                    dest = self._states.get(name) or Destination.fresh(self._limits)
-                    now = self._clock()
-                    delay = wait_s(dest, now)
-                    if delay == 0.0:
-                        self._states[name] = started(dest, self._limits, now)
-                        return
-                    if not counted:
-                        self.waiting += 1
-                        counted = True
-                    try:
-                        if delay is None:  # until a send ends
-                            await changed.wait()
-                        else:
-                            await asyncio.wait_for(changed.wait(), timeout=delay)
-                    except TimeoutError:
-                        pass  # the pause or the rate gap is over: look again
-                    except asyncio.CancelledError:
-                        changed.notify(1)  # a wake-up meant for us goes to the next waiter
-                        raise
-            finally:
-                if counted:
-                    self.waiting -= 1
+        waiters = self._waiters.get(name)
+        if waiters is None:
+            waiters = self._waiters[name] = collections.deque()
+        counted = False
+        try:
+            while True:
+                dest = self._states.get(name) or Destination.fresh(self._limits)
+                now = self._clock()
+                delay = wait_s(dest, now)
+                if delay == 0.0:
+                    self._states[name] = started(dest, self._limits, now)
+                    return
+                if not counted:
+                    self.waiting += 1
+                    counted = True
+                woken = asyncio.get_running_loop().create_future()
+                waiters.append(woken)
+                try:
+                    if delay is None:  # until a send ends
+                        await woken
+                    else:
+                        await asyncio.wait_for(woken, timeout=delay)
+                except TimeoutError:
+                    pass  # the pause or the rate gap is over: look again
+                except asyncio.CancelledError:
+                    if woken.done() and not woken.cancelled():
+                        self._wake(name, 1)  # a wake-up meant for us goes to the next waiter
+                    raise
+                finally:
+                    if not woken.done():
+                        woken.cancel()
+                    if woken.cancelled():  # never popped by a wake-up: not left in the line
+                        with contextlib.suppress(ValueError):
+                            waiters.remove(woken)
+        finally:
+            if counted:
+                self.waiting -= 1
 
     async def release(self, name: str, *, throttled: bool) -> None:
-        changed = self._condition(name)
-        async with changed:
-            dest = self._states.get(name) or Destination.fresh(self._limits)
-            dest = self._states[name] = finished(dest, self._limits, self._clock(), throttled)
-            changed.notify(max(1, dest.limit - dest.in_flight))
+        """The send to ``name`` ended; ``throttled``: its reply was throttling."""
+        self.release_now(name, throttled=throttled)
+
+    def release_now(self, name: str, *, throttled: bool = False) -> None:
+        """:meth:`release`, from a callback: the sends it lets start are woken at once."""
+        dest = self._states.get(name) or Destination.fresh(self._limits)
+        dest = self._states[name] = finished(dest, self._limits, self._clock(), throttled)
+        self._wake(name, max(1, dest.limit - dest.in_flight))
+
+    def _wake(self, name: str, count: int) -> None:
+        """Wake up to ``count`` of the sends waiting for ``name``, the longest waiting first
+        (each looks at the destination again when it runs; one that may not start waits anew)."""
+        waiters = self._waiters.get(name)
+        while count > 0 and waiters:
+            woken = waiters.popleft()
+            if not woken.done():
+                woken.set_result(None)
+                count -= 1
 
     def paused(self) -> int:
         """Destinations paused by a throttling reply now."""

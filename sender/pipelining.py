@@ -214,6 +214,10 @@ class Pipeline(asyncio.Protocol):
                 if self._on_accepted is not None:
                     on_accepted, self._on_accepted = self._on_accepted, None
                     if is_accepted(reply.code):
+                        # The send is woken first, so at the loop's next turn it runs (and gives
+                        # its connection back) before whatever the acceptance wakes: the next
+                        # send, given the destination's turn by on_accepted, then finds both.
+                        self._wake()
                         on_accepted(reply.code, reply.message)
                 elif self._group is not None:
                     self._group_replied(self._group, reply)

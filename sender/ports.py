@@ -59,7 +59,8 @@ class MailTransport(Protocol):
 
 class DestinationLine(Protocol):
     """Each destination's turn: ``queue`` and ``unqueue`` around the claim, ``acquire`` before a
-    send and ``release`` after it (sender/destinations.py's DestinationGate)."""
+    send and ``release`` after it, or ``release_now`` from a callback once the server accepted
+    the message (sender/destinations.py's DestinationGate)."""
 
     async def queue(self, name: str) -> None: ...
 
@@ -68,6 +69,8 @@ class DestinationLine(Protocol):
     async def acquire(self, name: str) -> None: ...
 
     async def release(self, name: str, *, throttled: bool) -> None: ...
+
+    def release_now(self, name: str) -> None: ...
 
     def paused(self) -> int: ...
 

@@ -173,6 +173,11 @@ class FakeSlot:
         transport.trace.append(("send", event.idempotency_key, reply.code))
         if reply.stage is Stage.DATA and reply.code is not None and 200 <= reply.code < 300:
             on_accepted(message_id)
+        if transport.loop_turns_after_reply:
+            # As a real connection's reply: read in a callback, the send resumes a turn later.
+            for _ in range(transport.loop_turns_after_reply):
+                await asyncio.sleep(0)
+            transport.trace.append(("send resumed", event.idempotency_key))
         return reply, message_id
 
 
@@ -202,6 +207,7 @@ class FakeTransport:
         self.sent: list[tuple[EmailRequested, SmtpReply]] = []
         self.held = 0
         self.raises: BaseException | None = None  # what every send raises, when set
+        self.loop_turns_after_reply = 0  # loop turns between a reply and the send's return
 
     def slot(self) -> _Held:
         return _Held(self)
@@ -230,6 +236,9 @@ class FakeLine:
             self.on_acquire.pop(0)()
 
     async def release(self, name: str, *, throttled: bool) -> None:
+        self.release_now(name, throttled=throttled)
+
+    def release_now(self, name: str, *, throttled: bool = False) -> None:
         self.in_turn -= 1
         self.trace.append(("turn over", name, throttled))
         if throttled:

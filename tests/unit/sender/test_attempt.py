@@ -308,3 +308,16 @@ def test_with_tracing_the_attempt_the_send_and_the_retry_are_spans_of_the_events
         PARENT.trace_id, f"{process.context.span_id:016x}", 1, "a=1")
     assert from_headers(retry_headers) == TraceContext(
         PARENT.trace_id, f"{retry.context.span_id:016x}", 1, "a=1")
+
+
+@pytest.mark.parametrize(("reply", "given_back"), [
+    (OK, ["turn over", "send resumed"]),  # from the 250's read, before the send resumes
+    (TRANSIENT, ["send resumed", "turn over"]),  # after the send, whatever came of it
+])
+def test_the_turn_is_given_back_once_and_from_the_250_when_accepted(
+        reply: SmtpReply, given_back: list[str]) -> None:
+    w = world([reply])
+    w.transport.loop_turns_after_reply = 1
+    w.deliver(Admitted(event()))
+    assert [step[0] for step in w.trace if step[0] in ("turn over", "send resumed")] == given_back
+    assert w.line.in_turn == 0

@@ -91,3 +91,20 @@ def test_a_line_holds_its_length_of_sends_and_lets_the_next_in_as_one_leaves() -
     assert waiting_while_full == 1  # counted as waiting for its destination
     assert waiting_after == 0
     assert blocked and entered and not_cancelled
+
+
+def test_a_turn_given_back_without_awaiting_lets_the_next_send_start_one_loop_turn_later() -> None:
+    """release_now, for a reply's callback (no coroutine to await in), wakes the waiting send
+    at once: it has started by the loop's next turn."""
+    gate = DestinationGate(ThrottleLimits(1, 0.0, 1.0))
+
+    async def run() -> tuple[bool, bool]:
+        await gate.acquire("example.com")
+        second = asyncio.ensure_future(gate.acquire("example.com"))
+        await asyncio.sleep(0.01)
+        waited = not second.done()
+        gate.release_now("example.com")
+        await asyncio.sleep(0)
+        return waited, second.done()
+
+    assert asyncio.run(run()) == (True, True)

@@ -177,6 +177,31 @@ def test_the_acceptance_is_told_from_the_read_of_the_250_before_the_send_resumes
     assert told == [(250, "2.0.0 queued as 1", [250, 250, 354, 250])]
 
 
+def test_the_send_is_woken_before_its_acceptance_is_told() -> None:
+    """So that at the loop's next turn the send (which gives its connection back) runs before
+    what the acceptance wakes: the next send, which the 250 gives the destination's turn."""
+    class Later(ScriptedTransport):
+        def write(self, data: bytes) -> None:  # the 250 comes once the send waits for it
+            answer = self.answers.popleft()
+            asyncio.get_running_loop().call_later(0.01, pipeline.data_received, answer)
+
+    pipeline = Pipeline(cast(asyncio.Transport, Later([GROUP_ACCEPTED, b"250 2.0.0 Ok\r\n"])),
+                        {}, 30)
+    woken: list[bool] = []
+
+    def accepted(code: int, text: str) -> None:
+        waiter = pipeline._waiter
+        woken.append(waiter is not None and waiter.done())
+
+    async def run() -> int:
+        reply = await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>", b"hi\r\n",
+                                           accepted)
+        return reply.code
+
+    assert asyncio.run(run()) == 250
+    assert woken == [True]
+
+
 class RecordingTransport(ScriptedTransport):
     """A scripted transport that keeps what was written, with the replies then still queued."""
 
