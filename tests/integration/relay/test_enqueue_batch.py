@@ -181,17 +181,23 @@ def test_a_database_error_is_raised_once_sent_and_the_batch_takes_no_more(
     assert refused == ["SchemaNotReadyError", "RuntimeError"]
 
 
-def test_calls_do_not_wait_the_rows_go_in_few_statements(
-        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not a vacuous agreement: seven emails, three statements of up to three rows."""
-    sent: list[int] = []
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each statement a batch sends, in order."""
+    rows: list[int] = []
     real = inserts.Inserts.add
 
     def spy(self: inserts.Inserts, statement: sa.TextClause, params: dict[str, Any]) -> None:
-        sent.append(len(params["recipient"]))
+        rows.append(len(params["recipient"]))
         real(self, statement, params)
 
     monkeypatch.setattr(inserts.Inserts, "add", spy)
+    return rows
+
+
+def test_calls_do_not_wait_the_rows_go_in_few_statements(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, sent: list[int]) -> None:
+    """Not a vacuous agreement: seven emails, three statements of up to three rows."""
     monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 3)
     with engine.begin() as conn, Batch(conn) as batch:
         for n in range(7):
@@ -202,17 +208,9 @@ def test_calls_do_not_wait_the_rows_go_in_few_statements(
 
 
 def test_one_recipient_emails_go_in_statements_of_statement_rows_and_a_big_email_whole(
-        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, sent: list[int]) -> None:
     """STATEMENT_ROWS bounds a statement of many emails; one email's chunk of recipients (up
     to INSERT_CHUNK_ROWS) is never split across statements."""
-    sent: list[int] = []
-    real = inserts.Inserts.add
-
-    def spy(self: inserts.Inserts, statement: sa.TextClause, params: dict[str, Any]) -> None:
-        sent.append(len(params["recipient"]))
-        real(self, statement, params)
-
-    monkeypatch.setattr(inserts.Inserts, "add", spy)
     monkeypatch.setattr(batch_module, "STATEMENT_ROWS", 4)
     monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 6)
     with engine.begin() as conn, Batch(conn) as batch:
