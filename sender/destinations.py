@@ -12,6 +12,11 @@ from collections.abc import Callable
 from sender.throttle import Destination, ThrottleLimits, finished, started, wait_s
 
 
+def _resolve(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
 class DestinationGate:
     """``await acquire(d)`` before a send to destination ``d``, ``await release(d, throttled)``
     after it. Sends to other destinations never wait on ``d``.
@@ -68,25 +73,26 @@ class DestinationGate:
                 if not counted:
                     self.waiting += 1
                     counted = True
-                woken = asyncio.get_running_loop().create_future()
+                loop = asyncio.get_running_loop()
+                woken = loop.create_future()
                 waiters.append(woken)
+                # Until a send ends, or the pause or rate gap is over (then look again). A timer
+                # rather than asyncio.wait_for, which in 3.11 swallows a cancellation that comes
+                # once the future is done: a send cancelled at shutdown then started anyway.
+                timer = None if delay is None else loop.call_later(delay, _resolve, woken)
                 try:
-                    if delay is None:  # until a send ends
-                        await woken
-                    else:
-                        await asyncio.wait_for(woken, timeout=delay)
-                except TimeoutError:
-                    pass  # the pause or the rate gap is over: look again
+                    await woken
                 except asyncio.CancelledError:
                     if woken.done() and not woken.cancelled():
                         self._wake(name, 1)  # a wake-up meant for us goes to the next waiter
                     raise
                 finally:
+                    if timer is not None:
+                        timer.cancel()
                     if not woken.done():
                         woken.cancel()
-                    if woken.cancelled():  # never popped by a wake-up: not left in the line
-                        with contextlib.suppress(ValueError):
-                            waiters.remove(woken)
+                    with contextlib.suppress(ValueError):  # not popped by a wake-up
+                        waiters.remove(woken)
         finally:
             if counted:
                 self.waiting -= 1

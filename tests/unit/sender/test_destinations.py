@@ -108,3 +108,26 @@ def test_a_turn_given_back_without_awaiting_lets_the_next_send_start_one_loop_tu
         return waited, second.done()
 
     assert asyncio.run(run()) == (True, True)
+
+
+def test_a_send_cancelled_just_after_its_wake_up_does_not_start() -> None:
+    """A send waiting out a rate gap, woken by a release and cancelled before it runs (a
+    shutdown), raises CancelledError and takes no turn (asyncio.wait_for in 3.11 swallowed such
+    a cancellation, and the send started a second later)."""
+    gate = DestinationGate(ThrottleLimits(2, 1.0, 1.0))  # two at once, one start a second
+
+    async def run() -> tuple[bool, bool]:
+        await gate.acquire("example.com")
+        second = asyncio.ensure_future(gate.acquire("example.com"))
+        await asyncio.sleep(0.01)  # waiting for the rate gap
+        gate.release_now("example.com")
+        second.cancel()
+        try:
+            await asyncio.wait_for(second, 3.0)
+        except asyncio.CancelledError:
+            pass
+        third = asyncio.ensure_future(gate.acquire("example.com"))
+        await asyncio.wait_for(third, 3.0)  # the one turn left is free: the second took none
+        return second.cancelled(), third.done()
+
+    assert asyncio.run(run()) == (True, True)
