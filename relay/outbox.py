@@ -219,22 +219,22 @@ def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any]
             created_at=created_at, html=shared["html"], attachments=shared["attachments"],
             inline=shared["inline"])
     except SchemaError:
-        values = {"idempotency_key": key, "message_key": shared["message_key"],
-                  "outbox_id": EVENT_SIZE_OUTBOX_ID, "recipient": recipient,
-                  "sender": shared["sender"] or "", "subject": shared["subject"],
-                  "body": shared["body"], "priority": shared["priority"],
-                  "created_at": created_at, "html": shared["html"]}
-        size = _encoded_event_size(values, shared)
+        size = _encoded_event_size(key, recipient, shared, created_at)
     if size > limits.event_max_bytes:
         raise InvalidEmailError(
             f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "
             "(POSTROOM_EVENT_MAX_BYTES): shorten the body or attach it as a file")
 
 
-def _encoded_event_size(values: dict[str, Any], shared: dict[str, Any]) -> int:
+def _encoded_event_size(key: str, recipient: str, shared: dict[str, Any],
+                        created_at: dt.datetime) -> int:
     """The event's size by encoding it (the reference requested_event_size is held to)."""
     try:
-        return event_size(EmailRequested(**values, attachments=tuple(shared["attachments"]),
-                                         inline=tuple(shared["inline"])))
+        return event_size(EmailRequested(
+            idempotency_key=key, message_key=shared["message_key"],
+            outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=recipient, sender=shared["sender"] or "",
+            subject=shared["subject"], body=shared["body"], priority=shared["priority"],
+            created_at=created_at, html=shared["html"],
+            attachments=tuple(shared["attachments"]), inline=tuple(shared["inline"])))
     except SchemaError as exc:  # text no event can carry: a lone surrogate, say
         raise InvalidEmailError(f"the email cannot be written as an event: {exc}") from None

@@ -66,30 +66,28 @@ def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]
     return _chunks(recipients, size)
 
 
+def _recipient(raw: object) -> str:
+    """One recipient checked whole: its form, then its own To header (the sender builds one per
+    row, not only the first's); InvalidContentError for a bad one."""
+    address = rules.check_address(raw)
+    check_recipient_composable(address)
+    return address
+
+
 def _checked(recipients: list[str]) -> list[str]:
-    check = rules.check_address
-    addresses = []
     try:
-        for raw in recipients:  # each whole before the next, as _chunks checks them
-            address = check(raw)
-            check_recipient_composable(address)
-            addresses.append(address)
+        return [_recipient(raw) for raw in recipients]
     except InvalidContentError as exc:
         raise InvalidEmailError(str(exc)) from None
-    return addresses
 
 
 def _chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
-    check = rules.check_address
     chunk: list[str] = []
     for raw in recipients:
         try:
-            address = check(raw)
-            # Each recipient's To header, not only the first's: the sender builds one per row.
-            check_recipient_composable(address)
+            chunk.append(_recipient(raw))
         except InvalidContentError as exc:
             raise InvalidEmailError(str(exc)) from None
-        chunk.append(address)
         if len(chunk) == size:
             yield chunk
             chunk = []

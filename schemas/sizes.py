@@ -69,6 +69,7 @@ def requested_event_size(*, idempotency_key: str, message_key: str, outbox_id: i
     event_size."""
     symbols, header = _requested_layout()
     try:
+        # _string_size of each, written out: a call each cost 0.25 µs of keys_of's 3 (timeit)
         strings = 0
         for text in (idempotency_key, message_key, recipient, sender, subject, body):
             size = len(text) if type(text) is str and text.isascii() else len(text.encode())
