@@ -26,17 +26,17 @@ REDRIVABLE = sa.text("""
 """)
 
 # Puts failed or dead rows back on the relay's queue: status pending, due now. The row keeps its
-# attempts and last_error; the relay publishes it as attempt attempts + 1 with a fresh retry
-# budget. FOR UPDATE makes a second redrive at the same moment wait and then find the rows
-# pending: each row goes back once.
+# attempts and last_error; its queue row holds attempts + 1, the attempt the relay publishes it
+# as, with a fresh retry budget. FOR UPDATE makes a second redrive at the same moment wait and
+# then find the rows pending: each row goes back once.
 REDRIVE = sa.text("""
     WITH picked AS (
-        SELECT id, status FROM outbox
+        SELECT id, status, attempts FROM outbox
         WHERE id = ANY(:ids) AND status IN ('failed', 'dead')
         FOR UPDATE
     ), queued AS (
-        INSERT INTO outbox_queue (id, available_at)
-        SELECT id, now() FROM picked
+        INSERT INTO outbox_queue (id, available_at, attempt)
+        SELECT id, now(), CAST(attempts AS bigint) + 1 FROM picked
         ON CONFLICT (id) DO NOTHING
         RETURNING id
     )

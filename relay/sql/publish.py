@@ -14,10 +14,13 @@ import sqlalchemy as sa
 # as there, so the relay encodes a row as it comes (the relay checks the names). created_at comes
 # as the contract's timestamp-millis, milliseconds since the epoch, rounded down as the codec
 # rounds a datetime: the database computes it for less than the relay's parsing of a timestamp
-# (exactly: extract() returns numeric since PostgreSQL 14). The attempt goes on from the row's
-# recorded attempts: 1 for a new row, n + 1 for a row redriven after n attempts. A row written by
-# SQL may hold what no event can carry: an infinite created_at comes as NULL and the attempt as a
-# bigint, so the claim itself never fails on a row and relay.rows refuses it as poison.
+# (exactly: extract() returns numeric since PostgreSQL 14). The attempt is the queue row's, fixed
+# when the row was queued (migration 0012): 1 for a new row, n + 1 for a row redriven after n
+# attempts, the same at every claim, so a row published again after its claim ran out is the same
+# attempt again however far its first event went meanwhile. A queue row of a release before 0012
+# has none and goes on from the row's recorded attempts. A row written by SQL may hold what no
+# event can carry: an infinite created_at comes as NULL and the attempt as a bigint, so the claim
+# itself never fails on a row and relay.rows refuses it as poison.
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue
@@ -29,17 +32,17 @@ CLAIM_DUE = sa.text("""
             ORDER BY available_at, id
             LIMIT :limit
             FOR UPDATE SKIP LOCKED))
-        RETURNING id
+        RETURNING id, attempt
     )
     SELECT o.idempotency_key, o.message_key, o.id AS outbox_id, o.recipient,
            COALESCE(o.sender, '') AS sender, o.subject, o.body, o.attachments, o.priority,
            CASE WHEN isfinite(o.created_at)
                 THEN CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) END
                AS created_at,
-           CAST(o.attempts AS bigint) + 1 AS attempt, CAST(NULL AS timestamptz) AS not_before,
+           COALESCE(c.attempt, CAST(o.attempts AS bigint) + 1) AS attempt,
+           CAST(NULL AS timestamptz) AS not_before,
            o.html, o.inline, o.traceparent, o.tracestate
-    FROM outbox AS o
-    WHERE o.id = ANY(ARRAY(SELECT id FROM claimed))
+    FROM claimed AS c JOIN outbox AS o ON o.id = c.id
 """)
 
 # The claim has one good plan: walk outbox_queue_due in (available_at, id) order and stop after

@@ -28,52 +28,25 @@ from __future__ import annotations
 
 from alembic import op
 
+from relay.migrations.triggers import (
+    create_queue_function,
+    current_schema,
+    only_the_outbox,
+    quoted,
+)
+
 revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
 
 
-def _schema() -> str:
-    """The migrated schema (the connection's search path leads there), as a quoted identifier."""
-    name = op.get_bind().exec_driver_sql("SELECT current_schema()").scalar_one()
-    return '"' + str(name).replace('"', '""') + '"'
-
-
-def _only_the_outbox(name: str) -> str:
-    """PL/pgSQL that refuses to run for any table but ``name``'s outbox: a trigger of another
-    table calling the function, or this schema's outbox after the schema was renamed (the
-    queue it names is then another's)."""
-    literal = "'" + name.replace("'", "''") + "'"
-    return f"""IF TG_TABLE_SCHEMA <> {literal} OR TG_TABLE_NAME <> 'outbox' THEN
-                RAISE EXCEPTION 'postroom: % is the trigger function of %.outbox only, not of %.%',
-                    TG_NAME, {literal}, TG_TABLE_SCHEMA, TG_TABLE_NAME
-                    USING HINT = 'after ALTER SCHEMA ... RENAME, create the outbox''s trigger '
-                                 'functions again (docs/operations.md)';
-            END IF;"""
-
-
 def upgrade() -> None:
-    name = op.get_bind().exec_driver_sql("SELECT current_schema()").scalar_one()
-    schema, guard = _schema(), _only_the_outbox(str(name))
+    name = current_schema()
+    schema, guard = quoted(name), only_the_outbox(name)
     op.execute("DROP TRIGGER outbox_notify ON outbox")
     op.execute("DROP FUNCTION postroom_outbox_notify()")
-    # Rows skipped by ON CONFLICT DO NOTHING are not in new_rows; a NOTIFY is delivered at commit,
-    # once per transaction and payload, so a rolled-back insert wakes nobody.
-    op.execute(f"""
-        CREATE OR REPLACE FUNCTION postroom_outbox_queue() RETURNS trigger LANGUAGE plpgsql AS $$
-        DECLARE
-            queued bigint;
-        BEGIN
-            {guard}
-            INSERT INTO {schema}.outbox_queue (id, available_at)
-            SELECT id, available_at FROM new_rows WHERE published_at IS NULL;
-            GET DIAGNOSTICS queued = ROW_COUNT;
-            IF queued > 0 THEN
-                PERFORM pg_notify('postroom_outbox', TG_TABLE_SCHEMA);
-            END IF;
-            RETURN NULL;
-        END $$""")
+    create_queue_function(name, with_attempt=False)
     # SECURITY DEFINER: the deleting role needs no privilege on the queue, as with the foreign
     # key's cascade; the names it uses are qualified and its search path fixed. PostgreSQL checks
     # EXECUTE only when a trigger is created, so without the guard and the REVOKE any role could

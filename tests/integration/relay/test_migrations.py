@@ -29,7 +29,7 @@ from relay.errors import SchemaNotReadyError
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0011"  # the newest revision
+HEAD = "0012"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
@@ -303,6 +303,36 @@ def test_0011_queues_through_static_sql_and_deletes_and_truncates_take_queue_row
         enqueue(conn, key="k", recipients=["e@example.com"], subject="S", body="b")
         conn.execute(sa.text("DELETE FROM outbox WHERE recipient = 'd@example.com'"))
         assert conn.execute(QUEUED).scalars().all() == ["e@example.com"]
+    assert upgrade(engine) == HEAD
+
+
+QUEUE_ATTEMPTS = sa.text("SELECT o.recipient, q.attempt FROM outbox_queue AS q JOIN outbox AS o "
+                         "USING (id) ORDER BY o.recipient")
+
+
+def test_0012_gives_queue_rows_their_attempt_and_goes_back(engine: sa.Engine) -> None:
+    assert downgrade(engine, "0011") == "0011"
+    with engine.begin() as conn:  # queued at 0011: a new row, and one redriven after 3 attempts
+        enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
+                body="b")
+        conn.execute(sa.text("UPDATE outbox SET attempts = 3 WHERE recipient = 'b@example.com'"))
+    assert upgrade(engine) == HEAD
+    with engine.begin() as conn:
+        assert conn.execute(QUEUE_ATTEMPTS).all() == [("a@example.com", 1), ("b@example.com", 4)]
+        # The trigger writes it from now on, in bigint: attempts at the int limit still insert.
+        conn.execute(sa.text(
+            "INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,"
+            " attempts) VALUES ('c|c@example.com', 'c', 'c@example.com', 'S', 'b', 'normal',"
+            " 2147483647)"))
+        assert conn.execute(QUEUE_ATTEMPTS).all()[-1] == ("c@example.com", 2147483648)
+    assert downgrade(engine, "0011") == "0011"
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["d@example.com"], subject="S", body="b")
+        assert conn.execute(QUEUED).scalars().all() == [
+            "a@example.com", "b@example.com", "c@example.com", "d@example.com"]
+        assert conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'outbox_queue' "
+            "AND table_schema = current_schema() AND column_name = 'attempt'")).scalar_one() == 0
     assert upgrade(engine) == HEAD
 
 

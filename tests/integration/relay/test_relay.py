@@ -234,6 +234,42 @@ def test_marking_published_rewrites_outbox_rows_in_place(engine: sa.Engine) -> N
     assert unpublished(engine) == 0
 
 
+EXPIRE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = now() - interval '1 second'")
+
+
+def test_a_row_claimed_again_goes_out_as_the_attempt_it_was_queued_as(engine: sa.Engine) -> None:
+    # A relay killed between Kafka's acknowledgement and its mark leaves its rows queued, and once
+    # the claim runs out another relay publishes them again. The first event may have gone its
+    # whole way meanwhile (recorded dead after 5 attempts): the second must be the same attempt,
+    # which the senders' ledger sends once, not attempt 6 and a second chain of retries.
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
+    with engine.begin() as conn:
+        [first] = sql.claim_due(conn, 10, 60)
+        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = 5"))
+        conn.execute(EXPIRE_CLAIMS)
+    with engine.begin() as conn:
+        [again] = sql.claim_due(conn, 10, 60)
+    assert (first.attempt, again.attempt) == (1, 1)
+
+    # A redriven row is queued as its next attempt, the same at every claim.
+    with engine.begin() as conn:
+        conn.execute(sql.MARK_PUBLISHED, {"ids": [again.outbox_id]})
+        assert [r.attempts for r in conn.execute(sql.REDRIVE, {"ids": [again.outbox_id]})] == [5]
+        [redriven] = sql.claim_due(conn, 10, 60)
+        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = 10"))
+        conn.execute(EXPIRE_CLAIMS)
+    with engine.begin() as conn:
+        [again] = sql.claim_due(conn, 10, 60)
+    assert (redriven.attempt, again.attempt) == (6, 6)
+
+    # A queue row of a release before the queue held attempts goes on from the row's.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_queue SET attempt = NULL"))
+        conn.execute(EXPIRE_CLAIMS)
+        assert [r.attempt for r in sql.claim_due(conn, 10, 60)] == [11]
+
+
 @pytest.mark.parametrize("only_errors", [True, False], ids=["failures-reported", "all-reported"])
 def test_broker_outage_loses_nothing_and_releases_the_claims(
         settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
