@@ -100,7 +100,10 @@ def enqueue(
                                 send_after=send_after, sender=sender, html=html, inline=inline),
                           limits)
     shared = message.shared
+    # Each chunk whole (its recipients, then its rows' event) before the next one is read, in
+    # the order a Batch checks them, so both refuse a bad email for the same reason.
     first = next(message.chunks)
+    first_keys = keys_of(shared, first, limits)
     second = next(message.chunks, None)
     given = new = 0
     # Recipients past the first chunk are checked as they come (an iterator of a million is
@@ -111,19 +114,21 @@ def enqueue(
         statement = sql.insert_rows(schema, traced=trace is not None)
         params = {**shared, **trace_params(trace)}
         if second is None:
-            keys = keys_of(shared, first, limits)
             if len(first) == 1 and FAST_PATH:
                 new = insert_one(conn, sql.insert_row(schema, traced=trace is not None),
-                                 {**params, "idempotency_key": keys[0], "recipient": first[0]},
+                                 {**params, "idempotency_key": first_keys[0],
+                                  "recipient": first[0]},
                                  schema, fast=FAST_PATH)
             else:
-                new = insert_one(conn, statement, {**params, "keys": keys, "recipients": first},
+                new = insert_one(conn, statement,
+                                 {**params, "keys": first_keys, "recipients": first},
                                  schema, fast=FAST_PATH)
             given = len(first)
         else:
+            later = ((chunk, keys_of(shared, chunk, limits))
+                     for chunk in itertools.chain((second,), message.chunks))
             with Inserts(conn, schema, fast=FAST_PATH) as inserts:
-                for chunk in itertools.chain((first, second), message.chunks):
-                    keys = keys_of(shared, chunk, limits)
+                for chunk, keys in itertools.chain(((first, first_keys),), later):
                     inserts.add(statement, {**params, "keys": keys, "recipients": chunk})
                     given += len(chunk)
             new = inserts.new

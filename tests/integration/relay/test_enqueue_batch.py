@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
@@ -97,6 +97,11 @@ def test_a_batch_writes_what_enqueue_once_per_email_writes(
     @settings(max_examples=examples(40), deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(emails=jobs(files), rows_per_statement=st.sampled_from([1, 2, 3, CHUNK_ROWS]))
+    # Two refusals in one email, in different chunks: both calls must name the first chunk's
+    # (enqueue read the second chunk's recipients before the first chunk's event).
+    @example(emails=[{"key": None, "recipients": ["a@example.com", "bad"], "subject": "Invoice",
+                      "body": "", "sender": None, "html": "\ud800", "attachments": [],
+                      "priority": "normal", "send_after": None}], rows_per_statement=1)
     def agree(emails: list[dict[str, Any]], rows_per_statement: int) -> None:
         # Small statements: an email's rows span several, and several emails share one.
         outbox.INSERT_CHUNK_ROWS = rows_per_statement
