@@ -237,6 +237,21 @@ def test_marking_published_rewrites_outbox_rows_in_place(engine: sa.Engine) -> N
 EXPIRE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = now() - interval '1 second'")
 
 
+def _claimed_twice(engine: sa.Engine, attempts_meanwhile: int) -> tuple[int, int]:
+    """The attempt of the queued row's claim, and of its claim again once the first ran out,
+    its first event having gone on meanwhile until the row was recorded dead after
+    ``attempts_meanwhile`` attempts."""
+    with engine.begin() as conn:
+        [first] = sql.claim_due(conn, 10, 60)
+        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = :n"),
+                     {"n": attempts_meanwhile})
+        conn.execute(EXPIRE_CLAIMS)
+    with engine.begin() as conn:
+        [again] = sql.claim_due(conn, 10, 60)
+        conn.execute(sql.MARK_PUBLISHED, {"ids": [again.outbox_id]})
+    return first.attempt, again.attempt
+
+
 def test_a_row_claimed_again_goes_out_as_the_attempt_it_was_queued_as(engine: sa.Engine) -> None:
     # A relay killed between Kafka's acknowledgement and its mark leaves its rows queued, and once
     # the claim runs out another relay publishes them again. The first event may have gone its
@@ -244,30 +259,20 @@ def test_a_row_claimed_again_goes_out_as_the_attempt_it_was_queued_as(engine: sa
     # which the senders' ledger sends once, not attempt 6 and a second chain of retries.
     with engine.begin() as conn:
         enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
-    with engine.begin() as conn:
-        [first] = sql.claim_due(conn, 10, 60)
-        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = 5"))
-        conn.execute(EXPIRE_CLAIMS)
-    with engine.begin() as conn:
-        [again] = sql.claim_due(conn, 10, 60)
-    assert (first.attempt, again.attempt) == (1, 1)
+    assert _claimed_twice(engine, attempts_meanwhile=5) == (1, 1)
 
     # A redriven row is queued as its next attempt, the same at every claim.
     with engine.begin() as conn:
-        conn.execute(sql.MARK_PUBLISHED, {"ids": [again.outbox_id]})
-        assert [r.attempts for r in conn.execute(sql.REDRIVE, {"ids": [again.outbox_id]})] == [5]
-        [redriven] = sql.claim_due(conn, 10, 60)
-        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = 10"))
-        conn.execute(EXPIRE_CLAIMS)
-    with engine.begin() as conn:
-        [again] = sql.claim_due(conn, 10, 60)
-    assert (redriven.attempt, again.attempt) == (6, 6)
+        ids = conn.execute(sa.text("SELECT id FROM outbox")).scalars().all()
+        assert [r.attempts for r in conn.execute(sql.REDRIVE, {"ids": ids})] == [5]
+    assert _claimed_twice(engine, attempts_meanwhile=10) == (6, 6)
 
     # A queue row of a release before the queue held attempts goes on from the row's.
     with engine.begin() as conn:
+        assert [r.attempts for r in conn.execute(sql.REDRIVE, {"ids": ids})] == [10]
         conn.execute(sa.text("UPDATE outbox_queue SET attempt = NULL"))
-        conn.execute(EXPIRE_CLAIMS)
-        assert [r.attempt for r in sql.claim_due(conn, 10, 60)] == [11]
+        conn.execute(sa.text("UPDATE outbox SET attempts = 12"))
+        assert [r.attempt for r in sql.claim_due(conn, 10, 60)] == [13]
 
 
 @pytest.mark.parametrize("only_errors", [True, False], ids=["failures-reported", "all-reported"])
