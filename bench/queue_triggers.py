@@ -2,7 +2,8 @@
 
 Four scratch schemas, migrated to head, then changed: the trigger of migration 0004 (dynamic SQL,
 a separate wake-up trigger, the queue's foreign key), the same with static SQL and one trigger
-function, that without the foreign key (migration 0011 as it is), and no trigger at all. Each
+function, that without the foreign key (the head revision's: 0011's, which since 0012 also
+writes the queue row's attempt; 0004's trigger does not), and no trigger at all. Each
 round times, per schema, 1,000 one-row INSERT_ROW statements (prepared, through psycopg alone,
 nothing checked in Python) and five 10,000-row INSERT_ROWS statements, interleaved; prints the
 medians of 5 rounds with their spread. Not part of `python -m bench`: it measures the schema, not
@@ -27,7 +28,7 @@ from relay.db import libpq_conninfo, make_engine, upgrade
 
 ROUNDS, CALLS, CHUNK, CHUNKS = 5, 1_000, 10_000, 5
 VARIANTS = ("0004: dynamic SQL, two triggers, foreign key",
-            "static SQL, one trigger, foreign key", "0011: static SQL, no foreign key",
+            "static SQL, one trigger, foreign key", "head: static SQL, no foreign key",
             "no trigger")
 
 _DIALECT = postgresql.psycopg.dialect()  # type: ignore[attr-defined]

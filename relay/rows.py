@@ -70,8 +70,8 @@ def check_row(row: Sequence[Any]) -> None:
         raise InvalidContentError(f"created_at {_short(created_at)} (ms since 1970) is not a time "
                                   "a reader can read (years 1 to 9999)")
     if not _is_int(attempt) or not 1 <= attempt <= ATTEMPT_MAX:
-        raise InvalidContentError(f"the attempt (attempts + 1) {_short(attempt)} is out of "
-                                  f"range 1..{ATTEMPT_MAX}")
+        raise InvalidContentError(f"the attempt {_short(attempt)} (the row's attempts + 1 when "
+                                  f"it was queued) is out of range 1..{ATTEMPT_MAX}")
     if not_before is not None:
         raise InvalidContentError("not_before must be NULL in a claimed row")
     text_key = rules.require_str(key, "idempotency key")

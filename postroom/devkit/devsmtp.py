@@ -365,6 +365,12 @@ class DevSmtpServer:
         with self._handler.lock:
             return self._handler.throttled_replies
 
+    @property
+    def rcpts(self) -> int:
+        """How many RCPT TO were answered, whatever the reply (a rejected send counts too)."""
+        with self._handler.lock:
+            return self._handler.rcpts
+
 
 def open_maildir(path: Path) -> mailbox.Maildir:
     """The Maildir at ``path``, its ``cur``, ``new`` and ``tmp`` created when missing: the

@@ -1,5 +1,10 @@
 """The SQL of the outbox's queue trigger function, which more than one revision writes: each
-revision creates the function as it leaves the schema, and its downgrade the one before."""
+revision creates the function as it leaves the schema, and its downgrade the one before.
+
+A revision's SQL is frozen once released: create_queue_function's forms (with_attempt False for
+0011, True for 0012) must keep writing what they write; a revision that changes the function
+adds a form of its own. tests/integration/relay/test_migrations.py checks each form's function
+text."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ import sqlalchemy as sa
 # attempt again however far its first event went meanwhile. A queue row of a release before 0012
 # has none and goes on from the row's recorded attempts. A row written by SQL may hold what no
 # event can carry: an infinite created_at comes as NULL and the attempt as a bigint, so the claim
-# itself never fails on a row and relay.rows refuses it as poison.
+# itself never fails on a row and relay.rows refuses it as poison. The rows come in no set order
+# (the claimed queue rows' order on their pages): each is its own key's only record.
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue

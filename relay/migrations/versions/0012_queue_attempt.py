@@ -12,9 +12,11 @@ rows recorded dead after 10 attempts.
 
 Now the insert trigger writes the row's attempts + 1 into the queue (1 for a new row), and so
 does redrive, and every claim of that queue row publishes that attempt: an event published twice
-is the same attempt twice, which the ledger sends once. A queue row without one (queued by a
-release before this revision, or by its `postroom redrive` running beside it) is published as
-before, as the row's attempts + 1.
+is the same attempt twice, which the ledger sends once. A queue row without one is published as
+before, as the row's attempts + 1: rows queued before this revision (no backfill: an UPDATE of a
+large backlog's queue, under the lock ADD COLUMN takes, would hold every enqueue until it
+committed), and rows queued by an earlier release's `postroom redrive` already past its schema
+check.
 """
 
 from __future__ import annotations
@@ -30,10 +32,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Nullable: a catalog change only, and a queue row of an older release's redrive still works.
+    # Nullable and not backfilled: a catalog change only, held for an instant.
     op.execute("ALTER TABLE outbox_queue ADD COLUMN attempt bigint")
-    op.execute("""UPDATE outbox_queue AS q SET attempt = CAST(o.attempts AS bigint) + 1
-                  FROM outbox AS o WHERE o.id = q.id""")
     create_queue_function(current_schema(), with_attempt=True)
 
 

@@ -17,6 +17,7 @@ from postroom.devkit.processes import start_postroom
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
+from relay import sql
 from relay.db import (
     MIGRATION_LOCK_CLASS,
     check_schema,
@@ -308,17 +309,48 @@ def test_0011_queues_through_static_sql_and_deletes_and_truncates_take_queue_row
 
 QUEUE_ATTEMPTS = sa.text("SELECT o.recipient, q.attempt FROM outbox_queue AS q JOIN outbox AS o "
                          "USING (id) ORDER BY o.recipient")
+QUEUE_FUNCTION = sa.text("""SELECT prosrc FROM pg_proc WHERE proname = 'postroom_outbox_queue'
+                            AND pronamespace = to_regnamespace(quote_ident(:schema))""")
+# The queue trigger function each revision creates, blanks collapsed and its schema <schema>: a
+# released revision's SQL is frozen (relay/migrations/triggers.py writes both).
+_GUARD = ("IF TG_TABLE_SCHEMA <> '<schema>' OR TG_TABLE_NAME <> 'outbox' THEN RAISE EXCEPTION "
+          "'postroom: % is the trigger function of %.outbox only, not of %.%', TG_NAME, "
+          "'<schema>', TG_TABLE_SCHEMA, TG_TABLE_NAME USING HINT = 'after ALTER SCHEMA ... "
+          "RENAME, create the outbox''s trigger ' 'functions again (docs/operations.md)'; END IF;")
+_NOTIFY = ("GET DIAGNOSTICS queued = ROW_COUNT; IF queued > 0 THEN PERFORM "
+           "pg_notify('postroom_outbox', TG_TABLE_SCHEMA); END IF; RETURN NULL; END")
+QUEUE_FUNCTIONS = {
+    "0011": f"DECLARE queued bigint; BEGIN {_GUARD} INSERT INTO \"<schema>\".outbox_queue "
+            "(id, available_at) SELECT id, available_at FROM new_rows WHERE published_at IS "
+            f"NULL; {_NOTIFY}",
+    "0012": f"DECLARE queued bigint; BEGIN {_GUARD} INSERT INTO \"<schema>\".outbox_queue "
+            "(id, available_at, attempt) SELECT id, available_at, CAST(attempts AS bigint) + 1 "
+            f"FROM new_rows WHERE published_at IS NULL; {_NOTIFY}",
+}
 
 
-def test_0012_gives_queue_rows_their_attempt_and_goes_back(engine: sa.Engine) -> None:
+def _queue_function(conn: sa.Connection, schema: str) -> str:
+    text = conn.execute(QUEUE_FUNCTION, {"schema": schema}).scalar_one()
+    return " ".join(str(text).replace(schema, "<schema>").split())
+
+
+def test_0012_gives_queued_rows_their_attempt_from_then_on_and_goes_back(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    schema = db_settings.database_schema or ""
+    with engine.connect() as conn:
+        assert _queue_function(conn, schema) == QUEUE_FUNCTIONS[HEAD]
     assert downgrade(engine, "0011") == "0011"
     with engine.begin() as conn:  # queued at 0011: a new row, and one redriven after 3 attempts
+        assert _queue_function(conn, schema) == QUEUE_FUNCTIONS["0011"]
         enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
                 body="b")
         conn.execute(sa.text("UPDATE outbox SET attempts = 3 WHERE recipient = 'b@example.com'"))
     assert upgrade(engine) == HEAD
     with engine.begin() as conn:
-        assert conn.execute(QUEUE_ATTEMPTS).all() == [("a@example.com", 1), ("b@example.com", 4)]
+        # Not backfilled: those rows go out as their attempts + 1, as they did at 0011.
+        assert conn.execute(QUEUE_ATTEMPTS).all() == [("a@example.com", None),
+                                                      ("b@example.com", None)]
+        assert sorted(r.attempt for r in sql.claim_due(conn, 10, 60)) == [1, 4]
         # The trigger writes it from now on, in bigint: attempts at the int limit still insert.
         conn.execute(sa.text(
             "INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,"

@@ -16,6 +16,7 @@ from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings, TlsMode
 from postroom.topics import results_topic
+from relay import sql
 from relay.publisher import Relay
 from schemas.codec import DeliveryStatus, EmailResult
 from schemas.decoding import decode
@@ -65,6 +66,42 @@ def test_a_row_published_twice_is_mailed_once(
     assert counter(metrics, "duplicates_suppressed_total") == 1
     window = metrics.summary("sent_mark_window_seconds")  # one per email sent, not the copy
     assert window is not None and window[0] == 5
+
+
+def _queued(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one())
+
+
+def test_a_row_published_again_after_its_attempt_failed_is_not_mailed_again(
+        settings: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A relay killed between the broker's ack and its mark leaves the row queued; once its claim
+    # runs out, a relay publishes it again, by then long after its first event failed. The copy
+    # is the attempt that was made (a second publish of attempt 2 was mailed, and failed, again).
+    with engine.begin() as conn:
+        enqueue(conn, key="gone", recipients=["gone@example.com"], subject="S", body="b")
+    with monkeypatch.context() as patch:
+        patch.setattr(sql, "MARK_PUBLISHED", sa.text("SELECT CAST(:ids AS bigint[])"))
+        assert publish_round(Relay(settings, engine)) == 1  # published, never marked
+    server = DevSmtpServer(port=0, reject={"gone@example.com"})
+    server.start()
+    pipeline = Pipeline(smtp(settings, server), engine).start()
+    try:
+        wait_until(lambda: outbox_rows(engine, "gone")[0].status == "failed", 30, "the row failed")
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE outbox_queue SET claimed_until = now() - interval '1 s'"))
+            conn.execute(sql.NOTIFY_RELAY)
+        assert pipeline.sender is not None
+        metrics = pipeline.sender.sender.metrics
+        wait_until(lambda: counter(metrics, "repeated_attempts_suppressed_total") == 1, 30,
+                   "the copy to be read and not sent")
+        wait_until(lambda: _queued(engine) == 0, 30, "the copy's publish to be recorded")
+    finally:
+        pipeline.stop()
+        server.stop()
+    [row] = outbox_rows(engine, "gone")
+    assert (row.status, row.attempts, row.smtp_code) == ("failed", 1, 550)
+    assert server.rcpts == 1  # one transaction, its 550
 
 
 def test_a_failed_attempt_read_twice_is_made_once(

@@ -62,7 +62,7 @@ def test_a_good_row_is_its_event() -> None:
     ({"created_at": None}, "not a time a reader can read"),  # infinity, as the claim gives it
     ({"created_at": 253_402_300_800_000}, "years 1 to 9999"),
     ({"created_at": -62_135_596_800_001}, "years 1 to 9999"),
-    ({"attempt": 0}, "(attempts + 1) 0 is out of range"),
+    ({"attempt": 0}, "attempt 0 (the row's attempts + 1 when it was queued) is out of range"),
     ({"attempt": -4}, "out of range"),
     ({"attempt": 2**31}, "out of range"),  # attempts 2147483647, plus one
     ({"attempt": None}, "out of range"),
