@@ -154,8 +154,8 @@ class Batch:
         row = (shared["message_key"], shared["sender"], shared["subject"], shared["body"],
                _json_list(shared["attachments"]), shared["html"], _json_list(shared["inline"]),
                shared["priority"], shared["available_at"])
-        keyed: Iterable[tuple[list[str], list[str]]] = (
-            (chunk, outbox.keys_of(shared, chunk, self._limits)) for chunk in message.chunks)
+        keyed: Iterable[tuple[list[str], list[str]]] = outbox.keyed_chunks(message,
+                                                                          self._limits)
         if whole:
             keyed = list(keyed)  # every chunk checked before any of its rows is kept
         most = min(STATEMENT_ROWS, outbox.INSERT_CHUNK_ROWS)

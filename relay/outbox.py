@@ -100,11 +100,9 @@ def enqueue(
                                 send_after=send_after, sender=sender, html=html, inline=inline),
                           limits)
     shared = message.shared
-    # Each chunk whole (its recipients, then its rows' event) before the next one is read, in
-    # the order a Batch checks them, so both refuse a bad email for the same reason.
-    first = next(message.chunks)
-    first_keys = keys_of(shared, first, limits)
-    second = next(message.chunks, None)
+    keyed = keyed_chunks(message, limits)
+    first, first_keys = next(keyed)
+    second = next(keyed, None)
     given = new = 0
     # Recipients past the first chunk are checked as they come (an iterator of a million is
     # never held whole): a bad one rolls back the rows of the chunks before it.
@@ -125,10 +123,8 @@ def enqueue(
                                  schema, fast=FAST_PATH)
             given = len(first)
         else:
-            later = ((chunk, keys_of(shared, chunk, limits))
-                     for chunk in itertools.chain((second,), message.chunks))
             with Inserts(conn, schema, fast=FAST_PATH) as inserts:
-                for chunk, keys in itertools.chain(((first, first_keys),), later):
+                for chunk, keys in itertools.chain(((first, first_keys), second), keyed):
                     inserts.add(statement, {**params, "keys": keys, "recipients": chunk})
                     given += len(chunk)
             new = inserts.new
@@ -197,6 +193,13 @@ def check_email(email: Email, limits: SizeLimits) -> _Message:
               "body": body, "attachments": files, "html": html, "inline": images,
               "priority": chosen.value, "available_at": send_after}
     return _Message(shared, itertools.chain((first,), chunks))
+
+
+def keyed_chunks(message: _Message, limits: SizeLimits) -> Iterator[tuple[list[str], list[str]]]:
+    """The message's chunks, each with its rows' idempotency keys, each checked whole (its
+    recipients, then the event of its longest key) before the next is read: enqueue and a Batch
+    check in this order, so both refuse a bad email for the same reason."""
+    return ((chunk, keys_of(message.shared, chunk, limits)) for chunk in message.chunks)
 
 
 def keys_of(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[str]:
