@@ -25,6 +25,18 @@ def insert_one(conn: sa.Connection | Session, statement: sa.TextClause, params: 
         return pgdriver.insert_on_driver(driver, pgdriver.sa_connection(conn).dialect, statement, params)
 
 
+def insert_row(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],
+               schema: str | None) -> int:
+    """Insert one row with INSERT_ROW (on the psycopg connection when it can); 1 if it is new,
+    else 0. SchemaNotReadyError when there is no outbox."""
+    with pgdriver.schema_ready(schema):
+        connection = pgdriver.sa_connection(conn)
+        driver = pgdriver.psycopg_connection(connection)
+        if driver is None:
+            return len(conn.execute(statement, params).all())
+        return pgdriver.insert_row_on_driver(connection, driver, statement, params)
+
+
 class Inserts:
     """The chunk statements of one call or batch, in order, and how many rows they made new.
 

@@ -19,7 +19,7 @@ from postroom.rules import SizeLimits
 from postroom.topics import Priority
 from relay import sql, validation
 from relay.errors import InvalidEmailError
-from relay.inserts import Inserts, insert_one
+from relay.inserts import Inserts, insert_one, insert_row
 from schemas.codec import EmailRequested
 from schemas.errors import SchemaError
 from schemas.sizes import event_size, requested_event_size
@@ -113,10 +113,10 @@ def enqueue(
         params = {**shared, **trace_params(trace)}
         if second is None:
             if len(first) == 1 and FAST_PATH:
-                new = insert_one(conn, sql.insert_row(schema, traced=trace is not None),
+                new = insert_row(conn, sql.insert_row(schema, traced=trace is not None),
                                  {**params, "idempotency_key": first_keys[0],
                                   "recipient": first[0]},
-                                 schema, fast=FAST_PATH)
+                                 schema)
             else:
                 new = insert_one(conn, statement,
                                  {**params, "keys": first_keys, "recipients": first},

@@ -15,6 +15,9 @@ from sqlalchemy.orm import Session
 from relay.errors import SchemaNotReadyError
 
 UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
+# The key of a psycopg connection's cursor for one-row inserts, in the info of the pooled
+# connection that holds it (which lives and goes with the psycopg connection).
+KEPT_CURSOR = "postroom.enqueue.cursor"
 
 
 @contextlib.contextmanager
@@ -79,3 +82,28 @@ def insert_on_driver(driver: psycopg.Connection[Any], dialect: sa.Dialect,
     if row is None:
         raise sa.exc.NoResultFound("No row was found when one was required")
     return int(row[0])
+
+
+def insert_row_on_driver(connection: sa.Connection, driver: psycopg.Connection[Any],
+                         statement: sa.TextClause, params: dict[str, Any]) -> int:
+    """One INSERT_ROW (a row back when its row is new) run as :func:`insert_on_driver` runs a
+    statement, on the cursor :func:`kept_cursor` keeps: 1 when the row is new, else 0."""
+    query = driver_sql(statement.text, connection.dialect, binary_names(params))
+    try:
+        cursor = kept_cursor(connection, driver)
+        cursor.execute(query, params)
+        return 0 if cursor.fetchone() is None else 1
+    except psycopg.Error as exc:
+        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
+                                         hide_parameters=True, dialect=connection.dialect) from exc
+
+
+def kept_cursor(connection: sa.Connection, driver: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor of ``driver``, kept in ``connection``'s info for the next one-row insert: a new
+    cursor's first statement sets up its adapters, 24 µs of a one-row insert's 190 (psycopg
+    alone, 9 rounds of 2,000, 6 December)."""
+    info = connection.info
+    cursor = info.get(KEPT_CURSOR)
+    if cursor is None or cursor.closed or cursor.connection is not driver:
+        cursor = info[KEPT_CURSOR] = driver.cursor()
+    return cursor

@@ -112,18 +112,95 @@ def test_fast_path_and_reference_agree(engine: sa.Engine, files: list[str]) -> N
 def test_the_fast_path_is_taken(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a vacuous agreement: a job's psycopg connection gets the statement itself."""
     taken: list[str] = []
-    real = pgdriver.insert_on_driver
+    one_row, chunk = pgdriver.insert_row_on_driver, pgdriver.insert_on_driver
 
-    def spy(driver: Any, dialect: Any, statement: sa.TextClause, params: dict[str, Any]) -> int:
-        taken.append("INSERT_ROW" if "VALUES" in statement.text else "INSERT_ROWS")
-        return real(driver, dialect, statement, params)
+    def row_spy(connection: Any, driver: Any, statement: sa.TextClause,
+                params: dict[str, Any]) -> int:
+        taken.append("INSERT_ROW")
+        return one_row(connection, driver, statement, params)
 
-    monkeypatch.setattr(pgdriver, "insert_on_driver", spy)
+    def chunk_spy(driver: Any, dialect: Any, statement: sa.TextClause,
+                  params: dict[str, Any]) -> int:
+        taken.append("INSERT_ROWS")
+        return chunk(driver, dialect, statement, params)
+
+    monkeypatch.setattr(pgdriver, "insert_row_on_driver", row_spy)
+    monkeypatch.setattr(pgdriver, "insert_on_driver", chunk_spy)
     with engine.begin() as conn:
         assert enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b") == 1
         assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
                        subject="s", body="b") == 1
     assert taken == ["INSERT_ROW", "INSERT_ROWS"]
+
+
+def _one(conn: sa.Connection, key: str = "k") -> int:
+    return enqueue(conn, key=key, recipients=["a@example.com"], subject="s", body="b")
+
+
+def test_one_row_calls_share_a_cursor_per_connection(engine: sa.Engine) -> None:
+    """The cursor kept in the pooled connection's info serves every call on that connection,
+    across transactions; another connection gets its own."""
+    with engine.connect() as conn, engine.connect() as other:
+        with conn.begin():
+            assert _one(conn, "k1") == 1
+            kept = conn.info[pgdriver.KEPT_CURSOR]
+            assert kept.connection is conn.connection.driver_connection
+            assert _one(conn, "k2") == 1
+            assert conn.info[pgdriver.KEPT_CURSOR] is kept
+        with conn.begin():
+            assert _one(conn, "k1") == 0
+            assert conn.info[pgdriver.KEPT_CURSOR] is kept
+        with other.begin():
+            assert _one(other, "k3") == 1
+            assert other.info[pgdriver.KEPT_CURSOR] is not kept
+
+
+def test_a_closed_or_stale_kept_cursor_is_replaced(engine: sa.Engine) -> None:
+    """A cursor the job closed, or one of a psycopg connection the pool has since replaced (the
+    old one invalidated), is not used again."""
+    with engine.connect() as conn:
+        with conn.begin():
+            assert _one(conn, "k1") == 1
+        first = conn.info[pgdriver.KEPT_CURSOR]
+        first.close()
+        with conn.begin():
+            assert _one(conn, "k2") == 1
+        second = conn.info[pgdriver.KEPT_CURSOR]
+        assert second is not first and not second.closed
+        stale = conn.connection.driver_connection
+        conn.invalidate()
+        conn.info[pgdriver.KEPT_CURSOR] = second  # as if the info outlived its connection
+        with conn.begin():
+            assert _one(conn, "k3") == 1
+            assert conn.connection.driver_connection is not stale
+        assert conn.info[pgdriver.KEPT_CURSOR] is not second
+
+
+def test_a_one_row_call_counts_in_the_jobs_pipeline_mode(engine: sa.Engine) -> None:
+    """A job that opened psycopg's pipeline mode gets the same counts: the new row is read
+    from the statement's result, which the fetch waits for (a row count would not be known
+    yet)."""
+    with engine.begin() as conn:
+        driver = conn.connection.driver_connection
+        with driver.pipeline():
+            assert _one(conn, "k1") == 1
+            assert _one(conn, "k1") == 0
+            assert _one(conn, "k2") == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox")).scalar_one() == 2
+
+
+def test_a_failed_one_row_call_leaves_the_kept_cursor_usable(engine: sa.Engine) -> None:
+    """A refusal from the server (no outbox in the schema named) rolls the transaction back;
+    the next transaction's calls on the same connection still count right."""
+    with engine.connect() as conn:
+        with pytest.raises(SchemaNotReadyError), conn.begin():
+            assert _one(conn, "k1") == 1
+            enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b",
+                    schema="nosuch")
+        with conn.begin():
+            assert _one(conn, "k1") == 1
+            assert _one(conn, "k1") == 0
 
 
 def test_a_connection_outside_a_transaction_goes_through_sqlalchemy(engine: sa.Engine) -> None:
