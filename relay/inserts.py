@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.rows import tuple_row
 from sqlalchemy.orm import Session
 
 from relay import pgdriver
@@ -74,7 +75,7 @@ class Inserts:
             self._pipeline = pipeline
         self._collect()
         query = pgdriver.driver_sql(statement.text, self._dialect, pgdriver.binary_names(params))
-        cursor = self._driver.cursor()
+        cursor = self._driver.cursor(row_factory=tuple_row)
         self._pending = (cursor, query, params)
         with self._errors(query, params):
             cursor.execute(query, params)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.rows import dict_row, tuple_row
 from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
@@ -137,22 +139,45 @@ def _one(conn: sa.Connection, key: str = "k") -> int:
     return enqueue(conn, key=key, recipients=["a@example.com"], subject="s", body="b")
 
 
+def _kept(conn: sa.Connection) -> Any:
+    """The cursor kept for one-row inserts on ``conn`` (for whichever thread made it)."""
+    return conn.info[pgdriver.KEPT_CURSOR][1]
+
+
 def test_one_row_calls_share_a_cursor_per_connection(engine: sa.Engine) -> None:
     """The cursor kept in the pooled connection's info serves every call on that connection,
     across transactions; another connection gets its own."""
     with engine.connect() as conn, engine.connect() as other:
         with conn.begin():
             assert _one(conn, "k1") == 1
-            kept = conn.info[pgdriver.KEPT_CURSOR]
+            kept = _kept(conn)
             assert kept.connection is conn.connection.driver_connection
             assert _one(conn, "k2") == 1
-            assert conn.info[pgdriver.KEPT_CURSOR] is kept
+            assert _kept(conn) is kept
         with conn.begin():
             assert _one(conn, "k1") == 0
-            assert conn.info[pgdriver.KEPT_CURSOR] is kept
+            assert _kept(conn) is kept
         with other.begin():
             assert _one(other, "k3") == 1
-            assert other.info[pgdriver.KEPT_CURSOR] is not kept
+            assert _kept(other) is not kept
+
+
+def test_another_thread_gets_a_cursor_of_its_own(engine: sa.Engine) -> None:
+    """A connection handed to another thread (one at a time, as SQLAlchemy allows) is not
+    served the first thread's cursor: two threads on one connection at once would otherwise
+    read each other's results."""
+    with engine.connect() as conn, conn.begin():
+        assert _one(conn, "k1") == 1
+        mine = _kept(conn)
+        counts: list[int] = []
+        worker = threading.Thread(target=lambda: counts.extend([_one(conn, "k2"),
+                                                                _one(conn, "k2")]))
+        worker.start()
+        worker.join()
+        assert counts == [1, 0]
+        assert _kept(conn) is not mine
+        assert _one(conn, "k3") == 1
+        assert _kept(conn) is not mine  # replaced again: this thread's own, a new one
 
 
 def test_a_closed_or_stale_kept_cursor_is_replaced(engine: sa.Engine) -> None:
@@ -161,19 +186,38 @@ def test_a_closed_or_stale_kept_cursor_is_replaced(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         with conn.begin():
             assert _one(conn, "k1") == 1
-        first = conn.info[pgdriver.KEPT_CURSOR]
+        first = _kept(conn)
         first.close()
         with conn.begin():
             assert _one(conn, "k2") == 1
-        second = conn.info[pgdriver.KEPT_CURSOR]
-        assert second is not first and not second.closed
+        kept = conn.info[pgdriver.KEPT_CURSOR]
+        assert kept[1] is not first and not kept[1].closed
         stale = conn.connection.driver_connection
         conn.invalidate()
-        conn.info[pgdriver.KEPT_CURSOR] = second  # as if the info outlived its connection
+        conn.info[pgdriver.KEPT_CURSOR] = kept  # as if the info outlived its connection
         with conn.begin():
             assert _one(conn, "k3") == 1
             assert conn.connection.driver_connection is not stale
-        assert conn.info[pgdriver.KEPT_CURSOR] is not second
+        assert _kept(conn) is not kept[1]
+
+
+def test_counts_whatever_row_factory_the_jobs_connection_has(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enqueue's own cursors read tuples, whatever row factory the job set on its psycopg
+    connection (a dict_row one has no row[0]): one row, one chunk, chunks pipelined."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 2)
+    team = [f"user{n}@example.com" for n in range(5)]
+    with engine.begin() as conn:
+        driver = conn.connection.driver_connection
+        driver.row_factory = dict_row
+        try:
+            assert _one(conn, "k1") == 1
+            assert _one(conn, "k1") == 0
+            assert enqueue(conn, key="pair", recipients=team[:2], subject="s", body="b") == 2
+            assert enqueue(conn, key="team", recipients=team, subject="s", body="b") == 5
+            assert enqueue(conn, key="team", recipients=team, subject="s", body="b") == 0
+        finally:
+            driver.row_factory = tuple_row
 
 
 def test_a_one_row_call_counts_in_the_jobs_pipeline_mode(engine: sa.Engine) -> None:
@@ -192,15 +236,17 @@ def test_a_one_row_call_counts_in_the_jobs_pipeline_mode(engine: sa.Engine) -> N
 
 def test_a_failed_one_row_call_leaves_the_kept_cursor_usable(engine: sa.Engine) -> None:
     """A refusal from the server (no outbox in the schema named) rolls the transaction back;
-    the next transaction's calls on the same connection still count right."""
+    the next transaction's calls on the same connection, on the same cursor, still count right."""
     with engine.connect() as conn:
         with pytest.raises(SchemaNotReadyError), conn.begin():
             assert _one(conn, "k1") == 1
+            kept = _kept(conn)
             enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b",
                     schema="nosuch")
         with conn.begin():
             assert _one(conn, "k1") == 1
             assert _one(conn, "k1") == 0
+            assert _kept(conn) is kept
 
 
 def test_a_connection_outside_a_transaction_goes_through_sqlalchemy(engine: sa.Engine) -> None:
@@ -211,6 +257,10 @@ def test_a_connection_outside_a_transaction_goes_through_sqlalchemy(engine: sa.E
         conn.commit()
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox")).scalar_one() == 1
+        conn.commit()
+        assert not conn.in_transaction()
+        assert enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b") == 0
+        conn.rollback()
 
 
 
