@@ -122,12 +122,7 @@ class Inserts:
 
     @contextlib.contextmanager
     def _errors(self, query: str | None, params: dict[str, Any] | None) -> Iterator[None]:
-        """psycopg's errors as SQLAlchemy's (as pgdriver.insert_on_driver raises them), and no outbox
-        as SchemaNotReadyError."""
-        with pgdriver.schema_ready(self.schema):
-            try:
-                yield
-            except psycopg.Error as exc:
-                raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
-                                                 hide_parameters=True,
-                                                 dialect=self._dialect) from exc
+        """psycopg's errors as SQLAlchemy's, and no outbox as SchemaNotReadyError."""
+        with pgdriver.schema_ready(self.schema), \
+                pgdriver.as_sqlalchemy_errors(query, params, self._dialect):
+            yield

@@ -68,19 +68,28 @@ def binary_names(params: dict[str, Any]) -> frozenset[str]:
                      if type(value) is list and value and all(type(v) is str for v in value))
 
 
+@contextlib.contextmanager
+def as_sqlalchemy_errors(query: str | None, params: dict[str, Any] | None,
+                         dialect: sa.Dialect) -> Iterator[None]:
+    """psycopg's errors raised as SQLAlchemy raises them for ``query`` (its parameters hidden), so
+    a statement run on the driver fails as it would through SQLAlchemy."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
+                                         hide_parameters=True, dialect=dialect) from exc
+
+
 def insert_on_driver(driver: psycopg.Connection[Any], dialect: sa.Dialect,
                       statement: sa.TextClause, params: dict[str, Any]) -> int:
     """conn.execute(statement, params).scalar_one() run on the psycopg connection itself: the
     statement SQLAlchemy would send, with the same parameters (lists of strings in binary),
     without its execution context. Errors come as SQLAlchemy's, as they would."""
     query = driver_sql(statement.text, dialect, binary_names(params))
-    try:
-        with driver.cursor(row_factory=tuple_row) as cursor:
-            cursor.execute(query, params)
-            row = cursor.fetchone()
-    except psycopg.Error as exc:
-        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
-                                         hide_parameters=True, dialect=dialect) from exc
+    with as_sqlalchemy_errors(query, params, dialect), \
+            driver.cursor(row_factory=tuple_row) as cursor:
+        cursor.execute(query, params)
+        row = cursor.fetchone()
     if row is None:
         raise sa.exc.NoResultFound("No row was found when one was required")
     return int(row[0])
@@ -91,13 +100,10 @@ def insert_row_on_driver(connection: sa.Connection, driver: psycopg.Connection[A
     """One INSERT_ROW (a row back when its row is new) run as :func:`insert_on_driver` runs a
     statement, on the cursor :func:`kept_cursor` keeps: 1 when the row is new, else 0."""
     query = driver_sql(statement.text, connection.dialect, binary_names(params))
-    try:
+    with as_sqlalchemy_errors(query, params, connection.dialect):
         cursor = kept_cursor(connection, driver)
         cursor.execute(query, params)
         return 0 if cursor.fetchone() is None else 1
-    except psycopg.Error as exc:
-        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
-                                         hide_parameters=True, dialect=connection.dialect) from exc
 
 
 def kept_cursor(connection: sa.Connection, driver: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
