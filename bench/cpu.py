@@ -29,6 +29,8 @@ class CpuUsage:
     processes: Mapping[str, float]
     busy_fraction: float  # of all CPUs' time
     cpus: int
+    busy_s: float = 0.0  # the machine's non-idle CPU seconds, every CPU and process
+    wall_s: float = 0.0  # the time between the two samples
 
     def of(self, prefix: str) -> float:
         """CPU seconds of the processes whose names start with ``prefix``."""
@@ -126,4 +128,5 @@ def usage(before: CpuSample | None, after: CpuSample | None) -> CpuUsage | None:
         processes={name: after.processes[name] - before.processes.get(name, 0.0)
                    for name in after.processes},
         busy_fraction=(after.busy_s - before.busy_s) / (after.total_s - before.total_s),
-        cpus=os.cpu_count() or 1)
+        cpus=(cpus := os.cpu_count() or 1), busy_s=after.busy_s - before.busy_s,
+        wall_s=(after.total_s - before.total_s) / cpus)

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from confluent_kafka import ConsumerGroupState, KafkaException
 
 from bench import seed_baseline
-from bench.cpu import CpuUsage, rss_mib, sample, usage
+from bench.cpu import CpuUsage, pids_named, rss_mib, sample, usage
 from bench.peers import postoffice
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
@@ -88,6 +88,9 @@ DESIGN_LABELS = {
 POSTROOM_DESIGNS = (POSTROOM, POSTROOM_WIDE, POSTROOM_TWO, BACKLOG)
 WIDE_DESIGNS = (POSTROOM_WIDE, WIRE_WIDE)
 ROLES = ("relay", "recorder", "sender")
+# The local stack's processes (PostgreSQL's, the broker's JVM): counted as the machine's, not as
+# a design's own CPU; named "<command>:<pid>" in a run's CPU figures.
+STACK_COMMANDS = ("postgres", "java")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,6 +406,8 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 pids = {**components.pids, "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
+                # The broker and the database, for the machine's share (not the client's).
+                pids.update(pids_named(*STACK_COMMANDS))
                 wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
                 wait_group_formed(settings, components, list(sender_ports))
                 window_before = scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
@@ -620,6 +625,48 @@ def _ms_per_email(cpu: CpuUsage | None, emails: int, *names: str) -> str:
     return f"{sum(cpu.of(name) for name in names) * 1000 / emails:.2f}"
 
 
+_STACK_PREFIXES = tuple(f"{command}:" for command in STACK_COMMANDS)
+
+
+def _cpu_bound_lines(by_design: Mapping[tuple[str, str], Run], concurrency: int) -> list[str]:
+    """What the machine's CPUs allow postroom on smtp-sink, from the median runs: every process's
+    CPU per email (the machine's busy time, so the broker's, the database's, the server's and
+    whatever else ran), the rate the CPUs would give at that cost fully busy, and how busy the
+    sender's own process was, against the 3x targets' rates."""
+    sink = "smtp-sink"
+    lines = []
+    for design in (POSTROOM, POSTROOM_TWO):
+        r = by_design.get((sink, design))
+        cpu = None if r is None else r.timed.cpu
+        if r is None or cpu is None:
+            continue
+        # Over the samples' interval, as every process's figure (a little longer than the run:
+        # the end is seen by polling).
+        machine_ms = cpu.busy_s * 1000 / r.emails
+        senders = cpu.of("sender") / cpu.wall_s / (2 if design == POSTROOM_TWO else 1)
+        parts = {"postroom's roles": cpu.of("relay") + cpu.of("recorder") + cpu.of("sender"),
+                 "PostgreSQL": cpu.of("postgres:"), "the JVMs (Kafka, registry)": cpu.of("java:"),
+                 "smtp-sink": cpu.of("server")}
+        parts["the rest"] = max(0.0, cpu.busy_s - sum(parts.values()))
+        split = ", ".join(f"{name} {seconds * 1000 / r.emails:.2f}"
+                          for name, seconds in parts.items())
+        lines.append(
+            f"  {_label(design, concurrency)}: {machine_ms:.2f} ms of CPU per email over the "
+            f"machine ({split}), so its {cpu.cpus} CPUs give at most "
+            f"{fmt_rate(cpu.cpus * 1000 / machine_ms)} emails/s at that cost, fully busy; each "
+            f"sender's process was busy {senders:.0%} of one CPU")
+    if not lines:
+        return []
+    office, seed = by_design.get((sink, POSTOFFICE)), by_design.get((sink, SEED))
+    wanted = []
+    if office is not None:
+        wanted.append(f"3x django-post-office's send phase is {fmt_rate(3 * office.per_s)}/s")
+    if seed is not None and seed.job_per_s:
+        wanted.append(f"3x the seed's job rate {fmt_rate(3 * seed.job_per_s)}/s")
+    return ["What the CPUs allow on smtp-sink (the machine's busy time: every process on it):",
+            *lines, *([f"  ({'; '.join(wanted)})"] if wanted else [])]
+
+
 def _turnaround_lines(runs: list[Run], concurrency: int) -> list[str]:
     """slowsink's view of each design's turn-around per message, the median run's: the part of a
     message's time that is the client's and the wire's, on top of the server's delay."""
@@ -650,7 +697,8 @@ def _section(runs: list[Run], concurrency: int) -> Section:
     for index, r in enumerate(runs):
         first = index == 0 or runs[index - 1].server is not r.server
         cpu = r.timed.cpu
-        client = sum(s for name, s in cpu.processes.items() if name != "server") if cpu else None
+        client = sum(s for name, s in cpu.processes.items()
+                     if name != "server" and not name.startswith(_STACK_PREFIXES)) if cpu else None
         rows.append([r.server.label if first else "", _label(r.design, concurrency),
                      f"{r.emails:,}", f"{r.seconds:.2f}", fmt_rate(r.per_s), r.spread or "-",
                      "-" if client is None else f"{client * 1000 / r.emails:.2f}",
@@ -700,6 +748,8 @@ def _section(runs: list[Run], concurrency: int) -> Section:
           if r.design in POSTROOM_DESIGNS and r.timed.note),
         "",
         *_turnaround_lines(runs, concurrency),
+        "",
+        *_cpu_bound_lines(by_design, concurrency),
         "",
         "Ratios:",
         f"  postroom / seed, job start -> last sent, on {sink}: {job_rate[POSTROOM] / job_rate[SEED]:.2f}x "

@@ -7,6 +7,9 @@ INSERT_EMAILS); personalised calls a third time with the full build
 (check_composable_by_building) as the header check, and twice more as Batch.enqueue calls (fast
 path and reference), so all figures come from one run. enqueue_many runs a third time with no
 statement sent (Inserts.add does nothing): the job's own share of its time, beside the whole.
+Two floors of a call that waits for its answer run beside the personalised calls, on the same
+connection and in the same transaction, through psycopg alone with no postroom code: the call's
+own statement (INSERT_ROW, prepared, nothing checked) and a ``SELECT 1`` round trip.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from bench.workload import BODY, MAIL_FROM, SUBJECT
 from postroom import Batch, Email, enqueue, enqueue_many
 from postroom.mime import check_composable_by_building
 from postroom.settings import Settings
-from relay import inserts, outbox, validation
+from relay import inserts, outbox, pgdriver, sql, validation
 from relay.db import make_engine
 
 RUNS = 3  # of each measurement; the figure is the median, the spread min..max
@@ -85,6 +88,42 @@ def _personalised(tag: str, calls: int) -> Callable[[sa.Connection], int]:
     return work
 
 
+def _statement_alone(tag: str, calls: int) -> Callable[[sa.Connection], int]:
+    """The personalised calls' statement (INSERT_ROW, the values of :func:`_personalised`'s
+    calls) through psycopg alone on one cursor, nothing checked: what a call that waits for its
+    row takes with no postroom code around it."""
+    def work(conn: sa.Connection) -> int:
+        driver = pgdriver.psycopg_connection(conn)
+        assert driver is not None, "the benchmark's engine runs psycopg 3"
+        query = pgdriver.driver_sql(sql.insert_row(None).text, conn.dialect, frozenset())
+        shared = {"sender": MAIL_FROM, "body": BODY, "attachments": [], "html": None,
+                  "inline": [], "priority": "normal", "available_at": None}
+        new = 0
+        with driver.cursor() as cursor:
+            for n in range(calls):
+                cursor.execute(query, {**shared, "idempotency_key": f"{tag}-{n}",
+                                       "message_key": f"{tag}-{n}",
+                                       "recipient": f"c{n}@example.com",
+                                       "subject": f"Invoice {n} for September 2026"})
+                new += cursor.fetchone() is not None
+        return new
+    return work
+
+
+def _round_trips(calls: int) -> Callable[[sa.Connection], int]:
+    """``calls`` round trips of ``SELECT 1`` through psycopg alone: the least any call that waits
+    for the database's answer takes."""
+    def work(conn: sa.Connection) -> int:
+        driver = pgdriver.psycopg_connection(conn)
+        assert driver is not None, "the benchmark's engine runs psycopg 3"
+        with driver.cursor() as cursor:
+            for _ in range(calls):
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+        return calls
+    return work
+
+
 def _batched(tag: str, calls: int) -> Callable[[sa.Connection], int]:
     """The personalised calls, each a Batch.enqueue: rows written together, counted at the end."""
     def work(conn: sa.Connection) -> int:
@@ -126,6 +165,19 @@ def _rates(figures: list[float]) -> tuple[float, str]:
     return statistics.median(figures), f"{fmt_rate(min(figures))}..{fmt_rate(max(figures))}"
 
 
+def _call_lines(medians: dict[str, float]) -> list[str]:
+    """What a personalised call's time is made of, from the medians: its statement's round trip
+    (psycopg alone) and what postroom adds to it."""
+    call, alone, trip = (1e6 / medians[name] for name in
+                         ("personalised", "statement alone", "round trip"))
+    return [f"a personalised call took {call:.0f} µs: its statement alone {alone:.0f} µs (of "
+            f"which a bare round trip {trip:.0f} µs), postroom's checks and keys "
+            f"{call - alone:.0f} µs.",
+            f"No call that waits for its statement's answer goes faster than the statement "
+            f"alone: {fmt_rate(medians['statement alone'])} calls/s in this run. Batch.enqueue "
+            "does not wait."]
+
+
 def _peak_mib(engine: sa.Engine, tag: str, rows: int) -> float:
     tracemalloc.start()
     try:
@@ -143,6 +195,7 @@ def run(base: Settings, options: Options) -> Section:
     memory_rows = QUICK_MEMORY_ROWS if quick else MEMORY_ROWS
     results: dict[str, list[float]] = {
         "personalised": [], "personalised, reference": [], "personalised, full build": [],
+        "statement alone": [], "round trip": [],
         "batch": [], "batch, reference": [],
         "bulk": [], "bulk, reference": [], "many": [], "many, reference": [],
         "many, nothing sent": []}
@@ -151,7 +204,8 @@ def run(base: Settings, options: Options) -> Section:
         try:
             for run_no in range(RUNS):
                 progress(f"enqueue: run {run_no + 1} of {RUNS}: {calls:,} personalised calls "
-                         f"(three ways, and two in a Batch), {bulk_rows:,} recipients and "
+                         f"(three ways, their statement alone, a bare round trip, and two in a "
+                         f"Batch), {bulk_rows:,} recipients and "
                          f"{many:,} emails at once (two ways each)")
                 for name, work, mode in (
                         ("personalised", _personalised(f"p{run_no}", calls), None),
@@ -159,6 +213,8 @@ def run(base: Settings, options: Options) -> Section:
                          _reference_path),
                         ("personalised, full build", _personalised(f"ref{run_no}", calls),
                          _reference_check),
+                        ("statement alone", _statement_alone(f"s{run_no}", calls), None),
+                        ("round trip", _round_trips(calls), None),
                         ("batch", _batched(f"pb{run_no}", calls), None),
                         ("batch, reference", _batched(f"pbr{run_no}", calls), _reference_path),
                         ("bulk", _bulk(f"bulk{run_no}", bulk_rows), None),
@@ -179,6 +235,8 @@ def run(base: Settings, options: Options) -> Section:
     labels = {"personalised": f"{calls:,} enqueue calls, one recipient each (calls/s)",
               "personalised, reference": "  the same, fast path off (reference)",
               "personalised, full build": "  the same, full build as header check",
+              "statement alone": "  its statement alone, psycopg only, nothing checked",
+              "round trip": "  a SELECT 1 round trip, psycopg only",
               "batch": f"{calls:,} Batch.enqueue calls, one recipient each (calls/s)",
               "batch, reference": "  the same, fast path off (reference)",
               "bulk": f"one enqueue call, {bulk_rows:,} recipients (rows/s)",
@@ -199,6 +257,8 @@ def run(base: Settings, options: Options) -> Section:
         "",
         f"peak traced memory of one call with recipients from an iterator: {peaks[0]:.1f} MiB "
         f"for {memory_rows:,}, {peaks[1]:.1f} MiB for {2 * memory_rows:,}",
+        "",
+        *_call_lines(medians),
     ]
     section.targets += [
         Target("personalised enqueue, one call each", medians["personalised"], 5_000, "calls/s"),
