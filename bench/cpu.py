@@ -29,8 +29,7 @@ class CpuUsage:
     processes: Mapping[str, float]
     busy_fraction: float  # of all CPUs' time
     cpus: int
-    busy_s: float = 0.0  # the machine's non-idle CPU seconds, every CPU and process
-    wall_s: float = 0.0  # the time between the two samples
+    busy_s: float  # the machine's non-idle CPU seconds between the samples, every process
 
     def of(self, prefix: str) -> float:
         """CPU seconds of the processes whose names start with ``prefix``."""
@@ -42,17 +41,18 @@ class CpuUsage:
                 f"({self.cpus} CPUs, every process counted)")
 
 
-def process_cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of process ``pid`` (all its threads), 0.0 if unknown."""
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of process ``pid`` (all its threads), None if it is gone."""
     return _stat_cpu_s(_PROC / str(pid) / "stat")
 
 
-def _stat_cpu_s(path: Path) -> float:
-    """User plus system CPU seconds in a stat file of /proc (a process's or a thread's)."""
+def _stat_cpu_s(path: Path) -> float | None:
+    """User plus system CPU seconds in a stat file of /proc (a process's or a thread's), None if
+    it cannot be read (the process or thread is gone)."""
     try:
         stat = path.read_text()
     except OSError:
-        return 0.0
+        return None
     # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime (fields 14, 15)
@@ -85,7 +85,9 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
             name = "main" if tid == str(pid) else (tasks / tid / "comm").read_text().strip()
         except OSError:
             continue  # exited meanwhile
-        found[f"{tid} {name}"] = _stat_cpu_s(tasks / tid / "stat")
+        seconds = _stat_cpu_s(tasks / tid / "stat")
+        if seconds is not None:
+            found[f"{tid} {name}"] = seconds
     return found
 
 
@@ -110,14 +112,16 @@ def pids_named(*commands: str) -> dict[str, int]:
 
 
 def sample(pids: Mapping[str, int]) -> CpuSample | None:
-    """CPU seconds of each named process and of the machine; None where /proc is missing."""
+    """CPU seconds of each named process and of the machine; None where /proc is missing. A
+    process that is gone is left out (so :func:`usage` never counts one below zero)."""
     try:
         first = (_PROC / "stat").read_text().splitlines()[0].split()
     except OSError:
         return None
     ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
     idle = ticks[3] + ticks[4]
-    return CpuSample({name: process_cpu_s(pid) for name, pid in pids.items()},
+    seconds = {name: process_cpu_s(pid) for name, pid in pids.items()}
+    return CpuSample({name: s for name, s in seconds.items() if s is not None},
                      busy_s=(sum(ticks) - idle) / _TICKS_PER_S, total_s=sum(ticks) / _TICKS_PER_S)
 
 
@@ -128,5 +132,4 @@ def usage(before: CpuSample | None, after: CpuSample | None) -> CpuUsage | None:
         processes={name: after.processes[name] - before.processes.get(name, 0.0)
                    for name in after.processes},
         busy_fraction=(after.busy_s - before.busy_s) / (after.total_s - before.total_s),
-        cpus=(cpus := os.cpu_count() or 1), busy_s=after.busy_s - before.busy_s,
-        wall_s=(after.total_s - before.total_s) / cpus)
+        cpus=os.cpu_count() or 1, busy_s=after.busy_s - before.busy_s)

@@ -406,8 +406,6 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 pids = {**components.pids, "server": server.pid}
                 with engine.begin() as conn:
                     enqueue_rows(conn, "warmup", ["warmup@example.com"])
-                # The broker and the database, for the machine's share (not the client's).
-                pids.update(pids_named(*STACK_COMMANDS))
                 wait_all_sent(engine, components, "warmup", 1, WARMUP_TIMEOUT_S)
                 wait_group_formed(settings, components, list(sender_ports))
                 window_before = scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
@@ -422,10 +420,15 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 job_started = time.time()
                 with engine.begin() as conn:
                     enqueue_rows(conn, "bench", recipients(emails))
-                committed_at, before = time.time(), sample(pids)
+                # The broker's and the database's processes (the roles' backends included), for
+                # the machine's share: looked up at both ends, one that starts meanwhile counted
+                # from its start, one that ends meanwhile not at all.
+                stack = pids_named(*STACK_COMMANDS)
+                committed_at, before = time.time(), sample({**pids, **stack})
                 last = wait_all_sent(engine, components, "bench", emails, 60 + emails / 20,
                                       watch_rss)
-                seconds, after = last.timestamp() - committed_at, sample(pids)
+                seconds = last.timestamp() - committed_at
+                after = sample({**pids, **stack, **pids_named(*STACK_COMMANDS)})
                 rss_after = rss_mib(pids["sender"])
                 window = (scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
                           - window_before)
@@ -628,6 +631,13 @@ def _ms_per_email(cpu: CpuUsage | None, emails: int, *names: str) -> str:
 _STACK_PREFIXES = tuple(f"{command}:" for command in STACK_COMMANDS)
 
 
+def client_cpu_s(cpu: CpuUsage) -> float:
+    """A design's own CPU seconds: every process of the run but the SMTP server and the local
+    stack's (PostgreSQL, the JVMs)."""
+    return sum(seconds for name, seconds in cpu.processes.items()
+               if name != "server" and not name.startswith(_STACK_PREFIXES))
+
+
 def _cpu_bound_lines(by_design: Mapping[tuple[str, str], Run], concurrency: int) -> list[str]:
     """What the machine's CPUs allow postroom on smtp-sink, from the median runs: every process's
     CPU per email (the machine's busy time, so the broker's, the database's, the server's and
@@ -638,12 +648,13 @@ def _cpu_bound_lines(by_design: Mapping[tuple[str, str], Run], concurrency: int)
     for design in (POSTROOM, POSTROOM_TWO):
         r = by_design.get((sink, design))
         cpu = None if r is None else r.timed.cpu
-        if r is None or cpu is None:
+        if r is None or cpu is None or cpu.busy_s <= 0 or r.seconds <= 0:
             continue
-        # Over the samples' interval, as every process's figure (a little longer than the run:
-        # the end is seen by polling).
+        # CPU over the samples' interval, from the commit to the poll that saw the last row sent
+        # (up to POLL_S after it; the tail is idle but for the stack's own housekeeping).
         machine_ms = cpu.busy_s * 1000 / r.emails
-        senders = cpu.of("sender") / cpu.wall_s / (2 if design == POSTROOM_TWO else 1)
+        senders = " and ".join(f"{cpu.processes[name] / r.seconds:.0%}"
+                               for name in sorted(cpu.processes) if name.startswith("sender"))
         parts = {"postroom's roles": cpu.of("relay") + cpu.of("recorder") + cpu.of("sender"),
                  "PostgreSQL": cpu.of("postgres:"), "the JVMs (Kafka, registry)": cpu.of("java:"),
                  "smtp-sink": cpu.of("server")}
@@ -653,8 +664,8 @@ def _cpu_bound_lines(by_design: Mapping[tuple[str, str], Run], concurrency: int)
         lines.append(
             f"  {_label(design, concurrency)}: {machine_ms:.2f} ms of CPU per email over the "
             f"machine ({split}), so its {cpu.cpus} CPUs give at most "
-            f"{fmt_rate(cpu.cpus * 1000 / machine_ms)} emails/s at that cost, fully busy; each "
-            f"sender's process was busy {senders:.0%} of one CPU")
+            f"{fmt_rate(cpu.cpus * 1000 / machine_ms)} emails/s at that cost, fully busy; the "
+            f"sender's CPU over the run's seconds: {senders} of one CPU")
     if not lines:
         return []
     office, seed = by_design.get((sink, POSTOFFICE)), by_design.get((sink, SEED))
@@ -664,7 +675,7 @@ def _cpu_bound_lines(by_design: Mapping[tuple[str, str], Run], concurrency: int)
     if seed is not None and seed.job_per_s:
         wanted.append(f"3x the seed's job rate {fmt_rate(3 * seed.job_per_s)}/s")
     return ["What the CPUs allow on smtp-sink (the machine's busy time: every process on it):",
-            *lines, *([f"  ({'; '.join(wanted)})"] if wanted else [])]
+            *lines, *([f"  ({'; '.join(wanted)})"] if wanted else []), ""]
 
 
 def _turnaround_lines(runs: list[Run], concurrency: int) -> list[str]:
@@ -697,8 +708,7 @@ def _section(runs: list[Run], concurrency: int) -> Section:
     for index, r in enumerate(runs):
         first = index == 0 or runs[index - 1].server is not r.server
         cpu = r.timed.cpu
-        client = sum(s for name, s in cpu.processes.items()
-                     if name != "server" and not name.startswith(_STACK_PREFIXES)) if cpu else None
+        client = client_cpu_s(cpu) if cpu else None
         rows.append([r.server.label if first else "", _label(r.design, concurrency),
                      f"{r.emails:,}", f"{r.seconds:.2f}", fmt_rate(r.per_s), r.spread or "-",
                      "-" if client is None else f"{client * 1000 / r.emails:.2f}",
@@ -750,7 +760,6 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         *_turnaround_lines(runs, concurrency),
         "",
         *_cpu_bound_lines(by_design, concurrency),
-        "",
         "Ratios:",
         f"  postroom / seed, job start -> last sent, on {sink}: {job_rate[POSTROOM] / job_rate[SEED]:.2f}x "
         f"({fmt_rate(job_rate[POSTROOM])} / {fmt_rate(job_rate[SEED])} emails/s)",

@@ -7,9 +7,10 @@ INSERT_EMAILS); personalised calls a third time with the full build
 (check_composable_by_building) as the header check, and twice more as Batch.enqueue calls (fast
 path and reference), so all figures come from one run. enqueue_many runs a third time with no
 statement sent (Inserts.add does nothing): the job's own share of its time, beside the whole.
-Two floors of a call that waits for its answer run beside the personalised calls, on the same
-connection and in the same transaction, through psycopg alone with no postroom code: the call's
-own statement (INSERT_ROW, prepared, nothing checked) and a ``SELECT 1`` round trip.
+Two floors of a call that waits for its answer run beside the personalised calls, interleaved
+with them, each in a transaction of its own as they are, through psycopg alone with no postroom
+code: the calls' own statement (INSERT_ROW, prepared, nothing checked) and a ``SELECT 1`` round
+trip.
 """
 
 from __future__ import annotations
@@ -101,8 +102,10 @@ def _statement_alone(tag: str, calls: int) -> Callable[[sa.Connection], int]:
         new = 0
         with driver.cursor() as cursor:
             for n in range(calls):
-                cursor.execute(query, {**shared, "idempotency_key": f"{tag}-{n}",
-                                       "message_key": f"{tag}-{n}",
+                key = f"{tag}-{n}"
+                cursor.execute(query, {**shared, "message_key": key,
+                                       "idempotency_key": validation.idempotency_key_prefix(key)
+                                       + f"c{n}@example.com",
                                        "recipient": f"c{n}@example.com",
                                        "subject": f"Invoice {n} for September 2026"})
                 new += cursor.fetchone() is not None
@@ -168,6 +171,8 @@ def _rates(figures: list[float]) -> tuple[float, str]:
 def _call_lines(medians: dict[str, float]) -> list[str]:
     """What a personalised call's time is made of, from the medians: its statement's round trip
     (psycopg alone) and what postroom adds to it."""
+    if not all(medians[name] > 0 for name in ("personalised", "statement alone", "round trip")):
+        return []
     call, alone, trip = (1e6 / medians[name] for name in
                          ("personalised", "statement alone", "round trip"))
     return [f"a personalised call took {call:.0f} µs: its statement alone {alone:.0f} µs (of "

@@ -3,8 +3,24 @@ part) and what the machine's CPUs allow postroom on smtp-sink (the delivery part
 
 from __future__ import annotations
 
-from bench.cpu import CpuUsage
-from bench.delivery import FULL, POSTOFFICE, POSTROOM, POSTROOM_TWO, SEED, Run, Timed, _cpu_bound_lines
+import os
+import subprocess
+import time
+
+import pytest
+
+from bench.cpu import CpuUsage, sample, usage
+from bench.delivery import (
+    FULL,
+    POSTOFFICE,
+    POSTROOM,
+    POSTROOM_TWO,
+    SEED,
+    Run,
+    Timed,
+    _cpu_bound_lines,
+    client_cpu_s,
+)
 from bench.enqueue import _call_lines
 
 SINK = FULL[0]
@@ -25,7 +41,7 @@ def _run(design: str, emails: int, seconds: float, cpu: CpuUsage | None = None,
 def test_the_machines_cpu_per_email_gives_the_rate_its_cpus_allow() -> None:
     cpu = CpuUsage(processes={"relay": 0.1, "sender": 0.3, "recorder": 0.05, "postgres:7": 0.02,
                               "java:9": 0.2, "server": 0.03},
-                   busy_fraction=0.8, cpus=2, busy_s=0.8, wall_s=0.5)
+                   busy_fraction=0.8, cpus=2, busy_s=0.8)
     runs = {("smtp-sink", POSTROOM): _run(POSTROOM, 1_000, 0.45, cpu),
             ("smtp-sink", POSTOFFICE): _run(POSTOFFICE, 1_000, 1.0),
             ("smtp-sink", SEED): _run(SEED, 1_000, 1.5, job_seconds=2.0)}
@@ -34,15 +50,41 @@ def test_the_machines_cpu_per_email_gives_the_rate_its_cpus_allow() -> None:
     assert ("0.80 ms of CPU per email over the machine (postroom's roles 0.45, PostgreSQL 0.02, "
             "the JVMs (Kafka, registry) 0.20, smtp-sink 0.03, the rest 0.10), so its 2 CPUs give "
             "at most 2,500 emails/s") in lines[1]
-    assert "each sender's process was busy 60% of one CPU" in lines[1]  # 0.3 s of 0.5 s
-    assert lines[-1] == ("  (3x django-post-office's send phase is 3,000/s; 3x the seed's job "
-                         "rate 1,500/s)")
+    assert lines[1].endswith("the sender's CPU over the run's seconds: 67% of one CPU")  # 0.3/0.45
+    assert lines[-2:] == ["  (3x django-post-office's send phase is 3,000/s; 3x the seed's job "
+                         "rate 1,500/s)", ""]
 
 
-def test_two_senders_are_each_given_their_share_and_a_run_without_cpu_figures_none() -> None:
-    cpu = CpuUsage(processes={"sender": 0.3, "sender-2": 0.3}, busy_fraction=0.6, cpus=2,
-                   busy_s=0.6, wall_s=1.0)
+def test_two_senders_are_each_given_their_own_and_a_run_without_cpu_figures_no_line() -> None:
+    cpu = CpuUsage(processes={"sender-2": 0.1, "sender": 0.5}, busy_fraction=0.6, cpus=2,
+                   busy_s=0.6)
     lines = _cpu_bound_lines({("smtp-sink", POSTROOM_TWO): _run(POSTROOM_TWO, 1_000, 1.0, cpu)},
                              20)
-    assert "each sender's process was busy 30% of one CPU" in lines[1]
+    assert lines[1].endswith("the sender's CPU over the run's seconds: 50% and 10% of one CPU")
     assert _cpu_bound_lines({("smtp-sink", POSTROOM): _run(POSTROOM, 1_000, 1.0)}, 20) == []
+    idle = CpuUsage(processes={}, busy_fraction=0.0, cpus=2, busy_s=0.0)
+    assert _cpu_bound_lines({("smtp-sink", POSTROOM): _run(POSTROOM, 1_000, 1.0, idle)}, 20) == []
+
+
+def test_a_designs_own_cpu_leaves_out_the_server_the_database_and_the_jvms() -> None:
+    cpu = CpuUsage(processes={"relay": 0.1, "sender": 0.3, "sender-2": 0.2, "recorder": 0.05,
+                              "postgres:7": 0.02, "java:9": 0.2, "server": 0.03},
+                   busy_fraction=0.8, cpus=2, busy_s=0.9)
+    assert client_cpu_s(cpu) == pytest.approx(0.65)
+
+
+def test_a_process_gone_by_the_second_sample_is_left_out_not_counted_below_zero() -> None:
+    alive, gone = os.getpid(), _gone_pid()
+    before = sample({"me": alive, "gone": alive})
+    time.sleep(0.05)  # a few of /proc/stat's ticks, or the two samples are one
+    after = sample({"me": alive, "gone": gone})
+    assert before is not None and after is not None
+    used = usage(before, after)
+    assert used is not None and set(used.processes) == {"me"} and used.processes["me"] >= 0
+
+
+def _gone_pid() -> int:
+    """The id of a process that has exited and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
