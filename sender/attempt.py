@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import TypeVar
 
@@ -41,7 +41,24 @@ from sender.throttle import is_throttling
 
 log = logging.getLogger(__name__)
 
+# A ledger call that fails is tried again after LEDGER_RETRY_FIRST_S, then after twice the wait
+# before, up to LEDGER_RETRY_S: 0.25, 0.75, 1.75, 3.75, 5.75 ... s after its first failure. A
+# sent mark keeps the duplicate window open until it commits (a sender killed meanwhile leaves
+# its key in doubt, and the key is mailed again); with a flat 2 s wait, a database back after a
+# restart of half a second waited 1.5 s more for the marks, now a quarter of a second. A longer
+# outage is asked every LEDGER_RETRY_S, as before, with a warning each time; the quicker tries
+# before it log at DEBUG, so an outage's first seconds log no more than before. Each call (each
+# batch of calls that failed together) connects once a try, one at a time per connection.
+LEDGER_RETRY_FIRST_S = 0.25
 LEDGER_RETRY_S = 2.0
+
+
+def ledger_retry_waits() -> Iterator[float]:
+    """The waits between the tries of one ledger call: 0.25, 0.5, 1, 2, 2, ... seconds."""
+    wait_s = LEDGER_RETRY_FIRST_S
+    while True:
+        yield wait_s
+        wait_s = min(wait_s * 2, LEDGER_RETRY_S)
 
 T = TypeVar("T")
 
@@ -336,6 +353,8 @@ class Attempts:
                            started: Awaitable[T] | None = None) -> T:
         """``call()`` until the ledger answers (a shutdown cancels the wait); ``started``: the
         first such call, already under way."""
+        waits = ledger_retry_waits()
+        tries = 0
         while True:
             try:
                 if started is not None:
@@ -343,5 +362,10 @@ class Attempts:
                     return await first
                 return await call()
             except LedgerUnavailableError as exc:
-                log.warning("ledger %s failed (%s); retrying in %.0fs", what, exc, LEDGER_RETRY_S)
-                await self._clock.sleep(LEDGER_RETRY_S)
+                tries += 1
+                wait_s = next(waits)
+                loud = tries == 1 or wait_s >= LEDGER_RETRY_S
+                log.log(logging.WARNING if loud else logging.DEBUG,
+                        "ledger %s failed on try %d (%s); retrying in %gs", what, tries, exc,
+                        wait_s)
+                await self._clock.sleep(wait_s)

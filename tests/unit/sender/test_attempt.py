@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from postroom.topics import dead_letter_topic, retry_topic
 from postroom.tracing import OFF, TraceContext, Tracing, from_headers
 from schemas.codec import EmailRequested
 from sender.admission import Admitted
-from sender.attempt import LEDGER_RETRY_S, AttemptRules, Attempts
+from sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
 from sender.claims import RENEW_AFTER_S, Claim
 from sender.destinations import DestinationGate
 from sender.outcome import Failure, SmtpReply, Stage
@@ -208,11 +209,26 @@ def test_one_event_through_every_claim_state(claim: Claim, lost: bool, reply: st
 
 # -- paths beside the table ----------------------------------------------------------------------
 
-def test_a_ledger_that_does_not_answer_is_asked_again_every_few_seconds() -> None:
+def test_a_ledger_that_does_not_answer_is_asked_again_sooner_then_every_few_seconds(
+        caplog: pytest.LogCaptureFixture) -> None:
     w = world([TRANSIENT])
-    w.ledger.unavailable = {"claim": 2, "release": 1}
-    w.deliver(Admitted(event()))
-    assert w.calls("sleep") == [("sleep", LEDGER_RETRY_S)] * 3
+    w.ledger.unavailable = {"claim": 5, "release": 1}
+    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+        w.deliver(Admitted(event()))
+    # Each call's waits start again from the first: the claim's five, then the release's one.
+    assert w.calls("sleep") == [("sleep", s) for s in (LEDGER_RETRY_FIRST_S, 0.5, 1.0,
+                                                         LEDGER_RETRY_S, LEDGER_RETRY_S,
+                                                         LEDGER_RETRY_FIRST_S)]
+    # A warning for a call's first failure and for each wait of the longest; the rest at DEBUG.
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records
+             if r.getMessage().startswith("ledger ")]
+    assert [(level, message.split(" (")[0], message.split("; ")[1]) for level, message in lines] == [
+        (logging.WARNING, "ledger claim failed on try 1", "retrying in 0.25s"),
+        (logging.DEBUG, "ledger claim failed on try 2", "retrying in 0.5s"),
+        (logging.DEBUG, "ledger claim failed on try 3", "retrying in 1s"),
+        (logging.WARNING, "ledger claim failed on try 4", "retrying in 2s"),
+        (logging.WARNING, "ledger claim failed on try 5", "retrying in 2s"),
+        (logging.WARNING, "ledger release failed on try 1", "retrying in 0.25s")]
     assert [r.status.value for r in w.outcomes.results] == ["retrying"]
     assert w.ledger.rows[KEY].done_attempt == 1
 
@@ -223,6 +239,7 @@ def test_a_mark_that_failed_is_written_again_before_the_outcome_goes_out() -> No
     w.deliver(Admitted(event()))
     assert [step[0] for step in w.trace if step[0] in ("mark", "sleep", "mark again", "result")
             ] == ["mark", "sleep", "mark again", "result"]
+    assert w.calls("sleep") == [("sleep", LEDGER_RETRY_FIRST_S)]  # the mark goes again soon
     assert w.ledger.rows[KEY].state == "sent"
 
 
