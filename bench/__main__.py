@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -93,7 +94,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (`kill`, a CI job's timeout) ends the run by an exception, as Ctrl-C does, so each
+    part removes its scratch schema, topics and groups and stops its processes on the way out;
+    the signal's default killed the benchmark where it stood and left them behind."""
+    def stop(signum: int, _frame: object) -> None:
+        progress(f"stopped by signal {signum}: removing what this run made")
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     parser = build_parser()
     args = parser.parse_args(argv)
     unknown = [p for p in args.parts if p not in PARTS]
