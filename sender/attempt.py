@@ -46,9 +46,11 @@ log = logging.getLogger(__name__)
 # sent mark keeps the duplicate window open until it commits (a sender killed meanwhile leaves
 # its key in doubt, and the key is mailed again); with a flat 2 s wait, a database back after a
 # restart of half a second waited 1.5 s more for the marks, now a quarter of a second. A longer
-# outage is asked every LEDGER_RETRY_S, as before, with a warning each time; the quicker tries
-# before it log at DEBUG, so an outage's first seconds log no more than before. Each call (each
-# batch of calls that failed together) connects once a try, one at a time per connection.
+# outage is asked every LEDGER_RETRY_S, as before. A sender logs at most one warning about the
+# ledger every LEDGER_RETRY_S, whichever of its calls failed; the rest log at DEBUG (a database
+# restart under full load made each call in flight warn in the same millisecond: 54 identical
+# lines in one chaos run). Each call (each batch of calls that failed together) connects once a
+# try, one at a time per connection.
 LEDGER_RETRY_FIRST_S = 0.25
 LEDGER_RETRY_S = 2.0
 
@@ -129,6 +131,7 @@ class Attempts:
         self._outcomes = outcomes
         self._metrics = metrics
         self._clock = clock
+        self._ledger_warned_at: float | None = None  # monotonic; see LEDGER_RETRY_S
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
         """Claim, send and record one event; then publish where its outcome routes it. Its
@@ -364,7 +367,11 @@ class Attempts:
             except LedgerUnavailableError as exc:
                 tries += 1
                 wait_s = next(waits)
-                loud = tries == 1 or wait_s >= LEDGER_RETRY_S
+                now = self._clock.monotonic()
+                warned = self._ledger_warned_at
+                loud = warned is None or now - warned >= LEDGER_RETRY_S
+                if loud:
+                    self._ledger_warned_at = now
                 log.log(logging.WARNING if loud else logging.DEBUG,
                         "ledger %s failed on try %d (%s); retrying in %gs", what, tries, exc,
                         wait_s)

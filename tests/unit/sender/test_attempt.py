@@ -219,18 +219,36 @@ def test_a_ledger_that_does_not_answer_is_asked_again_sooner_then_every_few_seco
     assert w.calls("sleep") == [("sleep", s) for s in (LEDGER_RETRY_FIRST_S, 0.5, 1.0,
                                                          LEDGER_RETRY_S, LEDGER_RETRY_S,
                                                          LEDGER_RETRY_FIRST_S)]
-    # A warning for a call's first failure and for each wait of the longest; the rest at DEBUG.
+    # A warning at most every 2 s (at 0, 3.75 and 5.75 s of the fake clock); the rest at DEBUG.
     lines = [(r.levelno, r.getMessage()) for r in caplog.records
              if r.getMessage().startswith("ledger ")]
     assert [(level, message.split(" (")[0], message.split("; ")[1]) for level, message in lines] == [
         (logging.WARNING, "ledger claim failed on try 1", "retrying in 0.25s"),
         (logging.DEBUG, "ledger claim failed on try 2", "retrying in 0.5s"),
         (logging.DEBUG, "ledger claim failed on try 3", "retrying in 1s"),
-        (logging.WARNING, "ledger claim failed on try 4", "retrying in 2s"),
+        (logging.DEBUG, "ledger claim failed on try 4", "retrying in 2s"),
         (logging.WARNING, "ledger claim failed on try 5", "retrying in 2s"),
         (logging.WARNING, "ledger release failed on try 1", "retrying in 0.25s")]
     assert [r.status.value for r in w.outcomes.results] == ["retrying"]
     assert w.ledger.rows[KEY].done_attempt == 1
+
+
+def test_calls_that_fail_together_log_one_warning_between_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    w = world([OK, OK])
+    w.ledger.unavailable = {"claim": 3}
+    other = dataclasses.replace(event(), idempotency_key="k|cfo@example.com",
+                                recipient="cfo@example.com")
+
+    async def both() -> None:
+        await asyncio.wait_for(asyncio.gather(w.attempts.deliver(ORIGIN, Admitted(event())),
+                                              w.attempts.deliver(ORIGIN, Admitted(other))), 5)
+
+    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+        asyncio.run(both())
+    levels = [r.levelno for r in caplog.records if r.getMessage().startswith("ledger ")]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert sorted(r.status.value for r in w.outcomes.results) == ["sent", "sent"]
 
 
 def test_a_mark_that_failed_is_written_again_before_the_outcome_goes_out() -> None:
