@@ -48,9 +48,9 @@ log = logging.getLogger(__name__)
 # restart of half a second waited 1.5 s more for the marks, now a quarter of a second. A longer
 # outage is asked every LEDGER_RETRY_S, as before. A sender logs at most one warning about the
 # ledger every LEDGER_RETRY_S, whichever of its calls failed; the rest log at DEBUG (a database
-# restart under full load made each call in flight warn in the same millisecond: 54 identical
-# lines in one chaos run). Each call (each batch of calls that failed together) connects once a
-# try, one at a time per connection.
+# restart under full load made each call in flight warn within the same second: 57 and 54 lines
+# from the two senders of one chaos run). Each call (each batch of calls that failed together)
+# connects once a try, one at a time per connection.
 LEDGER_RETRY_FIRST_S = 0.25
 LEDGER_RETRY_S = 2.0
 
