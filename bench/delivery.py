@@ -655,7 +655,7 @@ def _cpu_bound_lines(by_design: Mapping[tuple[str, str], Run], concurrency: int)
         machine_ms = cpu.busy_s * 1000 / r.emails
         senders = " and ".join(f"{cpu.processes[name] / r.seconds:.0%}"
                                for name in sorted(cpu.processes) if name.startswith("sender"))
-        parts = {"postroom's roles": cpu.of("relay") + cpu.of("recorder") + cpu.of("sender"),
+        parts = {"postroom's roles": sum(cpu.of(role) for role in ROLES),
                  "PostgreSQL": cpu.of("postgres:"), "the JVMs (Kafka, registry)": cpu.of("java:"),
                  "smtp-sink": cpu.of("server")}
         parts["the rest"] = max(0.0, cpu.busy_s - sum(parts.values()))

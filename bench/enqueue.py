@@ -171,10 +171,10 @@ def _rates(figures: list[float]) -> tuple[float, str]:
 def _call_lines(medians: dict[str, float]) -> list[str]:
     """What a personalised call's time is made of, from the medians: its statement's round trip
     (psycopg alone) and what postroom adds to it."""
-    if not all(medians[name] > 0 for name in ("personalised", "statement alone", "round trip")):
+    names = ("personalised", "statement alone", "round trip")
+    if not all(medians[name] > 0 for name in names):
         return []
-    call, alone, trip = (1e6 / medians[name] for name in
-                         ("personalised", "statement alone", "round trip"))
+    call, alone, trip = (1e6 / medians[name] for name in names)
     return [f"a personalised call took {call:.0f} µs: its statement alone {alone:.0f} µs (of "
             f"which a bare round trip {trip:.0f} µs), postroom's checks and keys "
             f"{call - alone:.0f} µs.",
