@@ -140,6 +140,8 @@ class Timed:
     job_seconds: float | None = None  # seed and postroom: from the job's start (its enqueue)
     # slowsink: the client's turn-around per message over the run (bench.slowsink.Turnaround)
     turnaround: Mapping[str, Mapping[str, float]] | None = None
+    # postroom: its first and its last 250 (outbox.sent_at), in seconds after the commit
+    sent_span: tuple[float, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,6 +302,15 @@ def _progress_of(engine: sa.Engine, key: str) -> SentProgress:
     return sent, unsent, total, last
 
 
+def sent_span(engine: sa.Engine, key: str) -> tuple[dt.datetime, dt.datetime]:
+    """The sender's times of the first and the last 250 to the rows of ``key``."""
+    with engine.connect() as conn:
+        first, last = conn.execute(sa.text(
+            "SELECT min(sent_at), max(sent_at) FROM outbox WHERE message_key = :key"),
+            {"key": key}).one()
+    return first, last
+
+
 def first_error(engine: sa.Engine, key: str | None = None) -> str:
     """The status and last error of one undelivered row (of message key ``key``), or ''."""
     of_key = "" if key is None else "message_key = :key AND "
@@ -430,6 +441,7 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
                 seconds = last.timestamp() - committed_at
                 after = sample({**pids, **stack, **pids_named(*STACK_COMMANDS)})
                 rss_after = rss_mib(pids["sender"])
+                first_250, last_250 = sent_span(engine, "bench")  # read after the CPU samples
                 window = (scrape_histogram(sender_ports.values(), SENT_MARK_WINDOW)
                           - window_before)
             complaints = components.complaints()
@@ -441,7 +453,9 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
     rss_before = warm_rss[0] if warm_rss else None
     rss = (rss_before, rss_after) if rss_before is not None and rss_after is not None else None
     return Timed(seconds, usage(before, after), note, rss, window,
-                 job_seconds=last.timestamp() - job_started)
+                 job_seconds=last.timestamp() - job_started,
+                 sent_span=(first_250.timestamp() - committed_at,
+                            last_250.timestamp() - committed_at))
 
 
 # -- (c) django-post-office ------------------------------------------------------------------------
@@ -699,6 +713,45 @@ def _turnaround_lines(runs: list[Run], concurrency: int) -> list[str]:
             *table(["design", "250 to the message -> next MAIL", "354 -> message's end"], rows)]
 
 
+def _span_lines(runs: list[Run], concurrency: int) -> list[str]:
+    """Each postroom run (the median one) in three parts, from the commit: to the first 250 (the
+    pipeline filling: relay, broker, sender, connections), from it to the last 250 (the sends),
+    and on to the last row recorded. On slowsink the seconds above the ceiling's (N emails over
+    the connections at the server's delay each) are split the same way: the first part less one
+    message's delay, the second less the delays of the messages after each connection's first
+    (the turn-around), and the third, so that the three add up to the whole gap."""
+    rows = []
+    for r in runs:
+        span = r.timed.sent_span
+        if r.design not in POSTROOM_DESIGNS or span is None:
+            continue
+        first, last = span
+        width = _width(r.design, concurrency)
+        per_connection = r.emails / width
+        message_ms = ((last - first) * 1000 / (per_connection - 1) if per_connection > 1
+                      else None)
+        above = "-"
+        if r.server.latency_ms:
+            delay_s = r.server.latency_ms / 1000
+            parts = (first - delay_s, (last - first) - (per_connection - 1) * delay_s,
+                     r.seconds - last)
+            above = (f"{r.seconds - per_connection * delay_s:.2f} = "
+                     + " + ".join(f"{part:.2f}" for part in parts))
+        rows.append([r.server.label, _label(r.design, concurrency), f"{first:.3f}",
+                     f"{last - first:.3f}", f"{r.seconds - last:.3f}",
+                     "-" if message_ms is None else f"{message_ms:.2f}", above])
+    if not rows:
+        return []
+    return ["postroom's runs in three parts (the median run's; seconds from the commit, by "
+            "outbox.sent_at, the sender's time of each 250, and outbox.updated_at):",
+            *table(["server", "design", "commit -> first 250", "first -> last 250",
+                    "last 250 -> recorded", "ms a message on a connection",
+                    "s above the ceiling = filling + turn-around + recording"], rows),
+            "ms a message on a connection: first -> last 250 over the messages after each "
+            "connection's first (N / connections - 1), as if the sends were spread evenly.",
+            ""]
+
+
 def _section(runs: list[Run], concurrency: int) -> Section:
     rate = {(r.server.name, r.design): r.per_s for r in runs}
     job_rate = {r.design: r.job_per_s or 0.0 for r in runs
@@ -759,6 +812,7 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         "",
         *_turnaround_lines(runs, concurrency),
         "",
+        *_span_lines(runs, concurrency),
         *_cpu_bound_lines(by_design, concurrency),
         "Ratios:",
         f"  postroom / seed, job start -> last sent, on {sink}: {job_rate[POSTROOM] / job_rate[SEED]:.2f}x "

@@ -15,15 +15,18 @@ from bench.delivery import (
     POSTOFFICE,
     POSTROOM,
     POSTROOM_TWO,
+    POSTROOM_WIDE,
     SEED,
+    WIRE,
     Run,
     Timed,
     _cpu_bound_lines,
+    _span_lines,
     client_cpu_s,
 )
 from bench.enqueue import _call_lines
 
-SINK = FULL[0]
+SINK, SLOW = FULL
 
 
 def test_a_call_is_split_into_its_statement_its_round_trip_and_postrooms_share() -> None:
@@ -88,3 +91,31 @@ def _gone_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
     return child.pid
+
+
+def test_a_slowsink_runs_gap_to_the_ceiling_is_split_into_filling_turnaround_and_recording(
+) -> None:
+    # 2,000 emails over 20 connections at 100 ms: 100 a connection, 10.00 s at the ceiling.
+    timed = Timed(10.47, None, sent_span=(0.18, 10.45))
+    wide = Timed(3.625, None, sent_span=(0.2, 3.535))  # x64: 31.25 a connection
+    lines = _span_lines([Run(SLOW, POSTROOM, 2_000, (timed,)),
+                         Run(SLOW, POSTROOM_WIDE, 2_000, (wide,)),
+                         Run(SLOW, WIRE, 2_000, (Timed(10.3, None),))], 20)
+    rows = [line for line in lines if "slowsink" in line]
+    assert len(rows) == 2  # the pipelined client has no commit, so no row
+    x20, x64 = rows
+    # 10.27 s for the 99 messages after each connection's first: 103.74 ms each; above the
+    # ceiling 0.47 = (0.18 - 0.1) + (10.27 - 99 x 0.1) + (10.47 - 10.45).
+    assert x20.split()[-10:] == ["0.180", "10.270", "0.020", "103.74", "0.47", "=", "0.08", "+",
+                                 "0.37", "+", "0.02"][-10:]
+    assert "(x64)" in x64 and "110.25" in x64  # 3.335 s over 30.25 messages
+    assert x64.endswith("0.50 = 0.10 + 0.31 + 0.09")  # 3.625 - 3.125; 3.335 - 30.25 x 0.1
+
+
+def test_a_run_on_a_server_without_delay_has_no_ceiling_and_runs_without_a_span_no_line() -> None:
+    lines = _span_lines([Run(SINK, POSTROOM, 5_000, (Timed(2.3, None, sent_span=(0.05, 2.2)),)),
+                         Run(SINK, POSTROOM_TWO, 5_000, (Timed(2.0, None),))], 20)
+    rows = [line for line in lines if "smtp-sink" in line]
+    assert len(rows) == 1 and "(x20)" in rows[0]
+    assert rows[0].split()[-5:] == ["0.050", "2.150", "0.100", "8.63", "-"]  # 2.15 s / 249
+    assert _span_lines([Run(SINK, POSTROOM, 5_000, (Timed(2.3, None),))], 20) == []
