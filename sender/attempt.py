@@ -46,11 +46,14 @@ log = logging.getLogger(__name__)
 # sent mark keeps the duplicate window open until it commits (a sender killed meanwhile leaves
 # its key in doubt, and the key is mailed again); with a flat 2 s wait, a database back after a
 # restart of half a second waited 1.5 s more for the marks, now a quarter of a second. A longer
-# outage is asked every LEDGER_RETRY_S, as before. A sender logs at most one warning about the
-# ledger every LEDGER_RETRY_S, whichever of its calls failed; the rest log at DEBUG (a database
-# restart under full load made each call in flight warn within the same second: 57 and 54 lines
-# from the two senders of one chaos run). Each call (each batch of calls that failed together)
-# connects once a try, one at a time per connection.
+# outage is asked every LEDGER_RETRY_S, as before (a try that connects to a host that does not
+# answer at all waits out the connection's timeout first, sender/ledger_session.py). A sender logs
+# at most one warning about the ledger every LEDGER_RETRY_S, whichever of its calls failed; the
+# rest log at DEBUG (a database restart under full load made each call in flight warn within the
+# same second: 57 and 54 lines from the two senders of one chaos run). The first call to get
+# through after a warning logs that the ledger answers again, and the next failure warns at once.
+# Each call (each batch of calls that failed together) connects once a try, one at a time per
+# connection.
 LEDGER_RETRY_FIRST_S = 0.25
 LEDGER_RETRY_S = 2.0
 
@@ -362,8 +365,9 @@ class Attempts:
             try:
                 if started is not None:
                     first, started = started, None
-                    return await first
-                return await call()
+                    answer = await first
+                else:
+                    answer = await call()
             except LedgerUnavailableError as exc:
                 tries += 1
                 wait_s = next(waits)
@@ -376,3 +380,11 @@ class Attempts:
                         "ledger %s failed on try %d (%s); retrying in %gs", what, tries, exc,
                         wait_s)
                 await self._clock.sleep(wait_s)
+                continue
+            if tries and self._ledger_warned_at is not None:
+                # The first call to get through after a warning says so, and the next failure
+                # warns at once: a new outage is not hidden in the last one's 2 s.
+                self._ledger_warned_at = None
+                log.info("ledger %s answered on try %d: the ledger answers again", what,
+                         tries + 1)
+            return answer

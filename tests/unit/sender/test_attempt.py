@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from sender.admission import Admitted
 from sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
 from sender.claims import RENEW_AFTER_S, Claim
 from sender.destinations import DestinationGate
+from sender.errors import LedgerUnavailableError
 from sender.outcome import Failure, SmtpReply, Stage
 from sender.retry import RetryPolicy
 from sender.routing import Origin
@@ -222,13 +224,16 @@ def test_a_ledger_that_does_not_answer_is_asked_again_sooner_then_every_few_seco
     # A warning at most every 2 s (at 0, 3.75 and 5.75 s of the fake clock); the rest at DEBUG.
     lines = [(r.levelno, r.getMessage()) for r in caplog.records
              if r.getMessage().startswith("ledger ")]
-    assert [(level, message.split(" (")[0], message.split("; ")[1]) for level, message in lines] == [
+    assert [(level, message.split(" (")[0], message.partition("; ")[2])
+            for level, message in lines] == [
         (logging.WARNING, "ledger claim failed on try 1", "retrying in 0.25s"),
         (logging.DEBUG, "ledger claim failed on try 2", "retrying in 0.5s"),
         (logging.DEBUG, "ledger claim failed on try 3", "retrying in 1s"),
         (logging.DEBUG, "ledger claim failed on try 4", "retrying in 2s"),
         (logging.WARNING, "ledger claim failed on try 5", "retrying in 2s"),
-        (logging.WARNING, "ledger release failed on try 1", "retrying in 0.25s")]
+        (logging.INFO, "ledger claim answered on try 6: the ledger answers again", ""),
+        (logging.WARNING, "ledger release failed on try 1", "retrying in 0.25s"),
+        (logging.INFO, "ledger release answered on try 2: the ledger answers again", "")]
     assert [r.status.value for r in w.outcomes.results] == ["retrying"]
     assert w.ledger.rows[KEY].done_attempt == 1
 
@@ -247,8 +252,53 @@ def test_calls_that_fail_together_log_one_warning_between_them(
     with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
         asyncio.run(both())
     levels = [r.levelno for r in caplog.records if r.getMessage().startswith("ledger ")]
-    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    # One warning, and one line when the ledger answers again (the first call through says it).
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG, logging.INFO]
     assert sorted(r.status.value for r in w.outcomes.results) == ["sent", "sent"]
+
+
+def test_different_calls_failing_in_one_outage_share_the_senders_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    w = world()
+    failures = {"claim": 2, "mark": 2}
+
+    def failing(what: str) -> Callable[[], Awaitable[str]]:
+        async def call() -> str:
+            if failures[what] > 0:
+                failures[what] -= 1
+                raise LedgerUnavailableError("connection refused")
+            return what
+        return call
+
+    async def both() -> list[str]:
+        return list(await asyncio.gather(w.attempts._ledger_call("claim", failing("claim")),
+                                         w.attempts._ledger_call("mark", failing("mark"))))
+
+    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+        assert asyncio.run(both()) == ["claim", "mark"]
+    lines = [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
+             if r.getMessage().startswith("ledger ")]
+    # Within 2 s of the claim's warning, the mark's failures log at DEBUG: one warning a sender.
+    assert lines == [(logging.WARNING, "ledger claim failed on try 1"),
+                     (logging.DEBUG, "ledger mark failed on try 1"),
+                     (logging.DEBUG, "ledger claim failed on try 2"),
+                     (logging.DEBUG, "ledger mark failed on try 2"),
+                     (logging.INFO, "ledger claim answered on try 3")]
+
+
+def test_a_new_outage_after_the_ledger_answered_again_warns_at_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    w = world([TRANSIENT])
+    w.ledger.unavailable = {"claim": 1, "release": 1}
+    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+        w.deliver(Admitted(event()))
+    lines = [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
+             if r.getMessage().startswith("ledger ")]
+    # The release fails 0.25 s after the claim's warning, but after the claim got through.
+    assert lines == [(logging.WARNING, "ledger claim failed on try 1"),
+                     (logging.INFO, "ledger claim answered on try 2"),
+                     (logging.WARNING, "ledger release failed on try 1"),
+                     (logging.INFO, "ledger release answered on try 2")]
 
 
 def test_a_mark_that_failed_is_written_again_before_the_outcome_goes_out() -> None:
