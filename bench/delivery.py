@@ -726,8 +726,9 @@ def _span_lines(runs: list[Run], concurrency: int) -> list[str]:
         if r.design not in POSTROOM_DESIGNS or span is None:
             continue
         first, last = span
-        width = _width(r.design, concurrency)
-        per_connection = r.emails / width
+        # Each sender process has its own connections.
+        connections = _width(r.design, concurrency) * (2 if r.design == POSTROOM_TWO else 1)
+        per_connection = r.emails / connections
         message_ms = ((last - first) * 1000 / (per_connection - 1) if per_connection > 1
                       else None)
         above = "-"

@@ -119,3 +119,10 @@ def test_a_run_on_a_server_without_delay_has_no_ceiling_and_runs_without_a_span_
     assert len(rows) == 1 and "(x20)" in rows[0]
     assert rows[0].split()[-5:] == ["0.050", "2.150", "0.100", "8.63", "-"]  # 2.15 s / 249
     assert _span_lines([Run(SINK, POSTROOM, 5_000, (Timed(2.3, None),))], 20) == []
+
+
+def test_two_senders_messages_are_spread_over_both_senders_connections() -> None:
+    lines = _span_lines([Run(SINK, POSTROOM_TWO, 5_000,
+                             (Timed(2.3, None, sent_span=(0.05, 2.2)),))], 20)
+    row = next(line for line in lines if "two sender" in line)
+    assert row.split()[-2] == "17.34"  # 2.15 s over 125 - 1 messages on each of 40 connections
