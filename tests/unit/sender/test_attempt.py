@@ -257,6 +257,12 @@ def test_calls_that_fail_together_log_one_warning_between_them(
     assert sorted(r.status.value for r in w.outcomes.results) == ["sent", "sent"]
 
 
+def _ledger_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """The ledger's log lines: each level, and its text up to the reason or the colon."""
+    return [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
+            if r.getMessage().startswith("ledger ")]
+
+
 def test_different_calls_failing_in_one_outage_share_the_senders_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     w = world()
@@ -276,8 +282,7 @@ def test_different_calls_failing_in_one_outage_share_the_senders_warning(
 
     with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
         assert asyncio.run(both()) == ["claim", "mark"]
-    lines = [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
-             if r.getMessage().startswith("ledger ")]
+    lines = _ledger_lines(caplog)
     # Within 2 s of the claim's warning, the mark's failures log at DEBUG: one warning a sender.
     assert lines == [(logging.WARNING, "ledger claim failed on try 1"),
                      (logging.DEBUG, "ledger mark failed on try 1"),
@@ -292,8 +297,7 @@ def test_a_new_outage_after_the_ledger_answered_again_warns_at_once(
     w.ledger.unavailable = {"claim": 1, "release": 1}
     with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
         w.deliver(Admitted(event()))
-    lines = [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
-             if r.getMessage().startswith("ledger ")]
+    lines = _ledger_lines(caplog)
     # The release fails 0.25 s after the claim's warning, but after the claim got through.
     assert lines == [(logging.WARNING, "ledger claim failed on try 1"),
                      (logging.INFO, "ledger claim answered on try 2"),
