@@ -583,7 +583,7 @@ def _run_design(base: Settings, server: Server, design: str, emails: int,
         return run_wire(server, emails, _width(design, concurrency))
     return run_postroom(base, server, emails,
                         concurrency=_width(design, concurrency),
-                        senders=2 if design == POSTROOM_TWO else 1)
+                        senders=_senders(design))
 
 
 def run(base: Settings, options: Options) -> Section:
@@ -615,6 +615,11 @@ def run(base: Settings, options: Options) -> Section:
 def _width(design: str, concurrency: int) -> int:
     """The connections a design runs with: the wide ones 64, the others ``concurrency``."""
     return WIDE_CONCURRENCY if design in WIDE_DESIGNS else concurrency
+
+
+def _senders(design: str) -> int:
+    """The sender processes a postroom design runs."""
+    return 2 if design == POSTROOM_TWO else 1
 
 
 def _label(design: str, concurrency: int) -> str:
@@ -727,7 +732,7 @@ def _span_lines(runs: list[Run], concurrency: int) -> list[str]:
             continue
         first, last = span
         # Each sender process has its own connections.
-        connections = _width(r.design, concurrency) * (2 if r.design == POSTROOM_TWO else 1)
+        connections = _width(r.design, concurrency) * _senders(r.design)
         per_connection = r.emails / connections
         message_ms = ((last - first) * 1000 / (per_connection - 1) if per_connection > 1
                       else None)

@@ -211,6 +211,12 @@ def test_one_event_through_every_claim_state(claim: Claim, lost: bool, reply: st
 
 # -- paths beside the table ----------------------------------------------------------------------
 
+def _ledger_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """The ledger's log lines: each level, and its text up to the reason or the colon."""
+    return [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
+            if r.getMessage().startswith("ledger ")]
+
+
 def test_a_ledger_that_does_not_answer_is_asked_again_sooner_then_every_few_seconds(
         caplog: pytest.LogCaptureFixture) -> None:
     w = world([TRANSIENT])
@@ -251,16 +257,10 @@ def test_calls_that_fail_together_log_one_warning_between_them(
 
     with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
         asyncio.run(both())
-    levels = [r.levelno for r in caplog.records if r.getMessage().startswith("ledger ")]
+    levels = [level for level, _ in _ledger_lines(caplog)]
     # One warning, and one line when the ledger answers again (the first call through says it).
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG, logging.INFO]
     assert sorted(r.status.value for r in w.outcomes.results) == ["sent", "sent"]
-
-
-def _ledger_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    """The ledger's log lines: each level, and its text up to the reason or the colon."""
-    return [(r.levelno, r.getMessage().split(" (")[0].split(":")[0]) for r in caplog.records
-            if r.getMessage().startswith("ledger ")]
 
 
 def test_different_calls_failing_in_one_outage_share_the_senders_warning(
