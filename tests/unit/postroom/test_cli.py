@@ -171,3 +171,47 @@ def test_a_suppression_longer_than_a_century_is_a_usage_error(
     # Its expiry would be past what a timestamp read back into Python holds.
     assert parse_exit(["suppression", "add", "a@example.com", "--expires", "3000000d"]) == 2
     assert "--expires: at most 100 years" in capsys.readouterr().err
+
+
+def test_a_role_leaves_its_startup_objects_out_of_the_collectors_later_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started, a role collects once and freezes what is left, so a full collection under load
+    no longer walks the tens of thousands of objects its imports made, and runs young passes
+    less often; garbage of its start is collected first, not frozen, and what the running role
+    makes is still collected."""
+    import gc
+    import weakref
+
+    import postroom.kafka
+    import relay.db
+    from postroom.cli import services
+    from postroom.settings import Settings
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    monkeypatch.setattr(relay.db, "check_schema_at_start", lambda engine: None)
+    monkeypatch.setattr(postroom.kafka, "check_reachable", lambda settings: None)
+    monkeypatch.setattr(postroom.kafka, "require_topics", lambda settings: None)
+    settings = Settings(database_url="postgresql+psycopg://nobody@127.0.0.1:9/none")
+    gc.collect()
+    assert gc.get_freeze_count() == 0
+    thresholds = gc.get_threshold()
+    assert thresholds[0] < services.YOUNG_PASS_EVERY
+    startup_garbage = Cycle()
+    gone_at_start = weakref.ref(startup_garbage)
+    del startup_garbage
+    try:
+        with services.service_start(settings):
+            assert gone_at_start() is None
+            assert gc.get_freeze_count() > 1_000  # this test process's modules, at least
+            assert gc.get_threshold() == (services.YOUNG_PASS_EVERY, *thresholds[1:])
+            later = Cycle()
+            gone_later = weakref.ref(later)
+            del later
+            gc.collect()
+            assert gone_later() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
