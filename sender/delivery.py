@@ -143,5 +143,5 @@ class Delivery:
         check_header_values(event)
         # Built, serialised and checked now when it is not cached, so a bad subject fails here
         # as in a full build; the variant a server needs (7-bit, SMTPUTF8) at the send.
-        self.templates.get(event, utf8=False, eight_bit=True)
+        self.templates.get(event, utf8=False, eight_bit=True, own=lines.own)
         return Templated(event, lines, self.templates)

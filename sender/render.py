@@ -7,9 +7,14 @@ sender's profile). Every recipient of one message shares every byte but its To, 
 Message-ID lines, so the rest is built by :func:`~sender.message.build_message`, serialised and
 checked by :func:`~postroom.mime.check_serialized` once per sender, subject, bodies and server
 capabilities, and kept in a bounded cache; per recipient, the three lines are written into their
-places. Only lines the email package writes as plain ``Name: value`` are written here (a short
-ASCII address, a short Message-ID): for anything else the caller builds the message in full, so
-the bytes are the same either way (tests/unit/sender/test_render.py compares them).
+places. An email of its own (an invoice run: a subject and a body per recipient) would miss that
+cache every time, at about 0.35 ms of CPU a build; so a subject the email package writes as it
+is (short plain ASCII) is a hole of the template too, and so is a body without HTML that it
+writes 7bit, quoted-printable or base64: the body is encoded by the email package's own
+encoder and only the line breaks are written here. Only what the email package writes as it is
+goes into a hole (``Name: value`` of a short ASCII address, Message-ID or subject); for anything
+else the caller builds the message in full, so the bytes are the same either way
+(tests/unit/sender/test_render.py compares them).
 
 Pure.
 """
@@ -19,15 +24,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import email.contentmanager
 import email.policy
 import email.utils
 import functools
 import re
+from collections.abc import Callable
 from email.message import EmailMessage
 
 from postroom.mime import check_serialized
 from schemas.codec import EmailRequested
-from sender.message import build_message, message_id_for, sender_domain
+from sender.message import MESSAGE_POLICY, build_message, message_id_for, sender_domain
 
 MAX_LINE = 78  # the email package folds a longer header line
 TEMPLATE_CACHE_BYTES = 16 * 1024 * 1024
@@ -36,9 +43,21 @@ LARGEST_SHARE = 8
 # The addresses whose To line is "To: " + the address: a dot-atom of letters, digits and ._+-
 # (other atext characters, such as = and ?, the email package may quote or decode).
 _PLAIN_ADDRESS = re.compile(r"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*")
+# A subject the email package writes as "Subject: " + the subject, on one line: printable ASCII
+# words without "=" (no encoded-word lookalike to decode), one space between them, the line at
+# most MAX_LINE long.
+_PLAIN_SUBJECT = re.compile(r"[!-<>-~]+(?: [!-<>-~]+)*")
+_SUBJECT = b"Subject: "
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the email package's generator writes as CRLF
+# The body transfer encodings whose text the generator writes as it is (8bit it may re-encode).
+_BODY_HOLE_ENCODINGS = frozenset({"7bit", "quoted-printable", "base64"})
+# Bodies kept encoded (every recipient of one report shares its body), each up to this length;
+# a longer one is encoded for each email (a few microseconds per KiB).
+ENCODED_BODIES, ENCODED_BODY_MAX_CHARS = 32, 16 * 1024
 _HOLES = (b"To: ", b"Date: ", b"Message-ID: ")
 ADDRESS_HEADERS = ("From", "Sender", "Reply-To", "To", "Cc", "Bcc")
 _PLACEHOLDER_RECIPIENT = "placeholder@example.invalid"
+_PLACEHOLDER_SUBJECT = "placeholder"
 _PLACEHOLDER_NOW = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 
@@ -65,53 +84,70 @@ def serialise(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-    """A serialised message with its To, Date and Message-ID lines cut out."""
+    """A serialised message with its To, Date and Message-ID lines cut out (and its Subject line,
+    for a template of emails of their own), and with ``open_body`` its body."""
 
-    pieces: tuple[bytes, bytes, bytes, bytes]
+    pieces: tuple[bytes, ...]  # one more than the lines cut out
+    open_body: bool = False  # the last piece ends the header block: the body comes after it
 
     @classmethod
-    def cut(cls, content: bytes) -> Template:
-        """The template of ``content``, whose header block must hold each of the three lines
-        once, unfolded, in that order (:func:`build_message` writes them so)."""
+    def cut(cls, content: bytes, holes: tuple[bytes, ...] = _HOLES, *,
+            open_body: bool = False) -> Template:
+        """The template of ``content``, whose header block must hold the line of each of
+        ``holes`` once, unfolded, in that order (:func:`build_message` writes them so); with
+        ``open_body``, without the body after the header block."""
         end = content.find(b"\r\n\r\n")
         if end < 0:
             raise TemplateError("no end of the header block")
         lines = content[:end].split(b"\r\n")
-        holes = []
-        for name in _HOLES:
+        at_holes = []
+        for name in holes:
             at = [i for i, line in enumerate(lines) if line.startswith(name)]
             if len(at) != 1:
                 raise TemplateError(f"{len(at)} lines start with {name!r}")
             folded = at[0] + 1 < len(lines) and lines[at[0] + 1][:1] in (b" ", b"\t")
             if folded:
                 raise TemplateError(f"the {name!r} line is folded")
-            holes.append(at[0])
-        if holes != sorted(holes):
-            raise TemplateError("To, Date and Message-ID are out of order")
+            at_holes.append(at[0])
+        if at_holes != sorted(at_holes):
+            raise TemplateError(b", ".join(name.rstrip(b": ") for name in holes).decode()
+                                + " are out of order")
         pieces = []
         start = 0
-        for hole in holes:
+        for hole in at_holes:
             pieces.append(b"".join(line + b"\r\n" for line in lines[start:hole]))
             start = hole + 1
-        pieces.append(b"".join(line + b"\r\n" for line in lines[start:]) + content[end + 2:])
-        return cls((pieces[0], pieces[1], pieces[2], pieces[3]))
+        last = b"".join(line + b"\r\n" for line in lines[start:])
+        pieces.append(last + b"\r\n" if open_body else last + content[end + 2:])
+        return cls(tuple(pieces), open_body)
 
     @property
     def size(self) -> int:
         return sum(map(len, self.pieces))
 
-    def fill(self, to: bytes, date: bytes, message_id: bytes) -> bytes:
-        first, second, third, rest = self.pieces
-        return b"".join((first, to, b"\r\n", second, date, b"\r\n", third, message_id, b"\r\n",
-                         rest))
+    def fill(self, *lines: bytes, body: bytes = b"") -> bytes:
+        """The message with ``lines`` in the holes, in order, and ``body`` after an open
+        body's header block."""
+        if len(lines) != len(self.pieces) - 1:
+            raise ValueError(f"this template takes {len(self.pieces) - 1} lines, not {len(lines)}")
+        parts = [self.pieces[0]]
+        for line, piece in zip(lines, self.pieces[1:], strict=True):
+            parts += (line, b"\r\n", piece)
+        if self.open_body:
+            parts.append(body)
+        return b"".join(parts)
 
 
-_TemplateKey = tuple[str, str, str, str | None, bool, bool]
+# Sender, subject (None: a hole), body (None: a hole) and its transfer encoding (a hole's, else
+# None), HTML and the flags.
+_TemplateKey = tuple[str, str | None, str | None, str | None, str | None, bool, bool]
 
 
 class TemplateCache:
     """Templates by sender, subject, bodies and flags, least recently used first out, within a
-    budget of bytes (the key's text counted with the template)."""
+    budget of bytes (the key's text counted with the template); a subject or body that is a hole
+    (:class:`Own`) is not part of the key, so every email of its own from one sender shares a
+    template."""
 
     def __init__(self, max_bytes: int = TEMPLATE_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -127,16 +163,24 @@ class TemplateCache:
         """The bytes the cache holds, by its own count."""
         return self._bytes
 
-    def get(self, event: EmailRequested, *, utf8: bool, eight_bit: bool) -> Template:
-        """The template of ``event``'s shared part; built (and checked) on a miss. Raises what
-        :func:`build_message` and :func:`serialise` raise for the values."""
-        key = (event.sender, event.subject, event.body, event.html, utf8, eight_bit)
+    def get(self, event: EmailRequested, *, utf8: bool, eight_bit: bool,
+            own: Own | None = None) -> Template:
+        """The template of ``event``'s shared part, with holes for what ``own`` has; built (and
+        checked) on a miss. Raises what :func:`build_message` and :func:`serialise` raise for
+        the values."""
+        subject_hole = own is not None and own.subject is not None
+        body_hole = own is not None and own.body is not None
+        key: _TemplateKey = (event.sender, None if subject_hole else event.subject,
+                             None if body_hole else event.body,
+                             own.encoding if own is not None and body_hole else None,
+                             event.html, utf8, eight_bit)
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)
             return found[0]
-        template = build_template(event, utf8=utf8, eight_bit=eight_bit)
-        cost = template.size + sum(len(text) for text in key[:4] if isinstance(text, str))
+        template = build_template(event, utf8=utf8, eight_bit=eight_bit,
+                                  subject_hole=subject_hole, body_hole=body_hole)
+        cost = template.size + sum(len(text) for text in key[:5] if isinstance(text, str))
         if cost <= self.max_bytes // LARGEST_SHARE:
             self._entries[key] = (template, cost)
             self._bytes += cost
@@ -146,21 +190,90 @@ class TemplateCache:
         return template
 
 
-def build_template(event: EmailRequested, *, utf8: bool, eight_bit: bool) -> Template:
+def build_template(event: EmailRequested, *, utf8: bool, eight_bit: bool,
+                   subject_hole: bool = False, body_hole: bool = False) -> Template:
     """The template of ``event`` (which must have no files), from the full build of a stand-in
-    for its recipient: checked as every sent message is."""
-    stand_in = dataclasses.replace(event, recipient=_PLACEHOLDER_RECIPIENT)
+    for its recipient (and with ``subject_hole`` for its subject): checked as every sent message
+    is. With ``body_hole`` the template ends at its header block, which holds the transfer
+    encoding of ``event``'s body."""
+    stand_in = dataclasses.replace(event, recipient=_PLACEHOLDER_RECIPIENT,
+                                   subject=_PLACEHOLDER_SUBJECT if subject_hole else event.subject)
     message = build_message(stand_in, attachments_root=None, now=_PLACEHOLDER_NOW)
-    return Template.cut(serialise(message, utf8=utf8, eight_bit=eight_bit))
+    holes = (_HOLES[0], _SUBJECT, *_HOLES[1:]) if subject_hole else _HOLES
+    return Template.cut(serialise(message, utf8=utf8, eight_bit=eight_bit), holes,
+                        open_body=body_hole)
+
+
+@dataclasses.dataclass(frozen=True)
+class Own:
+    """What of an email is its own and goes into its template's holes, as the email package
+    writes it: its Subject line (None: the subject is part of the template) and its body with
+    the body's transfer encoding (None: the body is part of the template)."""
+
+    subject: bytes | None
+    body: bytes | None
+    encoding: str | None
 
 
 @dataclasses.dataclass(frozen=True)
 class Lines:
-    """One recipient's To, Date and Message-ID lines, as the email package would write them."""
+    """One recipient's To, Date and Message-ID lines, as the email package would write them, and
+    what else of the email goes into holes of its template."""
 
     to: bytes
     date: bytes
     message_id: bytes
+    own: Own | None = None
+
+    def fill(self, template: Template) -> bytes:
+        """The email: these lines and what is its own in ``template``'s holes."""
+        own = self.own
+        if own is None or own.subject is None:
+            lines: tuple[bytes, ...] = (self.to, self.date, self.message_id)
+        else:
+            lines = (self.to, own.subject, self.date, self.message_id)
+        return template.fill(*lines, body=b"" if own is None or own.body is None else own.body)
+
+
+def own_of(event: EmailRequested) -> Own | None:
+    """What of ``event`` the email package writes as it is, so its template can leave it out:
+    a subject of plain ASCII short enough for one line, and without HTML a body it sends 7bit,
+    quoted-printable or base64; None when neither."""
+    subject = event.subject
+    subject_line = (_SUBJECT + subject.encode("ascii")
+                    if len(subject) <= MAX_LINE - len(_SUBJECT)
+                    and _PLAIN_SUBJECT.fullmatch(subject) is not None else None)
+    body = encoded_body(event.body) if event.html is None else None
+    if subject_line is None and body is None:
+        return None
+    return Own(subject_line, *(body or (None, None)))
+
+
+def encoded_body(body: str) -> tuple[bytes, str] | None:
+    """``body`` as the email package writes the single text part set_content makes of it, and
+    its transfer encoding; None for a body it sends 8bit (or cannot encode), which the template
+    keeps."""
+    if len(body) > ENCODED_BODY_MAX_CHARS:
+        return _encoded_body(body)
+    return _kept_encoded_body(body)
+
+
+def _encoded_body(body: str) -> tuple[bytes, str] | None:
+    try:
+        # set_content's own choice of encoding and its text (email.contentmanager), so the bytes
+        # are the ones a full build writes; private, so every Python's is tested against a
+        # full build (tests/unit/sender/test_render.py).
+        encoding, text = _encode_text(body, "utf-8", None, MESSAGE_POLICY)
+    except (UnicodeError, ValueError):
+        return None
+    if encoding not in _BODY_HOLE_ENCODINGS:
+        return None
+    return _LINE_BREAK.sub("\r\n", text).encode("ascii"), encoding
+
+
+_encode_text: Callable[[str, str, str | None, email.policy.Policy], tuple[str, str]] = (
+    email.contentmanager._encode_text)  # type: ignore[attr-defined]  # no stub: private
+_kept_encoded_body = functools.lru_cache(maxsize=ENCODED_BODIES)(_encoded_body)
 
 
 def is_plain_address(address: str) -> bool:
@@ -181,7 +294,7 @@ def plain_lines(event: EmailRequested, now: dt.datetime) -> Lines | None:
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     return Lines(b"To: " + recipient.encode("ascii"), date_line(now),
-                 b"Message-ID: " + message_id.encode("ascii"))
+                 b"Message-ID: " + message_id.encode("ascii"), own_of(event))
 
 
 @functools.lru_cache(maxsize=4)
@@ -214,8 +327,8 @@ class Templated:
         return (self.event.sender, self.event.recipient)
 
     def serialise(self, *, utf8: bool, eight_bit: bool) -> bytes:
-        template = self.cache.get(self.event, utf8=utf8, eight_bit=eight_bit)
-        return template.fill(self.lines.to, self.lines.date, self.lines.message_id)
+        template = self.cache.get(self.event, utf8=utf8, eight_bit=eight_bit, own=self.lines.own)
+        return self.lines.fill(template)
 
 
 @dataclasses.dataclass(frozen=True)

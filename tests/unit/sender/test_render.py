@@ -79,6 +79,21 @@ CASES = {
     "empty body": event(body=""),
     "long body lines": event(body=("x" * 990 + "\n") * 3),
     "a body line that looks like a header": event(body="To: someone@else.example\n"),
+    # emails of their own: the subject, the body or both are holes of the template
+    "own subject and 7bit body": event(subject="Invoice 1042 for September", body="Dear Ann,\n"),
+    "own subject, quoted-printable body": event(subject="Invoice 7", body="x" * 90 + "=\n"),
+    "own subject, base64 body": event(subject="Rechnung 7", body="Grüße aus Köln " * 30),
+    "own subject, 8bit body kept in the template": event(subject="Invoice 8"),
+    "own subject with specials": event(subject='Re: (draft) "Q3" <x@y> [a\\b] 100%; ok?'),
+    "own subject at the longest one line holds": event(subject="s" * 69),
+    "subject one longer, kept in the template": event(subject="s" * 70),
+    "subject with two spaces, kept": event(subject="Invoice  7"),
+    "subject with an equals sign, kept": event(subject="a=b"),
+    "own body with CRLF, CR and tabs": event(subject="Report", body="a\r\nb\rc\td \n\n"),
+    "own body starting lines with From and dots": event(subject="R", body="From me\n.\n..x\n"),
+    "own body without a last line break": event(subject="R", body="no end"),
+    "own body with control characters": event(subject="R", body="a\x00b\x0bc\x0cd\x1b\n"),
+    "own subject with HTML": event(subject="Invoice 9", html="<p>Grüße</p>"),
 }
 
 
@@ -115,6 +130,52 @@ def test_every_plain_recipient_gets_the_bytes_of_a_full_build(
             templated(e, *flags)
         return
     assert templated(e, *flags) == expected
+
+
+_ASCII_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=400)
+
+
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(subject=st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1,
+                       max_size=80).filter(str.strip),
+       body=st.one_of(_ASCII_TEXT, st.text(max_size=400),
+                      st.lists(st.text("ab =.\tü", max_size=120), max_size=6).map("\n".join)),
+       html=st.one_of(st.none(), st.just("<p>hi</p>")),
+       flags=st.sampled_from(FLAGS))
+def test_every_email_of_its_own_gets_the_bytes_of_a_full_build(
+        subject: str, body: str, html: str | None, flags: tuple[bool, bool]) -> None:
+    """Subjects and bodies of their own (an invoice run): those that go into holes of the
+    template come out as the email package writes them."""
+    e = event(recipient="ann@example.com", subject=subject, body=body, html=html)
+    lines = plain_lines(e, NOW)
+    assert lines is not None
+    assume(lines.own is not None)
+    try:
+        expected = full_build(e, *flags)
+    except ValueError:
+        with pytest.raises(ValueError):
+            templated(e, *flags)
+        return
+    assert templated(e, *flags) == expected
+
+
+@pytest.mark.parametrize(("changes", "subject_hole", "body_hole"), [
+    ({"subject": "Invoice 7", "body": "hi\n"}, True, True),
+    ({"subject": "Invoice 7"}, True, False),  # Grüße in short lines: 8bit
+    ({"subject": "Rechnung für Ann", "body": "hi\n"}, False, True),
+    ({"subject": "Invoice 7", "body": "hi\n", "html": "<p>hi</p>"}, True, False),
+    ({"subject": "Grüße"}, False, False),
+])
+def test_what_goes_into_holes(changes: dict[str, Any], subject_hole: bool,
+                              body_hole: bool) -> None:
+    own = render.own_of(event(**changes))
+    if not (subject_hole or body_hole):
+        assert own is None
+        return
+    assert own is not None
+    assert (own.subject is not None, own.body is not None) == (subject_hole, body_hole)
+    if subject_hole:
+        assert own.subject == b"Subject: " + changes["subject"].encode()
 
 
 @pytest.mark.parametrize("recipient", [
@@ -175,13 +236,27 @@ def test_the_cut_needs_one_unfolded_line_of_each(content: bytes, problem: str | 
         Template.cut(content)
 
 
+def test_a_cut_with_the_subject_and_the_body_open() -> None:
+    template = Template.cut(CONTENT + b"\r\nold body\r\n",
+                            (b"To: ", b"Subject: ", b"Date: ", b"Message-ID: "), open_body=True)
+    assert template.fill(b"To: x@y", b"Subject: S", b"Date: D", b"Message-ID: <M>",
+                         body=b"new\r\n") == (
+        b"From: a@example.com\r\nTo: x@y\r\nSubject: S\r\nDate: D\r\nMessage-ID: <M>\r\n"
+        b"\r\nnew\r\n")
+    with pytest.raises(ValueError, match="takes 4 lines, not 3"):
+        template.fill(b"To: x@y", b"Date: D", b"Message-ID: <M>")
+    with pytest.raises(TemplateError, match="To, Subject, Date, Message-ID are out of order"):
+        Template.cut(CONTENT.replace(b"Subject: s\r\n", b"") + b"Subject: s\r\n\r\n",
+                     (b"To: ", b"Subject: ", b"Date: ", b"Message-ID: "))
+
+
 @pytest.fixture
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[EmailRequested]:
     """The events the template cache built a template for (its misses), in turn."""
     built: list[EmailRequested] = []
     build = render.build_template
 
-    def counted(e: EmailRequested, **flags: bool) -> Template:
+    def counted(e: EmailRequested, **flags: bool) -> Template:  # flags and holes
         built.append(e)
         return build(e, **flags)
 
@@ -195,6 +270,21 @@ def test_the_cache_builds_once_per_report_and_flags(builds: list[EmailRequested]
         templated(event(recipient=f"user{n}@example.com"), False, True, cache)
     templated(event(), False, False, cache)
     assert (len(builds), len(cache)) == (2, 2)  # four of the six were found
+
+
+def test_emails_of_their_own_share_one_template_per_sender_encoding_and_flags(
+        builds: list[EmailRequested]) -> None:
+    """An invoice run (a subject and a body per recipient) builds a template per body
+    encoding, not one per email."""
+    cache = TemplateCache()
+    for n in range(5):
+        templated(event(recipient=f"c{n}@example.com", subject=f"Invoice {n}",
+                        body=f"Dear customer {n},\nyour invoice is attached.\n"), False, True,
+                  cache)
+    templated(event(subject="Invoice 9", body="y" * 100 + "\n"), False, True, cache)  # q-p
+    templated(event(subject="Invoice 9", body="hi\n", sender="other@example.com"), False, True,
+              cache)
+    assert (len(builds), len(cache)) == (3, 3)
 
 
 def test_the_cache_keeps_to_its_budget_least_recent_out(builds: list[EmailRequested]) -> None:
