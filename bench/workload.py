@@ -1,4 +1,5 @@
-"""The benchmarks' messages: one 500-byte plain-text body, distinct recipients."""
+"""The benchmarks' messages: one 500-byte plain-text body, distinct recipients; or, for an
+invoice run, a subject and a body of their own for each."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from postroom import enqueue
+from postroom import Email, enqueue, enqueue_many
 
 SUBJECT = "Sales report - September 2026"
 _LINE = "The September sales report is ready; figures by region are in the attached workbook.\n"
@@ -24,3 +25,15 @@ def enqueue_rows(conn: sa.Connection, key: str, addresses: Sequence[str]) -> int
     """Queue BODY to ``addresses`` under message key ``key`` in the caller's transaction."""
     return enqueue(conn, key=key, recipients=addresses, subject=SUBJECT, body=BODY,
                    sender=MAIL_FROM)
+
+
+def enqueue_own_rows(conn: sa.Connection, key: str, addresses: Sequence[str]) -> int:
+    """Queue one email to each of ``addresses``, each with a subject and a body of its own (an
+    invoice run: the body a line of its own before BODY's lines), under message key ``key``, in
+    the caller's transaction."""
+    return enqueue_many(conn, (Email(key=key, recipients=[address],
+                                     subject=f"Invoice {n:05d} for September 2026",
+                                     body=f"Dear customer {n:05d}, your invoice is attached.\n"
+                                          + BODY,
+                                     sender=MAIL_FROM)
+                               for n, address in enumerate(addresses)))
