@@ -74,6 +74,7 @@ DELIVERY_PARTITIONS = Settings().topic_partitions
 SEED, POSTOFFICE, BARE, WIRE, WIRE_WIDE = "seed", "post-office", "bare", "wire", "wire-64"
 POSTROOM, POSTROOM_WIDE, POSTROOM_TWO = "postroom", "postroom-64", "postroom-2"
 POSTROOM_OWN = "postroom-own"  # an invoice run: each email a subject and a body of its own
+POSTROOM_OWN_HTML = "postroom-own-html"  # the same with an HTML part of its own
 BACKLOG = "postroom-backlog"
 DESIGN_LABELS = {
     SEED: "seed: SQLite outbox + smtplib, 1 connection",
@@ -82,12 +83,14 @@ DESIGN_LABELS = {
     POSTROOM_WIDE: "postroom: relay -> Kafka -> sender -> recorder",
     POSTROOM_TWO: "postroom, two sender processes",
     POSTROOM_OWN: "postroom, each email its own subject and body",
+    POSTROOM_OWN_HTML: "postroom, each email its own subject, body and HTML",
     BACKLOG: "postroom, one backlog (sender RSS watched)",
     BARE: "bare aiosmtplib client",
     WIRE: "bare asyncio client, pipelined (the server's bound)",
     WIRE_WIDE: "bare asyncio client, pipelined (the server's bound)",
 }
-POSTROOM_DESIGNS = (POSTROOM, POSTROOM_WIDE, POSTROOM_TWO, POSTROOM_OWN, BACKLOG)
+POSTROOM_DESIGNS = (POSTROOM, POSTROOM_WIDE, POSTROOM_TWO, POSTROOM_OWN, POSTROOM_OWN_HTML,
+                    BACKLOG)
 WIDE_DESIGNS = (POSTROOM_WIDE, WIRE_WIDE)
 ROLES = ("relay", "recorder", "sender")
 # The local stack's processes (PostgreSQL's, the broker's JVM): counted as the machine's, not as
@@ -111,14 +114,16 @@ class ServerPlan:
 
 
 FULL = (ServerPlan("smtp-sink", 0, {SEED: 5_000, POSTOFFICE: 5_000, POSTROOM: 5_000,
-                                    POSTROOM_TWO: 5_000, POSTROOM_OWN: 5_000, BARE: 5_000,
-                                    WIRE: 5_000, BACKLOG: 100_000}),
+                                    POSTROOM_TWO: 5_000, POSTROOM_OWN: 5_000,
+                                    POSTROOM_OWN_HTML: 5_000, BARE: 5_000, WIRE: 5_000,
+                                    BACKLOG: 100_000}),
         ServerPlan("slowsink", SLOW_LATENCY_MS, {SEED: 100, POSTOFFICE: 2_000, POSTROOM: 2_000,
                                                    POSTROOM_WIDE: 2_000, BARE: 2_000, WIRE: 2_000,
                                                    WIRE_WIDE: 2_000}))
 QUICK = (ServerPlan("smtp-sink", 0, {SEED: 1_000, POSTOFFICE: 1_000, POSTROOM: 1_000,
-                                     POSTROOM_TWO: 1_000, POSTROOM_OWN: 1_000, BARE: 1_000,
-                                     WIRE: 1_000, BACKLOG: 5_000}),
+                                     POSTROOM_TWO: 1_000, POSTROOM_OWN: 1_000,
+                                     POSTROOM_OWN_HTML: 1_000, BARE: 1_000, WIRE: 1_000,
+                                     BACKLOG: 5_000}),
          ServerPlan("slowsink", SLOW_LATENCY_MS, {SEED: 30, POSTOFFICE: 400, POSTROOM: 400,
                                                     POSTROOM_WIDE: 400, BARE: 400, WIRE: 400,
                                                     WIRE_WIDE: 400}))
@@ -398,11 +403,12 @@ def _holds_partitions(log: str) -> bool:
 
 
 def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: int,
-                 senders: int = 1, own: bool = False) -> Timed:
+                 senders: int = 1, own: bool = False, html: bool = False) -> Timed:
     """From the enqueue commit to the last row recorded sent; notes what the logs complained of,
     the first sender's resident memory once a tenth of the rows are sent (its caches and
     buffers warm) and once the last one is, and the senders' duplicate window over the run.
-    ``own``: each email with a subject and a body of its own, not one report to all."""
+    ``own``: each email with a subject and a body of its own, not one report to all; ``html``:
+    and an HTML part of its own."""
     sender_ports = {("sender" if n == 0 else f"sender-{n + 1}"): free_port()
                     for n in range(senders)}
     roles = ", ".join(["relay", "recorder", *sender_ports])
@@ -433,7 +439,10 @@ def run_postroom(base: Settings, server: Server, emails: int, *, concurrency: in
 
                 job_started = time.time()
                 with engine.begin() as conn:
-                    (enqueue_own_rows if own else enqueue_rows)(conn, "bench", recipients(emails))
+                    if own:
+                        enqueue_own_rows(conn, "bench", recipients(emails), html=html)
+                    else:
+                        enqueue_rows(conn, "bench", recipients(emails))
                 # The broker's and the database's processes (the roles' backends included), for
                 # the machine's share: looked up at both ends, one that starts meanwhile counted
                 # from its start, one that ends meanwhile not at all.
@@ -586,7 +595,9 @@ def _run_design(base: Settings, server: Server, design: str, emails: int,
         return run_wire(server, emails, _width(design, concurrency))
     return run_postroom(base, server, emails,
                         concurrency=_width(design, concurrency),
-                        senders=_senders(design), own=design == POSTROOM_OWN)
+                        senders=_senders(design),
+                        own=design in (POSTROOM_OWN, POSTROOM_OWN_HTML),
+                        html=design == POSTROOM_OWN_HTML)
 
 
 def run(base: Settings, options: Options) -> Section:
@@ -805,7 +816,8 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         "postroom: enqueue commit -> the recorder's update of the last row to 'sent' "
         f"(outbox.updated_at), after a warm-up email; {DELIVERY_PARTITIONS} partitions a topic. "
         "Each email its own subject and body: an invoice run, one enqueue_many call (subject "
-        "'Invoice NNNNN for September 2026', a line of its own before the 500-byte body).",
+        "'Invoice NNNNN for September 2026', a line of its own before the 500-byte body; with "
+        "HTML, the same lines as paragraphs of an HTML part).",
         "bare: first connect -> last reply, one message per recipient, no outbox; pipelined: "
         "the same over raw connections, MAIL, RCPT and DATA in one write, the message's bytes "
         "written as they are (the most this server gives any client on this machine).",
@@ -845,8 +857,9 @@ def _section(runs: list[Run], concurrency: int) -> Section:
         f"  two senders / one       on {sink}: "
         f"{rate[sink, POSTROOM_TWO] / rate[sink, POSTROOM]:.2f}x",
         f"  emails of their own / one report on {sink}: "
-        f"{rate[sink, POSTROOM_OWN] / rate[sink, POSTROOM]:.2f}x (each a subject and a body of "
-        "its own, commit -> last sent)",
+        f"{rate[sink, POSTROOM_OWN] / rate[sink, POSTROOM]:.2f}x, with HTML "
+        f"{rate[sink, POSTROOM_OWN_HTML] / rate[sink, POSTROOM]:.2f}x (each a subject and a body "
+        "of its own, commit -> last sent)",
         f"  ({concurrency} connections to a server that takes {SLOW_LATENCY_MS} ms per message "
         f"cap any client at {ceiling:,.0f} emails/s; one connection at "
         f"{1000 / SLOW_LATENCY_MS:.0f}/s.)",

@@ -27,13 +27,17 @@ def enqueue_rows(conn: sa.Connection, key: str, addresses: Sequence[str]) -> int
                    sender=MAIL_FROM)
 
 
-def enqueue_own_rows(conn: sa.Connection, key: str, addresses: Sequence[str]) -> int:
+def enqueue_own_rows(conn: sa.Connection, key: str, addresses: Sequence[str], *,
+                     html: bool = False) -> int:
     """Queue one email to each of ``addresses``, each with a subject and a body of its own (an
-    invoice run: the body a line of its own before BODY's lines), under message key ``key``, in
-    the caller's transaction."""
-    return enqueue_many(conn, (Email(key=key, recipients=[address],
-                                     subject=f"Invoice {n:05d} for September 2026",
-                                     body=f"Dear customer {n:05d}, your invoice is attached.\n"
-                                          + BODY,
-                                     sender=MAIL_FROM)
-                               for n, address in enumerate(addresses)))
+    invoice run: the body a line of its own before BODY's lines; with ``html`` an HTML part of
+    its own too, the same paragraphs), under message key ``key``, in the caller's
+    transaction."""
+    def email(n: int, address: str) -> Email:
+        greeting = f"Dear customer {n:05d}, your invoice is attached."
+        return Email(key=key, recipients=[address], subject=f"Invoice {n:05d} for September 2026",
+                     body=f"{greeting}\n{BODY}", sender=MAIL_FROM,
+                     html=(f"<html><body><p>{greeting}</p>"
+                           + "".join(f"<p>{line}</p>" for line in BODY.splitlines())
+                           + "</body></html>\n") if html else None)
+    return enqueue_many(conn, (email(n, address) for n, address in enumerate(addresses)))

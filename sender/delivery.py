@@ -26,7 +26,7 @@ from sender.claims import send_deadline_s
 from sender.errors import AttachmentError
 from sender.message import attachments_refusal, build_message, check_header_values
 from sender.outcome import Failure, SmtpReply, Stage
-from sender.render import Built, Payload, TemplateCache, Templated, plain_lines
+from sender.render import Built, Payload, TemplateCache, Templated, TemplateError, plain_lines
 from sender.smtp import SmtpSlot
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,13 @@ class Delivery:
             return Built(build_message(event, now=now, attachments_root=self.attachments_root,
                                        limits=self.limits))
         check_header_values(event)
-        # Built, serialised and checked now when it is not cached, so a bad subject fails here
-        # as in a full build; the variant a server needs (7-bit, SMTPUTF8) at the send.
-        self.templates.get(event, utf8=False, eight_bit=True, own=lines.own)
+        # Built, serialised and checked now when it is not cached, so a bad subject or body
+        # kept in the template fails here as in a full build (one in a hole passed
+        # check_header_values and own_of's patterns); the variant a server needs (7-bit,
+        # SMTPUTF8) at the send.
+        try:
+            self.templates.get(event, utf8=False, eight_bit=True, own=lines.own)
+        except TemplateError:  # no template of these holes: a full build, as for any other
+            return Built(build_message(event, now=now, attachments_root=self.attachments_root,
+                                       limits=self.limits))
         return Templated(event, lines, self.templates)

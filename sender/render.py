@@ -5,16 +5,20 @@ Building and serialising a message with the email package costs about a millisec
 of it parsing and folding the same headers again for every recipient (docs/benchmarks.md, the
 sender's profile). Every recipient of one message shares every byte but its To, Date and
 Message-ID lines, so the rest is built by :func:`~sender.message.build_message`, serialised and
-checked by :func:`~postroom.mime.check_serialized` once per sender, subject, bodies and server
-capabilities, and kept in a bounded cache; per recipient, the three lines are written into their
-places. An email of its own (an invoice run: a subject and a body per recipient) would miss that
-cache every time, at about 0.35 ms of CPU a build; so a subject the email package writes as it
-is (short plain ASCII) is a hole of the template too, and so is a body without HTML that it
-writes 7bit, quoted-printable or base64: the body is encoded by the email package's own
-encoder and only the line breaks are written here. Only what the email package writes as it is
-goes into a hole (``Name: value`` of a short ASCII address, Message-ID or subject); for anything
-else the caller builds the message in full, so the bytes are the same either way
-(tests/unit/sender/test_render.py compares them).
+checked by :func:`~postroom.mime.check_serialized` once per template and server capabilities,
+and kept in a bounded cache; per recipient, the three lines are written into their places.
+
+An email of its own (an invoice run: a subject and bodies per recipient) would miss a cache
+keyed by subject and bodies every time, at 0.35 ms of CPU a build (0.86 with HTML). So a subject
+the email package writes as it is (short plain ASCII) is a hole of the template too, and so are
+the text body and the HTML when it writes each 7bit, quoted-printable or base64: each is encoded
+by the email package's own encoder, only its line breaks written here, and a multipart
+template's boundary must not occur in them (else the email is built in full). Such holes are
+never built nor checked as a whole message: :func:`~sender.message.check_header_values` and the
+subject's pattern keep them to what the email package writes unchanged. Only what the email
+package writes as it is goes into a hole (``Name: value`` of a short ASCII address, Message-ID
+or subject; a body as set_content encodes it); for anything else the caller builds the message
+in full, so the bytes are the same either way (tests/unit/sender/test_render.py compares them).
 
 Pure.
 """
@@ -28,7 +32,9 @@ import email.contentmanager
 import email.policy
 import email.utils
 import functools
+import itertools
 import re
+import threading
 from collections.abc import Callable
 from email.message import EmailMessage
 
@@ -51,9 +57,11 @@ _SUBJECT = b"Subject: "
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the email package's generator writes as CRLF
 # The body transfer encodings whose text the generator writes as it is (8bit it may re-encode).
 _BODY_HOLE_ENCODINGS = frozenset({"7bit", "quoted-printable", "base64"})
-# Bodies kept encoded (every recipient of one report shares its body), each up to this length;
-# a longer one is encoded for each email (a few microseconds per KiB).
-ENCODED_BODIES, ENCODED_BODY_MAX_CHARS = 32, 16 * 1024
+# Bodies kept encoded, within this budget of bytes (every recipient of one report shares its
+# body; encoding takes 13-20 µs a KiB): least recently used first out, one body at most an
+# eighth of it. A longer body is no hole: it stays in a template keyed by it, encoded once.
+ENCODED_BODIES_BYTES = 8 * 1024 * 1024
+ENCODED_BODY_MAX_CHARS = ENCODED_BODIES_BYTES // LARGEST_SHARE // 4
 _HOLES = (b"To: ", b"Date: ", b"Message-ID: ")
 ADDRESS_HEADERS = ("From", "Sender", "Reply-To", "To", "Cc", "Bcc")
 _PLACEHOLDER_RECIPIENT = "placeholder@example.invalid"
@@ -84,18 +92,20 @@ def serialise(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-    """A serialised message with its To, Date and Message-ID lines cut out (and its Subject line,
-    for a template of emails of their own), and with ``open_body`` its body."""
+    """A serialised message with its To, Date and Message-ID lines cut out, and for a template
+    of emails of their own its Subject line or its text and HTML bodies too."""
 
-    pieces: tuple[bytes, ...]  # one more than the lines cut out
-    open_body: bool = False  # the last piece ends the header block: the body comes after it
+    pieces: tuple[bytes, ...]  # one more than the lines and bodies cut out
+    lines: int = 3  # how many lines it takes; after them, bodies
+    boundary: bytes | None = None  # a multipart template's: no body it takes may hold it
 
     @classmethod
     def cut(cls, content: bytes, holes: tuple[bytes, ...] = _HOLES, *,
-            open_body: bool = False) -> Template:
+            bodies: tuple[bytes, ...] = (), boundary: bytes | None = None) -> Template:
         """The template of ``content``, whose header block must hold the line of each of
-        ``holes`` once, unfolded, in that order (:func:`build_message` writes them so); with
-        ``open_body``, without the body after the header block."""
+        ``holes`` once, unfolded, in that order (:func:`build_message` writes them so), and
+        ``bodies`` after it as they are: a single part's whole body, or each body of a multipart
+        (``boundary``) right after its part's header block."""
         end = content.find(b"\r\n\r\n")
         if end < 0:
             raise TemplateError("no end of the header block")
@@ -118,36 +128,57 @@ class Template:
             pieces.append(b"".join(line + b"\r\n" for line in lines[start:hole]))
             start = hole + 1
         last = b"".join(line + b"\r\n" for line in lines[start:])
-        pieces.append(last + b"\r\n" if open_body else last + content[end + 2:])
-        return cls(tuple(pieces), open_body)
+        section, offset = content[end + 4:], 0
+        if not bodies:
+            pieces.append(last + content[end + 2:])
+            return cls(tuple(pieces), len(holes), boundary)
+        before = last + b"\r\n"
+        for body in bodies:
+            if boundary is None:
+                if len(bodies) != 1:
+                    raise TemplateError("more than one body needs a multipart template")
+                begins = 0
+            else:
+                part_end = section.find(b"\r\n\r\n", offset)
+                if part_end < 0:
+                    raise TemplateError("a part has no end of its header block")
+                begins = part_end + 4
+            if not section.startswith(body, begins):
+                raise TemplateError("a body is not where its part begins")
+            pieces.append(before + section[offset:begins])
+            before, offset = b"", begins + len(body)
+        pieces.append(section[offset:])
+        return cls(tuple(pieces), len(holes), boundary)
 
     @property
     def size(self) -> int:
         return sum(map(len, self.pieces))
 
-    def fill(self, *lines: bytes, body: bytes = b"") -> bytes:
-        """The message with ``lines`` in the holes, in order, and ``body`` after an open
-        body's header block."""
-        if len(lines) != len(self.pieces) - 1:
-            raise ValueError(f"this template takes {len(self.pieces) - 1} lines, not {len(lines)}")
+    def fill(self, *lines: bytes, bodies: tuple[bytes, ...] = ()) -> bytes:
+        """The message with ``lines`` in the line holes and ``bodies`` in the body holes, in
+        order."""
+        if len(lines) != self.lines or len(lines) + len(bodies) != len(self.pieces) - 1:
+            raise ValueError(f"this template takes {self.lines} lines and "
+                             f"{len(self.pieces) - 1 - self.lines} bodies, not {len(lines)} and "
+                             f"{len(bodies)}")
         parts = [self.pieces[0]]
-        for line, piece in zip(lines, self.pieces[1:], strict=True):
+        for line, piece in zip(lines, self.pieces[1:], strict=False):
             parts += (line, b"\r\n", piece)
-        if self.open_body:
-            parts.append(body)
+        parts += itertools.chain.from_iterable(zip(bodies, self.pieces[1 + self.lines:],
+                                                   strict=True))
         return b"".join(parts)
 
 
-# Sender, subject (None: a hole), body (None: a hole) and its transfer encoding (a hole's, else
-# None), HTML and the flags.
-_TemplateKey = tuple[str, str | None, str | None, str | None, str | None, bool, bool]
+# Sender, subject (None: a hole), text body and HTML (None: holes), the bodies' transfer
+# encodings (the holes', else empty) and the flags.
+_TemplateKey = tuple[str, str | None, str | None, str | None, tuple[str, ...], bool, bool]
 
 
 class TemplateCache:
     """Templates by sender, subject, bodies and flags, least recently used first out, within a
-    budget of bytes (the key's text counted with the template); a subject or body that is a hole
-    (:class:`Own`) is not part of the key, so every email of its own from one sender shares a
-    template."""
+    budget of bytes (the key's text counted with the template); a subject or bodies that are
+    holes (:class:`Own`) are not part of the key, so every email of its own from one sender
+    shares a template."""
 
     def __init__(self, max_bytes: int = TEMPLATE_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -169,18 +200,17 @@ class TemplateCache:
         checked) on a miss. Raises what :func:`build_message` and :func:`serialise` raise for
         the values."""
         subject_hole = own is not None and own.subject is not None
-        body_hole = own is not None and own.body is not None
+        bodies = own.bodies if own is not None else ()
         key: _TemplateKey = (event.sender, None if subject_hole else event.subject,
-                             None if body_hole else event.body,
-                             own.encoding if own is not None and body_hole else None,
-                             event.html, utf8, eight_bit)
+                             None if bodies else event.body, None if bodies else event.html,
+                             own.encodings if own is not None else (), utf8, eight_bit)
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)
             return found[0]
         template = build_template(event, utf8=utf8, eight_bit=eight_bit,
-                                  subject_hole=subject_hole, body_hole=body_hole)
-        cost = template.size + sum(len(text) for text in key[:5] if isinstance(text, str))
+                                  subject_hole=subject_hole, bodies=bodies)
+        cost = template.size + sum(len(text) for text in key[:4] if isinstance(text, str))
         if cost <= self.max_bytes // LARGEST_SHARE:
             self._entries[key] = (template, cost)
             self._bytes += cost
@@ -191,28 +221,30 @@ class TemplateCache:
 
 
 def build_template(event: EmailRequested, *, utf8: bool, eight_bit: bool,
-                   subject_hole: bool = False, body_hole: bool = False) -> Template:
+                   subject_hole: bool = False, bodies: tuple[bytes, ...] = ()) -> Template:
     """The template of ``event`` (which must have no files), from the full build of a stand-in
     for its recipient (and with ``subject_hole`` for its subject): checked as every sent message
-    is. With ``body_hole`` the template ends at its header block, which holds the transfer
-    encoding of ``event``'s body."""
+    is. ``bodies``: its bodies as :func:`own_of` encodes them, cut out of the template, whose
+    parts' headers then name their transfer encodings."""
     stand_in = dataclasses.replace(event, recipient=_PLACEHOLDER_RECIPIENT,
                                    subject=_PLACEHOLDER_SUBJECT if subject_hole else event.subject)
     message = build_message(stand_in, attachments_root=None, now=_PLACEHOLDER_NOW)
     holes = (_HOLES[0], _SUBJECT, *_HOLES[1:]) if subject_hole else _HOLES
-    return Template.cut(serialise(message, utf8=utf8, eight_bit=eight_bit), holes,
-                        open_body=body_hole)
+    content = serialise(message, utf8=utf8, eight_bit=eight_bit)
+    boundary = message.get_boundary()  # set by the serialising, for a multipart
+    return Template.cut(content, holes, bodies=bodies,
+                        boundary=None if boundary is None else boundary.encode("ascii"))
 
 
 @dataclasses.dataclass(frozen=True)
 class Own:
     """What of an email is its own and goes into its template's holes, as the email package
-    writes it: its Subject line (None: the subject is part of the template) and its body with
-    the body's transfer encoding (None: the body is part of the template)."""
+    writes it: its Subject line (None: the subject is part of the template), and its text body
+    and HTML with their transfer encodings (empty: they are part of the template)."""
 
     subject: bytes | None
-    body: bytes | None
-    encoding: str | None
+    bodies: tuple[bytes, ...] = ()
+    encodings: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,41 +256,81 @@ class Lines:
     date: bytes
     message_id: bytes
     own: Own | None = None
+    now: dt.datetime = _PLACEHOLDER_NOW  # the Date line's time, for a build in full
 
-    def fill(self, template: Template) -> bytes:
-        """The email: these lines and what is its own in ``template``'s holes."""
+    def fill(self, template: Template) -> bytes | None:
+        """The email: these lines and what is its own in ``template``'s holes; None when a body
+        holds the template's multipart boundary (the caller builds that email in full)."""
         own = self.own
-        if own is None or own.subject is None:
-            lines: tuple[bytes, ...] = (self.to, self.date, self.message_id)
-        else:
-            lines = (self.to, own.subject, self.date, self.message_id)
-        return template.fill(*lines, body=b"" if own is None or own.body is None else own.body)
+        if own is None:
+            return template.fill(self.to, self.date, self.message_id)
+        if template.boundary is not None and any(template.boundary in body
+                                                 for body in own.bodies):
+            return None
+        if own.subject is None:
+            return template.fill(self.to, self.date, self.message_id, bodies=own.bodies)
+        return template.fill(self.to, own.subject, self.date, self.message_id,
+                             bodies=own.bodies)
 
 
 def own_of(event: EmailRequested) -> Own | None:
     """What of ``event`` the email package writes as it is, so its template can leave it out:
-    a subject of plain ASCII short enough for one line, and without HTML a body it sends 7bit,
-    quoted-printable or base64; None when neither."""
+    a subject of plain ASCII short enough for one line, and a text body (and HTML, if it has
+    one) it sends 7bit, quoted-printable or base64; None when neither."""
     subject = event.subject
     subject_line = (_SUBJECT + subject.encode("ascii")
                     if len(subject) <= MAX_LINE - len(_SUBJECT)
                     and _PLAIN_SUBJECT.fullmatch(subject) is not None else None)
-    body = encoded_body(event.body) if event.html is None else None
-    if subject_line is None and body is None:
-        return None
-    return Own(subject_line, *(body or (None, None)))
+    texts = (event.body,) if event.html is None else (event.body, event.html)
+    encoded = [encoded_body(text) for text in texts]
+    if any(one is None for one in encoded):
+        return None if subject_line is None else Own(subject_line)
+    bodies = tuple(one[0] for one in encoded if one is not None)
+    encodings = tuple(one[1] for one in encoded if one is not None)
+    return Own(subject_line, bodies, encodings)
 
 
 def encoded_body(body: str) -> tuple[bytes, str] | None:
-    """``body`` as the email package writes the single text part set_content makes of it, and
-    its transfer encoding; None for a body it sends 8bit (or cannot encode), which the template
-    keeps."""
+    """``body`` as the email package writes the text part set_content makes of it (a text body
+    or the HTML), and its transfer encoding; None for one it sends 8bit (or cannot encode), or
+    too long to keep encoded, which the template keeps."""
     if len(body) > ENCODED_BODY_MAX_CHARS:
-        return _encoded_body(body)
-    return _kept_encoded_body(body)
+        return None
+    return _ENCODED_BODIES.get(body)
 
 
-def _encoded_body(body: str) -> tuple[bytes, str] | None:
+class EncodedBodies:
+    """:func:`encoded_body`'s bodies, least recently used first out within ``max_bytes`` (the
+    text and its encoding counted); safe to share between threads."""
+
+    def __init__(self, max_bytes: int = ENCODED_BODIES_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[str, tuple[tuple[bytes, str] | None, int]] = (
+            collections.OrderedDict())
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, body: str) -> tuple[bytes, str] | None:
+        with self._lock:
+            found = self._entries.get(body)
+            if found is not None:
+                self._entries.move_to_end(body)
+                return found[0]
+        encoded = _encoded(body)
+        cost = len(body) + (0 if encoded is None else len(encoded[0]))
+        if cost > self.max_bytes // LARGEST_SHARE:
+            return None  # encoded again for every recipient of a report: no hole
+        with self._lock:
+            if body not in self._entries:
+                self._entries[body] = (encoded, cost)
+                self._bytes += cost
+                while self._bytes > self.max_bytes:
+                    _, (_, dropped) = self._entries.popitem(last=False)
+                    self._bytes -= dropped
+        return encoded
+
+
+def _encoded(body: str) -> tuple[bytes, str] | None:
     try:
         # set_content's own choice of encoding and its text (email.contentmanager), so the bytes
         # are the ones a full build writes; private, so every Python's is tested against a
@@ -273,7 +345,7 @@ def _encoded_body(body: str) -> tuple[bytes, str] | None:
 
 _encode_text: Callable[[str, str, str | None, email.policy.Policy], tuple[str, str]] = (
     email.contentmanager._encode_text)  # type: ignore[attr-defined]  # no stub: private
-_kept_encoded_body = functools.lru_cache(maxsize=ENCODED_BODIES)(_encoded_body)
+_ENCODED_BODIES = EncodedBodies()
 
 
 def is_plain_address(address: str) -> bool:
@@ -294,7 +366,7 @@ def plain_lines(event: EmailRequested, now: dt.datetime) -> Lines | None:
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     return Lines(b"To: " + recipient.encode("ascii"), date_line(now),
-                 b"Message-ID: " + message_id.encode("ascii"), own_of(event))
+                 b"Message-ID: " + message_id.encode("ascii"), own_of(event), now)
 
 
 @functools.lru_cache(maxsize=4)
@@ -327,8 +399,20 @@ class Templated:
         return (self.event.sender, self.event.recipient)
 
     def serialise(self, *, utf8: bool, eight_bit: bool) -> bytes:
-        template = self.cache.get(self.event, utf8=utf8, eight_bit=eight_bit, own=self.lines.own)
-        return self.lines.fill(template)
+        """Its bytes: filled into its template, or built in full when a body holds the
+        template's boundary (the email package picks another) or a template of these holes
+        cannot be cut for this server's variant."""
+        try:
+            template = self.cache.get(self.event, utf8=utf8, eight_bit=eight_bit,
+                                      own=self.lines.own)
+        except TemplateError:
+            content = None
+        else:
+            content = self.lines.fill(template)
+        if content is None:
+            message = build_message(self.event, attachments_root=None, now=self.lines.now)
+            return serialise(message, utf8=utf8, eight_bit=eight_bit)
+        return content
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,6 +94,13 @@ CASES = {
     "own body without a last line break": event(subject="R", body="no end"),
     "own body with control characters": event(subject="R", body="a\x00b\x0bc\x0cd\x1b\n"),
     "own subject with HTML": event(subject="Invoice 9", html="<p>Grüße</p>"),
+    "own subject, body and HTML": event(subject="Invoice 11", body="Dear Ann,\n",
+                                        html="<p>Dear Ann</p>"),
+    "own HTML in long lines": event(subject="Invoice 12", body="x" * 100,
+                                    html="<p>" + "y" * 100 + "</p>\n"),
+    "own HTML, non-ASCII in long lines": event(subject="R", body="Hallo " * 20,
+                                               html="<p>Grüße aus Köln</p>" * 8),
+    "own HTML without a last line break": event(subject="R", body="", html="<b>x</b>"),
 }
 
 
@@ -140,12 +147,13 @@ _ASCII_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_siz
                        max_size=80).filter(str.strip),
        body=st.one_of(_ASCII_TEXT, st.text(max_size=400),
                       st.lists(st.text("ab =.\tü", max_size=120), max_size=6).map("\n".join)),
-       html=st.one_of(st.none(), st.just("<p>hi</p>")),
+       html=st.one_of(st.none(), st.just("<p>hi</p>"), _ASCII_TEXT, st.text(max_size=300)),
        flags=st.sampled_from(FLAGS))
 def test_every_email_of_its_own_gets_the_bytes_of_a_full_build(
         subject: str, body: str, html: str | None, flags: tuple[bool, bool]) -> None:
     """Subjects and bodies of their own (an invoice run): those that go into holes of the
-    template come out as the email package writes them."""
+    template come out as the email package writes them, whether the template was made for this
+    email or, from one cache every example shares, for an earlier one."""
     e = event(recipient="ann@example.com", subject=subject, body=body, html=html)
     lines = plain_lines(e, NOW)
     assert lines is not None
@@ -157,14 +165,44 @@ def test_every_email_of_its_own_gets_the_bytes_of_a_full_build(
             templated(e, *flags)
         return
     assert templated(e, *flags) == expected
+    assert templated(e, *flags, _SHARED_CACHE) == expected
+
+
+_SHARED_CACHE = TemplateCache()  # across the examples of the test above
+
+
+def test_a_body_holding_the_templates_boundary_is_built_in_full() -> None:
+    """The email package picks a boundary no body holds; a template's is fixed, so an email
+    whose body holds it is built in full instead (and gets a boundary of its own)."""
+    cache = TemplateCache()
+    first = event(subject="Invoice 1", body="Dear Ann,\n", html="<p>Dear Ann</p>")
+    templated(first, False, True, cache)
+    lines = plain_lines(first, NOW)
+    assert lines is not None
+    template = cache.get(first, utf8=False, eight_bit=True, own=lines.own)
+    assert template.boundary is not None
+    tricky = event(subject="Invoice 2",
+                   body=f"Dear Bob,\n--{template.boundary.decode()}\nnot a part\n",
+                   html="<p>Dear Bob</p>")
+    tricky_lines = plain_lines(tricky, NOW)
+    assert tricky_lines is not None
+    assert cache.get(tricky, utf8=False, eight_bit=True, own=tricky_lines.own) is template
+    assert tricky_lines.fill(template) is None
+    content = Templated(tricky, tricky_lines, cache).serialise(utf8=False, eight_bit=True)
+    assert template.boundary not in content.split(b"\r\n\r\n", 1)[0]  # another boundary
+    assert _BOUNDARY.sub(b"BOUNDARY", content) == full_build(tricky, False, True)
 
 
 @pytest.mark.parametrize(("changes", "subject_hole", "body_hole"), [
     ({"subject": "Invoice 7", "body": "hi\n"}, True, True),
     ({"subject": "Invoice 7"}, True, False),  # Grüße in short lines: 8bit
     ({"subject": "Rechnung für Ann", "body": "hi\n"}, False, True),
-    ({"subject": "Invoice 7", "body": "hi\n", "html": "<p>hi</p>"}, True, False),
+    ({"subject": "Invoice 7", "body": "hi\n", "html": "<p>hi</p>"}, True, True),
+    ({"subject": "Invoice 7", "body": "hi\n", "html": "<p>Grüße</p>"}, True, False),  # 8bit
     ({"subject": "Grüße"}, False, False),
+    ({"subject": "a=b", "body": "hi\n"}, False, True),  # an encoded-word lookalike could start
+    ({"subject": "Invoice 7", "body": "hi\n" * (render.ENCODED_BODY_MAX_CHARS // 3 + 1)},
+     True, False),  # a long body stays in its template, encoded once
 ])
 def test_what_goes_into_holes(changes: dict[str, Any], subject_hole: bool,
                               body_hole: bool) -> None:
@@ -173,7 +211,7 @@ def test_what_goes_into_holes(changes: dict[str, Any], subject_hole: bool,
         assert own is None
         return
     assert own is not None
-    assert (own.subject is not None, own.body is not None) == (subject_hole, body_hole)
+    assert (own.subject is not None, bool(own.bodies)) == (subject_hole, body_hole)
     if subject_hole:
         assert own.subject == b"Subject: " + changes["subject"].encode()
 
@@ -236,15 +274,18 @@ def test_the_cut_needs_one_unfolded_line_of_each(content: bytes, problem: str | 
         Template.cut(content)
 
 
-def test_a_cut_with_the_subject_and_the_body_open() -> None:
+def test_a_cut_with_the_subject_and_the_body_as_holes() -> None:
     template = Template.cut(CONTENT + b"\r\nold body\r\n",
-                            (b"To: ", b"Subject: ", b"Date: ", b"Message-ID: "), open_body=True)
+                            (b"To: ", b"Subject: ", b"Date: ", b"Message-ID: "),
+                            bodies=(b"old body\r\n",))
     assert template.fill(b"To: x@y", b"Subject: S", b"Date: D", b"Message-ID: <M>",
-                         body=b"new\r\n") == (
+                         bodies=(b"new\r\n",)) == (
         b"From: a@example.com\r\nTo: x@y\r\nSubject: S\r\nDate: D\r\nMessage-ID: <M>\r\n"
         b"\r\nnew\r\n")
-    with pytest.raises(ValueError, match="takes 4 lines, not 3"):
+    with pytest.raises(ValueError, match="takes 4 lines and 1 bodies, not 3 and 0"):
         template.fill(b"To: x@y", b"Date: D", b"Message-ID: <M>")
+    with pytest.raises(TemplateError, match="a body is not where its part begins"):
+        Template.cut(CONTENT + b"\r\nold body\r\n", bodies=(b"other\r\n",))
     with pytest.raises(TemplateError, match="To, Subject, Date, Message-ID are out of order"):
         Template.cut(CONTENT.replace(b"Subject: s\r\n", b"") + b"Subject: s\r\n\r\n",
                      (b"To: ", b"Subject: ", b"Date: ", b"Message-ID: "))
@@ -360,3 +401,21 @@ def test_a_send_with_no_reply_by_the_deadline_times_out() -> None:
     reply, _ = asyncio.run(delivery.send(event(), HangsBeforeTheReply(),  # type: ignore[arg-type]
                                          NOW, told.append))
     assert (reply.stage, reply.failure, told) == (Stage.LOCAL, Failure.TIMEOUT, [])
+
+
+def test_an_email_whose_template_cannot_be_cut_is_built_in_full(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template that cannot be cut for a server's variant costs a full build, not the email:
+    at the delivery's check and at the send."""
+    def uncuttable(content: bytes, *args: Any, **kwargs: Any) -> Template:
+        raise TemplateError("a body is not where its part begins")
+
+    e = event(subject="Invoice 3", body="Dear Ann,\n")
+    delivery = Delivery("reports@example.com", None, 30.0)
+    monkeypatch.setattr(Template, "cut", uncuttable)
+    payload = asyncio.run(delivery._payload(e, NOW))
+    assert type(payload) is Built
+    lines = plain_lines(e, NOW)
+    assert lines is not None
+    content = Templated(e, lines, TemplateCache()).serialise(utf8=True, eight_bit=False)
+    assert _BOUNDARY.sub(b"BOUNDARY", content) == full_build(e, True, False)
