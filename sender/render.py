@@ -59,9 +59,10 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the email package's generator wr
 _BODY_HOLE_ENCODINGS = frozenset({"7bit", "quoted-printable", "base64"})
 # Bodies kept encoded, within this budget of bytes (every recipient of one report shares its
 # body; encoding takes 13-20 µs a KiB): least recently used first out, one body at most an
-# eighth of it. A longer body is no hole: it stays in a template keyed by it, encoded once.
+# eighth of it. A longer body, or one whose encoding would take more than that eighth, is no
+# hole: it stays in a template keyed by it, encoded once (the latter remembered as such).
 ENCODED_BODIES_BYTES = 8 * 1024 * 1024
-ENCODED_BODY_MAX_CHARS = ENCODED_BODIES_BYTES // LARGEST_SHARE // 4
+ENCODED_BODY_MAX_CHARS = ENCODED_BODIES_BYTES // LARGEST_SHARE // 8
 _HOLES = (b"To: ", b"Date: ", b"Message-ID: ")
 ADDRESS_HEADERS = ("From", "Sender", "Reply-To", "To", "Cc", "Bcc")
 _PLACEHOLDER_RECIPIENT = "placeholder@example.invalid"
@@ -255,8 +256,8 @@ class Lines:
     to: bytes
     date: bytes
     message_id: bytes
+    now: dt.datetime  # the Date line's time, for a build in full
     own: Own | None = None
-    now: dt.datetime = _PLACEHOLDER_NOW  # the Date line's time, for a build in full
 
     def fill(self, template: Template) -> bytes | None:
         """The email: these lines and what is its own in ``template``'s holes; None when a body
@@ -317,9 +318,13 @@ class EncodedBodies:
                 self._entries.move_to_end(body)
                 return found[0]
         encoded = _encoded(body)
-        cost = len(body) + (0 if encoded is None else len(encoded[0]))
+        # The text's memory (a non-ASCII str takes up to 4 bytes a character) and the encoding.
+        held = len(body) * (1 if body.isascii() else 4)
+        cost = held + (0 if encoded is None else len(encoded[0]))
         if cost > self.max_bytes // LARGEST_SHARE:
-            return None  # encoded again for every recipient of a report: no hole
+            # Too big to keep encoded, and too costly to encode for every recipient of a
+            # report: kept as no hole, so it is encoded once and stays in its template.
+            encoded, cost = None, held
         with self._lock:
             if body not in self._entries:
                 self._entries[body] = (encoded, cost)
@@ -366,7 +371,7 @@ def plain_lines(event: EmailRequested, now: dt.datetime) -> Lines | None:
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     return Lines(b"To: " + recipient.encode("ascii"), date_line(now),
-                 b"Message-ID: " + message_id.encode("ascii"), own_of(event), now)
+                 b"Message-ID: " + message_id.encode("ascii"), now, own_of(event))
 
 
 @functools.lru_cache(maxsize=4)

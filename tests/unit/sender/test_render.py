@@ -419,3 +419,29 @@ def test_an_email_whose_template_cannot_be_cut_is_built_in_full(
     assert lines is not None
     content = Templated(e, lines, TemplateCache()).serialise(utf8=True, eight_bit=False)
     assert _BOUNDARY.sub(b"BOUNDARY", content) == full_build(e, True, False)
+
+
+def test_a_body_too_big_to_keep_encoded_is_encoded_once_and_is_no_hole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report's body whose encoding would overrun its share of the budget is remembered as no
+    hole (it stays in its template), not encoded again for every recipient; a small one is kept
+    encoded; the budget holds."""
+    encoded: list[str] = []
+    real = render._encoded
+
+    def counted(body: str) -> tuple[bytes, str] | None:
+        encoded.append(body)
+        return real(body)
+
+    monkeypatch.setattr(render, "_encoded", counted)
+    bodies = render.EncodedBodies(max_bytes=8 * 1024)  # a share of 1 KiB
+    small, big = "x" * 100 + "\n", "漢" * 200  # 4 bytes a character held, base64: over 1 KiB
+    for _ in range(3):
+        assert bodies.get(big) is None
+        kept = bodies.get(small)
+        assert kept is not None and kept[1] == "quoted-printable"
+    assert encoded == [big, small]
+    for n in range(40):  # fill past the budget: least recently used out first
+        bodies.get(f"body {n}\n" * 40)
+    assert 0 < bodies._bytes <= bodies.max_bytes
+    assert big not in bodies._entries and small not in bodies._entries
