@@ -35,8 +35,9 @@ import functools
 import itertools
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from email.message import EmailMessage
+from typing import Generic, TypeVar
 
 from postroom.mime import check_serialized
 from schemas.codec import EmailRequested
@@ -68,6 +69,10 @@ ADDRESS_HEADERS = ("From", "Sender", "Reply-To", "To", "Cc", "Bcc")
 _PLACEHOLDER_RECIPIENT = "placeholder@example.invalid"
 _PLACEHOLDER_SUBJECT = "placeholder"
 _PLACEHOLDER_NOW = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 class TemplateError(ValueError):
@@ -170,6 +175,50 @@ class Template:
         return b"".join(parts)
 
 
+class BudgetedCache(Generic[K, V]):
+    """Values by key, least recently used first out, within ``max_bytes`` as their costs count
+    them; a value over its share (an eighth) is not kept. A lock makes it safe to share between
+    threads (the work that makes a value is done outside it)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[K, tuple[V, int]] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._entries
+
+    @property
+    def size(self) -> int:
+        """The bytes the cache holds, by its own count."""
+        return self._bytes
+
+    def find(self, key: K) -> tuple[V] | None:
+        """The value of ``key`` in a 1-tuple (so a kept None is found), or None."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                return None
+            self._entries.move_to_end(key)
+            return (found[0],)
+
+    def keep(self, key: K, value: V, cost: int) -> None:
+        if cost > self.max_bytes // LARGEST_SHARE:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = (value, cost)
+            self._bytes += cost
+            while self._bytes > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped
+
+
 # Sender, subject (None: a hole), text body and HTML (None: holes), the bodies' transfer
 # encodings (the holes', else empty) and the flags.
 _TemplateKey = tuple[str, str | None, str | None, str | None, tuple[str, ...], bool, bool]
@@ -182,18 +231,19 @@ class TemplateCache:
     shares a template."""
 
     def __init__(self, max_bytes: int = TEMPLATE_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._entries: collections.OrderedDict[_TemplateKey, tuple[Template, int]] = (
-            collections.OrderedDict())
-        self._bytes = 0
+        self._cache: BudgetedCache[_TemplateKey, Template] = BudgetedCache(max_bytes)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._cache)
+
+    @property
+    def max_bytes(self) -> int:
+        return self._cache.max_bytes
 
     @property
     def size(self) -> int:
         """The bytes the cache holds, by its own count."""
-        return self._bytes
+        return self._cache.size
 
     def get(self, event: EmailRequested, *, utf8: bool, eight_bit: bool,
             own: Own | None = None) -> Template:
@@ -205,19 +255,13 @@ class TemplateCache:
         key: _TemplateKey = (event.sender, None if subject_hole else event.subject,
                              None if bodies else event.body, None if bodies else event.html,
                              own.encodings if own is not None else (), utf8, eight_bit)
-        found = self._entries.get(key)
+        found = self._cache.find(key)
         if found is not None:
-            self._entries.move_to_end(key)
             return found[0]
         template = build_template(event, utf8=utf8, eight_bit=eight_bit,
                                   subject_hole=subject_hole, bodies=bodies)
-        cost = template.size + sum(len(text) for text in key[:4] if isinstance(text, str))
-        if cost <= self.max_bytes // LARGEST_SHARE:
-            self._entries[key] = (template, cost)
-            self._bytes += cost
-            while self._bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= dropped
+        self._cache.keep(key, template, template.size
+                         + sum(len(text) for text in key[:4] if isinstance(text, str)))
         return template
 
 
@@ -306,17 +350,12 @@ class EncodedBodies:
 
     def __init__(self, max_bytes: int = ENCODED_BODIES_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._entries: collections.OrderedDict[str, tuple[tuple[bytes, str] | None, int]] = (
-            collections.OrderedDict())
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._cache: BudgetedCache[str, tuple[bytes, str] | None] = BudgetedCache(max_bytes)
 
     def get(self, body: str) -> tuple[bytes, str] | None:
-        with self._lock:
-            found = self._entries.get(body)
-            if found is not None:
-                self._entries.move_to_end(body)
-                return found[0]
+        found = self._cache.find(body)
+        if found is not None:
+            return found[0]
         encoded = _encoded(body)
         # The text's memory (a non-ASCII str takes up to 4 bytes a character) and the encoding.
         held = len(body) * (1 if body.isascii() else 4)
@@ -325,13 +364,7 @@ class EncodedBodies:
             # Too big to keep encoded, and too costly to encode for every recipient of a
             # report: kept as no hole, so it is encoded once and stays in its template.
             encoded, cost = None, held
-        with self._lock:
-            if body not in self._entries:
-                self._entries[body] = (encoded, cost)
-                self._bytes += cost
-                while self._bytes > self.max_bytes:
-                    _, (_, dropped) = self._entries.popitem(last=False)
-                    self._bytes -= dropped
+        self._cache.keep(body, encoded, cost)
         return encoded
 
 
