@@ -137,17 +137,17 @@ class Delivery:
                                                  attachments_root=self.attachments_root,
                                                  limits=self.limits))
         lines = plain_lines(event, now)
-        if lines is None:  # no file to read: a thread hop per email would only cost
-            return Built(build_message(event, now=now, attachments_root=self.attachments_root,
-                                       limits=self.limits))
-        check_header_values(event)
-        # Built, serialised and checked now when it is not cached, so a bad subject or body
-        # kept in the template fails here as in a full build (one in a hole passed
-        # check_header_values and own_of's patterns); the variant a server needs (7-bit,
-        # SMTPUTF8) at the send.
-        try:
-            self.templates.get(event, utf8=False, eight_bit=True, own=lines.own)
-        except TemplateError:  # no template of these holes: a full build, as for any other
-            return Built(build_message(event, now=now, attachments_root=self.attachments_root,
-                                       limits=self.limits))
-        return Templated(event, lines, self.templates)
+        if lines is not None:
+            check_header_values(event)
+            # Built, serialised and checked now when it is not cached, so a bad subject or body
+            # kept in the template fails here as in a full build (one in a hole passed
+            # check_header_values and own_of's patterns); the variant a server needs (7-bit,
+            # SMTPUTF8) at the send.
+            try:
+                self.templates.get(event, utf8=False, eight_bit=True, own=lines.own)
+                return Templated(event, lines, self.templates)
+            except TemplateError:  # no template of these holes: built in full, as below
+                pass
+        # No file to read: a thread hop per email would only cost.
+        return Built(build_message(event, now=now, attachments_root=self.attachments_root,
+                                   limits=self.limits))

@@ -197,6 +197,11 @@ class BudgetedCache(Generic[K, V]):
         """The bytes the cache holds, by its own count."""
         return self._bytes
 
+    @property
+    def share(self) -> int:
+        """The most one value may cost and be kept."""
+        return self.max_bytes // LARGEST_SHARE
+
     def find(self, key: K) -> tuple[V] | None:
         """The value of ``key`` in a 1-tuple (so a kept None is found), or None."""
         with self._lock:
@@ -207,7 +212,7 @@ class BudgetedCache(Generic[K, V]):
             return (found[0],)
 
     def keep(self, key: K, value: V, cost: int) -> None:
-        if cost > self.max_bytes // LARGEST_SHARE:
+        if cost > self.share:
             return
         with self._lock:
             if key in self._entries:
@@ -312,10 +317,8 @@ class Lines:
         if template.boundary is not None and any(template.boundary in body
                                                  for body in own.bodies):
             return None
-        if own.subject is None:
-            return template.fill(self.to, self.date, self.message_id, bodies=own.bodies)
-        return template.fill(self.to, own.subject, self.date, self.message_id,
-                             bodies=own.bodies)
+        subject = () if own.subject is None else (own.subject,)
+        return template.fill(self.to, *subject, self.date, self.message_id, bodies=own.bodies)
 
 
 def own_of(event: EmailRequested) -> Own | None:
@@ -349,8 +352,11 @@ class EncodedBodies:
     text and its encoding counted); safe to share between threads."""
 
     def __init__(self, max_bytes: int = ENCODED_BODIES_BYTES) -> None:
-        self.max_bytes = max_bytes
         self._cache: BudgetedCache[str, tuple[bytes, str] | None] = BudgetedCache(max_bytes)
+
+    @property
+    def max_bytes(self) -> int:
+        return self._cache.max_bytes
 
     def get(self, body: str) -> tuple[bytes, str] | None:
         found = self._cache.find(body)
@@ -360,7 +366,7 @@ class EncodedBodies:
         # The text's memory (a non-ASCII str takes up to 4 bytes a character) and the encoding.
         held = len(body) * (1 if body.isascii() else 4)
         cost = held + (0 if encoded is None else len(encoded[0]))
-        if cost > self.max_bytes // LARGEST_SHARE:
+        if cost > self._cache.share:
             # Too big to keep encoded, and too costly to encode for every recipient of a
             # report: kept as no hole, so it is encoded once and stays in its template.
             encoded, cost = None, held
