@@ -161,7 +161,8 @@ class Settings:
         meaning="polling fallback when no NOTIFY arrives")
     relay_claim_ttl_s: float = setting(
         "RELAY_CLAIM_TTL", parse_duration_s, 60.0, shown="`60s`",
-        meaning="how long a relay's claim on rows lasts (must exceed 30 s, the producer timeout)")
+        meaning="how long a relay's claim on rows lasts while its database session lives (must "
+                "exceed 30 s, the producer timeout); a dead relay's claims are free at once")
     # sender
     # "": derived from the topic prefix (<prefix>sender, <prefix>recorder), so environments that
     # share a broker under their own prefixes do not share a group.

@@ -23,19 +23,38 @@ class Connections:
     at a time. They are kept across rounds and run in autocommit, so a claim or a mark is one
     statement and one round trip; per round, pool check-outs with their pings, BEGIN, COMMIT and
     the claim's plan settings cost more than the statements did under load.
+
+    The claims connection's session holds the advisory lock of :attr:`owner`, the key its claims
+    carry: when the session ends (the relay killed, the connection cut or closed after a failure),
+    any relay's next claim takes the rows it held (relay/sql/publish.py).
     """
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
-        self._claims: sa.Connection | None = None
+        self._claims: tuple[sa.Connection, int] | None = None  # and its owner key
         self._marks: sa.Connection | None = None
 
-    def claims(self) -> sa.Connection:
+    def _claims_and_owner(self) -> tuple[sa.Connection, int]:
         if self._claims is None:
             conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            sql.pin_claim_plan(conn, session=True)
-            self._claims = conn
+            try:
+                sql.pin_claim_plan(conn, session=True)
+                owner = sql.take_claims_owner(conn)
+            except BaseException:
+                # Its session may hold the settings or the lock: never back to the pool.
+                conn.invalidate()
+                conn.close()
+                raise
+            self._claims = (conn, owner)
         return self._claims
+
+    def claims(self) -> sa.Connection:
+        return self._claims_and_owner()[0]
+
+    @property
+    def owner(self) -> int:
+        """The key the claims connection's claims carry (opening that connection first)."""
+        return self._claims_and_owner()[1]
 
     def marks(self) -> sa.Connection:
         if self._marks is None:
@@ -44,9 +63,11 @@ class Connections:
 
     def close(self) -> None:
         """Close both; the next use connects again (after a failure: to a restarted server)."""
-        claims, marks, self._claims, self._marks = self._claims, self._marks, None, None
-        if claims is not None:
-            # Its session settings must not reach the pool's other users.
+        held, marks, self._claims, self._marks = self._claims, self._marks, None, None
+        if held is not None:
+            claims = held[0]
+            # Its session settings and owner lock must not reach the pool's other users; closed,
+            # its session ends and its claims are free to every relay.
             claims.invalidate()
             claims.close()
         if marks is not None:

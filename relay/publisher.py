@@ -92,7 +92,7 @@ class Relay:
     def _claim(self, db: Connections) -> Claim:
         settings = self._settings
         rows = sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
-                             pinned=True)
+                             owner=db.owner, pinned=True)
         # Part of the claim, so a round, whichever thread claims it, finishes suppressed
         # addresses before anything is produced; whether the batch was full is judged before,
         # so suppressed rows do not make run() wait.

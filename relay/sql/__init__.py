@@ -39,8 +39,10 @@ from relay.sql.publish import (
     MARK_SUPPRESSED,
     PIN_CLAIM_PLAN,
     RELEASE_CLAIMS,
+    TAKE_CLAIMS_OWNER,
     claim_due,
     pin_claim_plan,
+    take_claims_owner,
 )
 from relay.sql.reads import OUTBOX_BACKLOG, STATUS_COLUMNS, outbox_backlog, status_count_query, status_query
 from relay.sql.record import (
@@ -93,6 +95,7 @@ __all__ = [
     "SUPPRESSION_LIST",
     "SUPPRESSION_REMOVE",
     "SUPPRESS_SOFT_BOUNCES",
+    "TAKE_CLAIMS_OWNER",
     "UNDELIVERED_STATES",
     "claim_due",
     "insert_emails",
@@ -105,4 +108,5 @@ __all__ = [
     "pin_claim_plan",
     "status_count_query",
     "status_query",
+    "take_claims_owner",
 ]

@@ -3,6 +3,7 @@ claims."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,14 +23,24 @@ import sqlalchemy as sa
 # event can carry: an infinite created_at comes as NULL and the attempt as a bigint, so the claim
 # itself never fails on a row and relay.rows refuses it as poison. The rows come in no set order
 # (the claimed queue rows' order on their pages): each is its own key's only record.
+# A claim names its owner (migration 0013): the key of the advisory lock the claiming session
+# holds (take_claims_owner). A row another owner claimed is free before its claim runs out when
+# that lock can be taken for the statement: the session that held it has ended (its relay was
+# killed, or its connection cut), so that relay can no longer publish or mark the row. A row it
+# had published already goes out again as the same attempt, which the ledger sends once, as after
+# a claim ran out. A session's own claims are left alone by its own claims (its lock would be
+# granted to it again). A claim without an owner (NULL) is free only when it runs out.
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue
-        SET claimed_until = now() + make_interval(secs => :ttl_s)
+        SET claimed_until = now() + make_interval(secs => :ttl_s),
+            claimed_by = CAST(:owner AS bigint)
         WHERE ctid = ANY(ARRAY(
             SELECT ctid FROM outbox_queue
             WHERE available_at <= now()
-              AND (claimed_until IS NULL OR claimed_until < now())
+              AND (claimed_until IS NULL OR claimed_until < now()
+                   OR (claimed_by IS DISTINCT FROM CAST(:owner AS bigint)
+                       AND pg_try_advisory_xact_lock(claimed_by)))
             ORDER BY available_at, id
             LIMIT :limit
             FOR UPDATE SKIP LOCKED))
@@ -63,16 +74,34 @@ def pin_claim_plan(conn: sa.Connection, *, session: bool = False) -> None:
     conn.execute(PIN_CLAIM_PLAN, {"local": not session})
 
 
-def claim_due(conn: sa.Connection, limit: int, ttl_s: float, *,
+def claim_due(conn: sa.Connection, limit: int, ttl_s: float, *, owner: int | None = None,
               pinned: bool = False) -> Sequence[sa.Row[Any]]:
     """Claim up to ``limit`` due rows for ``ttl_s`` seconds (in the caller's transaction, if any).
 
-    ``pinned``: the connection's session already has pin_claim_plan(); else it is pinned for the
-    transaction.
+    ``owner``: the key :func:`take_claims_owner` took on this connection; the claims are free once
+    its session ends. None: they are free only when they run out. ``pinned``: the connection's
+    session already has pin_claim_plan(); else it is pinned for the transaction.
     """
     if not pinned:
         pin_claim_plan(conn)
-    return conn.execute(CLAIM_DUE, {"limit": limit, "ttl_s": ttl_s}).all()
+    return conn.execute(CLAIM_DUE, {"limit": limit, "ttl_s": ttl_s, "owner": owner}).all()
+
+
+# A session-level advisory lock on a key of one bigint (pg_locks' objsubid 1), apart from the
+# two-int keys relay.db's migration lock takes; false when some session holds it already.
+TAKE_CLAIMS_OWNER = sa.text("SELECT pg_try_advisory_lock(CAST(:key AS bigint))")
+OWNER_KEY_TRIES = 8
+
+
+def take_claims_owner(conn: sa.Connection) -> int:
+    """A random key whose advisory lock this connection's session now holds, to name its claims
+    (:func:`claim_due`); held until the session ends (its claims are then free). The caller must
+    not hand the connection back to a pool."""
+    for _ in range(OWNER_KEY_TRIES):
+        key = secrets.randbits(63)
+        if conn.execute(TAKE_CLAIMS_OWNER, {"key": key}).scalar_one():
+            return key
+    raise RuntimeError(f"no free advisory lock key in {OWNER_KEY_TRIES} random tries")
 
 
 # Takes acknowledged rows off the queue and records them published; a row another relay already

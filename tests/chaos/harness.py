@@ -495,6 +495,17 @@ class Run:
         services("up")
         self._fault()
 
+    def kill_relay_with_broker_down(self, down_s: float) -> None:
+        """SIGKILL the broker, and ``down_s`` later the relay, which has claimed what was fed
+        meanwhile and waits for the broker's acknowledgements; start the broker, then the relay.
+        The rows the dead relay held were never published: nothing but their claims keeps them."""
+        services("kill-kafka")
+        time.sleep(down_s)
+        self.kill("relay", restart=False)
+        services("up")
+        self.start_role("relay")
+        self._fault()
+
     def restart_postgres(self) -> None:
         services("restart-postgres")
         self._fault()

@@ -115,6 +115,10 @@ def kill_broker(run: Run, rng: random.Random) -> None:
     run.kill_broker(down_s=rng.uniform(2, 5))
 
 
+def kill_relay_with_broker_down(run: Run, rng: random.Random) -> None:
+    run.kill_relay_with_broker_down(down_s=rng.uniform(2, 4))
+
+
 def smtp_down(run: Run, rng: random.Random) -> None:
     run.smtp_down(1.2)  # longer than the first two retry tiers (0.5 s, 1 s), short of the chain
 
@@ -235,6 +239,12 @@ FULL = [
              "a replayed results batch changes nothing", exact_attempts=True),
     Scenario("broker SIGKILL + restart", 1000, kill_broker,
              "no email lost or sent twice while the broker is down and comes back"),
+    # Fed slowly, so the relay claims rows while the broker is down. Before migration 0013 the
+    # dead relay's rows waited for their claim to run out (60 s), and this run failed its drain.
+    Scenario("relay SIGKILL holding claims, broker down", 1000, kill_relay_with_broker_down,
+             "the rows a killed relay had claimed but not published go out as soon as a relay "
+             "runs again, not when their claim runs out", feed_per_s=100.0,
+             drain_timeout_s=30),
     Scenario("PostgreSQL fast restart", 1000, restart_postgres,
              "relay, ledger and recorder reconnect; the ledger retakes its owner lock"),
     Scenario("pg_terminate_backend of each role", 1000, terminate_each_role,

@@ -24,11 +24,13 @@ from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
+from postroom.errors import KafkaClientError
 from postroom.headers import ROW_ID_HEADER
 from postroom.kafka import make_producer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
 from relay import sql
+from relay.connections import Connections
 from relay.db import make_engine
 from relay.publisher import Relay
 from schemas.codec import EmailRequested, load_schema
@@ -164,7 +166,7 @@ def test_the_claim_reads_the_queue_not_the_history(engine: sa.Engine) -> None:
         sql.pin_claim_plan(conn)
         plan = "\n".join(conn.execute(sa.text(
             "EXPLAIN " + sql.CLAIM_DUE.text),
-            {"limit": 1000, "ttl_s": 60}).scalars())
+            {"limit": 1000, "ttl_s": 60, "owner": 12345}).scalars())
     assert "Index Scan using outbox_queue_due" in plan, plan
     assert "Seq Scan" not in plan, plan
 
@@ -207,7 +209,7 @@ def test_a_claim_reads_one_batch_of_a_backlog_the_statistics_do_not_know(
     assert batch <= read <= 4 * batch, read
     # Proof that the statement alone, planned on those statistics, would read it all.
     unpinned = _rows_read_by_claim(engine, lambda conn: conn.execute(
-        sql.CLAIM_DUE, {"limit": batch, "ttl_s": 60}).all())
+        sql.CLAIM_DUE, {"limit": batch, "ttl_s": 60, "owner": None}).all())
     assert unpinned >= backlog, unpinned
 
 
@@ -275,13 +277,110 @@ def test_a_row_claimed_again_goes_out_as_the_attempt_it_was_queued_as(engine: sa
         assert [r.attempt for r in sql.claim_due(conn, 10, 60)] == [13]
 
 
+# A claim that would outlive every wait of these tests: rows taken before it runs out were taken
+# because their owner's session had ended.
+LONG_TTL_S = 3600.0
+BACKEND_PID = sa.text("SELECT pg_backend_pid()")
+TERMINATE = sa.text("SELECT pg_terminate_backend(:pid)")
+BACKEND_LIVES = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+CLAIM_OWNERS = sa.text("SELECT DISTINCT claimed_by FROM outbox_queue")
+
+
+def _claim(db: Connections, limit: int = 10) -> list[int]:
+    """The ids ``db`` claims, as the relay claims (with its owner key)."""
+    return sorted(row.outbox_id for row in sql.claim_due(db.claims(), limit, LONG_TTL_S,
+                                                         owner=db.owner, pinned=True))
+
+
+def _end_session(engine: sa.Engine, conn: sa.Connection) -> None:
+    """End ``conn``'s session from the server's side, as a killed relay's ends, and wait until
+    its backend is gone (with it, its locks)."""
+    pid = conn.execute(BACKEND_PID).scalar_one()
+    with engine.connect() as admin:
+        assert admin.execute(TERMINATE, {"pid": pid}).scalar_one()
+        wait_until(lambda: admin.execute(BACKEND_LIVES, {"pid": pid}).scalar_one() == 0, 10,
+                   f"backend {pid} to exit")
+
+
+def test_rows_claimed_by_a_session_that_ended_are_claimed_again_at_once(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    # A relay killed, or whose connection was cut, between its claim and its publish: its rows
+    # wait for no claim to run out.
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=[f"r{n}@example.com" for n in range(5)], subject="S",
+                body="b")
+    gone, live = Connections(engine), Connections(engine)
+    try:
+        claimed = _claim(gone)
+        assert len(claimed) == 5
+        # While its session lives, neither another relay's claim nor its own next one takes them.
+        assert _claim(live) == []
+        assert _claim(gone) == []
+        _end_session(engine, gone.claims())
+        assert _claim(live) == claimed
+        with engine.connect() as conn:
+            assert conn.execute(CLAIM_OWNERS).scalars().all() == [live.owner]
+    finally:
+        gone.close()
+        live.close()
+    # The new owner's connection closed (as after a failed round): a relay's round takes them.
+    assert publish_round(Relay(settings, engine)) == 5
+    assert len(consume(settings, topics(settings), expected=5)) == 5
+
+
+def test_claims_without_an_owner_wait_until_they_run_out(engine: sa.Engine) -> None:
+    # Taken by a relay of a release before migration 0013, a claim names no owner.
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="S", body="b")
+        [row] = sql.claim_due(conn, 10, LONG_TTL_S)
+    live = Connections(engine)
+    try:
+        assert _claim(live) == []
+        with engine.begin() as conn:
+            conn.execute(EXPIRE_CLAIMS)
+        assert _claim(live) == [row.outbox_id]
+    finally:
+        live.close()
+
+
+class _RoundFailsOnce(Relay):
+    """A relay whose first round fails after its claim, before anything is produced (as when the
+    broker or the database goes away mid-round)."""
+
+    failed = False
+
+    def _send(self, rows: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise KafkaClientError("the broker went away mid-round", retriable=True)
+        return super()._send(rows)
+
+
+def test_a_relay_publishes_the_rows_of_its_failed_round_without_waiting_for_their_claim(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any]) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
+                body="b")
+    relay = _RoundFailsOnce(dataclasses.replace(settings, relay_claim_ttl_s=LONG_TTL_S), engine)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        # The failed round's connections are closed and its claims with them; the next round,
+        # after the relay's first back-off, claims the rows again.
+        records = consume(settings, topics(settings), expected=2, timeout_s=30)
+    finally:
+        relay.stop()
+        thread.join(timeout=10)
+    assert relay.failed and relay.stats.errors == 1
+    assert len(records) == 2
+    assert unpublished(engine) == 0
+
+
 @pytest.mark.parametrize("only_errors", [True, False], ids=["failures-reported", "all-reported"])
 def test_broker_outage_loses_nothing_and_releases_the_claims(
         settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
         only_errors: bool) -> None:
     # The relay's own producer reports failures only; one that reports every record must do too.
-    from postroom.errors import KafkaClientError
-
     with engine.begin() as conn:
         enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"], subject="S",
                 body="b")
