@@ -134,6 +134,10 @@ def _send_rows(rows: Sequence[sa.Row[Any]], spans: contextlib.ExitStack,
             break
         except KafkaException as exc:
             if not is_too_large(exc):
+                # The records produced before it are delivered or fail first: the failed round's
+                # claims end with its connections, and nothing of it may still be on its way
+                # when another round claims its rows.
+                producer.flush(PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
                 raise KafkaClientError(f"producing row_id={row[id_at]} failed: {exc}",
                                        retriable=True) from exc
             too_large.append(row[id_at])

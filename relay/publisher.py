@@ -2,9 +2,10 @@
 
 A round claims a batch of due, unpublished rows (short transaction), produces them with an
 idempotent acks=all producer (relay/producing.py), and marks published only the rows the broker
-acknowledged (second short transaction). Nothing is held open while Kafka answers: the claim's
-expiry is what keeps another relay off those rows, and what hands them back if this process dies
-mid-round.
+acknowledged (second short transaction). Nothing is held open while Kafka answers: the claim
+keeps another relay off those rows while this relay's claims session lives, and hands them back
+when that session ends (this process died, or closed its connections after a failed round), or,
+for a relay that hangs with its session open, when the claim expires.
 """
 
 from __future__ import annotations
@@ -139,8 +140,8 @@ class Relay:
 
     def _mark(self, db: Connections, sent: Sent) -> None:
         # Separate statements, each its own transaction: they touch different rows. A relay that
-        # dies before marking a poison row leaves it claimed; after the claim's TTL it is claimed
-        # and refused again, as rows not acknowledged are published again.
+        # dies before marking a poison row leaves it claimed; the next claim takes it and refuses
+        # it again, as rows not acknowledged are published again.
         failed = [*sent.poison, *((row_id, TOO_LARGE_ERROR) for row_id in sent.too_large)]
         if failed:
             db.marks().execute(sql.MARK_FAILED, {"ids": [row_id for row_id, _ in failed],
@@ -188,13 +189,19 @@ class Relay:
                              self.stats.rounds)
                 if published < settings.relay_batch_size and not rounds.ahead:
                     self._listener.wait_for_rows(settings.relay_poll_interval_s)
-        if self._producer is not None:
-            remaining = self._producer.flush(PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
-            if remaining:
-                log.warning("relay stopped with %d records unacknowledged; their rows stay "
-                            "unpublished and are claimed again after the claim expires", remaining)
+            # Before the rounds close their connections, and with them this relay's claims.
+            self._flush_at_stop()
         self._listener.close()
         log.info("relay stopped: published=%d", self.stats.published)
+
+
+    def _flush_at_stop(self) -> None:
+        if self._producer is None:
+            return
+        remaining = self._producer.flush(PRODUCER_MESSAGE_TIMEOUT_MS / 1000)
+        if remaining:
+            log.warning("relay stopped with %d records unacknowledged; their rows stay "
+                        "unpublished, and the next relay round publishes them", remaining)
 
 
 class Rounds:
@@ -253,7 +260,7 @@ class Rounds:
                 done = future.result()
                 if isinstance(done, Claim) and done.rows:
                     self._relay._mark(self._db, Sent([], [row.outbox_id for row in done.rows]))
-            except Exception as exc:  # noqa: BLE001 - already failing; the claim TTL covers it
+            except Exception as exc:  # noqa: BLE001 - already failing; the claims end with the session
                 log.debug("database work of an abandoned round: %s", exc)
         self._claimed = self._marking = None
         self._db.close()

@@ -28,8 +28,12 @@ import sqlalchemy as sa
 # that lock can be taken for the statement: the session that held it has ended (its relay was
 # killed, or its connection cut), so that relay can no longer publish or mark the row. A row it
 # had published already goes out again as the same attempt, which the ledger sends once, as after
-# a claim ran out. A session's own claims are left alone by its own claims (its lock would be
-# granted to it again). A claim without an owner (NULL) is free only when it runs out.
+# a claim ran out; the ledger also sends each key and attempt once when a round that failed part
+# way left records in flight (relay/producing.py waits for them first). A session's own claims are
+# left alone by its own claims: its lock would be granted to it again, so the CASE tries the lock
+# only for another owner's. A claim without an owner (NULL) is free only when it runs out. The
+# server frees a lock when it sees its session end: at once when the relay's process dies; after
+# a host crash or a network cut, only when its TCP keepalive notices, and the TTL may come first.
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue
@@ -39,8 +43,8 @@ CLAIM_DUE = sa.text("""
             SELECT ctid FROM outbox_queue
             WHERE available_at <= now()
               AND (claimed_until IS NULL OR claimed_until < now()
-                   OR (claimed_by IS DISTINCT FROM CAST(:owner AS bigint)
-                       AND pg_try_advisory_xact_lock(claimed_by)))
+                   OR CASE WHEN claimed_by IS DISTINCT FROM CAST(:owner AS bigint)
+                           THEN pg_try_advisory_xact_lock(claimed_by) ELSE false END)
             ORDER BY available_at, id
             LIMIT :limit
             FOR UPDATE SKIP LOCKED))
@@ -129,7 +133,8 @@ MARK_FAILED = sa.text("""
     WHERE o.id = r.id AND o.id IN (SELECT id FROM done) AND o.status IN ('pending', 'published')
 """)
 
-RELEASE_CLAIMS = sa.text("UPDATE outbox_queue SET claimed_until = NULL WHERE id = ANY(:ids)")
+RELEASE_CLAIMS = sa.text(
+    "UPDATE outbox_queue SET claimed_until = NULL, claimed_by = NULL WHERE id = ANY(:ids)")
 # The relay's one look at the list per claimed batch: claimed rows whose address is suppressed
 # now are taken off the queue and end 'suppressed', never published, the entry's source, expiry
 # and reason as their last error. Returns their ids.

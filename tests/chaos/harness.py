@@ -496,11 +496,15 @@ class Run:
         self._fault()
 
     def kill_relay_with_broker_down(self, down_s: float) -> None:
-        """SIGKILL the broker, and ``down_s`` later the relay, which has claimed what was fed
-        meanwhile and waits for the broker's acknowledgements; start the broker, then the relay.
-        The rows the dead relay held were never published: nothing but their claims keeps them."""
+        """SIGKILL the broker, and ``down_s`` later the relay, which has claimed a batch of what
+        was fed meanwhile and waits for the broker's acknowledgements; start the broker, then the
+        relay. The rows the dead relay held were never published: only their claims keep them.
+        A relay that held no claim when killed would prove nothing: that fails the run."""
         services("kill-kafka")
         time.sleep(down_s)
+        held = self.query("SELECT count(*) FROM outbox_queue WHERE claimed_until > now()")[0][0]
+        if not held:
+            raise AssertionError(f"{self.name}: the relay held no claim when it was to be killed")
         self.kill("relay", restart=False)
         services("up")
         self.start_role("relay")

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from postroom.errors import KafkaClientError
+from postroom.kafka import KafkaError, KafkaException
 from postroom.settings import Settings
 from relay import producing
 from relay.publisher import Relay
@@ -129,6 +131,37 @@ def test_rows_that_cannot_become_an_event_are_poison_and_the_others_go_out() -> 
     assert relay.stats.poison == 3
     assert counter(relay.metrics, "relay_poison_total") == 3
 
+
+
+class RefusingProducer(StandInProducer):
+    """Refuses the ``nth`` record with a KafkaException (not a full queue, not too large)."""
+
+    def __init__(self, nth: int) -> None:
+        super().__init__(set())
+        self.nth = nth
+        self.flushed_before_raising: list[bytes] = []
+
+    def produce(self, topic: str, *, key: bytes, value: bytes, headers: Any,
+                on_delivery: Callable[..., None]) -> None:
+        if len(self.produced) + 1 == self.nth:
+            self.flushed_before_raising = []
+            raise KafkaException(KafkaError(KafkaError._STATE, "producer fenced"))
+        super().produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+
+    def flush(self, timeout: float) -> int:
+        self.flushed_before_raising = [key for key, _ in self.queued]
+        return super().flush(timeout)
+
+
+def test_a_round_refused_part_way_waits_for_what_it_produced_before_it_raises() -> None:
+    # The failed round's claims end with its connections (relay/connections.py): what it had
+    # produced must have been delivered or failed by then, not still be on its way while another
+    # round claims and produces the same rows.
+    producer = RefusingProducer(nth=3)
+    with pytest.raises(KafkaClientError, match="producing row_id=3 failed"):
+        relay_with(producer)._send(claimed_rows(4))
+    assert producer.flushed_before_raising == [b"k|r1@example.com", b"k|r2@example.com"]
+    assert len(producer) == 0
 
 
 @pytest.mark.parametrize("rows_of", [
