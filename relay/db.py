@@ -13,12 +13,28 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from psycopg.conninfo import make_conninfo
 
 from postroom.errors import first_line
 from postroom.settings import Settings
 from relay.errors import SchemaNotReadyError, UnsupportedDatabaseError
 
 log = logging.getLogger(__name__)
+
+# The server's side of every session postroom opens: a peer that stops answering (its host
+# crashed, the network cut) is noticed after 10 s without traffic and 3 unanswered probes 5 s
+# apart, or 25 s of data it did not acknowledge, and its session ends, with the advisory locks that
+# keep a relay's claims and a sender's ledger claims its own. Linux's defaults wait about two
+# hours (7,200 s, then 9 probes 75 s apart), longer than any claim lasts. A server that cannot set
+# one of them logs so and goes on; a Unix-domain socket ignores them.
+SERVER_KEEPALIVE_OPTIONS = ("-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
+                            "-c tcp_keepalives_count=3 -c tcp_user_timeout=25000")
+
+
+def with_options(given: str | tuple[str, ...] | None, *more: str) -> str:
+    """libpq's ``options``: those given (a URL's, one or repeated) first, then ``more``."""
+    first = (given,) if isinstance(given, str) else tuple(given or ())
+    return " ".join(o for o in (*first, *more) if o)
 
 
 def make_engine(settings: Settings, application_name: str = "postroom",
@@ -30,17 +46,24 @@ def make_engine(settings: Settings, application_name: str = "postroom",
     url = sa.make_url(settings.require("database_url"))
     if "application_name" not in url.query:
         url = url.update_query_dict({"application_name": application_name})
-    connect_args: dict[str, object] = {"connect_timeout": 10}
-    if settings.database_schema:
-        connect_args["options"] = f"-c search_path={settings.database_schema}"
+    schema = settings.database_schema
+    connect_args: dict[str, object] = {"connect_timeout": 10, "options": with_options(
+        url.query.get("options"), SERVER_KEEPALIVE_OPTIONS,
+        f"-c search_path={schema}" if schema else "")}
     # hide_parameters: an error must not carry message bodies and addresses into logs.
     return sa.create_engine(url, pool_pre_ping=True, hide_parameters=True,
                             connect_args=connect_args, **kwargs)
 
 
 def libpq_conninfo(engine: sa.Engine) -> str:
-    """The engine's URL as psycopg takes it directly (for LISTEN and the async ledger)."""
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    """The engine's URL as psycopg takes it directly (for LISTEN and the async ledger), with
+    SERVER_KEEPALIVE_OPTIONS added to its ``options``."""
+    url = engine.url.set(drivername="postgresql")
+    # Given to libpq as a keyword, not in the URL: SQLAlchemy writes a space there as "+",
+    # which libpq's URI parser keeps.
+    return make_conninfo(url.difference_update_query(["options"]).render_as_string(
+        hide_password=False), options=with_options(url.query.get("options"),
+                                                    SERVER_KEEPALIVE_OPTIONS))
 
 
 def _alembic_config(connection: sa.Connection) -> Config:

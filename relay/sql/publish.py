@@ -33,7 +33,8 @@ import sqlalchemy as sa
 # left alone by its own claims: its lock would be granted to it again, so the CASE tries the lock
 # only for another owner's. A claim without an owner (NULL) is free only when it runs out. The
 # server frees a lock when it sees its session end: at once when the relay's process dies; after
-# a host crash or a network cut, only when its TCP keepalive notices, and the TTL may come first.
+# a host crash or a network cut, when its TCP keepalive gives up (relay.db's
+# SERVER_KEEPALIVE_OPTIONS: about 25 s).
 CLAIM_DUE = sa.text("""
     WITH claimed AS (
         UPDATE outbox_queue
