@@ -56,8 +56,10 @@ __all__ = ["BOUNCE_LOCAL_MAX_CHARS", "BOUNCE_SECRET_MIN_BYTES", "ENV_PREFIX", "F
 
 # How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay
 # claim must outlast it, so a live relay's claim never runs out while its records still wait. (A
-# claim whose relay's session ended is free at once; the relay waits for its records before it
-# closes that session, and the ledger sends a row published twice once.)
+# claim whose relay's session ended is free at once: after a failed round the relay waits for its
+# records before it closes that session, but a session cut under it, or ended by the server's
+# keepalive, may free rows whose records are still on their way; the ledger sends a row
+# published twice once.)
 PRODUCER_MESSAGE_TIMEOUT_MS = 30_000
 # How long one Schema Registry request may wait for an answer (the client's ``timeout``); the
 # client then retries it (``max.retries``, 3 by default) before postroom reports the registry down.

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from importlib import resources
 
+import psycopg
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -21,20 +22,28 @@ from relay.errors import SchemaNotReadyError, UnsupportedDatabaseError
 
 log = logging.getLogger(__name__)
 
-# The server's side of every session postroom opens: a peer that stops answering (its host
+# The server's side of every session postroom opens: an idle peer that stops answering (its host
 # crashed, the network cut) is noticed after 10 s without traffic and 3 unanswered probes 5 s
-# apart, or 25 s of data it did not acknowledge, and its session ends, with the advisory locks that
-# keep a relay's claims and a sender's ledger claims its own. Linux's defaults wait about two
-# hours (7,200 s, then 9 probes 75 s apart), longer than any claim lasts. A server that cannot set
-# one of them logs so and goes on; a Unix-domain socket ignores them.
+# apart, and its session ends, with the advisory locks that keep a relay's claims and a sender's
+# ledger claims its own. Linux's defaults wait about two hours (7,200 s, then 9 probes 75 s
+# apart), longer than any claim lasts. (Not tcp_user_timeout: it also bounds zero-window probes,
+# so it could end a live peer's connection whose window stays shut that long, as the relay's
+# LISTEN connection's may while it drains a backlog and reads no notification.) First in
+# ``options``, so the URL's own may change them. A server that cannot set one logs so and goes
+# on; a Unix-domain socket ignores them.
 SERVER_KEEPALIVE_OPTIONS = ("-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
-                            "-c tcp_keepalives_count=3 -c tcp_user_timeout=25000")
+                            "-c tcp_keepalives_count=3")
 
 
-def with_options(given: str | tuple[str, ...] | None, *more: str) -> str:
-    """libpq's ``options``: those given (a URL's, one or repeated) first, then ``more``."""
-    first = (given,) if isinstance(given, str) else tuple(given or ())
-    return " ".join(o for o in (*first, *more) if o)
+def with_options(*parts: str | tuple[str, ...] | None) -> str:
+    """libpq's ``options``, in the order given; a part may be a URL's repeated ``options``."""
+    flat = [o for part in parts
+            for o in ((part,) if isinstance(part, str) else tuple(part or ()))]
+    return " ".join(o for o in flat if o)
+
+
+def _libpq_keywords() -> frozenset[str]:
+    return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
 
 
 def make_engine(settings: Settings, application_name: str = "postroom",
@@ -48,7 +57,7 @@ def make_engine(settings: Settings, application_name: str = "postroom",
         url = url.update_query_dict({"application_name": application_name})
     schema = settings.database_schema
     connect_args: dict[str, object] = {"connect_timeout": 10, "options": with_options(
-        url.query.get("options"), SERVER_KEEPALIVE_OPTIONS,
+        SERVER_KEEPALIVE_OPTIONS, url.query.get("options"),
         f"-c search_path={schema}" if schema else "")}
     # hide_parameters: an error must not carry message bodies and addresses into logs.
     return sa.create_engine(url, pool_pre_ping=True, hide_parameters=True,
@@ -56,14 +65,16 @@ def make_engine(settings: Settings, application_name: str = "postroom",
 
 
 def libpq_conninfo(engine: sa.Engine) -> str:
-    """The engine's URL as psycopg takes it directly (for LISTEN and the async ledger), with
-    SERVER_KEEPALIVE_OPTIONS added to its ``options``."""
-    url = engine.url.set(drivername="postgresql")
-    # Given to libpq as a keyword, not in the URL: SQLAlchemy writes a space there as "+",
-    # which libpq's URI parser keeps.
-    return make_conninfo(url.difference_update_query(["options"]).render_as_string(
-        hide_password=False), options=with_options(url.query.get("options"),
-                                                    SERVER_KEEPALIVE_OPTIONS))
+    """The engine's connection parameters as a libpq conninfo (for LISTEN and the async ledger),
+    SERVER_KEEPALIVE_OPTIONS before the URL's ``options``. Built from what the engine's dialect
+    gives its driver, not from the URL written out again: there a space becomes "+", which
+    libpq keeps, and hosts given in the query are not joined."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    keywords = _libpq_keywords()
+    given = {key: value for key, value in params.items()
+             if key in keywords and value is not None}
+    given["options"] = with_options(SERVER_KEEPALIVE_OPTIONS, given.get("options"))
+    return make_conninfo("", **given)
 
 
 def _alembic_config(connection: sa.Connection) -> Config:
