@@ -194,7 +194,6 @@ class Relay:
         self._listener.close()
         log.info("relay stopped: published=%d", self.stats.published)
 
-
     def _flush_at_stop(self) -> None:
         if self._producer is None:
             return
