@@ -242,10 +242,6 @@ class TemplateCache:
         return len(self._cache)
 
     @property
-    def max_bytes(self) -> int:
-        return self._cache.max_bytes
-
-    @property
     def size(self) -> int:
         """The bytes the cache holds, by its own count."""
         return self._cache.size
@@ -353,10 +349,6 @@ class EncodedBodies:
 
     def __init__(self, max_bytes: int = ENCODED_BODIES_BYTES) -> None:
         self._cache: BudgetedCache[str, tuple[bytes, str] | None] = BudgetedCache(max_bytes)
-
-    @property
-    def max_bytes(self) -> int:
-        return self._cache.max_bytes
 
     def get(self, body: str) -> tuple[bytes, str] | None:
         found = self._cache.find(body)

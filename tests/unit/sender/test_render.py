@@ -445,5 +445,5 @@ def test_a_body_too_big_to_keep_encoded_is_encoded_once_and_is_no_hole(
     assert encoded == [big, small]
     for n in range(40):  # fill past the budget: least recently used out first
         bodies.get(f"body {n}\n" * 40)
-    assert 0 < bodies._cache.size <= bodies.max_bytes
+    assert 0 < bodies._cache.size <= bodies._cache.max_bytes
     assert big not in bodies._cache and small not in bodies._cache
