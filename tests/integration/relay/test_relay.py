@@ -19,6 +19,9 @@ from typing import Any
 import fastavro
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
@@ -36,6 +39,7 @@ from relay.publisher import Relay
 from schemas.codec import EmailRequested, load_schema
 from schemas.decoding import decode
 from schemas.framing import SCHEMA_HEADER
+from support.fuzz import examples
 from support.metrics import counter
 from support.rounds import publish_round
 
@@ -339,6 +343,31 @@ def test_claims_without_an_owner_wait_until_they_run_out(engine: sa.Engine) -> N
         with engine.begin() as conn:
             conn.execute(EXPIRE_CLAIMS)
         assert _claim(live) == [row.outbox_id]
+    finally:
+        live.close()
+
+
+@hypothesis_settings(max_examples=examples(40), deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=6))
+def test_claims_written_by_sql_with_any_owner_never_stop_a_claim(
+        engine: sa.Engine, owners: list[int | None]) -> None:
+    # claimed_by is a plain column: SQL may write any bigint there, or NULL. A claim that has not
+    # run out and names an owner no session holds (any of these: none of them is taken here) is
+    # free; one without an owner waits for its TTL. Nothing written there makes the claim fail.
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox"))
+        enqueue(conn, key="k", recipients=[f"r{n}@example.com" for n in range(len(owners))],
+                subject="S", body="b")
+        ids = conn.execute(sa.text("SELECT id FROM outbox ORDER BY id")).scalars().all()
+        for row_id, owner in zip(ids, owners, strict=True):
+            conn.execute(sa.text(
+                "UPDATE outbox_queue SET claimed_until = now() + interval '1 hour', "
+                "claimed_by = :owner WHERE id = :id"), {"owner": owner, "id": row_id})
+    live = Connections(engine)
+    try:
+        assert _claim(live) == sorted(row_id for row_id, owner in zip(ids, owners, strict=True)
+                                      if owner is not None)
     finally:
         live.close()
 
