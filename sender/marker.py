@@ -75,7 +75,7 @@ class Marker:
             pgconn.pipeline_sync()
             self._flush(pgconn)
         except psycopg.Error as exc:
-            self._broken(first_line(exc))
+            self._broken(refused(pgconn, exc))
 
     def _flush(self, pgconn: psycopg.pq.abc.PGconn) -> None:
         pending = pgconn.flush() == 1
@@ -90,10 +90,11 @@ class Marker:
     def _on_writable(self) -> None:
         if self._conn is None:
             return
+        pgconn = self._conn.pgconn
         try:
-            self._flush(self._conn.pgconn)
+            self._flush(pgconn)
         except psycopg.Error as exc:
-            self._broken(first_line(exc))
+            self._broken(refused(pgconn, exc))
 
     def _on_readable(self) -> None:
         if self._conn is None:
@@ -212,6 +213,13 @@ def _fail(marks: list[Mark], error: LedgerUnavailableError) -> None:
     for mark in marks:
         if not mark.future.done():
             mark.future.set_exception(error)
+
+
+def refused(pgconn: psycopg.pq.abc.PGconn, exc: psycopg.Error) -> str:
+    """Why libpq refused to send: its connection's own message when it has one. psycopg words a
+    refused pipeline sync "connection not in pipeline mode" whatever libpq's reason (a connection
+    lost under a PostgreSQL restart, say)."""
+    return first_of(pgconn.error_message.decode(errors="replace"), first_line(exc))
 
 
 def _retrieve(future: asyncio.Future[float]) -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 
 from postroom.devkit.wait import wait_until
+from postroom.errors import first_line
 from postroom.settings import Settings
 from relay.db import libpq_conninfo
 from sender.claims import Claim, ClaimResult
@@ -22,7 +23,7 @@ from sender.errors import LedgerUnavailableError
 from sender.ledger import Ledger
 from sender.ledger_session import ledger_conninfo
 from sender.ledger_sql import MARK_SENT, text_array
-from sender.marker import MARK_IN_FLIGHT
+from sender.marker import MARK_IN_FLIGHT, refused
 from support.fuzz import examples
 
 pytestmark = pytest.mark.integration
@@ -572,3 +573,34 @@ def test_marks_pass_any_key_to_postgresql_as_it_is(engine: sa.Engine, keys: list
         got = conn.execute("SELECT %s::text[], %s::text[]",
                            [text_array(keys).decode(), keys]).fetchone()
     assert got == (keys, keys)
+
+
+
+def test_a_sync_refused_on_a_lost_connection_gives_libpqs_reason(engine: sa.Engine) -> None:
+    """The marker's pipeline as a PostgreSQL restart leaves it: the session ended, its goodbye
+    read but not the connection's end, marks written since. The next mark's sync is refused,
+    and psycopg says "connection not in pipeline mode"; the marker's reason is libpq's."""
+    conn = psycopg.Connection.connect(libpq_conninfo(engine), autocommit=True)
+    try:
+        pgconn = conn.pgconn
+        pgconn.nonblocking = 1
+        pgconn.enter_pipeline_mode()
+        with engine.connect() as other:
+            assert other.execute(sa.text("SELECT pg_terminate_backend(:p)"),
+                                 {"p": conn.info.backend_pid}).scalar_one()
+        time.sleep(0.5)
+        pgconn.consume_input()  # the server's goodbye
+        for _ in range(5):
+            pgconn.send_query_params(b"SELECT 1", None)
+            try:
+                pgconn.pipeline_sync()
+            except psycopg.OperationalError as exc:
+                refusal = exc
+                break
+            time.sleep(0.3)  # the writes after the goodbye go until the reset is read
+        else:
+            pytest.fail("libpq took every sync on a connection the server had closed")
+        assert first_line(refusal) == "connection not in pipeline mode"  # psycopg's words
+        assert refused(pgconn, refusal) == "server closed the connection unexpectedly"
+    finally:
+        conn.close()
