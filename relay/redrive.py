@@ -35,6 +35,7 @@ from schemas.codec import EmailRequested
 from schemas.decoding import decode
 from schemas.errors import SchemaError, SchemaUnavailableError
 from schemas.framing import SchemaById, header_value
+from schemas.registry import schema_lookup
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
     With a Schema Registry configured, records in the Confluent wire format are decoded with
     the writer schemas it holds, as the sender decodes them; an unreachable registry is an
     error (PostroomError), not a list of unreadable letters."""
-    schema_by_id = _schema_lookup(settings)
+    schema_by_id = schema_lookup(settings)
     topic = dead_letter_topic(settings.topic_prefix)
     check_reachable(settings)
     consumer = make_reader(settings, f"postroom-dlq-reader-{uuid.uuid4().hex[:8]}")
@@ -141,15 +142,6 @@ def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]
     letters.sort(key=lambda letter: (letter.at, letter.partition, letter.offset))
     return [dataclasses.replace(letter, row_status=states.get(letter.key or ""))
             for letter in letters]
-
-
-def _schema_lookup(settings: Settings) -> SchemaById | None:
-    """The sender's way to a Confluent-framed record's writer schema (None: no registry)."""
-    if settings.schema_registry_url is None:
-        return None
-    from schemas.registry import Registry
-
-    return Registry(settings).schema_by_id
 
 
 def latest_per_key(letters: Sequence[DeadLetter]) -> list[DeadLetter]:

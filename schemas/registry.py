@@ -249,6 +249,15 @@ def framing_for(settings: Settings, registry: Registry | None = None) -> Framing
     return Framing(ids)
 
 
+def schema_lookup(settings: Settings) -> SchemaById | None:
+    """The way to a Confluent-framed record's writer schema for a reader that meets few records
+    (the redrive, `postroom lag`): None without a registry; else the registry's lookup, each
+    schema fetched when a record first names its id."""
+    if settings.schema_registry_url is None:
+        return None
+    return Registry(settings).schema_by_id
+
+
 def reader_for(settings: Settings, topics: list[str],
                registry: Registry | None = None) -> SchemaById | None:
     """How this process finds the writer schema of a Confluent-framed record read from

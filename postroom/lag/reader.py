@@ -44,6 +44,8 @@ from postroom.topics import all_topics, results_topic, sender_topics, tier_of_re
 from schemas.codec import EmailRequested
 from schemas.decoding import decode
 from schemas.errors import SchemaError
+from schemas.framing import SchemaById
+from schemas.registry import schema_lookup
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,8 @@ class LagReader:
         # Partitions per topic as the last metadata said: what is labelled unavailable when
         # the metadata itself does not come.
         self._partitions_seen: dict[str, list[int]] = {}
+        # A retry record's writer schema, when it is in the Confluent wire format.
+        self._schema_by_id: SchemaById | None = schema_lookup(settings)
 
     def _left_s(self) -> float:
         """How long the next request of this sample may wait."""
@@ -357,7 +361,7 @@ class LagReader:
             return 0, 0.0
         if head is None:
             return None, None
-        head_due = _not_before_s(head[1], head[2])
+        head_due = _not_before_s(head[1], head[2], self._schema_by_id)
         if head_due is not None and head_due > now_s:
             return 0, 0.0  # the head waits: so does everything behind it
         late = max(0.0, now_s - head_due) if head_due is not None else 0.0
@@ -366,17 +370,20 @@ class LagReader:
             if offset == start:
                 return True
             record = self._first_records([(tp, offset)]).get((tp.topic, tp.partition))
-            due = _not_before_s(record[1], record[2]) if record else None
+            due = _not_before_s(record[1], record[2], self._schema_by_id) if record else None
             return due is None or due <= now_s
 
         return first_not_due(start, end, is_due) - start, late
 
 
-def _not_before_s(value: bytes | None, headers: list[Any]) -> float | None:
-    """A retry record's not_before (epoch s); None when it has none or cannot be read (an
-    unreadable record is dead-lettered at once: it is due)."""
+def _not_before_s(value: bytes | None, headers: list[Any],
+                  schema_by_id: SchemaById | None) -> float | None:
+    """A retry record's not_before (epoch s), its writer schema from ``schema_by_id`` when it is
+    in the Confluent wire format; None when it has none or cannot be read (an unreadable record
+    is dead-lettered at once: it is due; so is, for this count, one the registry cannot give
+    the schema of now)."""
     try:
-        event = decode(EmailRequested, value, headers)
+        event = decode(EmailRequested, value, headers, schema_by_id=schema_by_id)
     except SchemaError:
         return None
     return event.not_before.timestamp() if event.not_before else None

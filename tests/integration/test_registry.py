@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,15 @@ import support.registry
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
+from postroom.lag import LagReader, postroom_groups
 from postroom.settings import Settings, TlsMode
-from postroom.topics import priority_topic, results_topic, topic_schemas, value_subject
+from postroom.topics import (
+    priority_topic,
+    results_topic,
+    retry_topic,
+    topic_schemas,
+    value_subject,
+)
 from relay.publisher import Relay
 from schemas.codec import EmailRequested, encode, load_schema
 from schemas.framing import SCHEMA_HEADER, headers_for
@@ -209,3 +217,32 @@ def test_the_pipeline_on_a_registry_reads_both_framings(
         assert seen["status"] == "sent"
     assert {foreign_read(registry_url, r.topic, r.value)["recipient"] for r in results} == {
         "a@example.com", "b@example.com", "o@example.com"}
+
+
+def test_lag_reads_a_framed_retry_records_not_before(registry_settings: Settings) -> None:
+    """`postroom lag` with a registry: retry records in the Confluent wire format count as
+    overdue only when their not_before has passed, as schemaless ones do."""
+    register_contract(registry_settings)
+    settings = dataclasses.replace(registry_settings, sender_group=f"g-{time.time_ns()}")
+    tier = retry_topic(settings.topic_prefix, 1)
+    framing = framing_for(settings)
+    now = dt.datetime.now(dt.UTC)
+    producer = Producer(settings.kafka_client_config())
+    for n in range(5):
+        due = now - dt.timedelta(seconds=60) if n < 2 else now + dt.timedelta(hours=1)
+        event = EmailRequested(
+            idempotency_key=f"k|r{n}@example.com", message_key="k", outbox_id=n,
+            recipient=f"r{n}@example.com", sender="", subject="S", body="b", attachments=(),
+            priority="normal", created_at=now, attempt=2, not_before=due)
+        value, headers = framing.frame(tier, event)
+        assert headers == []  # framed: the writer schema is the registry's
+        producer.produce(tier, key=event.idempotency_key, value=value, headers=headers,
+                         partition=0)
+    assert producer.flush(30) == 0
+    reader = LagReader(settings, postroom_groups(settings, settings.sender_group))
+    try:
+        [group] = reader.sample()
+        row = next(p for p in group.partitions if (p.topic, p.partition) == (tier, 0))
+        assert (row.tier, row.lag, row.overdue) == (1, 5, 2)
+    finally:
+        reader.close()
