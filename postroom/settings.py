@@ -10,6 +10,7 @@ dependency, and a frozen pydantic model does not take ``dataclasses.replace``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -50,7 +51,8 @@ from postroom.settings_values import (
 
 __all__ = ["BOUNCE_LOCAL_MAX_CHARS", "BOUNCE_SECRET_MIN_BYTES", "ENV_PREFIX", "FIELDS",
            "LONGEST_PERIOD_S", "PRODUCER_MESSAGE_TIMEOUT_MS", "REGISTRY_TIMEOUT_S", "Secret",
-           "Settings", "TlsMode", "default_group", "env_name", "is_secret_key", "markdown_table",
+           "Settings", "TlsMode", "default_group", "env_name", "env_size_limits", "is_secret_key",
+           "markdown_table",
            "mask_kafka_config", "mask_registry_config", "mask_url", "parse_duration_s",
            "parse_durations_s", "parse_kafka_config", "parse_period_s"]
 
@@ -395,6 +397,26 @@ def env_name(field: str) -> str:
         if known == field:
             return name
     raise KeyError(field)
+
+
+# The variables of the caps enqueue applies in a job's process (SizeLimits' fields).
+SIZE_LIMIT_VARIABLES = tuple(env_name(f.name) for f in dataclasses.fields(rules.SizeLimits))
+
+
+def env_size_limits(env: Mapping[str, str] | None = None) -> rules.SizeLimits:
+    """The caps on an email's parts from the environment's POSTROOM_*_MAX_BYTES alone, as
+    Settings.size_limits() gives them: what enqueue applies when its caller passes no limits, so
+    a job given the roles' caps refuses what the sender would. The job needs none of the other
+    settings. A malformed one raises ConfigError naming it. Read at each call (four lookups);
+    parsed once per set of values."""
+    env = os.environ if env is None else env
+    return _size_limits(tuple(env.get(name) or None for name in SIZE_LIMIT_VARIABLES))
+
+
+@functools.lru_cache(maxsize=16)
+def _size_limits(raw: tuple[str | None, ...]) -> rules.SizeLimits:
+    given = {name: value for name, value in zip(SIZE_LIMIT_VARIABLES, raw, strict=True) if value}
+    return Settings.from_env(given).size_limits()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from postroom import tracing
 from postroom.rules import SizeLimits
+from postroom.settings import env_size_limits
 from postroom.topics import Priority
 from relay import sql, validation
 from relay.errors import InvalidEmailError
@@ -86,7 +87,9 @@ def enqueue(
     shows as ``<img src="cid:<file name>">``, checked like attachments. Everything is checked
     before the insert: a bad input (None included) raises :class:`~relay.errors.EnqueueError`
     and writes nothing. ``limits`` caps the body, the attachments and inline images, and the
-    encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides its per-file cap).
+    encoded event (Settings.size_limits(); ``attachment_max_bytes`` overrides its per-file cap);
+    None: the POSTROOM_*_MAX_BYTES variables of the job's environment, as the roles read them,
+    or their defaults (postroom.settings.env_size_limits).
     Called inside an OpenTelemetry span, the rows keep its trace context (an ``enqueue outbox``
     span of the caller's tracer provider), so the roles' spans join the caller's trace.
     ``schema`` names the schema that holds the outbox (POSTROOM_DATABASE_SCHEMA) when the
@@ -159,7 +162,7 @@ def limits_of(limits: SizeLimits | None, attachment_max_bytes: int | None,
               schema: object) -> SizeLimits:
     if schema is not None and not isinstance(schema, str):
         raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
-    limits = limits or SizeLimits()
+    limits = limits or env_size_limits()
     if attachment_max_bytes is not None:
         limits = dataclasses.replace(limits, attachment_max_bytes=attachment_max_bytes)
     return limits

@@ -209,6 +209,43 @@ def test_an_event_over_the_size_limit_is_refused(engine: sa.Engine) -> None:
     assert count(engine) == len(TEAM)
 
 
+def test_the_caps_of_the_jobs_environment_are_enqueues_when_it_is_given_none(
+        engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job run with the roles' POSTROOM_*_MAX_BYTES refuses what the sender would; limits
+    given to the call win; a malformed variable is named."""
+    from postroom.errors import ConfigError
+    from postroom.rules import SizeLimits
+    from relay.batch import Batch
+
+    def batch_of_one(conn: sa.Connection, **email: Any) -> None:
+        with Batch(conn) as batch:
+            batch.enqueue(**email)
+
+    (tmp_path / "a.csv").write_bytes(b"x" * 600)
+    monkeypatch.setenv("POSTROOM_BODY_MAX_BYTES", "100")
+    monkeypatch.setenv("POSTROOM_ATTACHMENT_MAX_BYTES", "500")
+    for call in (lambda conn: enqueue(conn, key="k", recipients=TEAM, subject="S", body="b" * 101),
+                 lambda conn: enqueue_many(conn, [Email(key="k", recipients=TEAM, subject="S",
+                                                        body="b" * 101)]),
+                 lambda conn: batch_of_one(conn, key="k", recipients=TEAM, subject="S",
+                                           body="b" * 101)):
+        with pytest.raises(InvalidEmailError, match="100"), engine.begin() as conn:
+            call(conn)
+    with pytest.raises(InvalidAttachmentError, match="500"), engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b",
+                attachments=[tmp_path / "a.csv"])
+    assert count(engine) == 0
+    with engine.begin() as conn:
+        assert enqueue(conn, key="k", recipients=TEAM, subject="S", body="b" * 101,
+                       limits=SizeLimits()) == len(TEAM)
+    monkeypatch.setenv("POSTROOM_BODY_MAX_BYTES", "a lot")
+    with pytest.raises(ConfigError, match="POSTROOM_BODY_MAX_BYTES"), engine.begin() as conn:
+        enqueue(conn, key="k2", recipients=TEAM, subject="S", body="b")
+    monkeypatch.delenv("POSTROOM_BODY_MAX_BYTES")
+    with engine.begin() as conn:  # unset: the default (512 KiB)
+        assert enqueue(conn, key="k3", recipients=TEAM, subject="S", body="b" * 1000) == len(TEAM)
+
+
 def test_attachments_over_the_total_limit_are_refused(engine: sa.Engine, tmp_path: Path) -> None:
     from postroom.rules import SizeLimits
 
