@@ -25,6 +25,8 @@ BATCH_ROWS = 1000
 PAUSE_BETWEEN_BATCHES_S = 0.05  # lets autovacuum and other writers in between batches
 # The youngest cutoff allowed without --force when the topics' retention is unknown or forever.
 DEFAULT_MIN_AGE_S = 7 * 86_400.0
+# What the retention figures printed count: a record stays until its segment goes.
+KEPT = ": retention.ms + segment.ms"
 FINAL_STATES = ("sent", "failed", "dead")
 # Final too, counted in the plan only when there are some (the plan's line stays as it was).
 LATER_FINAL_STATES = ("bounced", "suppressed")
@@ -64,11 +66,12 @@ def parse_age_s(text: str) -> float:
 
 
 def minimum_age_s(retention_s: float | None) -> tuple[float, str]:
-    """The youngest cutoff purge takes without ``--force``, and where it comes from: the topics'
-    retention when they have one, else DEFAULT_MIN_AGE_S. Pure."""
+    """The youngest cutoff purge takes without ``--force``, and where it comes from: the longest
+    the topics keep a record (postroom.kafka.topic_retention_s) when they have a retention, else
+    DEFAULT_MIN_AGE_S. Pure."""
     if retention_s is None or retention_s <= 0:
         return DEFAULT_MIN_AGE_S, f"the minimum of {_days(DEFAULT_MIN_AGE_S)}"
-    return retention_s, f"the topics' retention ({_days(retention_s)})"
+    return retention_s, f"the topics' retention ({_days(retention_s)}{KEPT})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,16 +101,19 @@ def render_plan(plan: PurgePlan, older_than_s: float) -> list[str]:
 
 def ledger_cutoff(outbox_cutoff: dt.datetime, now: dt.datetime,
                   retention_s: float | None) -> tuple[dt.datetime | None, str]:
-    """The ledger's cutoff: the outbox's, or older when a topic keeps records longer. Pure."""
+    """The ledger's cutoff: the outbox's, or older when a topic keeps records longer
+    (``retention_s``: the longest a topic keeps a record, postroom.kafka.topic_retention_s).
+    Pure."""
     if retention_s is None:
         return None, ("a topic keeps its records forever (retention.ms=-1): ledger rows are "
                       "kept, so a replayed topic finds every key it already sent")
     by_retention = now - dt.timedelta(seconds=retention_s)
     if by_retention < outbox_cutoff:
         return by_retention, (f"ledger rows younger than the topics' retention "
-                              f"({_days(retention_s)}) are kept: a consumer group reset to the "
-                              "beginning must find each key it already sent")
-    return outbox_cutoff, f"the topics' retention ({_days(retention_s)}) is shorter than the cutoff"
+                              f"({_days(retention_s)}{KEPT}) are kept: a consumer group reset "
+                              "to the beginning must find each key it already sent")
+    return outbox_cutoff, (f"the topics' retention ({_days(retention_s)}{KEPT}) is shorter than "
+                           "the cutoff")
 
 
 def plan(engine: sa.Engine, older_than_s: float, now: dt.datetime,
@@ -161,4 +167,5 @@ def _days(seconds: float) -> str:
     days = seconds / 86_400
     value, unit = ((days, "day") if days >= 1 else (seconds / 3600, "hour") if seconds >= 3600
                    else (seconds / 60, "minute"))
-    return f"{value:g} {unit}" + ("" if value == 1 else "s")
+    shown = f"{value:.3g}"
+    return f"{shown} {unit}" + ("" if shown == "1" else "s")

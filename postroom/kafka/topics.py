@@ -191,9 +191,22 @@ def create_topics(
     return {name: result[name] for name in wanted}
 
 
+# Kafka's defaults for a topic that does not set them: a segment is rolled after seven days.
+DEFAULT_SEGMENT_MS = 7 * 24 * 3600 * 1000
+# How often a broker looks for segments past their retention (log.retention.check.interval.ms,
+# five minutes by default): a record may outlive its segment's deadline by this much.
+RETENTION_CHECK_MARGIN_S = 300.0
+
+
 def topic_retention_s(settings: Settings, topics: Iterable[str],
                       timeout_s: float = 30.0) -> float | None:
-    """The longest ``retention.ms`` of ``topics``, in seconds; None when one keeps records forever."""
+    """The longest a record can stay on one of ``topics``, in seconds; None when one keeps
+    records forever (``retention.ms=-1``).
+
+    Kafka deletes a whole segment once its newest record is older than ``retention.ms``, and a
+    segment takes records for up to ``segment.ms``: a record can stay ``retention.ms`` +
+    ``segment.ms`` (and the broker's next retention check) after it was written, a week past
+    ``retention.ms`` at Kafka's defaults."""
     from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
     check_reachable(settings)
@@ -202,14 +215,20 @@ def topic_retention_s(settings: Settings, topics: Iterable[str],
     longest = 0.0
     try:
         for future in admin.describe_configs(resources, request_timeout=timeout_s).values():
-            entry = future.result().get("retention.ms")
-            value = int(entry.value) if entry is not None and entry.value is not None else -1
-            if value < 0:
+            configs = future.result()
+            retention_ms = _config_ms(configs, "retention.ms", -1)
+            if retention_ms < 0:
                 return None
-            longest = max(longest, value / 1000)
+            segment_ms = max(0, _config_ms(configs, "segment.ms", DEFAULT_SEGMENT_MS))
+            longest = max(longest, (retention_ms + segment_ms) / 1000 + RETENTION_CHECK_MARGIN_S)
     except KafkaException as exc:
-        raise translate(exc, "cannot read the topics' retention.ms") from exc
+        raise translate(exc, "cannot read the topics' retention.ms and segment.ms") from exc
     return longest
+
+
+def _config_ms(configs: dict[str, Any], name: str, default: int) -> int:
+    entry = configs.get(name)
+    return int(entry.value) if entry is not None and entry.value is not None else default
 
 
 def topic_access(settings: Settings, topics: Sequence[str],

@@ -270,9 +270,11 @@ def test_purge_deletes_final_rows_in_batches_and_keeps_what_is_still_needed(
     # 2 days is younger than the topics' retention: purge takes it only with --force.
     dry = lines(settings, "purge", "--older-than", "2d", "--dry-run", "--force")
     assert dry[1] == "outbox: 3 row(s) to delete (3 sent, 0 failed, 0 dead)"
-    # The local broker keeps records 7 days (its default): r2's ledger row, 3 days old, stays.
+    # The local broker keeps records 7 days and rolls segments weekly (its defaults): a record
+    # may stay 14 days, and r2's ledger row, 3 days old, stays.
     assert dry[2] == ("ledger: 2 row(s) to delete; ledger rows younger than the topics' "
-                      "retention (7 days) are kept: a consumer group reset to the beginning "
+                      "retention (14 days: retention.ms + segment.ms) are kept: a consumer "
+                      "group reset to the beginning "
                       "must find each key it already sent")
     assert dry[3] == "dry run: nothing deleted"
     assert len(outbox_rows(engine, "old")) == 5
