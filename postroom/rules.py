@@ -18,6 +18,13 @@ MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
 MAX_LOCAL_LEN = 64
 MAX_SUBJECT_LEN = 998  # RFC 5322 line limit
 MAX_KEY_LEN = 1000
+# The longest idempotency key enqueue writes: an escaped message key, the bar and an address.
+IDEMPOTENCY_KEY_MAX_CHARS = 2 * MAX_KEY_LEN + 1 + MAX_ADDRESS_LEN
+# The most UTF-8 bytes of a message or idempotency key: the outbox and the ledger index them,
+# and a PostgreSQL btree entry holds at most 2,704 bytes (8 kB pages), its header and, in
+# outbox_message_key, the row's id included. A longer key failed in the database: the job's
+# transaction aborted, or the sender's claims retried for ever.
+KEY_MAX_BYTES = 2_600
 MAX_ATTACHMENTS = 100
 DEFAULT_BODY_MAX_BYTES = 512 * 1024
 DEFAULT_ATTACHMENT_MAX_BYTES = 25 * 1024 * 1024
@@ -171,6 +178,27 @@ def check_key(key: object) -> str:
         raise InvalidContentError("message key must be non-empty and free of control characters")
     if len(text) > MAX_KEY_LEN:
         raise InvalidContentError(f"message key is longer than {MAX_KEY_LEN} characters")
+    if len(text) * 4 > KEY_MAX_BYTES and utf8_len(text) > KEY_MAX_BYTES:
+        raise InvalidContentError(f"message key is {utf8_len(text)} bytes in UTF-8, longer than "
+                                  f"{KEY_MAX_BYTES}")
+    return text
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (a lone surrogate counted as three, as it is refused later)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_idempotency_key(key: object) -> str:
+    """An idempotency key as a row or record may hold it: non-empty, one line, no longer than
+    enqueue writes, and within what the database can index."""
+    text = require_str(key, "idempotency key")
+    if not text.strip() or has_control(text):
+        raise InvalidContentError("idempotency key is empty or holds a control character")
+    if len(text) > IDEMPOTENCY_KEY_MAX_CHARS or (
+            len(text) * 4 > KEY_MAX_BYTES and utf8_len(text) > KEY_MAX_BYTES):
+        raise InvalidContentError(f"idempotency key is longer than {IDEMPOTENCY_KEY_MAX_CHARS} "
+                                  f"characters or {KEY_MAX_BYTES} bytes in UTF-8")
     return text
 
 

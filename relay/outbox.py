@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from postroom import tracing
-from postroom.rules import SizeLimits
+from postroom.errors import InvalidContentError
+from postroom.rules import KEY_MAX_BYTES, SizeLimits, check_idempotency_key
 from postroom.settings import env_size_limits
 from postroom.topics import Priority
 from relay import sql, validation
@@ -206,10 +207,18 @@ def keyed_chunks(message: _Message, limits: SizeLimits) -> Iterator[tuple[list[s
 
 
 def keys_of(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> list[str]:
-    """The idempotency keys of a chunk's rows, once the longest one's event fits the cap."""
+    """The idempotency keys of a chunk's rows, once the longest one is a key the relay and the
+    sender take (lowering an address may lengthen it) and its event fits the cap."""
     prefix = validation.idempotency_key_prefix(shared["message_key"])
     keys = [prefix + address.lower() for address in chunk]
     longest = max(range(len(keys)), key=lambda n: len(keys[n])) if len(keys) > 1 else 0
+    if len(keys[longest]) * 4 > KEY_MAX_BYTES:  # else it is within both caps
+        for key, address in zip(keys, chunk, strict=True):
+            try:
+                check_idempotency_key(key)
+            except InvalidContentError as exc:
+                raise InvalidEmailError(f"recipient {address!r}: {exc} (the message key and "
+                                        "the address in lower case): shorten the key") from None
     _check_event_size((keys[longest], chunk[longest]), shared, limits)
     return keys
 

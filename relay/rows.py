@@ -30,8 +30,6 @@ ATTEMPT_MAX = ATTEMPT_BASE_MAX + 1
 LONG_RANGE = (-(1 << 63), 1 << 63)
 # The times a reader decodes (Python's datetime: years 1 to 9999), in milliseconds since 1970.
 CREATED_RANGE_MS = (-62_135_596_800_000, 253_402_300_799_999)
-# The longest idempotency key enqueue writes: an escaped message key, the bar and an address.
-KEY_MAX_CHARS = 2 * rules.MAX_KEY_LEN + 1 + rules.MAX_ADDRESS_LEN
 # A reason goes into last_error and a log line, and may quote what the row held.
 _PRIORITIES = frozenset(p.value for p in Priority)
 
@@ -74,10 +72,7 @@ def check_row(row: Sequence[Any]) -> None:
                                   f"it was queued) is out of range 1..{ATTEMPT_MAX}")
     if not_before is not None:
         raise InvalidContentError("not_before must be NULL in a claimed row")
-    text_key = rules.require_str(key, "idempotency key")
-    if not text_key.strip() or len(text_key) > KEY_MAX_CHARS or rules.has_control(text_key):
-        raise InvalidContentError("idempotency key is empty, longer than "
-                                  f"{KEY_MAX_CHARS} characters or holds a control character")
+    rules.check_idempotency_key(key)
     if isinstance(recipient, str) and len(recipient) > rules.MAX_ADDRESS_LEN:
         # Not quoted whole, as check_address would.
         raise InvalidContentError(f"recipient {_short(recipient)} is {len(recipient)} "

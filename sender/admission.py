@@ -33,8 +33,6 @@ CLOCK_SKEW_ALLOWANCE_S = 300.0
 # Header bytes a record may carry beyond its value: the schema header and the history the retry
 # tiers add (one line of at most a few hundred characters per attempt).
 HEADERS_ALLOWANCE_BYTES = 32 * 1024
-# The longest key the relay writes: an escaped message key, the bar and an address.
-KEY_MAX_CHARS = 2 * rules.MAX_KEY_LEN + 1 + rules.MAX_ADDRESS_LEN
 
 Headers = Sequence[tuple[str, str | bytes | None]]
 
@@ -72,14 +70,14 @@ def readable_key(key: bytes | str | None) -> str | None:
     if key is None:
         return None
     if isinstance(key, bytes):
-        if len(key) > 4 * KEY_MAX_CHARS:
+        if len(key) > 4 * rules.IDEMPOTENCY_KEY_MAX_CHARS:
             return None
         try:
             key = key.decode()
         except UnicodeDecodeError:
             return None
-    if not key.strip() or len(key) > KEY_MAX_CHARS or rules.has_control(key, tab_allowed=True) \
-            or not key.isprintable():
+    if not key.strip() or len(key) > rules.IDEMPOTENCY_KEY_MAX_CHARS \
+            or rules.has_control(key, tab_allowed=True) or not key.isprintable():
         return None
     return key
 
@@ -183,8 +181,7 @@ def _check_content(event: EmailRequested, limits: rules.SizeLimits) -> None:
     """The rules of enqueue, on what the event carries."""
     rules.check_address(event.recipient)
     rules.check_shared(event.sender, event.subject, event.message_key)
-    if rules.has_control(event.idempotency_key) or not event.idempotency_key.strip():
-        raise InvalidContentError("idempotency key is empty or holds a control character")
+    rules.check_idempotency_key(event.idempotency_key)
     rules.check_body(event.body, limits.body_max_bytes)
     rules.check_attachment_count(len(event.attachments))
     for path in event.attachments:

@@ -246,6 +246,50 @@ def test_the_caps_of_the_jobs_environment_are_enqueues_when_it_is_given_none(
         assert enqueue(conn, key="k3", recipients=TEAM, subject="S", body="b" * 1000) == len(TEAM)
 
 
+def _cjk(n: int, seed: int) -> str:
+    """``n`` CJK characters (three bytes each in UTF-8) that do not compress: PostgreSQL
+    compresses an index entry that would not fit, so a repeated one would hide the limit."""
+    import random
+
+    rng = random.Random(seed)
+    return "".join(chr(rng.randrange(0x4E00, 0x9FA0)) for _ in range(n))
+
+
+def test_keys_are_held_to_what_the_database_can_index(engine: sa.Engine) -> None:
+    """A key within KEY_MAX_BYTES is indexed by the outbox (its idempotency key and message key
+    indexes); one past it, or a long non-ASCII subject standing for the key, is an EnqueueError
+    before the statement, and the job's transaction goes on."""
+    from postroom.rules import KEY_MAX_BYTES
+
+    key = _cjk(850, 1)  # 2,550 bytes: its idempotency keys 2,564
+    with engine.begin() as conn:
+        assert enqueue(conn, key=key, recipients=["a@example.com"], subject="S", body="b") == 1
+        for bad in ({"key": _cjk(867, 2)},                               # 2,601 bytes
+                    {"key": _cjk(864, 3)},                    # 2,592 bytes; its keys 2,606
+                    {"subject": _cjk(950, 4)}):               # the key, 2,850 bytes
+            with pytest.raises(InvalidEmailError, match=str(KEY_MAX_BYTES)):
+                enqueue(conn, recipients=["a@example.com"], body="b", **{"subject": "S", **bad})
+        assert enqueue(conn, key="after", recipients=["a@example.com"], subject="S", body="b") == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox WHERE message_key = :k"),
+                            {"k": key}).scalar_one() == 1
+    assert count(engine) == 2
+
+
+def test_a_key_lowering_makes_longer_than_the_relay_takes_is_refused(engine: sa.Engine) -> None:
+    """'İ' lowers to two characters: the idempotency key is checked as written, after lowering."""
+    from postroom.rules import IDEMPOTENCY_KEY_MAX_CHARS
+
+    recipient = "\u0130" * 32 + "@" + ".".join(["d" * 60] * 3) + ".example"  # 223 characters
+    key = "|" * 1000  # escaped: 2,000 characters
+    assert len(key) * 2 + 1 + len(recipient) <= IDEMPOTENCY_KEY_MAX_CHARS < (
+        len(key) * 2 + 1 + len(recipient.lower()))
+    with pytest.raises(InvalidEmailError, match="idempotency key is longer"), \
+            engine.begin() as conn:
+        enqueue(conn, key=key, recipients=[recipient], subject="S", body="b")
+    assert count(engine) == 0
+
+
 def test_attachments_over_the_total_limit_are_refused(engine: sa.Engine, tmp_path: Path) -> None:
     from postroom.rules import SizeLimits
 
