@@ -72,6 +72,10 @@ class Pipeline(asyncio.Protocol):
         # when all three let it go on: the send's coroutine is not woken between the 354 and
         # the message (on a busy loop that wake-up waited behind every other connection's).
         self._group: _Group | None = None
+        # Replies owed for what was written. One that comes when none is owed (a server that
+        # answers a message twice, say) would be read as the next command's: the connection is
+        # out of step and is given up, as an idle server's 421 gives it up.
+        self._owed = 0
         self.stage = Stage.MAIL_FROM  # whose reply the last transaction waited for
 
     @classmethod
@@ -106,6 +110,7 @@ class Pipeline(asyncio.Protocol):
                               timeout: float | None = None) -> SMTPResponse:  # noqa: ASYNC109 - as aiosmtplib's
         """One command and its reply (RSET, QUIT)."""
         self._write(b" ".join(args) + b"\r\n")
+        self._owed += 1
         reply = await self._reply(self._timeout_s if timeout is None else timeout)
         if reply.code == SERVICE_UNAVAILABLE:
             self.close()
@@ -130,6 +135,7 @@ class Pipeline(asyncio.Protocol):
         self.stage = Stage.MAIL_FROM
         group = _Group(data_bytes(content), on_accepted)
         self._write(mail + b"\r\n" + rcpt + b"\r\n" + b"DATA\r\n")
+        self._owed += len(GROUP_STAGES)
         self._group = group
         try:
             replies = []
@@ -147,6 +153,7 @@ class Pipeline(asyncio.Protocol):
                 if data_reply.code == START_MAIL_INPUT:
                     # A server that said 354 anyway gets an empty message with no recipient.
                     self._write(b".\r\n")
+                    self._owed += 1
                     await self._reply(self._timeout_s)
                 raise aiosmtplib.SMTPResponseException(reply.code, reply.message)
             # The read of the 354 wrote the message; the next reply to come is its reply.
@@ -210,6 +217,10 @@ class Pipeline(asyncio.Protocol):
         try:
             while self._reply_may_be_whole() and (reply := _take_reply(self._buffer)) is not None:
                 self._scanned = 0
+                if self._owed == 0:
+                    self._out_of_step(reply)
+                    return
+                self._owed -= 1
                 self._replies.append(reply)
                 if self._on_accepted is not None:
                     on_accepted, self._on_accepted = self._on_accepted, None
@@ -234,6 +245,14 @@ class Pipeline(asyncio.Protocol):
                            replace=True)
         self._wake()
 
+    def _out_of_step(self, reply: SMTPResponse) -> None:
+        """A reply nothing written asked for: what comes next cannot be told apart from it."""
+        self._buffer.clear()
+        self._scanned = 0
+        self.close()
+        self._set_lost(aiosmtplib.SMTPServerDisconnected(
+            f"reply out of turn: {reply.code} {reply.message[:200]!r}"), replace=True)
+
     def _group_replied(self, group: _Group, reply: SMTPResponse) -> None:
         """A reply read while ``group`` is in flight. Once its three replies are in and all let
         the transaction go on, its message is written, and the next reply is the one told."""
@@ -244,6 +263,7 @@ class Pipeline(asyncio.Protocol):
         if _refusal(*group.replies) is None and self.is_connected and self.transport is not None:
             self._on_accepted = group.on_accepted
             self.transport.write(group.message)
+            self._owed += 1
 
     def _reply_may_be_whole(self) -> bool:
         """Whether the bytes read since the last look hold a line that can end a reply (one

@@ -237,6 +237,31 @@ def test_the_message_goes_from_the_read_of_the_354_not_from_the_send_resumed() -
     ]
 
 
+@pytest.mark.parametrize("stray", [
+    b"250 2.0.0 queued\r\n",                    # a message answered twice
+    b"421 4.4.2 idle too long, closing\r\n",    # a server that gives up an idle connection
+])
+def test_a_reply_nothing_asked_for_gives_the_connection_up(stray: bytes) -> None:
+    """A reply read as the next group's MAIL reply would shift every reply after it: the next
+    message would be written and reported failed (and sent again). The connection is given up
+    before anything more is written on it."""
+    pipeline, transport = recording_pipeline([GROUP_ACCEPTED, b"250 2.0.0 Ok\r\n" + stray,
+                                              GROUP_ACCEPTED, b"250 2.0.0 Ok\r\n"])
+
+    async def run() -> None:
+        first = await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<b@x>", b"one\r\n")
+        assert first.code == 250
+        await asyncio.sleep(0)  # the stray reply is read
+        assert not pipeline.is_connected
+        with pytest.raises(aiosmtplib.SMTPServerDisconnected, match="reply out of turn"):
+            await pipeline.transaction(b"MAIL FROM:<a@x>", b"RCPT TO:<c@x>", b"two\r\n")
+
+    asyncio.run(run())
+    assert [data for data, _ in transport.written] == [
+        b"MAIL FROM:<a@x>\r\nRCPT TO:<b@x>\r\nDATA\r\n", b"one\r\n.\r\n"]
+    assert transport.closed
+
+
 @pytest.mark.parametrize(("answers", "after_group"), [
     ([b"550 5.1.0 sender refused\r\n503 need MAIL\r\n503 need RCPT\r\n"], []),
     ([b"250 Ok\r\n550 5.1.1 no such user\r\n554 no valid recipients\r\n"], []),

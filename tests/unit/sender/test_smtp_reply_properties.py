@@ -133,6 +133,7 @@ class _Transport:
 def fed(chunks: list[bytes]) -> tuple[list[tuple[int, str]], str | None]:
     """The replies a pipeline reads from ``chunks`` as they arrive, and why it was lost."""
     pipeline = Pipeline(cast(asyncio.Transport, _Transport()), {}, 30)
+    pipeline._owed = len(b"".join(chunks))  # replies asked for: any number that come
     for chunk in chunks:
         pipeline.data_received(chunk)  # never raises: whatever comes is a reply or a loss
     lost = pipeline._lost
