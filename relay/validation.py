@@ -125,10 +125,12 @@ def check_headers(sender: str, recipient: str, subject: str, attachments: Sequen
         raise InvalidEmailError(str(exc)) from None
 
 
-def check_html(html: str | None) -> str | None:
+def check_html(html: object) -> str | None:
     """The HTML body as given: its size is checked, not its markup."""
     if html is None:
         return None
+    if not isinstance(html, str):
+        raise InvalidEmailError(f"html must be a string, not {type(html).__name__}")
     if "\x00" in html:
         raise InvalidEmailError("html contains a NUL character")
     size = len(html.encode("utf-8", errors="surrogatepass"))

@@ -19,8 +19,12 @@ def test_html_of_any_markup_within_the_size_is_taken_as_it_is(html: str | None) 
     ("x" * (MAX_HTML_BYTES + 1), f"over the limit of {MAX_HTML_BYTES}"),
     ("é" * (MAX_HTML_BYTES // 2 + 1), "bytes, over the limit"),  # bytes, not characters
     ("<p>\x00</p>", "NUL"),
+    # Not text: refused as bad input (an EnqueueError a Batch's caller catches), not TypeError.
+    (b"<p>hi</p>", "html must be a string, not bytes"),
+    (123, "html must be a string, not int"),
+    (["<p>"], "html must be a string, not list"),
 ])
-def test_html_refused(html: str, problem: str) -> None:
+def test_html_refused(html: object, problem: str) -> None:
     with pytest.raises(InvalidEmailError, match=problem):
         check_html(html)
 
