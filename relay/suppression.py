@@ -54,10 +54,12 @@ class Entry:
                 "expires_at": self.expires_at.isoformat()}
 
 
-def normalise(address: object) -> str:
-    """``address`` as the list holds it: one bare ``local@domain`` (InvalidContentError
-    otherwise), in lower case."""
-    return check_address(address, what="address").lower()
+def checked(address: object) -> str:
+    """``address`` if it is one bare ``local@domain`` (InvalidContentError otherwise). The list
+    holds it in lower case as the database lowers it (``lower()``, as the relay and the bounce
+    path compare it): Python's lowering differs from a database's locale for non-ASCII letters
+    (under the C locale ``lower()`` lowers ASCII letters only)."""
+    return check_address(address, what="address")
 
 
 def reason_of(text: str | None) -> str:
@@ -76,7 +78,7 @@ def add(conn: sa.Connection, address: str, reason: str | None, expiry_s: float) 
     replaces one the address had)."""
     if not expiry_s > 0:
         raise InvalidContentError("an entry must expire after a positive time")
-    row = conn.execute(sql.SUPPRESSION_ADD, {"address": normalise(address),
+    row = conn.execute(sql.SUPPRESSION_ADD, {"address": checked(address),
                                              "reason": reason_of(reason),
                                              "expiry_s": expiry_s}).one()
     return Entry.from_row(row)
@@ -85,7 +87,7 @@ def add(conn: sa.Connection, address: str, reason: str | None, expiry_s: float) 
 def remove(conn: sa.Connection, address: str) -> str:
     """Take ``address`` off the list, with the soft bounces it counted; NotSuppressedError
     when it was not on it. Returns the address as the list held it."""
-    normalised = normalise(address)
-    if not conn.execute(sql.SUPPRESSION_REMOVE, {"address": normalised}).scalar_one():
-        raise NotSuppressedError(f"{normalised} is not on the suppression list")
-    return normalised
+    removed, held = conn.execute(sql.SUPPRESSION_REMOVE, {"address": checked(address)}).one()
+    if not removed:
+        raise NotSuppressedError(f"{held} is not on the suppression list")
+    return str(held)

@@ -19,7 +19,7 @@ SUPPRESSION_LIST = sa.text("""
 # An operator's entry: replaces whatever the address had (the operator's word is the last).
 SUPPRESSION_ADD = sa.text("""
     INSERT INTO suppression (address, reason, source, created_at, expires_at, updated_at)
-    VALUES (:address, :reason, 'operator', now(), now() + make_interval(secs => :expiry_s), now())
+    VALUES (lower(:address), :reason, 'operator', now(), now() + make_interval(secs => :expiry_s), now())
     ON CONFLICT (address) DO UPDATE
         SET reason = excluded.reason, source = excluded.source, created_at = excluded.created_at,
             expires_at = excluded.expires_at, updated_at = now()
@@ -28,7 +28,7 @@ SUPPRESSION_ADD = sa.text("""
 
 # Off the list, and what its address counted towards it with it.
 SUPPRESSION_REMOVE = sa.text("""
-    WITH gone AS (DELETE FROM suppression WHERE address = :address RETURNING address),
-    forgotten AS (DELETE FROM soft_bounces WHERE address = :address)
-    SELECT count(*) FROM gone
+    WITH gone AS (DELETE FROM suppression WHERE address = lower(:address) RETURNING address),
+    forgotten AS (DELETE FROM soft_bounces WHERE address = lower(:address))
+    SELECT count(*), lower(:address) FROM gone
 """)
