@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 __all__ = ["Batch", "Email", "__version__", "check_companions", "enqueue", "enqueue_many"]
 
-COMPANIONS = ("relay", "sender", "schemas")
+COMPANIONS = ("relay", "sender", "schemas", "bounces")
 
 
 def check_companions() -> None:

@@ -1112,6 +1112,8 @@ export POSTROOM_TOPIC_PARTITIONS=3
 # The local Schema Registry. postroom uses a registry only when POSTROOM_SCHEMA_REGISTRY_URL
 # is set (to this, say); otherwise it writes schemaless Avro.
 export POSTROOM_DEV_REGISTRY_URL=$(registry_url)
+# The project's venv first on the path: postroom as README's steps call it.
+case ":\$PATH:" in *":$REPO/.venv/bin:"*) ;; *) export PATH="$REPO/.venv/bin:\$PATH" ;; esac
 EOF
     # A cluster is never the default stack: its env names its own state dir and ports, so that
     # what sources it (the failover suite's faults: scripts/services.sh kill-broker ...) acts on
