@@ -68,7 +68,7 @@ PURGE_OUTBOX_BATCH = sa.text("""
     WITH doomed AS (
         SELECT id FROM outbox
         WHERE id > :after AND status IN ('sent', 'failed', 'dead', 'bounced', 'suppressed')
-          AND COALESCE(sent_at, updated_at, created_at) < :cutoff
+          AND GREATEST(sent_at, updated_at, created_at) < :cutoff
           AND NOT EXISTS (SELECT 1 FROM outbox_queue AS q WHERE q.id = outbox.id)
         ORDER BY id
         LIMIT :batch
@@ -80,7 +80,7 @@ PURGE_OUTBOX_BATCH = sa.text("""
 COUNT_PURGEABLE_OUTBOX = sa.text("""
     SELECT status, count(*) FROM outbox
     WHERE status IN ('sent', 'failed', 'dead', 'bounced', 'suppressed')
-      AND COALESCE(sent_at, updated_at, created_at) < :cutoff
+      AND GREATEST(sent_at, updated_at, created_at) < :cutoff
       AND NOT EXISTS (SELECT 1 FROM outbox_queue AS q WHERE q.id = outbox.id)
     GROUP BY status
 """)

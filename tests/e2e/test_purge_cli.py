@@ -130,3 +130,21 @@ def test_a_cutoff_younger_than_the_retention_is_refused_without_force(
     assert forced.returncode == 0, forced.stderr
     assert forced.stdout.splitlines()[-1] == "deleted 4 outbox row(s) and 0 ledger row(s)"
     assert left(engine) == {"pending@example.com"}  # a live row never goes
+
+
+def test_a_row_sent_long_ago_and_bounced_lately_is_aged_by_its_bounce(
+        settings: Settings, engine: sa.Engine) -> None:
+    """The age is the row's last change: sent 40 days ago, bounced an hour ago, it stays."""
+    with engine.begin() as conn:
+        enqueue(conn, key="b", subject="S", body="b",
+                recipients=["bounced@example.com", "sent@example.com"])
+        conn.execute(sa.text("""
+            UPDATE outbox SET status = CASE WHEN recipient LIKE 'bounced%' THEN 'bounced'
+                                             ELSE 'sent' END,
+                   sent_at = now() - interval '40 days', created_at = now() - interval '40 days',
+                   updated_at = CASE WHEN recipient LIKE 'bounced%' THEN now() - interval '1 hour'
+                                     ELSE now() - interval '40 days' END"""))
+        conn.execute(sa.text("DELETE FROM outbox_queue"))
+    done = purge(settings, "--older-than", "30d")
+    assert done.returncode == 0, done.stderr
+    assert left(engine) == {"bounced@example.com"}
