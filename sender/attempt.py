@@ -135,10 +135,28 @@ class Attempts:
         self._metrics = metrics
         self._clock = clock
         self._ledger_warned_at: float | None = None  # monotonic; see LEDGER_RETRY_S
+        # The keys this process is delivering, each set once its delivery ends. The ledger
+        # tells senders apart by their owner, not one task of a sender from another: a copy of
+        # a record (a relay's publish again, a partition read again) whose first delivery waited
+        # past its lease in its destination's line could claim the key as the same owner, and
+        # both would send. A copy waits here for the first instead, then asks the ledger.
+        self._in_hand: dict[str, asyncio.Event] = {}
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
         """Claim, send and record one event; then publish where its outcome routes it. Its
-        records carry the event's trace context on (this attempt's span's, with tracing)."""
+        records carry the event's trace context on (this attempt's span's, with tracing). A
+        copy of an event this process is delivering waits for that delivery to end first."""
+        key = admitted.event.idempotency_key
+        while (first := self._in_hand.get(key)) is not None:
+            await first.wait()
+        ended = self._in_hand[key] = asyncio.Event()
+        try:
+            await self._deliver(origin, admitted)
+        finally:
+            del self._in_hand[key]
+            ended.set()
+
+    async def _deliver(self, origin: Origin, admitted: Admitted) -> None:
         event = admitted.event
         with self._tracing.span(
                 f"process {origin.topic}", from_headers(origin.headers), kind="consumer",

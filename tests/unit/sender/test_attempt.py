@@ -18,13 +18,14 @@ from unit.sender.fakes import (
     FakeClock,
     FakeLine,
     FakeOutcomes,
+    FakeSlot,
     FakeTransport,
     InMemoryLedger,
     Row,
     Trace,
 )
 
-from postroom.metrics import Metrics
+from postroom.metrics import DUPLICATES_SUPPRESSED_TOTAL, Metrics
 from postroom.topics import dead_letter_topic, retry_topic
 from postroom.tracing import OFF, TraceContext, Tracing, from_headers
 from schemas.codec import EmailRequested
@@ -410,3 +411,46 @@ def test_the_turn_is_given_back_once_and_from_the_250_when_accepted(
     w.deliver(Admitted(event()))
     assert [step[0] for step in w.trace if step[0] in ("turn over", "send resumed")] == given_back
     assert w.line.in_turn == 0
+
+
+class _PausedLine(FakeLine):
+    """A destination paused until the clock is past ``until_s``: every send's turn comes then."""
+
+    def __init__(self, trace: Trace, clock: FakeClock, until_s: float) -> None:
+        super().__init__(trace)
+        self.clock, self.until_s = clock, until_s
+
+    async def acquire(self, name: str) -> None:
+        while self.clock.monotonic() <= self.until_s:
+            await self.clock.sleep(1.0)
+        await super().acquire(name)
+
+
+def test_a_copy_of_an_event_in_hand_waits_for_it_and_is_not_sent_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger tells owners apart, not one task of a sender from another: a copy of the
+    record read while the first delivery waits past its lease must not claim the key too."""
+    real_send = FakeSlot.send
+
+    async def round_trip(self: FakeSlot, *args: Any) -> Any:
+        for _ in range(5):  # the copy's turn comes while the first send waits for its reply
+            await asyncio.sleep(0)
+        return await real_send(self, *args)
+
+    monkeypatch.setattr(FakeSlot, "send", round_trip)
+    w = world()
+    # Paused past the first claim's lease, and past the time a copy waiting on a busy key
+    # would take the lapsed claim as its own (the same owner).
+    w.attempts._line = _PausedLine(w.trace, w.clock, w.ledger.lease_s * 2)
+
+    async def main() -> None:
+        first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        await asyncio.sleep(0)
+        copy = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        await asyncio.wait_for(asyncio.gather(first, copy), 5)
+
+    asyncio.run(main())
+    assert len(w.transport.sent) == 1
+    assert [r.status.value for r in w.outcomes.results] == ["sent", "sent"]
+    assert w.count(DUPLICATES_SUPPRESSED_TOTAL) == 1
+    assert w.attempts._in_hand == {}
