@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
+from postroom.errors import first_line
 from postroom.kafka import Record
 from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS, Metrics
 from postroom.topics import tier_of_retry_topic
 from schemas.errors import SchemaUnavailableError
 from schemas.framing import SchemaById
-from sender.admission import Admission, Admitted, admit
+from sender.admission import Admission, Admitted, admit, readable_key
 from sender.errors import PoisonRecordError
 from sender.publishing import origin_of
 from sender.retry import due_in_s, lateness_s
@@ -100,9 +101,27 @@ class Intake:
                 if event.not_before is not None:
                     self._metrics.observe(RETRY_LATENESS_SECONDS,
                                           lateness_s(event.not_before, now))
-            self._start(self._deliver(origin_of(record), admitted), record)
+            self._start(self._delivered(record, admitted,
+                                        self._deliver(origin_of(record), admitted)), record)
         if waited:
             self._registry_wait_s = min(self._registry_wait_s * 2, REGISTRY_RETRY_MOST_S)
+
+    async def _delivered(self, record: Record, admitted: Admitted, delivery: Task) -> None:
+        """The record's delivery; one that raises (a fault of ours, not of the record's content,
+        which admission refuses) ends as poison naming the error, dead-lettered with its row
+        ``failed`` (``postroom dlq replay`` sends it again once the fault is fixed). Left to
+        raise, nothing would read the record again, its partition's commit point would stay
+        behind it and its row would never end. A shutdown's cancellation is not such a fault."""
+        try:
+            await delivery
+        except Exception as exc:
+            log.exception("the delivery of %s[%d]@%d failed; dead-lettering it as poison",
+                          record.topic, record.partition, record.offset)
+            poison = PoisonRecordError(
+                f"the sender failed on it: {type(exc).__name__}: {first_line(exc)}",
+                key=readable_key(record.key), event=admitted.event,
+                attempt_base=admitted.attempt_base)
+            await self._poison(record, poison, dt.datetime.now(dt.UTC))
 
     def _wait_for_registry(self, record: Record, exc: SchemaUnavailableError,
                            now: dt.datetime) -> None:

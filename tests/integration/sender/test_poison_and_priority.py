@@ -380,3 +380,42 @@ def test_an_unreadable_record_of_a_row_ends_the_row_by_its_key_and_row_id(
     assert row.last_error.startswith("poison: cannot decode EmailRequested")
     assert row.attempts == 1
     assert server.messages == []
+
+
+def test_a_record_whose_task_fails_is_dead_lettered_and_its_row_ends(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault of the sender's own on one record (a bug, here a raise in the core) neither
+    leaves it unread with its partition's commits stuck behind it nor stops the rest: it is
+    dead-lettered as poison naming the error, its row ends failed, the others are sent."""
+    from sender.attempt import Attempts
+
+    real = Attempts._deliver
+
+    async def broken_for_one(self: Attempts, origin: Any, admitted: Any) -> None:
+        if admitted.event.recipient.startswith("boom"):
+            raise RuntimeError("a fault of ours")
+        await real(self, origin, admitted)
+
+    monkeypatch.setattr(Attempts, "_deliver", broken_for_one)
+    server = DevSmtpServer(port=0)
+    server.start()
+    with engine.begin() as conn:
+        enqueue(conn, key="mixed", recipients=["a@example.com", "boom@example.com",
+                                               "b@example.com"], subject="S", body="b")
+    pipeline = Pipeline(smtp(settings, server), engine).start()
+    try:
+        wait_until(lambda: all(r.status in ("sent", "failed")
+                               for r in outbox_rows(engine, "mixed")), 60, "every row to end")
+        [dead] = consume(settings, [dead_letter_topic(settings.topic_prefix)], expected=1,
+                         timeout_s=30)
+    finally:
+        pipeline.stop()
+        server.stop()
+    rows = {r.recipient: r for r in outbox_rows(engine, "mixed")}
+    assert {k: r.status for k, r in rows.items()} == {
+        "a@example.com": "sent", "boom@example.com": "failed", "b@example.com": "sent"}
+    assert "the sender failed on it: RuntimeError: a fault of ours" in rows[
+        "boom@example.com"].last_error
+    assert dict(dead.headers)[DLQ_CLASS_HEADER] == b"poison"
+    assert sorted(m.rcpt for m in server.messages) == ["a@example.com", "b@example.com"]

@@ -3,6 +3,7 @@ dead-lettered as poison, held until its retry is due, or held while the registry
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Coroutine
 from typing import Any
@@ -73,7 +74,11 @@ class Started:
 
     def start(self, task: Coroutine[Any, Any, None], record: Record) -> None:
         self.runs.append((self._made.pop("name"), record.offset, self._made))
+        # A delivery is started inside the task that ends it as poison should it raise.
+        inner = task.cr_frame.f_locals.get("delivery") if task.cr_frame is not None else None
         task.close()
+        if inner is not None:
+            inner.close()
 
 
 def intake() -> tuple[Intake, Holds, Started, Metrics]:
@@ -131,3 +136,25 @@ def test_the_registry_not_answering_holds_the_partition_longer_each_time() -> No
     take.dispatch([record(HIGH, 1)], NOW, no_answer)
     take.dispatch([framed(2)], NOW, no_answer)
     assert holds.held[-1] == ((HIGH, 0), 2, NOW + dt.timedelta(seconds=REGISTRY_RETRY_FIRST_S))
+
+
+def test_a_delivery_that_raises_ends_as_poison_naming_the_error() -> None:
+    """A fault of ours on one record: its task ends it as poison (dead letter, row failed)
+    rather than leave it unread behind its partition's commit point."""
+    poisoned: list[PoisonRecordError] = []
+    tasks: list[Coroutine[Any, Any, None]] = []
+
+    async def deliver(origin: Origin, admitted: Admitted) -> None:
+        raise RuntimeError("a fault of ours")
+
+    async def poison(record: Record, why: PoisonRecordError, now: dt.datetime) -> None:
+        poisoned.append(why)
+
+    take = Intake(PREFIX, Admission.for_tiers(SizeLimits(), DELAYS_S), Holds(), Metrics(),
+                  start=lambda task, record: tasks.append(task), deliver=deliver, poison=poison)
+    take.dispatch([record(HIGH, 5)], NOW, None)
+    [task] = tasks
+    asyncio.run(task)
+    [why] = poisoned
+    assert why.reason == "the sender failed on it: RuntimeError: a fault of ours"
+    assert why.event == event()
