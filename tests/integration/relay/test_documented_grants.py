@@ -165,8 +165,9 @@ def test_purge_deletes_rows_the_ledger_and_the_list_with_its_grants(
     old = row_of(engine, "old", "gone@example.com")
     with engine.begin() as conn:  # published long ago, bounced
         conn.execute(sa.text("DELETE FROM outbox_queue"))
-        conn.execute(sa.text("UPDATE outbox SET status = 'bounced', updated_at = :at "
-                             "WHERE id = :id"), {"at": NOW - dt.timedelta(days=90), "id": old.id})
+        conn.execute(sa.text("UPDATE outbox SET status = 'bounced', updated_at = :at, "
+                             "created_at = :at WHERE id = :id"),
+                     {"at": NOW - dt.timedelta(days=90), "id": old.id})
         conn.execute(sa.text("INSERT INTO sender_ledger (idempotency_key, state, owner, "
                              "attempt, updated_at) VALUES ('gone|x@example.com', 'sent', 's', "
                              "1, :at)"),
