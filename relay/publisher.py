@@ -92,21 +92,23 @@ class Relay:
 
     def _claim(self, db: Connections) -> Claim:
         settings = self._settings
+        owner = db.owner
         rows = sql.claim_due(db.claims(), settings.relay_batch_size, settings.relay_claim_ttl_s,
-                             owner=db.owner, pinned=True)
+                             owner=owner, pinned=True)
         # Part of the claim, so a round, whichever thread claims it, finishes suppressed
         # addresses before anything is produced; whether the batch was full is judged before,
         # so suppressed rows do not make run() wait.
         full = len(rows) == settings.relay_batch_size
-        return Claim(self._without_suppressed(db, rows) if rows else rows, full)
+        return Claim(self._without_suppressed(db, rows, owner) if rows else rows, full, owner)
 
-    def _without_suppressed(self, db: Connections,
-                            rows: Sequence[sa.Row[Any]]) -> Sequence[sa.Row[Any]]:
+    def _without_suppressed(self, db: Connections, rows: Sequence[sa.Row[Any]],
+                            owner: int) -> Sequence[sa.Row[Any]]:
         """The claimed rows less those whose address is suppressed: those end ``suppressed``,
         off the queue, in one statement for the batch (relay/suppression.py)."""
         id_at = self._id_at
         suppressed = set(db.claims().execute(sql.MARK_SUPPRESSED,
-                                             {"ids": [row[id_at] for row in rows]}).scalars())
+                                             {"ids": [row[id_at] for row in rows],
+                                              "owner": owner}).scalars())
         if not suppressed:
             return rows
         self.stats.suppressed += len(suppressed)
@@ -138,18 +140,19 @@ class Relay:
                 "their claims are released for the next round", retriable=True)
         return len(acked)
 
-    def _mark(self, db: Connections, sent: Sent) -> None:
+    def _mark(self, db: Connections, sent: Sent, owner: int) -> None:
         # Separate statements, each its own transaction: they touch different rows. A relay that
         # dies before marking a poison row leaves it claimed; the next claim takes it and refuses
         # it again, as rows not acknowledged are published again.
         failed = [*sent.poison, *((row_id, TOO_LARGE_ERROR) for row_id in sent.too_large)]
         if failed:
             db.marks().execute(sql.MARK_FAILED, {"ids": [row_id for row_id, _ in failed],
-                                                 "errors": [error for _, error in failed]})
+                                                 "errors": [error for _, error in failed],
+                                                 "owner": owner})
         if sent.acked:
-            db.marks().execute(sql.MARK_PUBLISHED, {"ids": sent.acked})
+            db.marks().execute(sql.MARK_PUBLISHED, {"ids": sent.acked, "owner": owner})
         if sent.released:
-            db.marks().execute(sql.RELEASE_CLAIMS, {"ids": sent.released})
+            db.marks().execute(sql.RELEASE_CLAIMS, {"ids": sent.released, "owner": owner})
 
     def run(self) -> None:
         """Publish until stop(): wake on NOTIFY, fall back to polling, back off on errors."""
@@ -246,7 +249,7 @@ class Rounds:
             done.result()
         if sent is None:
             return 0
-        self._marking = self._database.submit(relay._mark, db, sent)
+        self._marking = self._database.submit(relay._mark, db, sent, claim.owner)
         return relay._account(len(rows), sent)
 
     def abandon(self) -> None:
@@ -258,7 +261,8 @@ class Rounds:
             try:
                 done = future.result()
                 if isinstance(done, Claim) and done.rows:
-                    self._relay._mark(self._db, Sent([], [row.outbox_id for row in done.rows]))
+                    self._relay._mark(self._db, Sent([], [row.outbox_id for row in done.rows]),
+                                      done.owner)
             except Exception as exc:  # noqa: BLE001 - already failing; the claims end with the session
                 log.debug("database work of an abandoned round: %s", exc)
         self._claimed = self._marking = None

@@ -32,8 +32,10 @@ class Sent:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A round's claimed rows to publish (those to suppressed addresses finished already), and
-    whether the claim took a whole batch: then more rows are likely due at once."""
+    """A round's claimed rows to publish (those to suppressed addresses finished already),
+    whether the claim took a whole batch (then more rows are likely due at once), and the owner
+    key the claim wrote: the marks of these rows act only on queue entries it still names."""
 
     rows: Sequence[sa.Row[Any]]
     full: bool
+    owner: int

@@ -109,11 +109,15 @@ def take_claims_owner(conn: sa.Connection) -> int:
     raise RuntimeError(f"no free advisory lock key in {OWNER_KEY_TRIES} random tries")
 
 
-# Takes acknowledged rows off the queue and records them published; a row another relay already
-# took off (its claim had expired) is left as that relay recorded it. A result may have been
-# recorded already (the sender can be faster than this update): its status is kept.
+# Takes acknowledged rows off the queue and records them published; only queue entries this
+# relay's claim still names (``:owner``; NULL for a claim made without one): a row another
+# relay claimed meanwhile (its claim had expired), or queued again since (a requeue's next
+# attempt), is left as that relay or the requeue wrote it. A result may have been recorded
+# already (the sender can be faster than this update): its status is kept.
 MARK_PUBLISHED = sa.text("""
-    WITH done AS (DELETE FROM outbox_queue WHERE id = ANY(:ids) RETURNING id)
+    WITH done AS (DELETE FROM outbox_queue
+                  WHERE id = ANY(:ids) AND claimed_by IS NOT DISTINCT FROM CAST(:owner AS bigint)
+                  RETURNING id)
     UPDATE outbox
     SET published_at = now(), updated_at = now(),
         status = CASE WHEN status = 'pending' THEN 'published' ELSE status END
@@ -121,12 +125,16 @@ MARK_PUBLISHED = sa.text("""
 """)
 
 # Rows that can never be published (no event can carry them, relay.rows, or theirs is too large):
-# off the queue, failed with the reason, one per row.
+# off the queue, failed with the reason, one per row; as MARK_PUBLISHED, only while our claim
+# names them.
 MARK_FAILED = sa.text("""
     WITH refused AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS r(id, error)
     ), done AS (
-        DELETE FROM outbox_queue WHERE id IN (SELECT id FROM refused) RETURNING id
+        DELETE FROM outbox_queue
+        WHERE id IN (SELECT id FROM refused)
+          AND claimed_by IS NOT DISTINCT FROM CAST(:owner AS bigint)
+        RETURNING id
     )
     UPDATE outbox AS o
     SET status = 'failed', last_error = r.error, updated_at = now()
@@ -134,8 +142,10 @@ MARK_FAILED = sa.text("""
     WHERE o.id = r.id AND o.id IN (SELECT id FROM done) AND o.status IN ('pending', 'published')
 """)
 
-RELEASE_CLAIMS = sa.text(
-    "UPDATE outbox_queue SET claimed_until = NULL, claimed_by = NULL WHERE id = ANY(:ids)")
+RELEASE_CLAIMS = sa.text("""
+    UPDATE outbox_queue SET claimed_until = NULL, claimed_by = NULL
+    WHERE id = ANY(:ids) AND claimed_by IS NOT DISTINCT FROM CAST(:owner AS bigint)
+""")
 # The relay's one look at the list per claimed batch: claimed rows whose address is suppressed
 # now are taken off the queue and end 'suppressed', never published, the entry's source, expiry
 # and reason as their last error. Returns their ids.
@@ -145,7 +155,9 @@ MARK_SUPPRESSED = sa.text("""
         FROM outbox AS o JOIN suppression AS s ON s.address = lower(o.recipient)
         WHERE o.id = ANY(:ids) AND o.status IN ('pending', 'published') AND s.expires_at > now()
     ), done AS (
-        DELETE FROM outbox_queue WHERE id IN (SELECT id FROM hit) RETURNING id
+        DELETE FROM outbox_queue
+        WHERE id IN (SELECT id FROM hit) AND claimed_by IS NOT DISTINCT FROM CAST(:owner AS bigint)
+        RETURNING id
     )
     UPDATE outbox AS o
     SET status = 'suppressed', updated_at = now(),

@@ -199,7 +199,7 @@ def test_a_bounce_before_the_relay_marks_its_row_published_ends_it_bounced(
     record(engine, [bounced(row, minutes=0)])
     assert state(engine, row).status == "bounced"
     with engine.begin() as conn:
-        conn.execute(sql.MARK_PUBLISHED, {"ids": [claimed.outbox_id]})
+        conn.execute(sql.MARK_PUBLISHED, {"ids": [claimed.outbox_id], "owner": None})
     after = state(engine, row)
     assert after.status == "bounced" and after.last_error.startswith("bounced 5.1.1")
     record(engine, [sent(row)])

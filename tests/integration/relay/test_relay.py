@@ -233,7 +233,7 @@ def test_marking_published_rewrites_outbox_rows_in_place(engine: sa.Engine) -> N
             ids = [row.outbox_id for row in sql.claim_due(conn, 100, 60)]
         with conn.begin():
             before = conn.execute(UPDATES).one()
-            conn.execute(sql.MARK_PUBLISHED, {"ids": ids})
+            conn.execute(sql.MARK_PUBLISHED, {"ids": ids, "owner": None})
             after = conn.execute(UPDATES).one()
     updated, in_place = after[0] - before[0], after[1] - before[1]
     assert (updated, in_place) == (20, 20)
@@ -254,7 +254,7 @@ def _claimed_twice(engine: sa.Engine, attempts_meanwhile: int) -> tuple[int, int
         conn.execute(EXPIRE_CLAIMS)
     with engine.begin() as conn:
         [again] = sql.claim_due(conn, 10, 60)
-        conn.execute(sql.MARK_PUBLISHED, {"ids": [again.outbox_id]})
+        conn.execute(sql.MARK_PUBLISHED, {"ids": [again.outbox_id], "owner": None})
     return first.attempt, again.attempt
 
 
@@ -585,3 +585,40 @@ def test_a_row_too_large_to_publish_is_failed_and_the_rest_published(
     assert counter(relay.metrics, "relay_too_large_total") == 1
     records = consume(settings, topics(settings), expected=1, timeout_s=15)
     assert [r.key for r in records] == [b"fine|b@example.com"]
+
+
+def test_a_late_mark_leaves_a_row_another_relay_or_a_requeue_queued_since(
+        engine: sa.Engine) -> None:
+    """A relay whose claim ran out while its broker was slow marks its batch after another
+    relay claimed, published and marked the row, and after a requeue queued its next attempt:
+    the late mark must leave that attempt queued and the row as the requeue left it."""
+    from relay import redrive
+
+    with engine.begin() as conn:
+        enqueue(conn, key="late", recipients=["a@example.com"], subject="S", body="b")
+    late, other = Connections(engine), Connections(engine)
+    try:
+        [row_id] = _claim(late)
+        with engine.begin() as conn:
+            conn.execute(EXPIRE_CLAIMS)
+        assert _claim(other) == [row_id]
+        with engine.begin() as conn:  # the other relay's publish, its mark; the send failed
+            conn.execute(sql.MARK_PUBLISHED, {"ids": [row_id], "owner": other.owner})
+            conn.execute(sa.text("UPDATE outbox SET status = 'failed', attempts = 1 "
+                                 "WHERE id = :id"), {"id": row_id})
+        assert [r.id for r in redrive.redrive(engine, redrive.plan_requeue(engine, "late", None))
+                ] == [row_id]
+        with engine.begin() as conn:  # the late relay's marks of its acknowledged batch
+            conn.execute(sql.MARK_PUBLISHED, {"ids": [row_id], "owner": late.owner})
+            conn.execute(sql.RELEASE_CLAIMS, {"ids": [row_id], "owner": late.owner})
+        with engine.connect() as conn:
+            queued = conn.execute(sa.text("SELECT claimed_by FROM outbox_queue WHERE id = :id"),
+                                  {"id": row_id}).all()
+            status = conn.execute(sa.text("SELECT status FROM outbox WHERE id = :id"),
+                                  {"id": row_id}).scalar_one()
+        assert queued == [(None,)]  # the requeue's attempt waits for the next claim
+        assert status == "pending"
+        assert _claim(other) == [row_id]
+    finally:
+        late.close()
+        other.close()
