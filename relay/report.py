@@ -21,6 +21,7 @@ from postroom.errors import PostroomError
 from postroom.rules import SizeLimits
 from relay import sql
 from relay.outbox import enqueue
+from relay.validation import check_address
 
 # Failures listed in a mailed report's body; the rest are counted (and in the CSV, when attached).
 BODY_MAX_LINES = 500
@@ -159,6 +160,7 @@ def mail_report(conn: sa.Connection, failures: Sequence[Failure], since: dt.date
     ``attachments_root`` (the directory the senders read attachments from) the full list is
     written below it as CSV and attached."""
     key = report_key(failures)
+    check_address(to)  # a refused address leaves no CSV behind
     attached, in_csv = None, 0
     if attachments_root is not None:
         attached, in_csv = _write_csv(attachments_root, key, failures,
