@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from importlib import resources
 
+import alembic.util
 import psycopg
 import sqlalchemy as sa
 from alembic import command
@@ -123,7 +124,10 @@ def upgrade(engine: sa.Engine, schema: str | None = None, revision: str = "head"
         lock_migrations(conn)
         if schema:
             conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-        command.upgrade(_alembic_config(conn), revision)
+        config = _alembic_config(conn)
+        _refuse_unknown_revision(MigrationContext.configure(conn).get_current_revision(),
+                                 ScriptDirectory.from_config(config))
+        command.upgrade(config, revision)
         current = MigrationContext.configure(conn).get_current_revision()
     log.info("outbox schema at revision %s", current)
     return current or ""
@@ -148,10 +152,27 @@ def check_schema(engine: sa.Engine) -> None:
         head = ScriptDirectory.from_config(_alembic_config(conn)).get_current_head()
     if current is None:
         raise SchemaNotReadyError("the outbox schema is not migrated: run `postroom db upgrade`")
+    with engine.connect() as conn:
+        _refuse_unknown_revision(current, ScriptDirectory.from_config(_alembic_config(conn)))
     if current != head:
         raise SchemaNotReadyError(
             f"outbox schema is at revision {current or 'none'}, expected {head}: "
             "run `postroom db upgrade`")
+
+
+def _refuse_unknown_revision(current: str | None, scripts: ScriptDirectory) -> None:
+    """SchemaNotReadyError when the database is at a revision this release has no migration
+    of: a newer release migrated it, and neither `db upgrade` nor this release's roles can use
+    it (alembic would say only "Can't locate revision")."""
+    if current is None:
+        return
+    try:
+        scripts.get_revision(current)
+    except alembic.util.CommandError:
+        raise SchemaNotReadyError(
+            f"the outbox schema is at revision {current}, which this release of postroom does "
+            f"not know (its newest is {scripts.get_current_head()}): a newer release migrated "
+            "it; run that release, or migrate the schema back with that release first") from None
 
 
 # SQLSTATEs of a session the server ended under a statement: terminated by an administrator

@@ -417,3 +417,28 @@ def test_0011_s_trigger_functions_serve_their_own_outbox_only(
             conn.commit()
     with engine.connect() as conn:
         assert conn.execute(QUEUE_IDS).scalar_one() == 1  # the row queued before is still there
+
+
+def test_a_schema_a_newer_release_migrated_is_named_so_not_a_traceback(engine: sa.Engine,
+                                                                        db_settings: Settings
+                                                                        ) -> None:
+    """A release run against a database a newer one migrated: the roles' check and
+    `postroom db upgrade` say so in one line (alembic said only "Can't locate revision", and
+    `db upgrade` raised it as a traceback)."""
+    from postroom.devkit.processes import run_postroom
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    try:
+        with pytest.raises(SchemaNotReadyError, match="revision 9999, which this release"):
+            check_schema(engine)
+        done = run_postroom("db", "upgrade", env={**os.environ, **scratch_env(db_settings)},
+                            timeout_s=60)
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert "revision 9999, which this release of postroom does not know" in line
+        assert f"its newest is {HEAD}" in line
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE alembic_version SET version_num = :head"), {"head": HEAD})
