@@ -290,6 +290,38 @@ def test_a_key_lowering_makes_longer_than_the_relay_takes_is_refused(engine: sa.
     assert count(engine) == 0
 
 
+def test_the_event_cap_leaves_room_for_how_the_relay_frames_the_event(engine: sa.Engine) -> None:
+    """The smallest POSTROOM_EVENT_MAX_BYTES enqueue takes an email at also holds the event as
+    the relay may publish it: with the Schema Registry's prefix, as a requeued row's last
+    attempt, with the largest id (enqueue's count is of the largest event a row can become)."""
+    from postroom.rules import SizeLimits
+    from relay.rows import ATTEMPT_MAX
+    from schemas.codec import EmailRequested, encode
+    from schemas.framing import confluent_prefix
+
+    def takes(limit: int) -> bool:
+        with engine.connect() as conn, conn.begin() as txn:
+            try:
+                enqueue(conn, key="edge", recipients=["a@example.com"], subject="S",
+                        body="b" * 1000, limits=SizeLimits(event_max_bytes=limit))
+            except InvalidEmailError:
+                return False
+            finally:
+                txn.rollback()
+            return True
+
+    low, high = 900, 2000  # refused at low, taken at high
+    assert not takes(low) and takes(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if takes(middle) else (middle, high)
+    framed = confluent_prefix(2**31 - 1) + encode(EmailRequested(
+        idempotency_key="edge|a@example.com", message_key="edge", outbox_id=2**63 - 1,
+        recipient="a@example.com", sender="", subject="S", body="b" * 1000, attachments=(),
+        priority="normal", created_at=dt.datetime.now(dt.UTC), attempt=ATTEMPT_MAX))
+    assert len(framed) <= high
+
+
 def test_attachments_over_the_total_limit_are_refused(engine: sa.Engine, tmp_path: Path) -> None:
     from postroom.rules import SizeLimits
 
