@@ -25,6 +25,7 @@ from postroom.cli import (
 from postroom.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE
 from postroom.errors import ConfigError, PostroomError, first_line
 from postroom.settings import FIELDS, Settings
+from postroom.settings_declare import declarations
 
 
 def configure_logging(level: str) -> None:
@@ -34,12 +35,12 @@ def configure_logging(level: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env_help = "\n".join(f"  {name}" for name in FIELDS)
+    files = [declared.file.env for _, declared in declarations(Settings) if declared.file]
+    env_help = "\n".join(f"  {name}" for name in [*FIELDS, *files])
     parser = argparse.ArgumentParser(
         prog="postroom",
         description="Durable email delivery: PostgreSQL outbox -> Kafka -> SMTP.",
-        epilog=f"Settings are read from these environment variables (see README.md):\n{env_help}\n"
-               "  POSTROOM_SMTP_PASSWORD_FILE\n  POSTROOM_KAFKA_CONFIG_FILE",
+        epilog=f"Settings are read from these environment variables (see README.md):\n{env_help}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"postroom {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

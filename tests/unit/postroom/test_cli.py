@@ -43,7 +43,8 @@ def test_help_lists_every_command_and_every_setting(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     listed = re.findall(r"^    (\w+)\s", out, flags=re.MULTILINE)
     assert listed == COMMANDS
-    for name in [*FIELDS, "POSTROOM_SMTP_PASSWORD_FILE", "POSTROOM_KAFKA_CONFIG_FILE"]:
+    for name in [*FIELDS, "POSTROOM_SMTP_PASSWORD_FILE", "POSTROOM_KAFKA_CONFIG_FILE",
+                 "POSTROOM_BOUNCE_SECRET_FILE"]:
         assert re.search(rf"^  {name}$", out, flags=re.MULTILINE), name
     assert parse_exit(["--version"]) == 0
     assert capsys.readouterr().out.startswith("postroom ")
