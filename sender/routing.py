@@ -74,7 +74,15 @@ def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
         smtp_code=outcome.code, enhanced_code=outcome.enhanced_code,
         error=outcome.reason if failed else None, next_attempt_at=decision.not_before,
         message_id=message_id if decision.action is Action.DONE_SENT else None)
-    history = (*errors_of(origin.headers), *(
+    earlier = errors_of(origin.headers)
+    if failed and not decision.counted:
+        # A wait (our configuration kept the attempt back) keeps its number: its line replaces
+        # the line its last wait wrote, or a record waiting for days would grow by a line a
+        # round until it was too large to read (dead-lettered as poison after about a week).
+        mark = f"attempt={event.attempt} "
+        earlier = tuple((k, v) for k, v in earlier
+                        if not (k == ERROR_HEADER and _text(v).startswith(mark)))
+    history = (*earlier, *(
         ((ERROR_HEADER, f"attempt={event.attempt} at={now.isoformat()} {outcome.reason}"),)
         if failed else ()))
     forward = None
@@ -125,6 +133,10 @@ def errors_of(headers: Sequence[tuple[str, str | bytes | None]]) -> Headers:
     """The history a record carries along the retry chain: one error per failed attempt, and
     the attempt base of a redriven email."""
     return tuple((k, v) for k, v in headers if k in (ERROR_HEADER, ATTEMPT_BASE_HEADER))
+
+
+def _text(value: str | bytes | None) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
 
 
 def dead_letter_headers(origin: Origin, classification: str, reason: str) -> Headers:

@@ -162,3 +162,20 @@ def test_a_poison_reason_is_one_printable_line_of_bounded_length() -> None:
 ])
 def test_recipient_of_key(key: str, recipient: str) -> None:
     assert recipient_of_key(key) == recipient
+
+
+def test_a_wait_keeps_one_line_for_its_attempt_however_many_rounds_it_waits() -> None:
+    """Waits (no attachments root) keep the attempt's number: each round's line replaces the
+    last round's, so a record waiting for days does not grow until it is refused as poison."""
+    wait = RetryDecision(Action.RETRY, 1, LATER, counted=False)
+    headers: tuple[tuple[str, str | bytes | None], ...] = (
+        ("postroom.schema", b"abc"), EARLIER)
+    for round_ in range(50):
+        origin = Origin("p.email.retry.1", 2, 41 + round_, headers)
+        routing = route("p.", origin, EVENT, DEFERRED, wait, "", NOW)
+        assert routing.forward is not None
+        # as Kafka gives them back: bytes
+        headers = tuple((k, v.encode() if isinstance(v, str) else v)
+                        for k, v in routing.forward.headers)
+    assert [v for k, v in headers if k == ERROR_HEADER] == [
+        EARLIER[1].encode(), THIS_ERROR(DEFERRED.reason)[1].encode()]
