@@ -162,8 +162,11 @@ MARK_SUPPRESSED = sa.text("""
     UPDATE outbox AS o
     SET status = 'suppressed', updated_at = now(),
         last_error = 'suppressed (' || h.source || ', until '
-                     || to_char(h.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') || ' UTC): '
-                     || h.reason
+                     || CASE WHEN isfinite(h.expires_at)
+                             THEN to_char(h.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI')
+                                  || ' UTC'
+                             ELSE 'further notice' END
+                     || '): ' || h.reason
     FROM hit AS h
     WHERE o.id = h.id AND o.id IN (SELECT id FROM done)
     RETURNING o.id

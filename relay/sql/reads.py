@@ -26,9 +26,25 @@ STATUS_COLUMNS = ("message_key", "recipient", "subject", "priority", "status", "
                   "idempotency_key")
 
 
+# The times Python can hold, a day inside years 1 and 9999 (a session's time zone may move them
+# by hours): a time written by hand as 'infinity' or out of that range is read as the nearest.
+READABLE_FROM: sa.ColumnElement[Any] = sa.literal_column("TIMESTAMPTZ '0001-01-02 00:00:00+00'")
+READABLE_UNTIL: sa.ColumnElement[Any] = sa.literal_column("TIMESTAMPTZ '9999-12-30 00:00:00+00'")
+_TIMES = frozenset({"created_at", "published_at", "sent_at", "next_attempt_at"})
+
+
+def readable_time(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``column`` (a timestamptz) within what Python's datetime holds, NULL kept (GREATEST
+    and LEAST pass over a NULL)."""
+    return sa.case((column.is_(None), None),
+                   else_=sa.func.least(sa.func.greatest(column, READABLE_FROM), READABLE_UNTIL))
+
+
 def status_query(message_key: str | None, limit: int | None) -> sa.Select[Any]:
-    """Rows of one message (or the newest of all), one per recipient."""
-    query = sa.select(*(outbox.c[name] for name in STATUS_COLUMNS))
+    """Rows of one message (or the newest of all), one per recipient; a time SQL wrote as
+    'infinity' is shown as the last one Python can read, not an error."""
+    query = sa.select(*(readable_time(outbox.c[name]).label(name) if name in _TIMES
+                        else outbox.c[name] for name in STATUS_COLUMNS))
     if message_key is not None:
         query = query.where(outbox.c.message_key == message_key).order_by(outbox.c.id)
     else:

@@ -12,7 +12,11 @@ PURGE_SUPPRESSION = sa.text("""
 """)
 
 SUPPRESSION_LIST = sa.text("""
-    SELECT address, reason, source, created_at, expires_at FROM suppression
+    SELECT address, reason, source,
+           LEAST(GREATEST(created_at, TIMESTAMPTZ '0001-01-02 00:00:00+00'),
+                 TIMESTAMPTZ '9999-12-30 00:00:00+00') AS created_at,
+           LEAST(expires_at, TIMESTAMPTZ '9999-12-30 00:00:00+00') AS expires_at
+    FROM suppression
     WHERE expires_at > now() ORDER BY address
 """)
 

@@ -131,7 +131,8 @@ def test_suppressed_and_bounced_rows_are_reported_shown_and_purged(
 
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET updated_at = now() - interval '40 days', "
-                             "sent_at = now() - interval '40 days'"))
+                             "sent_at = now() - interval '40 days', "
+                             "created_at = now() - interval '40 days'"))
     purged = postroom(settings, "purge", "--older-than", "30d", "--force")
     assert purged.returncode == 0, purged.stderr
     assert "(0 sent, 0 failed, 0 dead, 1 bounced, 1 suppressed)" in purged.stdout
