@@ -34,15 +34,24 @@ def only_the_outbox(name: str) -> str:
             END IF;"""
 
 
-def create_queue_function(name: str, *, with_attempt: bool) -> None:
+# The states a row ends in (0009's check allows these and 'pending', 'published', 'retrying').
+FINAL_STATES_SQL = "'sent', 'failed', 'dead', 'bounced', 'suppressed'"
+
+
+def create_queue_function(name: str, *, with_attempt: bool, unfinished_only: bool = False) -> None:
     """(Re)create ``postroom_outbox_queue()`` for schema ``name``: it queues the statement's
     unpublished rows and wakes the relays. ``with_attempt`` (0012 on): each queue row also holds
     the attempt its events carry, the row's attempts + 1 (bigint: a row written by SQL may hold
-    attempts at the int limit, and the relay, not the insert, refuses it)."""
+    attempts at the int limit, and the relay, not the insert, refuses it). ``unfinished_only``
+    (0014 on): a row inserted in a final state (rows restored or copied by SQL) is not queued:
+    it was never to be published again."""
     columns, values = "id, available_at", "id, available_at"
     if with_attempt:
         columns += ", attempt"
         values += ", CAST(attempts AS bigint) + 1"
+    which = "published_at IS NULL"
+    if unfinished_only:
+        which += f" AND status NOT IN ({FINAL_STATES_SQL})"
     # Rows skipped by ON CONFLICT DO NOTHING are not in new_rows; a NOTIFY is delivered at commit,
     # once per transaction and payload, so a rolled-back insert wakes nobody.
     op.execute(f"""
@@ -52,7 +61,7 @@ def create_queue_function(name: str, *, with_attempt: bool) -> None:
         BEGIN
             {only_the_outbox(name)}
             INSERT INTO {quoted(name)}.outbox_queue ({columns})
-            SELECT {values} FROM new_rows WHERE published_at IS NULL;
+            SELECT {values} FROM new_rows WHERE {which};
             GET DIAGNOSTICS queued = ROW_COUNT;
             IF queued > 0 THEN
                 PERFORM pg_notify('postroom_outbox', TG_TABLE_SCHEMA);

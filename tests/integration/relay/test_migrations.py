@@ -30,7 +30,7 @@ from relay.errors import SchemaNotReadyError
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0013"  # the newest revision
+HEAD = "0014"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
@@ -328,6 +328,11 @@ QUEUE_FUNCTIONS = {
             f"FROM new_rows WHERE published_at IS NULL; {_NOTIFY}",
 }
 QUEUE_FUNCTIONS["0013"] = QUEUE_FUNCTIONS["0012"]  # 0013 changes the queue table only
+QUEUE_FUNCTIONS["0014"] = (
+    f"DECLARE queued bigint; BEGIN {_GUARD} INSERT INTO \"<schema>\".outbox_queue "
+    "(id, available_at, attempt) SELECT id, available_at, CAST(attempts AS bigint) + 1 "
+    "FROM new_rows WHERE published_at IS NULL AND status NOT IN ('sent', 'failed', 'dead', "
+    f"'bounced', 'suppressed'); {_NOTIFY}")
 
 
 def _queue_function(conn: sa.Connection, schema: str) -> str:
@@ -442,3 +447,28 @@ def test_a_schema_a_newer_release_migrated_is_named_so_not_a_traceback(engine: s
     finally:
         with engine.begin() as conn:
             conn.execute(sa.text("UPDATE alembic_version SET version_num = :head"), {"head": HEAD})
+
+
+def test_0014_queues_rows_inserted_unfinished_only_and_goes_back(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """Rows a restore brings back in a final state are not published again (a suppressed one
+    would reach its address); unfinished ones are queued as before."""
+    schema = db_settings.database_schema or ""
+    insert = sa.text(
+        "INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority, "
+        "status) VALUES (:who || '|' || :who || '@example.com', :who, :who || '@example.com', "
+        "'S', 'b', 'normal', :status)")
+    states = ("pending", "published", "retrying", "sent", "failed", "dead", "bounced",
+              "suppressed")
+    with engine.begin() as conn:
+        assert _queue_function(conn, schema) == QUEUE_FUNCTIONS["0014"]
+        for status in states:
+            conn.execute(insert, {"who": status, "status": status})
+        assert conn.execute(QUEUED).scalars().all() == [
+            "pending@example.com", "published@example.com", "retrying@example.com"]
+    assert downgrade(engine, "0013") == "0013"
+    with engine.begin() as conn:
+        assert _queue_function(conn, schema) == QUEUE_FUNCTIONS["0013"]
+        conn.execute(insert, {"who": "old", "status": "suppressed"})
+        assert "old@example.com" in conn.execute(QUEUED).scalars().all()  # as 0013 did
+    assert upgrade(engine) == HEAD
