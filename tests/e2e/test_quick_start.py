@@ -25,7 +25,8 @@ from postroom.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 DOCUMENTED_PORT = "8025"
 
 
@@ -53,6 +54,11 @@ def _listening(port: int) -> bool:
 def test_readmes_quick_start_by_hand_runs_as_written(env: dict[str, str], tmp_path: Path) -> None:
     lines = quick_start_lines()
     assert lines[0] == "make services && . .dev/env"  # the stack this test runs on
+    # The lines after it call `postroom` from a shell that only sourced .dev/env.
+    found = subprocess.run(["bash", "-c", ". .dev/env && command -v postroom"], cwd=ROOT,
+                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                           check=False)
+    assert found.stdout.strip() == str(ROOT / ".venv" / "bin" / "postroom"), found
     port = str(free_port())
     background: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     status: list[str] = []
