@@ -39,28 +39,55 @@ class DestinationGate:
         # mail goes to one domain); futures rather than a condition, so a release needs no lock
         # and can be made from a callback (release_now).
         self._waiters: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        # Sends between queue() and unqueue() per destination. A destination with none, nothing
+        # in flight or waiting, and a state a fresh one would have is forgotten: a sender that
+        # mails many domains for months would otherwise keep an entry for every one.
+        self._in_line: dict[str, int] = {}
         self.waiting = 0  # sends waiting for their destination right now
 
     async def queue(self, name: str) -> None:
         line = self._lines.get(name)
         if line is None:
             line = self._lines[name] = asyncio.Semaphore(self._line_length)
-        if not line.locked():
-            await line.acquire()
-            return
-        self.waiting += 1
+        self._in_line[name] = self._in_line.get(name, 0) + 1
         try:
-            await line.acquire()
-        finally:
-            self.waiting -= 1
+            if not line.locked():
+                await line.acquire()
+                return
+            self.waiting += 1
+            try:
+                await line.acquire()
+            finally:
+                self.waiting -= 1
+        except BaseException:
+            self._leave_line(name)
+            raise
 
     def unqueue(self, name: str) -> None:
         self._lines[name].release()
+        self._leave_line(name)
+
+    def _leave_line(self, name: str) -> None:
+        self._in_line[name] -= 1
+        self._forget_if_at_rest(name)
+
+    def _forget_if_at_rest(self, name: str) -> None:
+        if self._in_line.get(name, 0) > 0 or self._waiters.get(name):
+            return
+        dest = self._states.get(name)
+        if dest is not None and not (  # at rest: as a fresh one, but for times now past
+                dest.in_flight == 0 and dest.burst == 0 and dest.limit == self._limits.concurrency
+                and dest.pause_s == self._limits.pause_s
+                and max(dest.paused_until_s, dest.next_start_s) <= self._clock()):
+            return
+        for table in (self._states, self._lines, self._waiters, self._in_line):
+            table.pop(name, None)
+
+    def known(self) -> int:
+        """Destinations this gate holds an entry of (those not at rest)."""
+        return len(set(self._states) | set(self._lines) | set(self._waiters) | set(self._in_line))
 
     async def acquire(self, name: str) -> None:
-        waiters = self._waiters.get(name)
-        if waiters is None:
-            waiters = self._waiters[name] = collections.deque()
         counted = False
         try:
             while True:
@@ -75,6 +102,10 @@ class DestinationGate:
                     counted = True
                 loop = asyncio.get_running_loop()
                 woken = loop.create_future()
+                # Looked up each time: a destination at rest may have been forgotten meanwhile.
+                waiters = self._waiters.get(name)
+                if waiters is None:
+                    waiters = self._waiters[name] = collections.deque()
                 waiters.append(woken)
                 # Until a send ends, or the pause or rate gap is over (then look again). A timer
                 # rather than asyncio.wait_for, which in 3.11 swallows a cancellation that comes
@@ -106,6 +137,7 @@ class DestinationGate:
         dest = self._states.get(name) or Destination.fresh(self._limits)
         dest = self._states[name] = finished(dest, self._limits, self._clock(), throttled)
         self._wake(name, max(1, dest.limit - dest.in_flight))
+        self._forget_if_at_rest(name)
 
     def _wake(self, name: str, count: int) -> None:
         """Wake up to ``count`` of the sends waiting for ``name``, the longest waiting first

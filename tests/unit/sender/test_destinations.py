@@ -131,3 +131,32 @@ def test_a_send_cancelled_just_after_its_wake_up_does_not_start() -> None:
         return second.cancelled(), third.done()
 
     assert asyncio.run(run()) == (True, True)
+
+
+def test_a_destination_at_rest_is_forgotten_and_a_throttled_one_is_not() -> None:
+    """A sender mailing many domains keeps no entry for those with nothing going on; one still
+    paused or held back keeps its state, or its pause would be forgotten."""
+    now = [0.0]
+    gate = DestinationGate(ThrottleLimits(2, 0.0, 5.0), clock=lambda: now[0])
+
+    async def send(name: str, *, throttled: bool = False) -> None:
+        await gate.queue(name)
+        try:
+            await gate.acquire(name)
+        finally:
+            gate.unqueue(name)
+        await gate.release(name, throttled=throttled)
+
+    async def main() -> None:
+        for n in range(1000):
+            await send(f"d{n}.example")
+        assert gate.known() == 0
+        await send("slow.example", throttled=True)
+        assert gate.known() == 1 and gate.paused() == 1
+        now[0] += 6.0  # the pause is over; the limit still halved until a clean send
+        assert gate.known() == 1
+        await send("slow.example")
+        await send("slow.example")
+        assert gate.known() == 0
+
+    asyncio.run(main())
