@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import TypeVar
 
 from postroom.errors import ConfigError
 from postroom.kafka import Record, readable_records
@@ -68,6 +69,19 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
             return uvloop.new_event_loop
     log.info("sender runs on asyncio's event loop")
     return asyncio.new_event_loop
+
+
+T = TypeVar("T")
+
+
+async def serving(work: Awaitable[T], serve: Callable[[], None], every_s: float) -> T:
+    """``await work``, calling ``serve`` (the producer's poll, which runs its acknowledgements)
+    every ``every_s`` seconds meanwhile."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        serve()
+        await asyncio.wait({task}, timeout=every_s)
+    return task.result()
 
 
 class Sender:
@@ -168,7 +182,12 @@ class Sender:
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
                 records = list(readable_records(messages))
-                schema_by_id = await writers.for_batch(records) if writers is not None else None
+                # A registry slow to answer for a new id (its timeout and retries: tens of
+                # seconds while it is down) must not hold up the acknowledgements the sends in
+                # flight wait on: they are served while the lookup runs.
+                schema_by_id = (await serving(writers.for_batch(records), self._producer.poll,
+                                              IDLE_WAIT_S)
+                                if writers is not None else None)
                 self._intake.dispatch(records, now, schema_by_id)
         finally:
             await self._shutdown()
