@@ -219,3 +219,34 @@ def test_a_role_leaves_its_startup_objects_out_of_the_collectors_later_passes(
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+def test_check_goes_on_past_a_database_error_that_is_not_a_lost_server(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A grant missing (a ProgrammingError) is one FAIL line, and the other checks still run."""
+    import argparse
+
+    import sqlalchemy as sa
+
+    import relay.db
+    import schemas.registry
+    import sender.delivery
+    import sender.smtp
+    from postroom import kafka
+    from postroom.cli.monitor import cmd_check
+    from postroom.settings import Settings
+
+    def no_grant(settings: Settings) -> str:
+        raise sa.exc.ProgrammingError("SELECT 1", {},
+                                      Exception("permission denied for table outbox"))
+
+    monkeypatch.setattr(relay.db, "check_database", no_grant)
+    for module, name in ((kafka, "check_kafka"), (kafka, "check_groups"),
+                         (schemas.registry, "check_registry"), (sender.smtp, "check_smtp"),
+                         (sender.delivery, "check_attachments")):
+        monkeypatch.setattr(module, name, lambda *args: "fine")
+    assert cmd_check(Settings(), argparse.Namespace(role=None)) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "FAIL  database: permission denied for table outbox"
+    assert [line.split(":")[0] for line in out[1:]] == [
+        "ok    kafka", "ok    groups", "ok    registry", "ok    smtp", "ok    attachments"]
