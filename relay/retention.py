@@ -66,12 +66,11 @@ def parse_age_s(text: str) -> float:
 
 
 def minimum_age_s(retention_s: float | None) -> tuple[float, str]:
-    """The youngest cutoff purge takes without ``--force``, and where it comes from: the longest
-    the topics keep a record (postroom.kafka.topic_retention_s) when they have a retention, else
-    DEFAULT_MIN_AGE_S. Pure."""
+    """The youngest cutoff purge takes without ``--force``, and where it comes from: the topics'
+    retention when they have one, else DEFAULT_MIN_AGE_S. Pure."""
     if retention_s is None or retention_s <= 0:
         return DEFAULT_MIN_AGE_S, f"the minimum of {_days(DEFAULT_MIN_AGE_S)}"
-    return retention_s, f"the topics' retention ({_days(retention_s)}{KEPT})"
+    return retention_s, f"the topics' retention ({_days(retention_s)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +101,8 @@ def render_plan(plan: PurgePlan, older_than_s: float) -> list[str]:
 def ledger_cutoff(outbox_cutoff: dt.datetime, now: dt.datetime,
                   retention_s: float | None) -> tuple[dt.datetime | None, str]:
     """The ledger's cutoff: the outbox's, or older when a topic keeps records longer
-    (``retention_s``: the longest a topic keeps a record, postroom.kafka.topic_retention_s).
+    (``retention_s``: the longest a topic keeps a record, postroom.kafka.topic_retention's
+    record_life_s).
     Pure."""
     if retention_s is None:
         return None, ("a topic keeps its records forever (retention.ms=-1): ledger rows are "
@@ -167,5 +167,5 @@ def _days(seconds: float) -> str:
     days = seconds / 86_400
     value, unit = ((days, "day") if days >= 1 else (seconds / 3600, "hour") if seconds >= 3600
                    else (seconds / 60, "minute"))
-    shown = f"{value:.3g}"
+    shown = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
     return f"{shown} {unit}" + ("" if shown == "1" else "s")

@@ -14,15 +14,17 @@ from postroom.settings import Settings
 
 
 def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
-    from postroom.kafka import topic_retention_s
+    from postroom.kafka import topic_retention
     from postroom.topics import all_topics, dead_letter_topic, results_topic
     from relay import retention
 
     topics = [t for t in all_topics(settings.topic_prefix, len(settings.retry_delays_s))
               if t not in (dead_letter_topic(settings.topic_prefix),
                            results_topic(settings.topic_prefix))]
-    kept_s = topic_retention_s(settings, topics)
-    minimum_s, minimum_from = retention.minimum_age_s(kept_s)
+    kept = topic_retention(settings, topics)
+    # The youngest cutoff taken without --force is the topics' retention, as it was; the ledger
+    # keeps its rows for as long as a record can stay, which is longer.
+    minimum_s, minimum_from = retention.minimum_age_s(kept.retention_s if kept else None)
     too_young = None
     if args.older_than < minimum_s and not args.force:
         too_young = (f"--older-than {args.older_than_text} is younger than {minimum_from}: "
@@ -31,7 +33,8 @@ def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
         if not args.dry_run:
             raise PostroomError(too_young)
     with migrated_engine(settings) as engine:
-        plan = retention.plan(engine, args.older_than, dt.datetime.now(dt.UTC), kept_s)
+        plan = retention.plan(engine, args.older_than, dt.datetime.now(dt.UTC),
+                              kept.record_life_s if kept else None)
         print("\n".join(retention.render_plan(plan, args.older_than)), flush=True)
         if args.dry_run:
             print("dry run: nothing deleted" + (f"; {too_young}" if too_young else ""))

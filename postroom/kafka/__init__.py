@@ -43,13 +43,14 @@ from postroom.kafka.probe import check_reachable, describe_attempts
 from postroom.kafka.records import Headers, Record, message_headers, readable_records
 from postroom.kafka.topics import (
     START_TOPIC_TRIES,
+    TopicRetention,
     create_topics,
     min_insync_replicas,
     planned_replication,
     require_topics,
     topic_access,
     topic_replicas,
-    topic_retention_s,
+    topic_retention,
 )
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS
 
@@ -76,6 +77,7 @@ __all__ = [
     "Record",
     "RepeatedLines",
     "TopicPartition",
+    "TopicRetention",
     "acl_binding",
     "apply_acls",
     "check_groups",
@@ -102,6 +104,6 @@ __all__ = [
     "require_topics",
     "topic_access",
     "topic_replicas",
-    "topic_retention_s",
+    "topic_retention",
     "translate",
 ]

@@ -3,6 +3,7 @@ and retention read."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -198,10 +199,19 @@ DEFAULT_SEGMENT_MS = 7 * 24 * 3600 * 1000
 RETENTION_CHECK_MARGIN_S = 300.0
 
 
-def topic_retention_s(settings: Settings, topics: Iterable[str],
-                      timeout_s: float = 30.0) -> float | None:
-    """The longest a record can stay on one of ``topics``, in seconds; None when one keeps
-    records forever (``retention.ms=-1``).
+@dataclasses.dataclass(frozen=True)
+class TopicRetention:
+    """How long the topics keep records: the longest ``retention.ms``, and the longest a record
+    can stay (``record_life_s``)."""
+
+    retention_s: float
+    record_life_s: float
+
+
+def topic_retention(settings: Settings, topics: Iterable[str],
+                    timeout_s: float = 30.0) -> TopicRetention | None:
+    """The longest ``retention.ms`` of ``topics`` and the longest a record can stay on one of
+    them, in seconds; None when one keeps records forever (``retention.ms=-1``).
 
     Kafka deletes a whole segment once its newest record is older than ``retention.ms``, and a
     segment takes records for up to ``segment.ms``: a record can stay ``retention.ms`` +
@@ -212,7 +222,7 @@ def topic_retention_s(settings: Settings, topics: Iterable[str],
     check_reachable(settings)
     admin = make_admin(settings)
     resources = [ConfigResource(ResourceType.TOPIC, name) for name in topics]
-    longest = 0.0
+    retention_s = record_life_s = 0.0
     try:
         for future in admin.describe_configs(resources, request_timeout=timeout_s).values():
             configs = future.result()
@@ -220,10 +230,12 @@ def topic_retention_s(settings: Settings, topics: Iterable[str],
             if retention_ms < 0:
                 return None
             segment_ms = max(0, _config_ms(configs, "segment.ms", DEFAULT_SEGMENT_MS))
-            longest = max(longest, (retention_ms + segment_ms) / 1000 + RETENTION_CHECK_MARGIN_S)
+            retention_s = max(retention_s, retention_ms / 1000)
+            record_life_s = max(record_life_s, (retention_ms + segment_ms) / 1000
+                                + RETENTION_CHECK_MARGIN_S)
     except KafkaException as exc:
         raise translate(exc, "cannot read the topics' retention.ms and segment.ms") from exc
-    return longest
+    return TopicRetention(retention_s, record_life_s)
 
 
 def _config_ms(configs: dict[str, Any], name: str, default: int) -> int:

@@ -108,5 +108,5 @@ COUNT_PURGEABLE_LEDGER = sa.text("""
           SELECT 1 FROM outbox AS o
           WHERE o.idempotency_key = l.idempotency_key
             AND NOT (o.status IN ('sent', 'failed', 'dead', 'bounced', 'suppressed')
-                     AND COALESCE(o.sent_at, o.updated_at, o.created_at) < :outbox_cutoff))
+                     AND GREATEST(o.sent_at, o.updated_at, o.created_at) < :outbox_cutoff))
 """)
