@@ -41,9 +41,9 @@ from postroom.lagrules import (
 from postroom.replication import TopicHealth, topic_health
 from postroom.settings import Settings
 from postroom.topics import all_topics, results_topic, sender_topics, tier_of_retry_topic
-from schemas.codec import EmailRequested
+from schemas.codec import EmailRequested, Schema
 from schemas.decoding import decode
-from schemas.errors import SchemaError
+from schemas.errors import SchemaError, SchemaUnavailableError
 from schemas.framing import SchemaById
 from schemas.registry import schema_lookup
 
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 # has as long of its own): a broker that does not answer (killed, its leaderships not moved yet)
 # makes a partial sample, not a wait of minutes, and one group's wait does not eat the next's.
 READ_TIMEOUT_S = 10.0
+# A writer schema the registry could not give is not asked for again for this long.
+REGISTRY_QUIET_S = 60.0
 MIN_REQUEST_S = 0.5  # a request still made once the sample's time is up gets this long
 # Errors of a request no broker answered: the message names the bootstrap servers.
 _NO_ANSWER = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
@@ -80,6 +82,31 @@ def postroom_groups(settings: Settings, only: str | None = None) -> dict[str, li
     return {only: groups[only]}
 
 
+class QuietLookup:
+    """A registry lookup that does not ask again, for REGISTRY_QUIET_S, for an id it could not
+    give: a registry that does not answer takes its timeout and retries for each ask, and a
+    sample may read many framed records (the head of each retry partition, and the search for
+    the first one not due)."""
+
+    def __init__(self, lookup: SchemaById, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lookup = lookup
+        self._clock = clock
+        self._failed: dict[int, float] = {}  # schema id -> when the registry could not give it
+
+    def __call__(self, schema_id: int) -> Schema:
+        failed_at = self._failed.get(schema_id)
+        if failed_at is not None and self._clock() - failed_at < REGISTRY_QUIET_S:
+            raise SchemaUnavailableError(f"the registry could not give schema id {schema_id} "
+                                         "a moment ago")
+        try:
+            schema = self._lookup(schema_id)
+        except SchemaUnavailableError:
+            self._failed[schema_id] = self._clock()
+            raise
+        self._failed.pop(schema_id, None)
+        return schema
+
+
 class LagReader:
     """Samples the groups' lag; keeps each partition's window of commits between samples."""
 
@@ -98,7 +125,9 @@ class LagReader:
         # the metadata itself does not come.
         self._partitions_seen: dict[str, list[int]] = {}
         # A retry record's writer schema, when it is in the Confluent wire format.
-        self._schema_by_id: SchemaById | None = schema_lookup(settings)
+        registry = schema_lookup(settings)
+        self._schema_by_id: SchemaById | None = (
+            None if registry is None else QuietLookup(registry))
 
     def _left_s(self) -> float:
         """How long the next request of this sample may wait."""

@@ -55,7 +55,8 @@ STATES_OF_KEYS = sa.text("""
 
 FAILURES_REPORT = sa.text("""
     SELECT id, recipient, message_key, idempotency_key, subject, status, attempts, last_error,
-           updated_at
+           -- an 'infinity' written by SQL, read as the last time Python holds (reads.py)
+           LEAST(updated_at, TIMESTAMPTZ '9999-12-30 00:00:00+00') AS updated_at
     FROM outbox
     WHERE status IN ('failed', 'dead', 'bounced', 'suppressed') AND updated_at >= :since
     ORDER BY updated_at, id

@@ -41,3 +41,16 @@ def test_a_suppression_for_ever_is_listed_and_named_on_the_rows_it_stops(
             "SELECT status, last_error FROM outbox WHERE message_key = 'stop'")).one()
     assert status == "suppressed"
     assert error == "suppressed (operator, until further notice): left"
+
+
+def test_the_failures_report_reads_a_row_changed_at_infinity(engine: sa.Engine) -> None:
+    import datetime as dt
+
+    from relay.report import failures_since
+
+    with engine.begin() as conn:
+        enqueue(conn, key="rep", recipients=["a@example.com"], subject="S", body="b")
+        conn.execute(sa.text("UPDATE outbox SET status = 'failed', updated_at = 'infinity' "
+                             "WHERE message_key = 'rep'"))
+    [failure] = failures_since(engine, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert failure.updated_at.year == FAR

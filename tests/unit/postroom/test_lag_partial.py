@@ -278,3 +278,31 @@ def test_each_group_of_a_sample_has_its_own_time(reader: LagReader,
         [], [(TopicPartition(T, 0), "offsets unreadable")]))
     reader.sample()
     assert len(left) == 2 and min(left) > 0.2, left  # b is not left what a did not use
+
+
+def test_a_registry_that_could_not_answer_is_not_asked_again_for_a_while() -> None:
+    """`lag` with a registry that hangs: one ask per schema id a minute, not one per record."""
+    from postroom.lag.reader import REGISTRY_QUIET_S, QuietLookup
+    from schemas.codec import load_schema
+    from schemas.errors import SchemaUnavailableError
+
+    asked: list[int] = []
+    answers: dict[int, bool] = {7: False}
+    now = [0.0]
+
+    def registry(schema_id: int) -> Any:
+        asked.append(schema_id)
+        if not answers.get(schema_id, True):
+            raise SchemaUnavailableError("timed out")
+        return load_schema("email_requested")
+
+    lookup = QuietLookup(registry, clock=lambda: now[0])
+    for _ in range(50):
+        with pytest.raises(SchemaUnavailableError):
+            lookup(7)
+    assert asked == [7]
+    assert lookup(8).name  # another id is asked
+    now[0] += REGISTRY_QUIET_S
+    answers[7] = True
+    assert lookup(7).name
+    assert asked == [7, 8, 7]
