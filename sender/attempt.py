@@ -118,6 +118,18 @@ class Sent:
     throttled: bool
 
 
+class _InHand:
+    """A delivery under way in this process: its attempt, set when it ends, and whether it
+    ended as it should (not cancelled, not failed)."""
+
+    __slots__ = ("attempt", "completed", "ended")
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.completed = False
+        self.ended = asyncio.Event()
+
+
 class Attempts:
     """``await deliver(origin, admitted)`` for each event; it returns once the event's outcome
     is published and its claim released, or when the event needs nothing more (sent before,
@@ -139,22 +151,32 @@ class Attempts:
         # tells senders apart by their owner, not one task of a sender from another: a copy of
         # a record (a relay's publish again, a partition read again) whose first delivery waited
         # past its lease in its destination's line could claim the key as the same owner, and
-        # both would send. A copy waits here for the first instead, then asks the ledger.
-        self._in_hand: dict[str, asyncio.Event] = {}
+        # both would send. A copy waits here for the first instead. A copy of the same attempt
+        # whose first delivery ended as it should is done with it: its outcome is out (asking
+        # the ledger would say so, one copy after another, each holding a place in flight:
+        # after a sender's kill a partition read again holds many copies of each key).
+        self._in_hand: dict[str, _InHand] = {}
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
         """Claim, send and record one event; then publish where its outcome routes it. Its
         records carry the event's trace context on (this attempt's span's, with tracing). A
         copy of an event this process is delivering waits for that delivery to end first."""
-        key = admitted.event.idempotency_key
+        event = admitted.event
+        key = event.idempotency_key
         while (first := self._in_hand.get(key)) is not None:
-            await first.wait()
-        ended = self._in_hand[key] = asyncio.Event()
+            await first.ended.wait()
+            if first.completed and first.attempt == event.attempt:
+                self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
+                log.info("key=%s attempt=%d made by this sender just now; not making it again",
+                         key, event.attempt)
+                return
+        mine = self._in_hand[key] = _InHand(event.attempt)
         try:
             await self._deliver(origin, admitted)
+            mine.completed = True
         finally:
             del self._in_hand[key]
-            ended.set()
+            mine.ended.set()
 
     async def _deliver(self, origin: Origin, admitted: Admitted) -> None:
         event = admitted.event

@@ -25,7 +25,11 @@ from unit.sender.fakes import (
     Trace,
 )
 
-from postroom.metrics import DUPLICATES_SUPPRESSED_TOTAL, Metrics
+from postroom.metrics import (
+    DUPLICATES_SUPPRESSED_TOTAL,
+    REPEATED_ATTEMPTS_SUPPRESSED_TOTAL,
+    Metrics,
+)
 from postroom.topics import dead_letter_topic, retry_topic
 from postroom.tracing import OFF, TraceContext, Tracing, from_headers
 from schemas.codec import EmailRequested
@@ -451,6 +455,26 @@ def test_a_copy_of_an_event_in_hand_waits_for_it_and_is_not_sent_twice(
 
     asyncio.run(main())
     assert len(w.transport.sent) == 1
+    # The same attempt, made by this sender just now: its outcome is out, nothing more to do.
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+    assert w.count(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL) == 1
+    assert w.attempts._in_hand == {}
+
+
+def test_a_copy_of_another_attempt_waits_and_then_asks_the_ledger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record of a later attempt of a key in hand (a redrive's, say) is not taken for a copy:
+    it waits for the delivery in hand, then the ledger says the key was sent."""
+    w = world()
+    w.attempts._line = _PausedLine(w.trace, w.clock, w.ledger.lease_s * 2)
+
+    async def main() -> None:
+        first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        await asyncio.sleep(0)
+        later = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event(attempt=2))))
+        await asyncio.wait_for(asyncio.gather(first, later), 5)
+
+    asyncio.run(main())
+    assert len(w.transport.sent) == 1
     assert [r.status.value for r in w.outcomes.results] == ["sent", "sent"]
     assert w.count(DUPLICATES_SUPPRESSED_TOTAL) == 1
-    assert w.attempts._in_hand == {}
