@@ -118,15 +118,23 @@ class Sent:
     throttled: bool
 
 
-class _InHand:
-    """A delivery under way in this process: its attempt, set when it ends, and whether it
-    ended as it should (not cancelled, not failed)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _KnownSent:
+    """A server accepted the key (its Message-ID, when the ledger kept one)."""
 
-    __slots__ = ("attempt", "completed", "ended")
+    message_id: str | None
+
+
+class _InHand:
+    """A delivery under way in this process: its attempt, set when it ends, whether it ended as
+    it should (not cancelled, not failed), and whether its key is then known sent."""
+
+    __slots__ = ("attempt", "completed", "ended", "sent")
 
     def __init__(self, attempt: int) -> None:
         self.attempt = attempt
         self.completed = False
+        self.sent: _KnownSent | None = None
         self.ended = asyncio.Event()
 
 
@@ -166,19 +174,35 @@ class Attempts:
         while (first := self._in_hand.get(key)) is not None:
             await first.ended.wait()
             if first.completed and first.attempt == event.attempt:
-                self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
-                log.info("key=%s attempt=%d made by this sender just now; not making it again",
-                         key, event.attempt)
+                await self._copy_done(origin, event, first.sent)
                 return
         mine = self._in_hand[key] = _InHand(event.attempt)
         try:
-            await self._deliver(origin, admitted)
+            mine.sent = await self._deliver(origin, admitted)
             mine.completed = True
         finally:
             del self._in_hand[key]
             mine.ended.set()
 
-    async def _deliver(self, origin: Origin, admitted: Admitted) -> None:
+    async def _copy_done(self, origin: Origin, event: EmailRequested,
+                         sent: _KnownSent | None) -> None:
+        """A copy of the attempt this sender has just made: what the ledger would answer it,
+        without asking (a key sent: its result again, as for any copy; else nothing)."""
+        key = event.idempotency_key
+        if sent is None:
+            self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
+            log.info("key=%s attempt=%d made by this sender just now; not making it again",
+                     key, event.attempt)
+            return
+        self._metrics.inc(DUPLICATES_SUPPRESSED_TOTAL)
+        log.info("key=%s accepted by the server just now; not sending again", key)
+        context = from_headers(origin.headers)
+        await self._outcomes.result(
+            key, already_sent(event, sent.message_id, self._clock.utcnow()),
+            () if context is None else context.headers())
+
+    async def _deliver(self, origin: Origin, admitted: Admitted) -> _KnownSent | None:
+        """The delivery; whether its key is now known sent (and its Message-ID)."""
         event = admitted.event
         with self._tracing.span(
                 f"process {origin.topic}", from_headers(origin.headers), kind="consumer",
@@ -189,13 +213,16 @@ class Attempts:
                     "postroom.outbox_id": event.outbox_id,
                     "postroom.attempt": event.attempt}) as span:
             routing = await self._claim_and_send(origin, admitted, span.context)
-            if routing is None:
-                return
+            if not isinstance(routing, Routing):
+                return routing
             span.set(lambda: {"postroom.status": routing.status.value})
             await self._publish(origin, event, routing, span)
         if routing.status is not DeliveryStatus.SENT:
             await self._release_after(event, routing)
         self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
+        if routing.status is DeliveryStatus.SENT:
+            return _KnownSent(routing.result.message_id)
+        return None
 
     async def _publish(self, origin: Origin, event: EmailRequested, routing: Routing,
                        span: Span) -> None:
@@ -232,7 +259,7 @@ class Attempts:
                               operation="release")
 
     async def _claim_and_send(self, origin: Origin, admitted: Admitted,
-                              trace: TraceContext | None) -> Routing | None:
+                              trace: TraceContext | None) -> Routing | _KnownSent | None:
         """Send the event once its destination lets it and its claim is ours, and route the
         outcome; None when nothing more is to be done (a server accepted its key before: its
         result is published here; or this attempt was made already). A throttling reply defers
@@ -267,7 +294,7 @@ class Attempts:
                 await self._outcomes.result(
                     key, already_sent(event, claim.message_id, self._clock.utcnow()),
                     () if trace is None else trace.headers())
-                return None
+                return _KnownSent(claim.message_id)
             if claim.claim is Claim.DONE:
                 # Its result and its retry or dead letter went out with the attempt.
                 self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
