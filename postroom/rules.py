@@ -178,15 +178,20 @@ def check_key(key: object) -> str:
         raise InvalidContentError("message key must be non-empty and free of control characters")
     if len(text) > MAX_KEY_LEN:
         raise InvalidContentError(f"message key is longer than {MAX_KEY_LEN} characters")
-    if len(text) * 4 > KEY_MAX_BYTES and utf8_len(text) > KEY_MAX_BYTES:
-        raise InvalidContentError(f"message key is {utf8_len(text)} bytes in UTF-8, longer than "
+    size = key_bytes_over(text)
+    if size is not None:
+        raise InvalidContentError(f"message key is {size} bytes in UTF-8, longer than "
                                   f"{KEY_MAX_BYTES}")
     return text
 
 
-def utf8_len(text: str) -> int:
-    """Bytes of ``text`` in UTF-8 (a lone surrogate counted as three, as it is refused later)."""
-    return len(text.encode("utf-8", "surrogatepass"))
+def key_bytes_over(text: str) -> int | None:
+    """The UTF-8 bytes of ``text`` when more than KEY_MAX_BYTES (a lone surrogate counted as
+    three, as it is refused later), else None; encoded only when its length allows it."""
+    if len(text) * 4 <= KEY_MAX_BYTES:
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > KEY_MAX_BYTES else None
 
 
 def check_idempotency_key(key: object) -> str:
@@ -195,8 +200,7 @@ def check_idempotency_key(key: object) -> str:
     text = require_str(key, "idempotency key")
     if not text.strip() or has_control(text):
         raise InvalidContentError("idempotency key is empty or holds a control character")
-    if len(text) > IDEMPOTENCY_KEY_MAX_CHARS or (
-            len(text) * 4 > KEY_MAX_BYTES and utf8_len(text) > KEY_MAX_BYTES):
+    if len(text) > IDEMPOTENCY_KEY_MAX_CHARS or key_bytes_over(text) is not None:
         raise InvalidContentError(f"idempotency key is longer than {IDEMPOTENCY_KEY_MAX_CHARS} "
                                   f"characters or {KEY_MAX_BYTES} bytes in UTF-8")
     return text

@@ -149,11 +149,11 @@ def check_schema(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         check_server_version(conn.dialect.server_version_info)
         current = MigrationContext.configure(conn).get_current_revision()
-        head = ScriptDirectory.from_config(_alembic_config(conn)).get_current_head()
+        scripts = ScriptDirectory.from_config(_alembic_config(conn))
+    head = scripts.get_current_head()
     if current is None:
         raise SchemaNotReadyError("the outbox schema is not migrated: run `postroom db upgrade`")
-    with engine.connect() as conn:
-        _refuse_unknown_revision(current, ScriptDirectory.from_config(_alembic_config(conn)))
+    _refuse_unknown_revision(current, scripts)
     if current != head:
         raise SchemaNotReadyError(
             f"outbox schema is at revision {current or 'none'}, expected {head}: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from relay.sql.reads import READABLE_UNTIL_SQL
 from relay.sql.tables import NOTIFY_CHANNEL
 
 # -- operators' commands: redrive, requeue, reports, retention ----------------------------------
@@ -53,10 +54,10 @@ STATES_OF_KEYS = sa.text("""
     SELECT idempotency_key, status, attempts FROM outbox WHERE idempotency_key = ANY(:keys)
 """)
 
-FAILURES_REPORT = sa.text("""
+FAILURES_REPORT = sa.text(f"""
     SELECT id, recipient, message_key, idempotency_key, subject, status, attempts, last_error,
            -- an 'infinity' written by SQL, read as the last time Python holds (reads.py)
-           LEAST(updated_at, TIMESTAMPTZ '9999-12-30 00:00:00+00') AS updated_at
+           LEAST(updated_at, {READABLE_UNTIL_SQL}) AS updated_at
     FROM outbox
     WHERE status IN ('failed', 'dead', 'bounced', 'suppressed') AND updated_at >= :since
     ORDER BY updated_at, id

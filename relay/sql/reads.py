@@ -28,8 +28,10 @@ STATUS_COLUMNS = ("message_key", "recipient", "subject", "priority", "status", "
 
 # The times Python can hold, a day inside years 1 and 9999 (a session's time zone may move them
 # by hours): a time written by hand as 'infinity' or out of that range is read as the nearest.
-READABLE_FROM: sa.ColumnElement[Any] = sa.literal_column("TIMESTAMPTZ '0001-01-02 00:00:00+00'")
-READABLE_UNTIL: sa.ColumnElement[Any] = sa.literal_column("TIMESTAMPTZ '9999-12-30 00:00:00+00'")
+READABLE_FROM_SQL = "TIMESTAMPTZ '0001-01-02 00:00:00+00'"
+READABLE_UNTIL_SQL = "TIMESTAMPTZ '9999-12-30 00:00:00+00'"
+READABLE_FROM: sa.ColumnElement[Any] = sa.literal_column(READABLE_FROM_SQL)
+READABLE_UNTIL: sa.ColumnElement[Any] = sa.literal_column(READABLE_UNTIL_SQL)
 _TIMES = frozenset({"created_at", "published_at", "sent_at", "next_attempt_at"})
 
 

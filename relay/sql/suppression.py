@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from relay.sql.reads import READABLE_FROM_SQL, READABLE_UNTIL_SQL
+
 # Retention: entries that expired before the cutoff, and soft bounces counted before it.
 PURGE_SUPPRESSION = sa.text("""
     WITH expired AS (DELETE FROM suppression WHERE expires_at < :cutoff RETURNING 1),
@@ -11,11 +13,10 @@ PURGE_SUPPRESSION = sa.text("""
     SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM old)
 """)
 
-SUPPRESSION_LIST = sa.text("""
+SUPPRESSION_LIST = sa.text(f"""
     SELECT address, reason, source,
-           LEAST(GREATEST(created_at, TIMESTAMPTZ '0001-01-02 00:00:00+00'),
-                 TIMESTAMPTZ '9999-12-30 00:00:00+00') AS created_at,
-           LEAST(expires_at, TIMESTAMPTZ '9999-12-30 00:00:00+00') AS expires_at
+           LEAST(GREATEST(created_at, {READABLE_FROM_SQL}), {READABLE_UNTIL_SQL}) AS created_at,
+           LEAST(expires_at, {READABLE_UNTIL_SQL}) AS expires_at
     FROM suppression
     WHERE expires_at > now() ORDER BY address
 """)
