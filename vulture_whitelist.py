@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import postroom
-from bounces.service import _Handler as BounceHandler
+from postroom.bounces.service import _Handler as BounceHandler
 from postroom.devkit import devsmtp, histograms, otlp, processes, story
 from postroom.health import _BoundedHTTPServer
-from relay.suppression import Source
-from sender.pipelining import Pipeline
-from sender.throttle import DestinationBy
+from postroom.relay.suppression import Source
+from postroom.sender.pipelining import Pipeline
+from postroom.sender.throttle import DestinationBy
 
 
 class _Anything:

@@ -44,8 +44,8 @@ from bench.delivery import (
 from bench.report import BenchError, Options, Section, Target, fmt_rate, per_s, progress, table
 from bench.scratch import scratch
 from postroom.devkit.processes import PostroomProcesses
+from postroom.relay.db import make_engine
 from postroom.settings import Settings
-from relay.db import make_engine
 
 EMAILS, QUICK_EMAILS = 1_000_000, 20_000
 MIN_EMAILS = 10_000  # ten relay rounds at the default batch, ten windows of 1,000 rows

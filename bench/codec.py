@@ -17,10 +17,10 @@ import fastavro
 
 from bench.report import Section, fmt_rate, progress, table
 from bench.workload import BODY, MAIL_FROM, SUBJECT
+from postroom.schemas.codec import EmailRequested, load_schema
+from postroom.schemas.compiled_writer import RecordWriter
+from postroom.schemas.errors import SchemaError
 from postroom.settings import Settings
-from schemas.codec import EmailRequested, load_schema
-from schemas.compiled_writer import RecordWriter
-from schemas.errors import SchemaError
 
 ROUNDS = 9  # repeats of each writer, interleaved; the figure is the best one
 QUICK_ROUNDS = 3

@@ -41,8 +41,8 @@ from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses, stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.kafka import make_admin
+from postroom.relay.db import make_engine
 from postroom.settings import ENV_PREFIX, Settings
-from relay.db import make_engine
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[1]  # where `python -m bench.slowsink` finds the package

@@ -29,9 +29,9 @@ from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT
 from postroom import Batch, Email, enqueue, enqueue_many
 from postroom.mime import check_composable_by_building
+from postroom.relay import inserts, outbox, pgdriver, sql, validation
+from postroom.relay.db import make_engine
 from postroom.settings import Settings
-from relay import inserts, outbox, pgdriver, sql, validation
-from relay.db import make_engine
 
 RUNS = 3  # of each measurement; the figure is the median, the spread min..max
 PERSONALISED_CALLS, QUICK_PERSONALISED_CALLS = 3_000, 500

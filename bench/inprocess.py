@@ -12,12 +12,12 @@ import sqlalchemy as sa
 
 from bench.report import BenchError
 from postroom.devkit.devsmtp import DevSmtpServer
+from postroom.relay.db import libpq_conninfo, make_engine
+from postroom.relay.publisher import Relay
+from postroom.sender.claims import lease_s
+from postroom.sender.ledger import Ledger, sender_identity
+from postroom.sender.service import Sender
 from postroom.settings import Settings
-from relay.db import libpq_conninfo, make_engine
-from relay.publisher import Relay
-from sender.claims import lease_s
-from sender.ledger import Ledger, sender_identity
-from sender.service import Sender
 
 
 def deliver_all(settings: Settings, emails: int, server: DevSmtpServer,

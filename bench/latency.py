@@ -25,8 +25,8 @@ from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, SUBJECT, enqueue_rows, recipients
 from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
+from postroom.relay.db import make_engine
 from postroom.settings import Settings
-from relay.db import make_engine
 
 TARGET_P99_MS = 250.0
 LOAD_SHARE = 0.5  # of the burst's rate: "a steady load of half the fast-server capacity"

@@ -22,9 +22,9 @@ from sqlalchemy.dialects import postgresql
 
 from bench.workload import BODY
 from postroom.devkit.scratch import scratch
+from postroom.relay import pgdriver, sql
+from postroom.relay.db import libpq_conninfo, make_engine, upgrade
 from postroom.settings import Settings
-from relay import pgdriver, sql
-from relay.db import libpq_conninfo, make_engine, upgrade
 
 ROUNDS, CALLS, CHUNK, CHUNKS = 5, 1_000, 10_000, 5
 VARIANTS = ("0004: dynamic SQL, two triggers, foreign key",

@@ -43,9 +43,9 @@ from postroom import kafka
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.errors import first_line
+from postroom.relay.db import make_engine
+from postroom.relay.publisher import Relay
 from postroom.settings import ENV_PREFIX, Settings
-from relay.db import make_engine
-from relay.publisher import Relay
 
 TARGET_ROWS_PER_S = 20_000.0
 TARGET_P99_MS = 50.0

@@ -15,8 +15,8 @@ from bench.report import BenchError, progress
 from postroom.devkit.scratch import scratch as devkit_scratch
 from postroom.errors import PostroomError, first_line
 from postroom.kafka import check_reachable
+from postroom.relay.db import make_engine, upgrade
 from postroom.settings import Settings
-from relay.db import make_engine, upgrade
 
 
 def check_stack(settings: Settings) -> None:

@@ -25,10 +25,10 @@ from bench.scratch import scratch
 from bench.workload import BODY, MAIL_FROM, enqueue_rows, recipients
 from postroom import enqueue, tracing
 from postroom.devkit.otlp import OtlpReceiver
+from postroom.relay.db import make_engine
+from postroom.relay.publisher import Relay
 from postroom.settings import Settings
 from postroom.tracing import OFF, Tracing
-from relay.db import make_engine
-from relay.publisher import Relay
 
 RUNS = 3
 ROWS, QUICK_ROWS = 20_000, 3_000

@@ -9,16 +9,16 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from bounces.intake import UnavailableError
-from bounces.mapping import OutboxRow
 from postroom import kafka
+from postroom.bounces.intake import UnavailableError
+from postroom.bounces.mapping import OutboxRow
 from postroom.errors import first_line
 from postroom.kafka import KafkaError, KafkaException, Message, Producer
+from postroom.relay.sql import ROW_OF_REPORT
+from postroom.schemas.codec import EmailResult
+from postroom.schemas.framing import Framing
 from postroom.settings import Settings
 from postroom.topics import results_topic
-from relay.sql import ROW_OF_REPORT
-from schemas.codec import EmailResult
-from schemas.framing import Framing
 
 # How long a report's results may wait for the broker's acknowledgement before the MTA is told
 # to try again (Postfix waits 600 s for the reply to the message: smtp_data_done_timeout).

@@ -11,12 +11,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from bounces.errors import BouncesError, Refusal, UnusableReportError
-from bounces.mapping import OutboxRow, results_for
-from bounces.reports import Report, parse_report
+from postroom.bounces.errors import BouncesError, Refusal, UnusableReportError
+from postroom.bounces.mapping import OutboxRow, results_for
+from postroom.bounces.reports import Report, parse_report
 from postroom.metrics import BOUNCE_HELD_TOTAL, BOUNCE_REFUSED_TOTAL, BOUNCE_REPORTS_TOTAL, Metrics
+from postroom.schemas.codec import EmailResult
 from postroom.verp import ExpiredTokenError, ForgedTokenError, TokenError, read_token
-from schemas.codec import EmailResult
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
-from bounces.reports import Notice, Report
+from postroom.bounces.reports import Notice, Report
 from postroom.errors import printable
-from schemas.codec import EmailResult
+from postroom.schemas.codec import EmailResult
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 from flufl.bounce import all_failures
 
-from bounces.errors import Refusal, UnusableReportError
+from postroom.bounces.errors import Refusal, UnusableReportError
 from postroom.errors import printable
-from schemas.codec import DeliveryStatus
+from postroom.schemas.codec import DeliveryStatus
 
 ENHANCED_CODE = re.compile(r"([245]\.[0-9]{1,3}\.[0-9]{1,3})(?![0-9.])", re.ASCII)
 SMTP_CODE = re.compile(r"([245][0-9][0-9])(?![0-9])", re.ASCII)

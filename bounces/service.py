@@ -12,13 +12,21 @@ from typing import Any
 import sqlalchemy as sa
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from bounces.adapters import DatabaseRows, KafkaResults
-from bounces.errors import Refusal
-from bounces.intake import HELD_REPLY, MAX_REPORT_BYTES, Accepted, BounceConfig, Intake, Results, Rows
+from postroom.bounces.adapters import DatabaseRows, KafkaResults
+from postroom.bounces.errors import Refusal
+from postroom.bounces.intake import (
+    HELD_REPLY,
+    MAX_REPORT_BYTES,
+    Accepted,
+    BounceConfig,
+    Intake,
+    Results,
+    Rows,
+)
 from postroom.errors import ConfigError, PostroomError
 from postroom.metrics import BOUNCE_REFUSED_TOTAL, Metrics
+from postroom.schemas.registry import framing_for
 from postroom.settings import Settings, env_name
-from schemas.registry import framing_for
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session
 
 from postroom import tracing
 from postroom.errors import first_line
+from postroom.relay import outbox, sql
+from postroom.relay.errors import InvalidEmailError
+from postroom.relay.inserts import Inserts
+from postroom.relay.outbox import Email
 from postroom.rules import SizeLimits
 from postroom.topics import Priority
-from relay import outbox, sql
-from relay.errors import InvalidEmailError
-from relay.inserts import Inserts
-from relay.outbox import Email
 
 log = logging.getLogger(__name__)
 

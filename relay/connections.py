@@ -12,8 +12,8 @@ import psycopg
 import sqlalchemy as sa
 
 from postroom.errors import first_line
-from relay import sql
-from relay.db import libpq_conninfo
+from postroom.relay import sql
+from postroom.relay.db import libpq_conninfo
 
 log = logging.getLogger(__name__)
 

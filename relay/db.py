@@ -18,8 +18,8 @@ from alembic.script import ScriptDirectory
 from psycopg.conninfo import make_conninfo
 
 from postroom.errors import first_line
+from postroom.relay.errors import SchemaNotReadyError, UnsupportedDatabaseError
 from postroom.settings import Settings
-from relay.errors import SchemaNotReadyError, UnsupportedDatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def libpq_conninfo(engine: sa.Engine) -> str:
 
 def _alembic_config(connection: sa.Connection) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(resources.files("relay") / "migrations"))
+    config.set_main_option("script_location", str(resources.files("postroom.relay") / "migrations"))
     config.attributes["connection"] = connection
     return config
 

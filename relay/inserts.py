@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from psycopg.rows import tuple_row
 from sqlalchemy.orm import Session
 
-from relay import pgdriver
+from postroom.relay import pgdriver
 
 
 def insert_one(conn: sa.Connection | Session, statement: sa.TextClause, params: dict[str, Any],

@@ -16,15 +16,15 @@ from sqlalchemy.orm import Session
 
 from postroom import tracing
 from postroom.errors import InvalidContentError
+from postroom.relay import sql, validation
+from postroom.relay.errors import InvalidEmailError
+from postroom.relay.inserts import Inserts, insert_one, insert_row
 from postroom.rules import KEY_MAX_BYTES, SizeLimits, check_idempotency_key
+from postroom.schemas.codec import EmailRequested
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.sizes import event_size, requested_event_size
 from postroom.settings import env_size_limits
 from postroom.topics import Priority
-from relay import sql, validation
-from relay.errors import InvalidEmailError
-from relay.inserts import Inserts, insert_one, insert_row
-from schemas.codec import EmailRequested
-from schemas.errors import SchemaError
-from schemas.sizes import event_size, requested_event_size
 
 # The largest id a row may get: the size check counts the event with it.
 EVENT_SIZE_OUTBOX_ID = 2**63 - 1

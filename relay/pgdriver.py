@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from psycopg.rows import tuple_row
 from sqlalchemy.orm import Session
 
-from relay.errors import SchemaNotReadyError
+from postroom.relay.errors import SchemaNotReadyError
 
 UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
 # The key of a psycopg connection's cursor for one-row inserts (with the thread it serves), in the

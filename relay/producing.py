@@ -18,16 +18,16 @@ from postroom.errors import KafkaClientError
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER
 from postroom.kafka import KafkaError, KafkaException, Message, Producer, is_too_large
 from postroom.metrics import RELAY_PUBLISH_DELAY_SECONDS, Metrics
+from postroom.relay.errors import PoisonRowError
+from postroom.relay.rounds import Sent
+from postroom.relay.rows import POISON_PREFIX, event_value
+from postroom.relay.rows import epoch_s as _epoch_s
+from postroom.schemas.codec import EmailRequested, load_schema
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import Framing
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.topics import Priority, priority_topic
 from postroom.tracing import Attributes, Span, Tracing, kafka_attributes, parse_traceparent
-from relay.errors import PoisonRowError
-from relay.rounds import Sent
-from relay.rows import POISON_PREFIX, event_value
-from relay.rows import epoch_s as _epoch_s
-from schemas.codec import EmailRequested, load_schema
-from schemas.errors import SchemaError
-from schemas.framing import Framing
 
 log = logging.getLogger(__name__)
 

@@ -31,16 +31,16 @@ from postroom.metrics import (
     RELAY_UNACKNOWLEDGED_TOTAL,
     Metrics,
 )
+from postroom.relay import sql
+from postroom.relay.connections import Connections, Listener
+from postroom.relay.connections import one_line as _one_line
+from postroom.relay.producing import TOO_LARGE_ERROR, send_batch
+from postroom.relay.rounds import Claim, RelayStats, Sent
+from postroom.schemas.codec import EmailRequested, load_schema
+from postroom.schemas.framing import Framing
+from postroom.schemas.registry import framing_for
 from postroom.settings import PRODUCER_MESSAGE_TIMEOUT_MS, Settings
 from postroom.tracing import OFF, Tracing
-from relay import sql
-from relay.connections import Connections, Listener
-from relay.connections import one_line as _one_line
-from relay.producing import TOO_LARGE_ERROR, send_batch
-from relay.rounds import Claim, RelayStats, Sent
-from schemas.codec import EmailRequested, load_schema
-from schemas.framing import Framing
-from schemas.registry import framing_for
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,7 @@ from postroom.metrics import (
     UNDELIVERABLE_TOTAL,
     Metrics,
 )
-from postroom.settings import Settings
-from postroom.topics import results_topic
-from postroom.tracing import OFF, Span, Tracing, from_headers, kafka_attributes
-from relay.results import (
+from postroom.relay.results import (
     REPORT_STATUSES,
     ReportPolicy,
     ReportsApplied,
@@ -45,11 +42,14 @@ from relay.results import (
     result_problem,
     storable_result,
 )
-from schemas.codec import DeliveryStatus, EmailResult
-from schemas.decoding import decode
-from schemas.errors import SchemaError, SchemaUnavailableError
-from schemas.framing import SchemaById
-from schemas.registry import reader_for
+from postroom.schemas.codec import DeliveryStatus, EmailResult
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError, SchemaUnavailableError
+from postroom.schemas.framing import SchemaById
+from postroom.schemas.registry import reader_for
+from postroom.settings import Settings
+from postroom.topics import results_topic
+from postroom.tracing import OFF, Span, Tracing, from_headers, kafka_attributes
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ from postroom.kafka import (
     message_headers,
     translate,
 )
+from postroom.relay import sql
+from postroom.schemas.codec import EmailRequested
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError, SchemaUnavailableError
+from postroom.schemas.framing import SchemaById, header_value
+from postroom.schemas.registry import schema_lookup
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
-from relay import sql
-from schemas.codec import EmailRequested
-from schemas.decoding import decode
-from schemas.errors import SchemaError, SchemaUnavailableError
-from schemas.framing import SchemaById, header_value
-from schemas.registry import schema_lookup
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from postroom.errors import PostroomError
+from postroom.relay import sql
+from postroom.relay.outbox import enqueue
+from postroom.relay.validation import check_address
 from postroom.rules import SizeLimits
-from relay import sql
-from relay.outbox import enqueue
-from relay.validation import check_address
 
 # Failures listed in a mailed report's body; the rest are counted (and in the CSV, when attached).
 BODY_MAX_LINES = 500

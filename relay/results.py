@@ -13,9 +13,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from postroom.errors import first_line
+from postroom.relay import sql
+from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.settings import Settings
-from relay import sql
-from schemas.codec import DeliveryStatus, EmailResult
 
 # What a result's texts may put in a row: an SMTP reply is a few lines, a Message-ID at most one
 # header line, an enhanced code a few characters. Longer text is cut, marked by "...".

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from relay import sql
+from postroom.relay import sql
 
 log = logging.getLogger(__name__)
 

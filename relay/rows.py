@@ -15,10 +15,10 @@ from typing import Any
 from postroom import rules
 from postroom.errors import InvalidContentError, printable
 from postroom.headers import ATTEMPT_BASE_MAX
+from postroom.relay.errors import PoisonRowError
+from postroom.schemas.codec import Schema, encode_values
+from postroom.schemas.errors import SchemaError
 from postroom.topics import Priority
-from relay.errors import PoisonRowError
-from schemas.codec import Schema, encode_values
-from schemas.errors import SchemaError
 
 # The claim's columns, as the contract names its fields (the relay checks the claim's names).
 FIELDS = ("idempotency_key", "message_key", "outbox_id", "recipient", "sender", "subject", "body",

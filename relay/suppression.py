@@ -18,8 +18,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from postroom.errors import InvalidContentError, PostroomError, printable
+from postroom.relay import sql
 from postroom.rules import check_address
-from relay import sql
 
 REASON_MAX_CHARS = 500
 OPERATOR_REASON = "added by an operator"

@@ -15,8 +15,8 @@ from pathlib import Path
 from postroom import rules
 from postroom.errors import InvalidContentError
 from postroom.mime import check_composable, check_recipient_composable
+from postroom.relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 from postroom.topics import Priority
-from relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 
 # Text and HTML travel inside the Kafka record, whose default limit (message.max.bytes) is 1 MB.
 MAX_HTML_BYTES = 512 * 1024

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas.compiled_writer import RecordWriter, compile_writer
-from schemas.errors import SchemaError
+from postroom.schemas.compiled_writer import RecordWriter, compile_writer
+from postroom.schemas.errors import SchemaError
 
 
 class DeliveryStatus(enum.StrEnum):
@@ -67,7 +67,7 @@ def parse_schema_text(text: str, name: str) -> Schema:
 @cache
 def load_schema(name: str) -> Schema:
     """Load ``schemas/<name>.avsc`` shipped with the package."""
-    text = resources.files("schemas").joinpath(f"{name}.avsc").read_text(encoding="utf-8")
+    text = resources.files("postroom.schemas").joinpath(f"{name}.avsc").read_text(encoding="utf-8")
     return parse_schema_text(text, f"{name}.avsc")
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
-from schemas.errors import SchemaError
+from postroom.schemas.errors import SchemaError
 
 # The relay encodes every outbox row, straight from the claimed row (the field values in the
 # schema's order), without building a dict or a dataclass per row. Our records get a writer built

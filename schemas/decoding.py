@@ -13,7 +13,7 @@ from typing import Any
 
 import fastavro
 
-from schemas.codec import (
+from postroom.schemas.codec import (
     DeliveryStatus,
     EmailRequested,
     EmailResult,
@@ -22,8 +22,8 @@ from schemas.codec import (
     load_schema,
     parse_schema_text,
 )
-from schemas.errors import SchemaError
-from schemas.framing import SCHEMA_HEADER, HeaderList, SchemaById, header_value, split_confluent
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SCHEMA_HEADER, HeaderList, SchemaById, header_value, split_confluent
 
 _FIELD_SETS = {cls: frozenset(f.name for f in dataclasses.fields(cls))
                for cls in (EmailRequested, EmailResult)}
@@ -33,7 +33,7 @@ _FIELD_SETS = {cls: frozenset(f.name for f in dataclasses.fields(cls))
 def earlier_versions(name: str) -> tuple[Schema, ...]:
     """The contract's earlier versions of ``schemas/<name>.avsc``, kept in ``schemas/history/``
     as ``<name>_v<n>.avsc``, oldest first."""
-    history = resources.files("schemas").joinpath("history")
+    history = resources.files("postroom.schemas").joinpath("history")
     found = sorted((int(entry.name.removeprefix(f"{name}_v").removesuffix(".avsc")), entry)
                    for entry in history.iterdir()
                    if entry.name.startswith(f"{name}_v") and entry.name.endswith(".avsc"))

@@ -9,8 +9,8 @@ import dataclasses
 import struct
 from collections.abc import Callable, Mapping, Sequence
 
-from schemas.codec import EmailRequested, EmailResult, Schema, encode, load_schema
-from schemas.errors import SchemaError
+from postroom.schemas.codec import EmailRequested, EmailResult, Schema, encode, load_schema
+from postroom.schemas.errors import SchemaError
 
 SCHEMA_HEADER = "postroom.schema"
 

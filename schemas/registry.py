@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from postroom.errors import PostroomError
+from postroom.schemas.codec import Schema, load_schema, parse_schema_text
+from postroom.schemas.errors import SchemaError, SchemaUnavailableError
+from postroom.schemas.framing import SCHEMALESS, Framing, SchemaById
 from postroom.settings import Settings, mask_registry_config, mask_url
 from postroom.topics import topic_schemas, value_subject
-from schemas.codec import Schema, load_schema, parse_schema_text
-from schemas.errors import SchemaError, SchemaUnavailableError
-from schemas.framing import SCHEMALESS, Framing, SchemaById
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import datetime as dt
 from collections.abc import Sequence
 from functools import cache
 
-from schemas.codec import EmailRequested, EmailResult, encode, load_schema
-from schemas.compiled_writer import EPOCH, MILLISECOND
-from schemas.errors import SchemaError
-from schemas.framing import headers_for
+from postroom.schemas.codec import EmailRequested, EmailResult, encode, load_schema
+from postroom.schemas.compiled_writer import EPOCH, MILLISECOND
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import headers_for
 
 
 def event_size(event: EmailRequested | EmailResult) -> int:

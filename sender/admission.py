@@ -22,11 +22,11 @@ from postroom.headers import (
     PostroomHeaders,
     read_headers,
 )
-from schemas.codec import EmailRequested
-from schemas.decoding import decode
-from schemas.errors import SchemaError, SchemaUnavailableError
-from schemas.framing import SchemaById, header_value
-from sender.errors import PoisonRecordError
+from postroom.schemas.codec import EmailRequested
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError, SchemaUnavailableError
+from postroom.schemas.framing import SchemaById, header_value
+from postroom.sender.errors import PoisonRecordError
 
 # Senders' clocks may differ a little: a not_before up to this far past the longest delay waits.
 CLOCK_SKEW_ALLOWANCE_S = 300.0

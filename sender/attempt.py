@@ -28,16 +28,16 @@ from postroom.metrics import (
     THROTTLED_TOTAL,
     Metrics,
 )
+from postroom.schemas.codec import DeliveryStatus, EmailRequested
+from postroom.sender.admission import Admitted
+from postroom.sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
+from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.outcome import SmtpReply, Verdict, classify_reply, waits_for_configuration
+from postroom.sender.ports import ClaimsLedger, Clock, DestinationLine, MailSlot, MailTransport, Outcomes
+from postroom.sender.retry import Action, RetryPolicy
+from postroom.sender.routing import Origin, Routing, already_sent, outcome_line, route
+from postroom.sender.throttle import is_throttling
 from postroom.tracing import OFF, Span, TraceContext, Tracing, from_headers, kafka_attributes
-from schemas.codec import DeliveryStatus, EmailRequested
-from sender.admission import Admitted
-from sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
-from sender.errors import LedgerUnavailableError
-from sender.outcome import SmtpReply, Verdict, classify_reply, waits_for_configuration
-from sender.ports import ClaimsLedger, Clock, DestinationLine, MailSlot, MailTransport, Outcomes
-from sender.retry import Action, RetryPolicy
-from sender.routing import Origin, Routing, already_sent, outcome_line, route
-from sender.throttle import is_throttling
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import datetime as dt
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 
+from postroom.sender.retry import due_in_s
 from postroom.settings import Settings
-from sender.retry import due_in_s
 
 LEASE_MARGIN_S = 15.0  # time after a send's deadline to record its outcome in the ledger
 BUSY_WAIT_UNKNOWN_S = 1.0   # the holder's lease end is not known

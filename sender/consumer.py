@@ -15,6 +15,8 @@ from typing import cast
 from postroom import kafka
 from postroom.kafka import OFFSET_INVALID, Consumer, KafkaException, Message, Record, TopicPartition
 from postroom.metrics import BACKLOG, Metrics
+from postroom.sender.offsets import TP, OffsetBook
+from postroom.sender.priority import PRIORITY_ORDER, PriorityState, partition_backlog, plan_round
 from postroom.settings import Settings
 from postroom.topics import (
     Priority,
@@ -23,8 +25,6 @@ from postroom.topics import (
     sender_topics,
     tier_of_retry_topic,
 )
-from sender.offsets import TP, OffsetBook
-from sender.priority import PRIORITY_ORDER, PriorityState, partition_backlog, plan_round
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Builds one event's message and sends it through a held SMTP slot within the send's deadline.
 
 An email without files whose To and Message-ID lines are plain ASCII is rendered from its
-report's template (:mod:`sender.render`); any other is built in full.
+report's template (:mod:`postroom.sender.render`); any other is built in full.
 
 Every way an attempt can end comes back as an :class:`~sender.outcome.SmtpReply`: the server's,
 or a local one standing in for it (no attachments root, an unreadable attachment, a header that
@@ -19,15 +19,15 @@ from pathlib import Path
 
 from postroom.errors import ConfigError, PostroomError
 from postroom.rules import SizeLimits
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.claims import send_deadline_s
+from postroom.sender.errors import AttachmentError
+from postroom.sender.message import attachments_refusal, build_message, check_header_values
+from postroom.sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.render import Built, Payload, TemplateCache, Templated, TemplateError, plain_lines
+from postroom.sender.smtp import SmtpSlot
 from postroom.settings import Settings
 from postroom.verp import make_token, return_path
-from schemas.codec import EmailRequested
-from sender.claims import send_deadline_s
-from sender.errors import AttachmentError
-from sender.message import attachments_refusal, build_message, check_header_values
-from sender.outcome import Failure, SmtpReply, Stage
-from sender.render import Built, Payload, TemplateCache, Templated, TemplateError, plain_lines
-from sender.smtp import SmtpSlot
 
 log = logging.getLogger(__name__)
 

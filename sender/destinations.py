@@ -9,7 +9,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from sender.throttle import Destination, ThrottleLimits, finished, started, wait_s
+from postroom.sender.throttle import Destination, ThrottleLimits, finished, started, wait_s
 
 
 def _resolve(woken: asyncio.Future[None]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from postroom.errors import PostroomError, printable
-from schemas.codec import EmailRequested
+from postroom.schemas.codec import EmailRequested
 
 
 class DeliveryError(PostroomError):

@@ -13,14 +13,14 @@ from typing import Any, Protocol
 from postroom.errors import first_line
 from postroom.kafka import Record
 from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS, Metrics
+from postroom.schemas.errors import SchemaUnavailableError
+from postroom.schemas.framing import SchemaById
+from postroom.sender.admission import Admission, Admitted, admit, readable_key
+from postroom.sender.errors import PoisonRecordError
+from postroom.sender.publishing import origin_of
+from postroom.sender.retry import due_in_s, lateness_s
+from postroom.sender.routing import Origin
 from postroom.topics import tier_of_retry_topic
-from schemas.errors import SchemaUnavailableError
-from schemas.framing import SchemaById
-from sender.admission import Admission, Admitted, admit, readable_key
-from sender.errors import PoisonRecordError
-from sender.publishing import origin_of
-from sender.retry import due_in_s, lateness_s
-from sender.routing import Origin
 
 log = logging.getLogger(__name__)
 

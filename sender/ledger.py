@@ -19,9 +19,9 @@ from typing import Any
 
 import psycopg
 
-from sender.claims import ClaimResult, KeyState, decide_claims, first_attempts
-from sender.ledger_session import Batcher, Session
-from sender.ledger_sql import (
+from postroom.sender.claims import ClaimResult, KeyState, decide_claims, first_attempts
+from postroom.sender.ledger_session import Batcher, Session
+from postroom.sender.ledger_sql import (
     CLAIM_NAME,
     LOCK_NAMESPACE,
     PREPARE_CLAIM,
@@ -32,7 +32,7 @@ from sender.ledger_sql import (
     int_array,
     text_array,
 )
-from sender.marker import Marker
+from postroom.sender.marker import Marker
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from psycopg import generators
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from postroom.errors import first_line
-from sender.errors import LedgerUnavailableError
+from postroom.sender.errors import LedgerUnavailableError
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 
 from postroom.errors import first_line
-from sender.errors import LedgerUnavailableError
-from sender.ledger_session import CONNECT_TIMEOUT_S, first_of, ledger_conninfo, session_ended
-from sender.ledger_sql import MARK_SENT_NAME, PREPARE_MARK_SENT, text_array
+from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.ledger_session import CONNECT_TIMEOUT_S, first_of, ledger_conninfo, session_ended
+from postroom.sender.ledger_sql import MARK_SENT_NAME, PREPARE_MARK_SENT, text_array
 
 CLOSE_TIMEOUT_S = 10.0
 # Marks written and not yet answered, past which new ones wait to go together in one statement.

@@ -31,8 +31,8 @@ from postroom.rules import (
     has_control,
     on_pseudo_filesystem,
 )
-from schemas.codec import EmailRequested
-from sender.errors import AttachmentError
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.errors import AttachmentError
 
 DEFAULT_MIME_TYPE = "application/octet-stream"
 # Extension -> MIME type, checked before the platform's mimetypes database, which varies by

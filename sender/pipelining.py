@@ -28,7 +28,7 @@ from aiosmtplib.protocol import (
 )
 from aiosmtplib.response import SMTPResponse
 
-from sender.outcome import Stage
+from postroom.sender.outcome import Stage
 
 # aiosmtplib's bounds on a reply line and a whole reply, so that a reply means the same whether
 # it was read here or by aiosmtplib (POSTROOM_SMTP_PIPELINING off): beyond them, "Response too long".

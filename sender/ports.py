@@ -12,10 +12,10 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from schemas.codec import EmailRequested, EmailResult
-from sender.claims import ClaimResult
-from sender.outcome import SmtpReply
-from sender.routing import Forward, Origin
+from postroom.schemas.codec import EmailRequested, EmailResult
+from postroom.sender.claims import ClaimResult
+from postroom.sender.outcome import SmtpReply
+from postroom.sender.routing import Forward, Origin
 
 TraceHeaders = tuple[tuple[str, bytes], ...]
 

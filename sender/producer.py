@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from postroom import kafka
 from postroom.kafka import KafkaError, KafkaException, Message, Producer
 from postroom.metrics import PRODUCE_FAILURES_TOTAL, Metrics
+from postroom.sender.errors import RecordTooLargeError
 from postroom.settings import Settings
-from sender.errors import RecordTooLargeError
 
 log = logging.getLogger(__name__)
 

@@ -10,20 +10,20 @@ from collections.abc import Sequence
 
 from postroom.kafka import Record
 from postroom.metrics import POISON_TOTAL, POISON_UNKEYED_TOTAL, Metrics
-from postroom.topics import dead_letter_topic, results_topic
-from postroom.tracing import from_headers
-from schemas.codec import EmailRequested, EmailResult
-from schemas.framing import Framing
-from sender.errors import PoisonRecordError, RecordTooLargeError
-from sender.ports import TraceHeaders
-from sender.producer import AcknowledgedProducer
-from sender.routing import (
+from postroom.schemas.codec import EmailRequested, EmailResult
+from postroom.schemas.framing import Framing
+from postroom.sender.errors import PoisonRecordError, RecordTooLargeError
+from postroom.sender.ports import TraceHeaders
+from postroom.sender.producer import AcknowledgedProducer
+from postroom.sender.routing import (
     Forward,
     Origin,
     dead_letter_headers,
     poison_result,
     too_large_to_forward,
 )
+from postroom.topics import dead_letter_topic, results_topic
+from postroom.tracing import from_headers
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from email.message import EmailMessage
 from typing import Generic, TypeVar
 
 from postroom.mime import check_serialized
-from schemas.codec import EmailRequested
-from sender.message import MESSAGE_POLICY, build_message, message_id_for, sender_domain
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.message import MESSAGE_POLICY, build_message, message_id_for, sender_domain
 
 MAX_LINE = 78  # the email package folds a longer header line
 TEMPLATE_CACHE_BYTES = 16 * 1024 * 1024

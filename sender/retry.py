@@ -11,7 +11,7 @@ import datetime as dt
 import enum
 import math
 
-from sender.outcome import Outcome, Verdict
+from postroom.sender.outcome import Outcome, Verdict
 
 
 class Action(enum.StrEnum):

@@ -22,12 +22,12 @@ from postroom.headers import (
     DLQ_TOPIC_HEADER,
     ERROR_HEADER,
 )
+from postroom.schemas.codec import DeliveryStatus, EmailRequested, EmailResult
+from postroom.sender.admission import readable_key
+from postroom.sender.errors import PoisonRecordError
+from postroom.sender.outcome import Outcome, Verdict
+from postroom.sender.retry import Action, RetryDecision
 from postroom.topics import dead_letter_topic, retry_topic
-from schemas.codec import DeliveryStatus, EmailRequested, EmailResult
-from sender.admission import readable_key
-from sender.errors import PoisonRecordError
-from sender.outcome import Outcome, Verdict
-from sender.retry import Action, RetryDecision
 
 STATUS_OF = {Action.DONE_SENT: DeliveryStatus.SENT, Action.RETRY: DeliveryStatus.RETRYING,
              Action.FAIL: DeliveryStatus.FAILED, Action.DEAD: DeliveryStatus.DEAD}

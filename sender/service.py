@@ -21,25 +21,25 @@ from typing import TypeVar
 from postroom.errors import ConfigError
 from postroom.kafka import Record, readable_records
 from postroom.metrics import Metrics
+from postroom.schemas.registry import framing_for, reader_for
+from postroom.sender.admission import Admission
+from postroom.sender.attempt import AttemptRules, Attempts
+from postroom.sender.consumer import SenderConsumer
+from postroom.sender.delivery import Delivery
+from postroom.sender.destinations import DestinationGate
+from postroom.sender.intake import Intake, Task
+from postroom.sender.ledger import Ledger
+from postroom.sender.ports import Clock, SystemClock
+from postroom.sender.producer import AcknowledgedProducer
+from postroom.sender.publishing import OutcomePublisher
+from postroom.sender.retry import RetryPolicy
+from postroom.sender.smtp import SmtpPool
+from postroom.sender.smtp_config import SmtpConfig
+from postroom.sender.throttle import DestinationBy, ThrottleLimits, destination_of
+from postroom.sender.transport import SmtpTransport
+from postroom.sender.writers import WriterSchemas
 from postroom.settings import Settings
 from postroom.tracing import OFF, Tracing
-from schemas.registry import framing_for, reader_for
-from sender.admission import Admission
-from sender.attempt import AttemptRules, Attempts
-from sender.consumer import SenderConsumer
-from sender.delivery import Delivery
-from sender.destinations import DestinationGate
-from sender.intake import Intake, Task
-from sender.ledger import Ledger
-from sender.ports import Clock, SystemClock
-from sender.producer import AcknowledgedProducer
-from sender.publishing import OutcomePublisher
-from sender.retry import RetryPolicy
-from sender.smtp import SmtpPool
-from sender.smtp_config import SmtpConfig
-from sender.throttle import DestinationBy, ThrottleLimits, destination_of
-from sender.transport import SmtpTransport
-from sender.writers import WriterSchemas
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Talks SMTP: a pool of persistent aiosmtplib connections that delivers one message to one recipient.
 
 Every server reply or network failure comes back as an :class:`~sender.outcome.SmtpReply` naming the
-stage that produced it; deciding what it means is :mod:`sender.outcome`'s job. Each connection's
+stage that produced it; deciding what it means is :mod:`postroom.sender.outcome`'s job. Each connection's
 dialogue is sender/smtp_session.py's, the config sender/smtp_config.py's.
 """
 
@@ -13,13 +13,12 @@ import re
 from email.message import EmailMessage
 
 from postroom.errors import PostroomError
-from postroom.settings import Settings
-from sender.outcome import Failure, SmtpReply, Stage
-from sender.pipelining import SERVICE_UNAVAILABLE, OnAccepted
-from sender.render import Payload, payload_of
-from sender.smtp_config import SmtpConfig
-from sender.smtp_replies import one_line
-from sender.smtp_session import (
+from postroom.sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.pipelining import SERVICE_UNAVAILABLE, OnAccepted
+from postroom.sender.render import Payload, payload_of
+from postroom.sender.smtp_config import SmtpConfig
+from postroom.sender.smtp_replies import one_line
+from postroom.sender.smtp_session import (
     Connection,
     DialogueFailed,
     SmtpOpener,
@@ -28,6 +27,7 @@ from sender.smtp_session import (
     quit_connection,
     transaction,
 )
+from postroom.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import ssl
 
 import aiosmtplib
 
-from sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.outcome import Failure, SmtpReply, Stage
 
 _UNREACHABLE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETDOWN,
                        errno.EADDRNOTAVAIL}

@@ -18,10 +18,9 @@ from aiosmtplib.email import parse_address
 
 from postroom.errors import UnsafeHeaderError
 from postroom.rules import ascii_domain_address
-from postroom.settings import TlsMode
-from sender.message import dsn_mail_parameters, dsn_rcpt_parameters
-from sender.outcome import Failure, SmtpReply, Stage
-from sender.pipelining import (
+from postroom.sender.message import dsn_mail_parameters, dsn_rcpt_parameters
+from postroom.sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.pipelining import (
     MAIL_ACCEPTED,
     RCPT_ACCEPTED,
     SERVICE_UNAVAILABLE,
@@ -31,9 +30,10 @@ from sender.pipelining import (
     data_bytes,
     is_accepted,
 )
-from sender.render import Payload, is_plain_address
-from sender.smtp_config import SmtpConfig, starttls_required, tls_context
-from sender.smtp_replies import code_reply, connect_failure, error_reply, out_of_turn
+from postroom.sender.render import Payload, is_plain_address
+from postroom.sender.smtp_config import SmtpConfig, starttls_required, tls_context
+from postroom.sender.smtp_replies import code_reply, connect_failure, error_reply, out_of_turn
+from postroom.settings import TlsMode
 
 logger = logging.getLogger(__name__)
 

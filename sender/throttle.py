@@ -15,7 +15,7 @@ import enum
 import math
 import re
 
-from sender.outcome import SmtpReply
+from postroom.sender.outcome import SmtpReply
 
 # What the big providers answer when a sender goes too fast (their documented codes), and the words
 # the rest use. A throttled send is deferred without counting as an attempt.

@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
-from schemas.codec import EmailRequested
-from sender.delivery import Delivery
-from sender.outcome import SmtpReply
-from sender.smtp import SmtpPool, SmtpSlot
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.delivery import Delivery
+from postroom.sender.outcome import SmtpReply
+from postroom.sender.smtp import SmtpPool, SmtpSlot
 
 
 class SmtpTransport:

@@ -15,9 +15,9 @@ import asyncio
 from collections.abc import Iterable
 
 from postroom.kafka import Record
-from schemas.codec import Schema
-from schemas.errors import SchemaError
-from schemas.framing import SchemaById, confluent_schema_id
+from postroom.schemas.codec import Schema
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SchemaById, confluent_schema_id
 
 
 class WriterSchemas:

@@ -40,7 +40,7 @@ def stack_settings() -> Settings:
 @pytest.fixture
 def db_settings(stack_settings: Settings) -> Iterator[Settings]:
     """Settings whose connections use a fresh schema, migrated to head and dropped afterwards."""
-    from relay.db import make_engine, upgrade
+    from postroom.relay.db import make_engine, upgrade
 
     with scratch(stack_settings, "t", kafka=False) as settings:
         engine = make_engine(settings)
@@ -51,7 +51,7 @@ def db_settings(stack_settings: Settings) -> Iterator[Settings]:
 
 @pytest.fixture
 def engine(db_settings: Settings) -> Iterator[sa.Engine]:
-    from relay.db import make_engine
+    from postroom.relay.db import make_engine
 
     eng = make_engine(db_settings)
     yield eng

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, parse_principal_prefix
 from postroom.cli.common import EXIT_OK, Commands
+from postroom.schemas.registry import COMPATIBILITY_LEVELS
 from postroom.settings import Settings
-from schemas.registry import COMPATIBILITY_LEVELS
 
 
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
-    from relay.db import make_engine, upgrade
+    from postroom.relay.db import make_engine, upgrade
 
     engine = make_engine(settings)
     revision = upgrade(engine, settings.database_schema)
@@ -33,7 +33,7 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_schemas_register(settings: Settings, args: argparse.Namespace) -> int:
-    from schemas.registry import register_contract
+    from postroom.schemas.registry import register_contract
 
     print(f"registering the contract for prefix {settings.topic_prefix!r} at "
           f"{settings.require('schema_registry_url')} with compatibility {args.compatibility} ...",

@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 @contextlib.contextmanager
 def migrated_engine(settings: Settings) -> Iterator[sa.Engine]:
     """The database engine once its schema is at the newest revision; disposed after."""
-    from relay.db import check_schema, make_engine
+    from postroom.relay.db import check_schema, make_engine
 
     engine = make_engine(settings)
     try:

@@ -13,7 +13,7 @@ from postroom.topics import Priority
 
 
 def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
-    from relay.outbox import enqueue
+    from postroom.relay.outbox import enqueue
 
     body = args.body if args.body is not None else _read_body(args.body_file)
     html = _read_body(args.html_file, "--html-file") if args.html_file is not None else None

@@ -22,10 +22,10 @@ from postroom.settings import Settings
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
     from postroom.kafka import KafkaDegraded, check_groups, check_kafka
-    from relay.db import check_database
-    from schemas.registry import check_registry
-    from sender.delivery import AttachmentsOffWarning, check_attachments
-    from sender.smtp import check_smtp
+    from postroom.relay.db import check_database
+    from postroom.schemas.registry import check_registry
+    from postroom.sender.delivery import AttachmentsOffWarning, check_attachments
+    from postroom.sender.smtp import check_smtp
 
     role = Role(args.role) if args.role else None
 
@@ -81,7 +81,7 @@ def cmd_lag(settings: Settings, args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as cleanup:
         outbox: Callable[[], lag.OutboxBacklog] | None = None
         if settings.database_url:
-            from relay.sql import outbox_backlog
+            from postroom.relay.sql import outbox_backlog
 
             engine = cleanup.enter_context(migrated_engine(settings))
 

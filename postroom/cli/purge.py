@@ -15,8 +15,8 @@ from postroom.settings import Settings
 
 def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     from postroom.kafka import topic_retention
+    from postroom.relay import retention
     from postroom.topics import all_topics, dead_letter_topic, results_topic
-    from relay import retention
 
     topics = [t for t in all_topics(settings.topic_prefix, len(settings.retry_delays_s))
               if t not in (dead_letter_topic(settings.topic_prefix),
@@ -50,7 +50,7 @@ class _AgeAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        from relay.retention import parse_age_s
+        from postroom.relay.retention import parse_age_s
 
         try:
             seconds = parse_age_s(str(values))

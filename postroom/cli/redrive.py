@@ -16,14 +16,14 @@ from postroom.settings import Settings
 
 
 def _dead_letters(settings: Settings, engine: sa.Engine) -> list[Any]:
-    from relay import redrive
+    from postroom.relay import redrive
 
     print(f"reading {settings.topic_prefix}email.dead ...", file=sys.stderr)
     return redrive.read_dead_letters(settings, engine)
 
 
 def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import redrive
+    from postroom.relay import redrive
 
     with migrated_engine(settings) as engine:
         letters = _dead_letters(settings, engine)
@@ -35,7 +35,7 @@ def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import redrive
+    from postroom.relay import redrive
 
     with migrated_engine(settings) as engine:
         plan = redrive.plan_replay(_dead_letters(settings, engine), engine,
@@ -44,7 +44,7 @@ def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_requeue(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import redrive
+    from postroom.relay import redrive
 
     with migrated_engine(settings) as engine:
         return _redrive(engine, redrive.plan_requeue(engine, args.key, args.recipient),
@@ -52,7 +52,7 @@ def cmd_requeue(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _redrive(engine: sa.Engine, plan: Any, verb: str, dry_run: bool) -> int:
-    from relay import redrive
+    from postroom.relay import redrive
 
     if plan.unknown is not None:
         raise PostroomError(f"unknown key {plan.unknown!r}: {dict(plan.skipped)[plan.unknown]}")

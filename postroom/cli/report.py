@@ -21,7 +21,7 @@ def _since(text: str) -> dt.datetime:
 
 
 def cmd_report_failures(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import report
+    from postroom.relay import report
 
     since = args.since or dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     with migrated_engine(settings) as engine:

@@ -49,7 +49,7 @@ def _role_tracing(settings: Settings, role: str) -> Iterator[Tracing]:
 
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
-    from relay.publisher import Relay
+    from postroom.relay.publisher import Relay
 
     with _role_tracing(settings, "relay") as tracing:
         return _run_until_signalled(settings, lambda engine, metrics: Relay(
@@ -59,10 +59,10 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
-    from relay.db import libpq_conninfo
-    from sender.claims import lease_s
-    from sender.ledger import Ledger, sender_identity
-    from sender.service import Sender, event_loop_factory
+    from postroom.relay.db import libpq_conninfo
+    from postroom.sender.claims import lease_s
+    from postroom.sender.ledger import Ledger, sender_identity
+    from postroom.sender.service import Sender, event_loop_factory
 
     async def run(ledger: Ledger, metrics: Metrics) -> None:
         sender = Sender.from_settings(settings, ledger=ledger, metrics=metrics,
@@ -87,7 +87,7 @@ def cmd_sender(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
-    from relay.recorder import Recorder
+    from postroom.relay.recorder import Recorder
 
     with _role_tracing(settings, "recorder") as tracing:
         return _run_until_signalled(settings, lambda engine, metrics: Recorder(
@@ -95,7 +95,7 @@ def cmd_recorder(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_bounces(settings: Settings, args: argparse.Namespace) -> int:
-    from bounces.service import BounceIntake, bounce_config
+    from postroom.bounces.service import BounceIntake, bounce_config
 
     bounce_config(settings)  # a missing address says so before the waits for the services
     return _run_until_signalled(

@@ -49,7 +49,7 @@ def service_start(settings: Settings, *, smtp: bool = False) -> Iterator[tuple[s
     """What every long-running command needs first: a migrated database, a reachable broker,
     and metrics with /healthz and /readyz (served when POSTROOM_METRICS_PORT is set)."""
     from postroom.kafka import check_reachable, require_topics
-    from relay.db import check_schema_at_start, make_engine
+    from postroom.relay.db import check_schema_at_start, make_engine
 
     logs.set_level(settings.log_level)
     engine = make_engine(settings)
@@ -108,11 +108,11 @@ def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metri
         return
     checks: list[Check] = [("kafka", lambda: check_topics(settings))]
     if settings.database_url:
-        from relay.db import check_database
+        from postroom.relay.db import check_database
 
         checks.insert(0, ("database", lambda: check_database(settings)))
     if smtp:
-        from sender.smtp import check_smtp
+        from postroom.sender.smtp import check_smtp
 
         checks.append(("smtp", lambda: check_smtp(settings)))
     server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))

@@ -28,7 +28,7 @@ def _status_limit(text: str) -> int:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    from relay.sql import status_count_query, status_query
+    from postroom.relay.sql import status_count_query, status_query
 
     with migrated_engine(settings) as engine, engine.connect() as conn:
         limit = None if args.key else args.limit

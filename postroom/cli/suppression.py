@@ -11,7 +11,7 @@ from postroom.settings import Settings
 
 
 def cmd_suppression_list(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import suppression
+    from postroom.relay import suppression
 
     with migrated_engine(settings) as engine, engine.connect() as conn:
         entries = suppression.entries(conn)
@@ -32,7 +32,7 @@ def cmd_suppression_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_suppression_add(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import suppression
+    from postroom.relay import suppression
 
     with migrated_engine(settings) as engine, engine.begin() as conn:
         entry = suppression.add(conn, args.address, args.reason,
@@ -42,7 +42,7 @@ def cmd_suppression_add(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_suppression_remove(settings: Settings, args: argparse.Namespace) -> int:
-    from relay import suppression
+    from postroom.relay import suppression
 
     with migrated_engine(settings) as engine, engine.begin() as conn:
         address = suppression.remove(conn, args.address)

@@ -39,13 +39,13 @@ from postroom.lagrules import (
     partition_verdict,
 )
 from postroom.replication import TopicHealth, topic_health
+from postroom.schemas.codec import EmailRequested, Schema
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError, SchemaUnavailableError
+from postroom.schemas.framing import SchemaById
+from postroom.schemas.registry import schema_lookup
 from postroom.settings import Settings
 from postroom.topics import all_topics, results_topic, sender_topics, tier_of_retry_topic
-from schemas.codec import EmailRequested, Schema
-from schemas.decoding import decode
-from schemas.errors import SchemaError, SchemaUnavailableError
-from schemas.framing import SchemaById
-from schemas.registry import schema_lookup
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ the history, and the outbox row itself is written once when published, in place.
 
 from __future__ import annotations
 
-from relay.sql.enqueue import (
+from postroom.relay.sql.enqueue import (
     HAS_TRACE_COLUMNS,
     INSERT_EMAILS,
     INSERT_EMAILS_COLUMNS,
@@ -19,7 +19,7 @@ from relay.sql.enqueue import (
     insert_rows,
     outbox_of,
 )
-from relay.sql.operators import (
+from postroom.relay.sql.operators import (
     COUNT_PURGEABLE_LEDGER,
     COUNT_PURGEABLE_OUTBOX,
     FAILURES_REPORT,
@@ -32,7 +32,7 @@ from relay.sql.operators import (
     STATES_OF_KEYS,
     UNDELIVERED_STATES,
 )
-from relay.sql.publish import (
+from postroom.relay.sql.publish import (
     CLAIM_DUE,
     MARK_FAILED,
     MARK_PUBLISHED,
@@ -43,8 +43,14 @@ from relay.sql.publish import (
     pin_claim_plan,
     take_claims_owner,
 )
-from relay.sql.reads import OUTBOX_BACKLOG, STATUS_COLUMNS, outbox_backlog, status_count_query, status_query
-from relay.sql.record import (
+from postroom.relay.sql.reads import (
+    OUTBOX_BACKLOG,
+    STATUS_COLUMNS,
+    outbox_backlog,
+    status_count_query,
+    status_query,
+)
+from postroom.relay.sql.record import (
     ADD_SOFT_BOUNCES,
     CLEAR_SOFT_BOUNCES,
     RECORD_BOUNCE,
@@ -54,8 +60,13 @@ from relay.sql.record import (
     ROW_OF_REPORT,
     SUPPRESS_SOFT_BOUNCES,
 )
-from relay.sql.suppression import PURGE_SUPPRESSION, SUPPRESSION_ADD, SUPPRESSION_LIST, SUPPRESSION_REMOVE
-from relay.sql.tables import NOTIFY_CHANNEL, metadata, outbox
+from postroom.relay.sql.suppression import (
+    PURGE_SUPPRESSION,
+    SUPPRESSION_ADD,
+    SUPPRESSION_LIST,
+    SUPPRESSION_REMOVE,
+)
+from postroom.relay.sql.tables import NOTIFY_CHANNEL, metadata, outbox
 
 __all__ = [
     "ADD_SOFT_BOUNCES",

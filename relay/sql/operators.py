@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from relay.sql.reads import READABLE_UNTIL_SQL
-from relay.sql.tables import NOTIFY_CHANNEL
+from postroom.relay.sql.reads import READABLE_UNTIL_SQL
+from postroom.relay.sql.tables import NOTIFY_CHANNEL
 
 # -- operators' commands: redrive, requeue, reports, retention ----------------------------------
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.sql.tables import outbox
+from postroom.relay.sql.tables import outbox
 
 # The relay's backlog: due rows not yet acknowledged by the broker (claimed ones included).
 OUTBOX_BACKLOG = sa.text("""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from relay.sql.reads import READABLE_FROM_SQL, READABLE_UNTIL_SQL
+from postroom.relay.sql.reads import READABLE_FROM_SQL, READABLE_UNTIL_SQL
 
 # Retention: entries that expired before the cutoff, and soft bounces counted before it.
 PURGE_SUPPRESSION = sa.text("""

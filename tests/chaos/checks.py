@@ -16,13 +16,13 @@ from confluent_kafka import Consumer, TopicPartition
 from chaos.harness import TIERS, Run
 from chaos.mailserver import Reply, planned_deferrals
 from postroom.devkit.histograms import Buckets
+from postroom.relay.db import make_engine, upgrade
+from postroom.relay.results import apply_each, apply_results, result_problem, storable_result
+from postroom.schemas.codec import EmailResult
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.registry import reader_for
 from postroom.topics import dead_letter_topic, results_topic
-from relay.db import make_engine, upgrade
-from relay.results import apply_each, apply_results, result_problem, storable_result
-from schemas.codec import EmailResult
-from schemas.decoding import decode
-from schemas.errors import SchemaError
-from schemas.registry import reader_for
 
 # A server may still read a killed client's last message from its socket buffer.
 KILL_SLACK_S = 0.5

@@ -35,10 +35,10 @@ from postroom import enqueue
 from postroom.devkit.histograms import SENT_MARK_WINDOW, Buckets, scrape_histogram
 from postroom.devkit.ports import free_port
 from postroom.kafka import create_topics, make_admin
+from postroom.relay.db import make_engine, upgrade
+from postroom.schemas.registry import register_contract
 from postroom.settings import Settings
 from postroom.topics import all_topics, priority_topic, results_topic, retry_topic
-from relay.db import make_engine, upgrade
-from schemas.registry import register_contract
 from support.registry import delete_subjects
 from support.stack import REPO
 

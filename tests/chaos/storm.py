@@ -15,11 +15,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from postroom.devkit.histograms import scrape
+from postroom.schemas.codec import DeliveryStatus, EmailRequested, EmailResult, encode
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import headers_for
 from postroom.topics import Priority, priority_topic, results_topic, retry_topic
-from schemas.codec import DeliveryStatus, EmailRequested, EmailResult, encode
-from schemas.decoding import decode
-from schemas.errors import SchemaError
-from schemas.framing import headers_for
 
 ATTEMPT_BASE = "postroom.attempt_base"
 ROW_ID = "postroom.row_id"
@@ -216,7 +216,7 @@ def storm_records(rng: random.Random, tag: str, prefix: str, tiers: int, start: 
 def result_readable(record: HostileRecord) -> bool | None:
     """Whether the recorder can decode ``record`` without a registry: True, False, or None when
     it would wait for a registry (which this suite does not run)."""
-    from schemas.errors import SchemaUnavailableError
+    from postroom.schemas.errors import SchemaUnavailableError
     try:
         decode(EmailResult, record.value, record.headers)
     except SchemaUnavailableError:
@@ -531,8 +531,8 @@ def after_stop(run: Any) -> list[str]:
         DLQ_PARTITION_HEADER,
         DLQ_TOPIC_HEADER,
     )
+    from postroom.relay.results import result_problem
     from postroom.topics import dead_letter_topic
-    from relay.results import result_problem
     storm: Storm = run.storm
     prefix = run.settings.topic_prefix
     problems = list(storm.produce_errors)

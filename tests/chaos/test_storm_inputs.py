@@ -13,14 +13,14 @@ import pytest
 from chaos import storm
 from postroom.errors import InvalidContentError
 from postroom.headers import ATTEMPT_BASE_HEADER, read_headers
+from postroom.relay.results import result_problem
+from postroom.relay.rows import check_row
 from postroom.rules import SizeLimits
-from relay.results import result_problem
-from relay.rows import check_row
-from schemas.codec import EmailResult
-from schemas.decoding import decode
-from schemas.errors import SchemaError
-from sender.admission import Admission, admit
-from sender.errors import PoisonRecordError
+from postroom.schemas.codec import EmailResult
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError
+from postroom.sender.admission import Admission, admit
+from postroom.sender.errors import PoisonRecordError
 
 DELAYS_S = (0.5, 1.0, 2.0, 4.0)  # the chaos suite's tiers
 ADMISSION = Admission.for_tiers(SizeLimits(), DELAYS_S)

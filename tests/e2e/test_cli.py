@@ -28,11 +28,11 @@ from postroom.devkit.processes import (
 )
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.kafka import make_admin
+from postroom.relay.db import make_engine
+from postroom.relay.outbox import enqueue
+from postroom.relay.publisher import Relay
 from postroom.settings import Settings
 from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
-from relay.db import make_engine
-from relay.outbox import enqueue
-from relay.publisher import Relay
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.e2e

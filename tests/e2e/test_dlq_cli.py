@@ -21,13 +21,13 @@ import support.registry
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
+from postroom.relay.db import make_engine
+from postroom.relay.outbox import enqueue
+from postroom.schemas.codec import EmailRequested
+from postroom.schemas.framing import SCHEMALESS, Framing
+from postroom.schemas.registry import framing_for, register_contract
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, priority_topic
-from relay.db import make_engine
-from relay.outbox import enqueue
-from schemas.codec import EmailRequested
-from schemas.framing import SCHEMALESS, Framing
-from schemas.registry import framing_for, register_contract
 from support.foreign import produce_raw
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from postroom.relay.db import make_engine
 from postroom.settings import Settings
-from relay.db import make_engine
 
 pytestmark = pytest.mark.e2e
 

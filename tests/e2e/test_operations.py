@@ -26,8 +26,8 @@ from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.wait import wait_until
+from postroom.relay.report import BODY_MAX_LINES
 from postroom.settings import Settings, TlsMode
-from relay.report import BODY_MAX_LINES
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
+from postroom.relay.db import make_engine
+from postroom.relay.outbox import enqueue
 from postroom.settings import Settings
-from relay.db import make_engine
-from relay.outbox import enqueue
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 
 from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
+from postroom.relay.db import make_engine
 from postroom.settings import Settings
-from relay.db import make_engine
 
 pytestmark = pytest.mark.e2e
 

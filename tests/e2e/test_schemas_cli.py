@@ -15,8 +15,8 @@ import pytest
 
 import support.registry
 from postroom.devkit.devsmtp import DevSmtpServer
+from postroom.schemas.codec import load_schema
 from postroom.settings import Settings
-from schemas.codec import load_schema
 
 pytestmark = pytest.mark.e2e
 

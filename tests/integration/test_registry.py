@@ -24,6 +24,16 @@ from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
+from postroom.relay.publisher import Relay
+from postroom.schemas.codec import EmailRequested, encode, load_schema
+from postroom.schemas.framing import SCHEMA_HEADER, headers_for
+from postroom.schemas.registry import (
+    Registry,
+    RegistryError,
+    check_registry,
+    framing_for,
+    register_contract,
+)
 from postroom.settings import Settings, TlsMode
 from postroom.topics import (
     priority_topic,
@@ -31,16 +41,6 @@ from postroom.topics import (
     retry_topic,
     topic_schemas,
     value_subject,
-)
-from relay.publisher import Relay
-from schemas.codec import EmailRequested, encode, load_schema
-from schemas.framing import SCHEMA_HEADER, headers_for
-from schemas.registry import (
-    Registry,
-    RegistryError,
-    check_registry,
-    framing_for,
-    register_contract,
 )
 from support.pipeline import Pipeline, outbox_rows
 from support.rounds import publish_round
@@ -164,7 +164,7 @@ def test_the_pipeline_on_a_registry_reads_both_framings(
     """A platform moving to the registry: a schemaless record written before the switch and
     framed ones after it are all delivered; every record postroom writes is framed, and a
     foreign consumer reads them."""
-    from relay.db import make_engine
+    from postroom.relay.db import make_engine
 
     settings = dataclasses.replace(registry_settings, database_schema=db_settings.database_schema)
     prefix = settings.topic_prefix

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 import support.registry
+from postroom.schemas.codec import EmailRequested, encode, load_schema
+from postroom.schemas.decoding import decode, earlier_versions
+from postroom.schemas.framing import confluent_prefix
+from postroom.schemas.registry import Registry, framing_for, register_contract
+from postroom.sender.message import build_message
 from postroom.settings import Settings
 from postroom.topics import retry_topic, value_subject
-from schemas.codec import EmailRequested, encode, load_schema
-from schemas.decoding import decode, earlier_versions
-from schemas.framing import confluent_prefix
-from schemas.registry import Registry, framing_for, register_contract
-from sender.message import build_message
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 import support.registry
+from postroom.schemas.codec import DeliveryStatus, EmailResult, encode, load_schema
+from postroom.schemas.decoding import decode, earlier_versions
+from postroom.schemas.framing import confluent_prefix
+from postroom.schemas.registry import Registry, framing_for, register_contract
 from postroom.settings import Settings
 from postroom.topics import results_topic, value_subject
-from schemas.codec import DeliveryStatus, EmailResult, encode, load_schema
-from schemas.decoding import decode, earlier_versions
-from schemas.framing import confluent_prefix
-from schemas.registry import Registry, framing_for, register_contract
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,11 @@ from confluent_kafka.schema_registry import Schema as RegistrySchema
 import support.registry
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
+from postroom.schemas.codec import EmailRequested, load_schema
+from postroom.schemas.framing import confluent_prefix
+from postroom.schemas.registry import framing_for, register_contract
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, value_subject
-from schemas.codec import EmailRequested, load_schema
-from schemas.framing import confluent_prefix
-from schemas.registry import framing_for, register_contract
 from support.metrics import counter
 from support.pipeline import SenderThread
 

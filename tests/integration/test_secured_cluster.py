@@ -34,9 +34,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     UserScramCredentialUpsertion,
 )
 
-from bounces.adapters import KafkaResults
 from postroom import enqueue
 from postroom.acls import Acl, Role, role_acls
+from postroom.bounces.adapters import KafkaResults
 from postroom.devkit.processes import postroom_command
 from postroom.devkit.story import make_workbook
 from postroom.devkit.wait import wait_until
@@ -51,6 +51,9 @@ from postroom.kafka import (
     producer_config,
 )
 from postroom.metrics import Metrics
+from postroom.relay.publisher import Relay
+from postroom.schemas.codec import DeliveryStatus, EmailResult
+from postroom.schemas.framing import SCHEMALESS
 from postroom.settings import Settings, TlsMode
 from postroom.topics import (
     Priority,
@@ -59,9 +62,6 @@ from postroom.topics import (
     priority_topic,
     results_topic,
 )
-from relay.publisher import Relay
-from schemas.codec import DeliveryStatus, EmailResult
-from schemas.framing import SCHEMALESS
 from support.pipeline import Pipeline
 from support.seed import check_september, enqueue_september, seed_server
 from support.stack import dev_dir

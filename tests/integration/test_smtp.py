@@ -17,10 +17,10 @@ import uvloop
 
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.ports import free_port
+from postroom.sender.outcome import REASON_MAX_CHARS, Failure, SmtpReply, Stage, Verdict, classify_reply
+from postroom.sender.smtp import SmtpPool
+from postroom.sender.smtp_config import SmtpConfig
 from postroom.settings import Secret, Settings, TlsMode
-from sender.outcome import REASON_MAX_CHARS, Failure, SmtpReply, Stage, Verdict, classify_reply
-from sender.smtp import SmtpPool
-from sender.smtp_config import SmtpConfig
 
 pytestmark = pytest.mark.integration
 
@@ -563,7 +563,7 @@ def check_settings(port: int, **changes: object) -> Settings:
 
 def test_check_reports_a_server_that_would_get_the_password_in_clear_text() -> None:
     from postroom.errors import PostroomError
-    from sender.smtp import check_smtp
+    from postroom.sender.smtp import check_smtp
 
     with AuthRecorder() as server:
         with pytest.raises(PostroomError, match="refusing to send the AUTH password in clear"):
@@ -631,8 +631,8 @@ def send_built(port: int, recipient: str, sender: str = SENDER) -> SmtpReply:
     """Build the message as the sender does and send it."""
     import datetime as dt
 
-    from schemas.codec import EmailRequested
-    from sender.message import build_message
+    from postroom.schemas.codec import EmailRequested
+    from postroom.sender.message import build_message
 
     event = EmailRequested(idempotency_key="k|" + recipient, message_key="k", outbox_id=1,
                            recipient=recipient, sender=sender, subject="Grüße", body="b",
@@ -683,9 +683,9 @@ def send_with_return_path(port: int, sender: str, kind: str) -> SmtpReply:
     build."""
     import datetime as dt
 
-    from schemas.codec import EmailRequested
-    from sender.delivery import Delivery
-    from sender.message import build_message
+    from postroom.schemas.codec import EmailRequested
+    from postroom.sender.delivery import Delivery
+    from postroom.sender.message import build_message
 
     now = dt.datetime.now(dt.UTC)
     event = EmailRequested(idempotency_key="k|finance@example.com", message_key="k",
@@ -924,7 +924,7 @@ def test_a_reply_dripped_a_byte_at_a_time_times_out_within_the_reply_timeout() -
 
 def test_check_names_the_settings_and_the_address_it_could_not_reach() -> None:
     from postroom.errors import PostroomError
-    from sender.smtp import check_smtp
+    from postroom.sender.smtp import check_smtp
 
     port = free_port()  # nothing listens there
     with pytest.raises(PostroomError) as raised:

@@ -22,11 +22,11 @@ from postroom.devkit.otlp import OtlpReceiver
 from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
+from postroom.relay.db import downgrade, upgrade
+from postroom.relay.publisher import Relay
 from postroom.settings import Settings, TlsMode
 from postroom.topics import priority_topic, results_topic, retry_topic
 from postroom.tracing import TraceContext
-from relay.db import downgrade, upgrade
-from relay.publisher import Relay
 from support.pipeline import Pipeline, outbox_rows
 from support.rounds import publish_round
 from support.tracing import memory_tracing

@@ -12,14 +12,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from postroom.metrics import Metrics
+from postroom.relay.db import libpq_conninfo
+from postroom.relay.publisher import Relay
+from postroom.relay.recorder import Recorder
+from postroom.sender.claims import lease_s
+from postroom.sender.ledger import Ledger, sender_identity
+from postroom.sender.service import Sender
 from postroom.settings import Settings, TlsMode
 from postroom.tracing import OFF, Tracing
-from relay.db import libpq_conninfo
-from relay.publisher import Relay
-from relay.recorder import Recorder
-from sender.claims import lease_s
-from sender.ledger import Ledger, sender_identity
-from sender.service import Sender
 
 
 class SenderThread:

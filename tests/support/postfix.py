@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bounces.service import BounceIntake
+from postroom.bounces.service import BounceIntake
 from postroom.devkit.smarthost import Smarthost, smarthost
 from postroom.metrics import Metrics
 from postroom.settings import Settings

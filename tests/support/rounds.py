@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.publisher import Relay
+from postroom.relay.publisher import Relay
 
 
 def publish_round(relay: Relay) -> int:

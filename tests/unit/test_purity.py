@@ -9,10 +9,12 @@ import sys
 import pytest
 
 PURE_MODULES = [
-    "sender.outcome", "sender.retry", "sender.priority", "sender.errors", "sender.routing",
-    "sender.offsets", "sender.claims", "postroom.topics", "postroom.lagrules", "postroom.headers",
-    "postroom.acls", "postroom.rules", "postroom.mime", "sender.admission", "sender.throttle",
-    "sender.attempt", "sender.ports", "postroom.replication",
+    "postroom.sender.outcome", "postroom.sender.retry", "postroom.sender.priority",
+    "postroom.sender.errors", "postroom.sender.routing", "postroom.sender.offsets",
+    "postroom.sender.claims", "postroom.topics", "postroom.lagrules", "postroom.headers",
+    "postroom.acls", "postroom.rules", "postroom.mime", "postroom.sender.admission",
+    "postroom.sender.throttle", "postroom.sender.attempt", "postroom.sender.ports",
+    "postroom.replication",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from relay.migrations.triggers import (
+from postroom.relay.migrations.triggers import (
     create_queue_function,
     current_schema,
     only_the_outbox,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from relay.migrations.triggers import create_queue_function, current_schema
+from postroom.relay.migrations.triggers import create_queue_function, current_schema
 
 revision = "0012"
 down_revision = "0011"

@@ -13,7 +13,7 @@ before. A function change only: no table is locked beyond the instant of the rep
 
 from __future__ import annotations
 
-from relay.migrations.triggers import create_queue_function, current_schema
+from postroom.relay.migrations.triggers import create_queue_function, current_schema
 
 revision = "0014"
 down_revision = "0013"

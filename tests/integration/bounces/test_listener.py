@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from bounces.adapters import DatabaseRows, KafkaResults
-from bounces.intake import MAX_REPORT_BYTES, UnavailableError
-from bounces.service import BounceIntake
 from postroom import enqueue
+from postroom.bounces.adapters import DatabaseRows, KafkaResults
+from postroom.bounces.intake import MAX_REPORT_BYTES, UnavailableError
+from postroom.bounces.service import BounceIntake
 from postroom.devkit.ports import free_port
 from postroom.errors import PostroomError
 from postroom.metrics import Metrics
+from postroom.schemas.codec import DeliveryStatus, EmailResult
+from postroom.schemas.decoding import decode
+from postroom.schemas.framing import SCHEMALESS
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import make_token, return_path
-from schemas.codec import DeliveryStatus, EmailResult
-from schemas.decoding import decode
-from schemas.framing import SCHEMALESS
 from support.metrics import counter
 from support.postfix import IntakeThread
 
@@ -143,7 +143,7 @@ def test_a_database_that_does_not_answer_is_unavailable_within_the_read_timeout(
     """A database that does not answer gets the MTA a 451 (docs/architecture.md): the read of
     the token's row gives up after READ_TIMEOUT_S. Without a statement timeout a migration's
     ACCESS EXCLUSIVE lock on the outbox held it for as long as the lock (issue 24's review)."""
-    monkeypatch.setattr("bounces.adapters.READ_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr("postroom.bounces.adapters.READ_TIMEOUT_S", 0.5, raising=False)
     outbox_id, _ = row_token
     rows = DatabaseRows(engine)
     with engine.connect() as conn:

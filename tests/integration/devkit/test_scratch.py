@@ -10,9 +10,9 @@ from confluent_kafka import Consumer, TopicPartition
 from postroom.devkit.scratch import scratch
 from postroom.devkit.wait import wait_until
 from postroom.kafka import create_topics, make_admin
+from postroom.relay.db import make_engine, upgrade
 from postroom.settings import Settings
 from postroom.topics import all_topics, priority_topic
-from relay.db import make_engine, upgrade
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from postroom.devkit.wait import wait_until
 from postroom.kafka import make_admin
 from postroom.kafka.group_protocol import ask_cluster
 from postroom.metrics import Metrics
+from postroom.sender.consumer import SenderConsumer
 from postroom.settings import Settings
-from sender.consumer import SenderConsumer
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.lagrules import Verdict
+from postroom.schemas.codec import EmailRequested, encode
+from postroom.schemas.framing import headers_for
 from postroom.settings import Settings, TlsMode
 from postroom.topics import Priority, priority_topic, retry_topic
-from schemas.codec import EmailRequested, encode
-from schemas.framing import headers_for
 from support.foreign import produce_raw
 from support.pipeline import Pipeline, outbox_rows
 

@@ -15,8 +15,8 @@ import pytest
 
 from postroom.health import READY_WAIT_S, Readiness, serve
 from postroom.metrics import READY, Metrics
+from postroom.sender.smtp import check_smtp
 from postroom.settings import Settings, TlsMode
-from sender.smtp import check_smtp
 
 pytestmark = pytest.mark.integration
 

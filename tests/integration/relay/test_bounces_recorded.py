@@ -19,12 +19,10 @@ from confluent_kafka import Producer
 
 from postroom import enqueue
 from postroom.devkit.wait import wait_until
-from postroom.settings import Settings
-from postroom.topics import Priority, priority_topic, results_topic
-from relay import redrive, sql, suppression
-from relay.publisher import Relay
-from relay.recorder import Recorder
-from relay.results import (
+from postroom.relay import redrive, sql, suppression
+from postroom.relay.publisher import Relay
+from postroom.relay.recorder import Recorder
+from postroom.relay.results import (
     REPORT_STATUSES,
     ReportPolicy,
     ReportsApplied,
@@ -32,8 +30,10 @@ from relay.results import (
     apply_results,
     apply_soft_bounces,
 )
-from schemas.codec import DeliveryStatus, EmailResult, encode
-from schemas.framing import headers_for
+from postroom.schemas.codec import DeliveryStatus, EmailResult, encode
+from postroom.schemas.framing import headers_for
+from postroom.settings import Settings
+from postroom.topics import Priority, priority_topic, results_topic
 from support.metrics import counter
 from support.rounds import publish_round
 

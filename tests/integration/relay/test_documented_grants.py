@@ -16,14 +16,20 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from bounces.adapters import DatabaseRows
 from postroom import Batch, enqueue
+from postroom.bounces.adapters import DatabaseRows
+from postroom.relay import retention, suppression
+from postroom.relay.db import check_schema, make_engine
+from postroom.relay.publisher import Relay
+from postroom.relay.results import (
+    ReportPolicy,
+    ReportsApplied,
+    apply_reports,
+    apply_results,
+    apply_soft_bounces,
+)
+from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.settings import Settings
-from relay import retention, suppression
-from relay.db import check_schema, make_engine
-from relay.publisher import Relay
-from relay.results import ReportPolicy, ReportsApplied, apply_reports, apply_results, apply_soft_bounces
-from schemas.codec import DeliveryStatus, EmailResult
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
+from postroom.relay.errors import InvalidAttachmentError, InvalidEmailError, SchemaNotReadyError
 from postroom.settings import Settings
-from relay.errors import InvalidAttachmentError, InvalidEmailError, SchemaNotReadyError
 
 pytestmark = pytest.mark.integration
 
@@ -214,8 +214,8 @@ def test_the_caps_of_the_jobs_environment_are_enqueues_when_it_is_given_none(
     """A job run with the roles' POSTROOM_*_MAX_BYTES refuses what the sender would; limits
     given to the call win; a malformed variable is named."""
     from postroom.errors import ConfigError
+    from postroom.relay.batch import Batch
     from postroom.rules import SizeLimits
-    from relay.batch import Batch
 
     def batch_of_one(conn: sa.Connection, **email: Any) -> None:
         with Batch(conn) as batch:
@@ -294,10 +294,10 @@ def test_the_event_cap_leaves_room_for_how_the_relay_frames_the_event(engine: sa
     """The smallest POSTROOM_EVENT_MAX_BYTES enqueue takes an email at also holds the event as
     the relay may publish it: with the Schema Registry's prefix, as a requeued row's last
     attempt, with the largest id (enqueue's count is of the largest event a row can become)."""
+    from postroom.relay.rows import ATTEMPT_MAX
     from postroom.rules import SizeLimits
-    from relay.rows import ATTEMPT_MAX
-    from schemas.codec import EmailRequested, encode
-    from schemas.framing import confluent_prefix
+    from postroom.schemas.codec import EmailRequested, encode
+    from postroom.schemas.framing import confluent_prefix
 
     def takes(limit: int) -> bool:
         with engine.connect() as conn, conn.begin() as txn:
@@ -483,9 +483,9 @@ def test_the_readme_batch_snippet_queues_each_invoice(engine: sa.Engine,
 
 def test_recipients_go_in_chunks_in_their_order_duplicates_skipped(
         engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    import relay.outbox
+    import postroom.relay.outbox
 
-    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(postroom.relay.outbox, "INSERT_CHUNK_ROWS", 2)
     given = ["a@example.com", "b@example.com", "A@example.com", "c@example.com",
              " b@example.com ", "d@example.com", "e@example.com"]
     with engine.begin() as conn:
@@ -502,9 +502,9 @@ def test_recipients_go_in_chunks_in_their_order_duplicates_skipped(
 
 def test_a_bad_recipient_in_a_later_chunk_writes_nothing(
         engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    import relay.outbox
+    import postroom.relay.outbox
 
-    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(postroom.relay.outbox, "INSERT_CHUNK_ROWS", 2)
 
     def recipients() -> Iterator[str]:
         yield from (f"user{n}@example.com" for n in range(5))
@@ -534,7 +534,7 @@ def outbox_rows(engine: sa.Engine) -> list[sa.Row[Any]]:
 
 def test_enqueue_many_writes_the_rows_enqueue_writes(
         engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import relay.outbox
+    import postroom.relay.outbox
 
     (tmp_path / "inv.pdf").write_bytes(b"%PDF")
     (tmp_path / "logo.png").write_bytes(b"PNG")
@@ -549,7 +549,7 @@ def test_enqueue_many_writes_the_rows_enqueue_writes(
               sender="billing@example.com" if n == 2 else None)
         for n in range(7)
     ]
-    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 3)  # several statements
+    monkeypatch.setattr(postroom.relay.outbox, "INSERT_CHUNK_ROWS", 3)  # several statements
     with engine.begin() as conn:
         assert enqueue_many(conn, iter(emails)) == 7
         assert enqueue_many(conn, emails) == 0  # a rerun queues nothing twice
@@ -572,9 +572,9 @@ def test_enqueue_many_writes_the_rows_enqueue_writes(
 
 def test_enqueue_many_writes_nothing_when_one_email_is_bad(
         engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    import relay.outbox
+    import postroom.relay.outbox
 
-    monkeypatch.setattr(relay.outbox, "INSERT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(postroom.relay.outbox, "INSERT_CHUNK_ROWS", 2)
     emails = [Email(key=f"k{n}", recipients=[f"r{n}@example.com"], subject="S", body="b")
               for n in range(5)]
     with engine.begin() as conn:

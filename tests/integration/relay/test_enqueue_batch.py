@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
 from postroom import Batch, enqueue
-from relay import batch as batch_module
-from relay import inserts, outbox
-from relay.errors import EnqueueError, InvalidEmailError, SchemaNotReadyError
+from postroom.relay import batch as batch_module
+from postroom.relay import inserts, outbox
+from postroom.relay.errors import EnqueueError, InvalidEmailError, SchemaNotReadyError
 from support.enqueue_strategies import ROW_COLUMNS, email_kwargs
 from support.fuzz import examples
 

@@ -19,8 +19,8 @@ from psycopg.rows import dict_row, tuple_row
 from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
-from relay import outbox, pgdriver
-from relay.errors import EnqueueError, SchemaNotReadyError
+from postroom.relay import outbox, pgdriver
+from postroom.relay.errors import EnqueueError, SchemaNotReadyError
 from support.enqueue_strategies import ROW_COLUMNS, email_kwargs
 from support.fuzz import examples
 

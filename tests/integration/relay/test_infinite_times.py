@@ -7,8 +7,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from postroom import enqueue
+from postroom.relay import sql, suppression
 from postroom.settings import Settings
-from relay import sql, suppression
 from support.rounds import publish_round
 
 FAR = 9999
@@ -26,7 +26,7 @@ def test_status_reads_a_row_whose_times_sql_wrote_as_infinity(engine: sa.Engine)
 
 def test_a_suppression_for_ever_is_listed_and_named_on_the_rows_it_stops(
         settings: Settings, engine: sa.Engine) -> None:
-    from relay.publisher import Relay
+    from postroom.relay.publisher import Relay
 
     with engine.begin() as conn:
         suppression.add(conn, "gone@example.com", "left", 3600)
@@ -46,7 +46,7 @@ def test_a_suppression_for_ever_is_listed_and_named_on_the_rows_it_stops(
 def test_the_failures_report_reads_a_row_changed_at_infinity(engine: sa.Engine) -> None:
     import datetime as dt
 
-    from relay.report import failures_since
+    from postroom.relay.report import failures_since
 
     with engine.begin() as conn:
         enqueue(conn, key="rep", recipients=["a@example.com"], subject="S", body="b")

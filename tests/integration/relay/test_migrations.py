@@ -16,9 +16,8 @@ from postroom import enqueue
 from postroom.devkit.processes import start_postroom
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.settings import Settings
-from relay import sql
-from relay.db import (
+from postroom.relay import sql
+from postroom.relay.db import (
     MIGRATION_LOCK_CLASS,
     check_schema,
     downgrade,
@@ -26,7 +25,8 @@ from relay.db import (
     make_engine,
     upgrade,
 )
-from relay.errors import SchemaNotReadyError
+from postroom.relay.errors import SchemaNotReadyError
+from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.wait import wait_until
+from postroom.relay.publisher import Relay
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
-from relay.publisher import Relay
 from support.metrics import counter
 
 pytestmark = pytest.mark.integration

@@ -19,14 +19,14 @@ from confluent_kafka import Producer
 
 from postroom import enqueue
 from postroom.devkit.wait import wait_until
+from postroom.relay import recorder
+from postroom.relay.publisher import Relay
+from postroom.relay.recorder import Recorder, RecorderStats
+from postroom.relay.results import apply_each, apply_results
+from postroom.schemas.codec import DeliveryStatus, EmailResult, encode
+from postroom.schemas.framing import SCHEMA_HEADER, headers_for
 from postroom.settings import Settings
 from postroom.topics import results_topic
-from relay import recorder
-from relay.publisher import Relay
-from relay.recorder import Recorder, RecorderStats
-from relay.results import apply_each, apply_results
-from schemas.codec import DeliveryStatus, EmailResult, encode
-from schemas.framing import SCHEMA_HEADER, headers_for
 from support.metrics import counter
 from support.rounds import publish_round
 
@@ -367,7 +367,7 @@ def written_as(result: EmailResult, types: dict[str, Any], values: dict[str, Any
 
     import fastavro
 
-    from schemas.codec import load_schema
+    from postroom.schemas.codec import load_schema
 
     raw = json.loads(load_schema("email_result").text)
     for field in raw["fields"]:
@@ -506,7 +506,7 @@ def test_a_database_that_refuses_every_write_holds_the_results_until_it_takes_th
     recorder can write. Before, each result was refused on its own, counted as unrecordable and
     its offset committed: the row stayed published for good."""
     monkeypatch.setattr(recorder, "RETRY_BACKOFF_S", 0.2)
-    caplog.set_level(logging.WARNING, logger="relay.recorder")
+    caplog.set_level(logging.WARNING, logger="postroom.relay.recorder")
     a = enqueue_and_publish(recorder_settings, engine, "read-only", ["a@example.com"])[
         "a@example.com"]
     with engine.begin() as conn, pytest.raises(sa.exc.DBAPIError) as refused:
@@ -522,7 +522,7 @@ def test_a_database_that_refuses_every_write_holds_the_results_until_it_takes_th
             def retries() -> int:
                 thread.check()
                 return sum("retrying in" in r.getMessage() for r in caplog.records
-                           if r.name == "relay.recorder")
+                           if r.name == "postroom.relay.recorder")
 
             wait_until(lambda: retries() >= 3, WAIT_S, "the batch to be tried three times")
             assert thread.stats.unrecordable == 0

@@ -30,15 +30,15 @@ from postroom.devkit.wait import wait_until
 from postroom.errors import KafkaClientError
 from postroom.headers import ROW_ID_HEADER
 from postroom.kafka import make_producer
+from postroom.relay import sql
+from postroom.relay.connections import Connections
+from postroom.relay.db import make_engine
+from postroom.relay.publisher import Relay
+from postroom.schemas.codec import EmailRequested, load_schema
+from postroom.schemas.decoding import decode
+from postroom.schemas.framing import SCHEMA_HEADER
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
-from relay import sql
-from relay.connections import Connections
-from relay.db import make_engine
-from relay.publisher import Relay
-from schemas.codec import EmailRequested, load_schema
-from schemas.decoding import decode
-from schemas.framing import SCHEMA_HEADER
 from support.fuzz import examples
 from support.metrics import counter
 from support.rounds import publish_round
@@ -528,7 +528,7 @@ def test_a_read_only_database_is_waited_out_not_an_exit(
     """A standby after a failover refuses the claim (SQLSTATE 25006, psycopg's InternalError,
     not an OperationalError): that is the database's fault, not a row's. The relay used to end
     with a traceback; it now tries the round again, and publishes once it can write."""
-    caplog.set_level(logging.WARNING, logger="relay.publisher")
+    caplog.set_level(logging.WARNING, logger="postroom.relay.publisher")
     with engine.begin() as conn:
         enqueue(conn, key="standby", recipients=["a@example.com"], subject="S", body="b")
     read_only = sa.create_engine(engine.url, connect_args={
@@ -592,7 +592,7 @@ def test_a_late_mark_leaves_a_row_another_relay_or_a_requeue_queued_since(
     """A relay whose claim ran out while its broker was slow marks its batch after another
     relay claimed, published and marked the row, and after a requeue queued its next attempt:
     the late mark must leave that attempt queued and the row as the requeue left it."""
-    from relay import redrive
+    from postroom.relay import redrive
 
     with engine.begin() as conn:
         enqueue(conn, key="late", recipients=["a@example.com"], subject="S", body="b")

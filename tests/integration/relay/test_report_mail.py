@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from postroom.relay.errors import InvalidEmailError
+from postroom.relay.report import Failure, mail_report
 from postroom.rules import SizeLimits
-from relay.errors import InvalidEmailError
-from relay.report import Failure, mail_report
 
 NOW = dt.datetime(2026, 12, 1, 7, 0, tzinfo=dt.UTC)
 FAILURE = Failure(1, "old@example.com", "news", "news|old@example.com", "News", "failed", 1,

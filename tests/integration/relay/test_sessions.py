@@ -11,10 +11,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from postroom.relay.connections import Connections
+from postroom.relay.db import libpq_conninfo, make_engine
+from postroom.sender.ledger_session import ledger_conninfo
 from postroom.settings import Settings
-from relay.connections import Connections
-from relay.db import libpq_conninfo, make_engine
-from sender.ledger_session import ledger_conninfo
 
 pytestmark = pytest.mark.integration
 

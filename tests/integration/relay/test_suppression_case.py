@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from relay import suppression
+from postroom.relay import suppression
 
 ADDRESS = "JOSÉ@Example.COM"
 

@@ -9,9 +9,9 @@ import pytest
 
 from postroom.devkit.wait import wait_until
 from postroom.metrics import Metrics
+from postroom.sender.consumer import SenderConsumer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
-from sender.consumer import SenderConsumer
 
 pytestmark = pytest.mark.integration
 

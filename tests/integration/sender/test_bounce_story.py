@@ -16,11 +16,11 @@ from confluent_kafka import Producer
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
+from postroom.schemas.codec import DeliveryStatus, EmailResult, encode
+from postroom.schemas.framing import headers_for
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import read_token
-from schemas.codec import DeliveryStatus, EmailResult, encode
-from schemas.framing import headers_for
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = pytest.mark.integration

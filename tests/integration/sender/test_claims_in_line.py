@@ -13,8 +13,8 @@ from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
 from postroom.metrics import Metrics
+from postroom.sender import claims
 from postroom.settings import Settings, TlsMode
-from sender import claims
 from support.metrics import counter
 from support.pipeline import Pipeline, outbox_rows
 

@@ -17,8 +17,8 @@ from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
+from postroom.relay.publisher import Relay
 from postroom.settings import Settings
-from relay.publisher import Relay
 from support.rounds import publish_round
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

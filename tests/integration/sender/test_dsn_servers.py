@@ -20,12 +20,12 @@ import pytest
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.ports import free_port
 from postroom.devkit.wait import wait_until
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.delivery import Delivery
+from postroom.sender.smtp import SmtpPool
+from postroom.sender.smtp_config import SmtpConfig
 from postroom.settings import TlsMode
 from postroom.verp import read_token
-from schemas.codec import EmailRequested
-from sender.delivery import Delivery
-from sender.smtp import SmtpPool
-from sender.smtp_config import SmtpConfig
 
 pytestmark = pytest.mark.integration
 

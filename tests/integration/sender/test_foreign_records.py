@@ -15,11 +15,11 @@ from confluent_kafka import Producer
 
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
+from postroom.schemas.codec import EmailRequested, encode
+from postroom.schemas.framing import headers_for
+from postroom.sender.routing import DLQ_CLASS_HEADER, DLQ_REASON_HEADER
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic
-from schemas.codec import EmailRequested, encode
-from schemas.framing import headers_for
-from sender.routing import DLQ_CLASS_HEADER, DLQ_REASON_HEADER
 from support.foreign import produce_raw
 from support.pipeline import SenderThread
 

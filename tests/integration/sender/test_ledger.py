@@ -16,14 +16,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 from postroom.devkit.wait import wait_until
 from postroom.errors import first_line
+from postroom.relay.db import libpq_conninfo
+from postroom.sender.claims import Claim, ClaimResult
+from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.ledger import Ledger
+from postroom.sender.ledger_session import ledger_conninfo
+from postroom.sender.ledger_sql import MARK_SENT, text_array
+from postroom.sender.marker import MARK_IN_FLIGHT, refused
 from postroom.settings import Settings
-from relay.db import libpq_conninfo
-from sender.claims import Claim, ClaimResult
-from sender.errors import LedgerUnavailableError
-from sender.ledger import Ledger
-from sender.ledger_session import ledger_conninfo
-from sender.ledger_sql import MARK_SENT, text_array
-from sender.marker import MARK_IN_FLIGHT, refused
 from support.fuzz import examples
 
 pytestmark = pytest.mark.integration
@@ -360,7 +360,7 @@ def test_an_owner_whose_session_was_terminated_takes_its_lock_again(
 def test_a_reopened_session_waits_for_an_older_session_holding_the_owner_lock(
         engine: sa.Engine, db_settings: Settings) -> None:
 
-    from sender.ledger_sql import LOCK_NAMESPACE, TAKE_OWNER_LOCK
+    from postroom.sender.ledger_sql import LOCK_NAMESPACE, TAKE_OWNER_LOCK
 
     async def scenario() -> None:
         conninfo = libpq_conninfo(engine)

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from postroom.devkit.devsmtp import DevSmtpServer, ReceivedMessage
+from postroom.sender.pipelining import Pipeline
+from postroom.sender.smtp import SmtpPool
+from postroom.sender.smtp_config import SmtpConfig
 from postroom.settings import TlsMode
-from sender.pipelining import Pipeline
-from sender.smtp import SmtpPool
-from sender.smtp_config import SmtpConfig
 from support.fuzz import examples
 
 pytestmark = pytest.mark.integration

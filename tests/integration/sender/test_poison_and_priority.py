@@ -19,12 +19,12 @@ from confluent_kafka import Producer
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
+from postroom.relay.publisher import Relay
+from postroom.schemas.codec import EmailRequested, encode, load_schema
+from postroom.schemas.framing import SCHEMA_HEADER, headers_for
+from postroom.sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from postroom.settings import Settings, TlsMode
 from postroom.topics import dead_letter_topic, priority_topic, retry_topic
-from relay.publisher import Relay
-from schemas.codec import EmailRequested, encode, load_schema
-from schemas.framing import SCHEMA_HEADER, headers_for
-from sender.routing import DLQ_CLASS_HEADER, DLQ_OFFSET_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER
 from support.metrics import counter
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 from support.rounds import publish_round
@@ -175,9 +175,9 @@ def test_a_retry_kafka_refuses_as_too_large_ends_as_a_recorded_failure(
     )
 
     from postroom.kafka import make_admin
+    from postroom.schemas.codec import EmailResult
+    from postroom.schemas.decoding import decode
     from postroom.topics import results_topic
-    from schemas.codec import EmailResult
-    from schemas.decoding import decode
 
     prefix = settings.topic_prefix
     tier = retry_topic(prefix, 1)
@@ -280,9 +280,9 @@ def test_a_refused_email_ends_failed_in_its_row(
     `published` for ever. The simplest trigger: enqueue() under its default body cap, a sender
     run with POSTROOM_BODY_MAX_BYTES=100000. The row now ends `failed`, its last error saying
     `poison: ...`, through a result the recorder applies; the email beside it is delivered."""
+    from postroom.schemas.codec import EmailResult
+    from postroom.schemas.decoding import decode
     from postroom.topics import results_topic
-    from schemas.codec import EmailResult
-    from schemas.decoding import decode
 
     server = DevSmtpServer(port=0)
     server.start()
@@ -350,7 +350,7 @@ def test_an_unreadable_record_of_a_row_ends_the_row_by_its_key_and_row_id(
     recorder applies it."""
     import threading
 
-    from relay.recorder import Recorder
+    from postroom.relay.recorder import Recorder
 
     with engine.begin() as conn:
         enqueue(conn, key="garbled", recipients=["g@example.com"], subject="S", body="b")
@@ -388,7 +388,7 @@ def test_a_record_whose_task_fails_is_dead_lettered_and_its_row_ends(
     """A fault of the sender's own on one record (a bug, here a raise in the core) neither
     leaves it unread with its partition's commits stuck behind it nor stops the rest: it is
     dead-lettered as poison naming the error, its row ends failed, the others are sent."""
-    from sender.attempt import Attempts
+    from postroom.sender.attempt import Attempts
 
     real = Attempts._deliver
 

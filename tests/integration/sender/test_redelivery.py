@@ -14,12 +14,12 @@ import sqlalchemy as sa
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.wait import wait_until
+from postroom.relay import sql
+from postroom.relay.publisher import Relay
+from postroom.schemas.codec import DeliveryStatus, EmailResult
+from postroom.schemas.decoding import decode
 from postroom.settings import Settings, TlsMode
 from postroom.topics import results_topic
-from relay import sql
-from relay.publisher import Relay
-from schemas.codec import DeliveryStatus, EmailResult
-from schemas.decoding import decode
 from support.metrics import counter
 from support.pipeline import Pipeline, SenderThread, outbox_rows
 from support.rounds import publish_round
@@ -151,7 +151,7 @@ def test_a_graceful_stop_finishes_in_flight_sends(
     try:
         wait_until(lambda: _sending(engine) == 4, 30, "four sends in flight")
     finally:
-        with caplog.at_level(logging.WARNING, logger="sender.service"):
+        with caplog.at_level(logging.WARNING, logger="postroom.sender.service"):
             sender.stop()
         server.stop()
     assert server.count() == 4

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bounces.intake import (
+from postroom.bounces.intake import (
     ACCEPTED_REPLY,
     EXPIRED_REPLY,
     FORGED_REPLY,
@@ -25,10 +25,10 @@ from bounces.intake import (
     Intake,
     UnavailableError,
 )
-from bounces.mapping import OutboxRow
+from postroom.bounces.mapping import OutboxRow
 from postroom.metrics import Metrics
+from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.verp import make_token, return_path
-from schemas.codec import DeliveryStatus, EmailResult
 from support.fuzz import examples
 from support.metrics import counter
 

@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
-from bounces.mapping import OutboxRow, concerns, results_for
-from bounces.reports import Notice, Report
-from schemas.codec import DeliveryStatus
+from postroom.bounces.mapping import OutboxRow, concerns, results_for
+from postroom.bounces.reports import Notice, Report
+from postroom.schemas.codec import DeliveryStatus
 
 NOW = dt.datetime(2026, 12, 2, 22, 5, tzinfo=dt.UTC)
 ROW = OutboxRow(5, "k|old.manager@example.com", "Old.Manager@example.com", 3, "sent")

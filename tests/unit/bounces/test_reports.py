@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bounces.errors import Refusal, UnusableReportError
-from bounces.reports import is_auto_reply, parse_report
-from schemas.codec import DeliveryStatus
+from postroom.bounces.errors import Refusal, UnusableReportError
+from postroom.bounces.reports import is_auto_reply, parse_report
+from postroom.schemas.codec import DeliveryStatus
 from support.fuzz import examples
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "bounces"

@@ -184,7 +184,7 @@ def test_a_role_leaves_its_startup_objects_out_of_the_collectors_later_passes(
     import weakref
 
     import postroom.kafka
-    import relay.db
+    import postroom.relay.db
     from postroom.cli import services
     from postroom.settings import Settings
 
@@ -192,7 +192,7 @@ def test_a_role_leaves_its_startup_objects_out_of_the_collectors_later_passes(
         def __init__(self) -> None:
             self.me = self
 
-    monkeypatch.setattr(relay.db, "check_schema_at_start", lambda engine: None)
+    monkeypatch.setattr(postroom.relay.db, "check_schema_at_start", lambda engine: None)
     monkeypatch.setattr(postroom.kafka, "check_reachable", lambda settings: None)
     monkeypatch.setattr(postroom.kafka, "require_topics", lambda settings: None)
     settings = Settings(database_url="postgresql+psycopg://nobody@127.0.0.1:9/none")
@@ -228,10 +228,10 @@ def test_check_goes_on_past_a_database_error_that_is_not_a_lost_server(
 
     import sqlalchemy as sa
 
-    import relay.db
-    import schemas.registry
-    import sender.delivery
-    import sender.smtp
+    import postroom.relay.db
+    import postroom.schemas.registry
+    import postroom.sender.delivery
+    import postroom.sender.smtp
     from postroom import kafka
     from postroom.cli.monitor import cmd_check
     from postroom.settings import Settings
@@ -240,10 +240,10 @@ def test_check_goes_on_past_a_database_error_that_is_not_a_lost_server(
         raise sa.exc.ProgrammingError("SELECT 1", {},
                                       Exception("permission denied for table outbox"))
 
-    monkeypatch.setattr(relay.db, "check_database", no_grant)
+    monkeypatch.setattr(postroom.relay.db, "check_database", no_grant)
     for module, name in ((kafka, "check_kafka"), (kafka, "check_groups"),
-                         (schemas.registry, "check_registry"), (sender.smtp, "check_smtp"),
-                         (sender.delivery, "check_attachments")):
+                         (postroom.schemas.registry, "check_registry"), (postroom.sender.smtp, "check_smtp"),
+                         (postroom.sender.delivery, "check_attachments")):
         monkeypatch.setattr(module, name, lambda *args: "fine")
     assert cmd_check(Settings(), argparse.Namespace(role=None)) == 1
     out = capsys.readouterr().out.splitlines()

@@ -47,11 +47,11 @@ def test_the_cli_logging_escapes_every_record() -> None:
     """configure_logging, as postroom's commands call it, in a process of its own."""
     code = ("import logging; from postroom.logs import configure_logging; "
             "configure_logging('INFO'); "
-            f"logging.getLogger('sender.service').info('key=%s attempt=%d', {FORGED!r}, 1)")
+            f"logging.getLogger('postroom.sender.service').info('key=%s attempt=%d', {FORGED!r}, 1)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
     assert len(done.stderr.splitlines()) == 1
-    assert "INFO sender.service: key=k\\n2026-10-02" in done.stderr
+    assert "INFO postroom.sender.service: key=k\\n2026-10-02" in done.stderr
 
 
 

@@ -20,9 +20,9 @@ from postroom import mime
 from postroom.errors import InvalidContentError, UnsafeHeaderError
 from postroom.mime import check_composable, check_composable_by_building, check_serialized
 from postroom.rules import check_address, check_attachment_path, check_subject
-from schemas.codec import EmailRequested
-from sender.errors import AttachmentError
-from sender.message import build_message
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.errors import AttachmentError
+from postroom.sender.message import build_message
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)

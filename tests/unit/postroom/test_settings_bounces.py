@@ -135,7 +135,7 @@ def test_the_longest_bounce_address_leaves_room_for_the_longest_token() -> None:
 
 
 def test_the_longest_token_age_is_one_the_intake_can_use() -> None:
-    from bounces.service import bounce_config
+    from postroom.bounces.service import bounce_config
 
     settings = Settings.from_env({P + "BOUNCE_ADDRESS": "bounces@bounce.example.com",
                                   P + "BOUNCE_SECRET": KEY, P + "BOUNCE_TOKEN_MAX_AGE": "36500d"})

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
 
-from relay.db import SERVER_KEEPALIVE_OPTIONS, libpq_conninfo, with_options
+from postroom.relay.db import SERVER_KEEPALIVE_OPTIONS, libpq_conninfo, with_options
 
 
 @pytest.mark.parametrize(("parts", "options"), [

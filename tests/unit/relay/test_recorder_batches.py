@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from confluent_kafka import Message
 
-from relay.recorder import BATCH_MAX, BATCH_WAIT_S, GAP_S, QUIET_S, gather
+from postroom.relay.recorder import BATCH_MAX, BATCH_WAIT_S, GAP_S, QUIET_S, gather
 
 
 class Topic:

@@ -14,9 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from postroom.kafka import Record
-from postroom.settings import LONGEST_PERIOD_S, Settings
-from relay.recorder import Recorder
-from relay.results import (
+from postroom.relay.recorder import Recorder
+from postroom.relay.results import (
     ENHANCED_CODE_MAX_CHARS,
     ERROR_MAX_CHARS,
     MESSAGE_ID_MAX_CHARS,
@@ -27,9 +26,10 @@ from relay.results import (
     storable,
     storable_result,
 )
-from schemas.codec import DeliveryStatus, EmailResult, Schema, encode, load_schema
-from schemas.errors import SchemaUnavailableError
-from schemas.framing import confluent_prefix, headers_for
+from postroom.schemas.codec import DeliveryStatus, EmailResult, Schema, encode, load_schema
+from postroom.schemas.errors import SchemaUnavailableError
+from postroom.schemas.framing import confluent_prefix, headers_for
+from postroom.settings import LONGEST_PERIOD_S, Settings
 from support.metrics import counter
 
 RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="a@example.com",
@@ -150,7 +150,7 @@ def framed_record() -> Record:
 
 def test_a_result_waits_while_the_registry_cannot_give_its_schema(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("relay.recorder.RETRY_BACKOFF_S", 0.01)
+    monkeypatch.setattr("postroom.relay.recorder.RETRY_BACKOFF_S", 0.01)
     registry = Registry(outages=3)
     found = recorder(registry)._decode(framed_record())
     assert found == RESULT
@@ -159,7 +159,7 @@ def test_a_result_waits_while_the_registry_cannot_give_its_schema(
 
 def test_a_result_waiting_for_the_registry_is_left_unrecorded_on_stop(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("relay.recorder.RETRY_BACKOFF_S", 0.01)
+    monkeypatch.setattr("postroom.relay.recorder.RETRY_BACKOFF_S", 0.01)
     role = recorder(Registry(outages=10**9))
     threading.Timer(0.1, role.stop).start()
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.redrive import (
+from postroom.relay.redrive import (
     DeadLetter,
     RedrivePlan,
     _letter,

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from postroom.errors import InvalidContentError
 from postroom.headers import ATTEMPT_BASE_HEADER, read_headers
-from postroom.rules import SizeLimits
-from relay.report import BODY_MAX_LINES, Failure, render_csv, report_body, report_key
-from relay.retention import (
+from postroom.relay.report import BODY_MAX_LINES, Failure, render_csv, report_body, report_key
+from postroom.relay.retention import (
     DEFAULT_MIN_AGE_S,
     PurgePlan,
     ledger_cutoff,
@@ -22,6 +21,7 @@ from relay.retention import (
     parse_age_s,
     render_plan,
 )
+from postroom.rules import SizeLimits
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
@@ -168,7 +168,7 @@ def test_the_csv_holds_every_failure_with_a_header() -> None:
 
 
 def test_a_multi_line_reply_stays_on_its_failures_line() -> None:
-    from relay.report import render_lines
+    from postroom.relay.report import render_lines
 
     many = dataclasses.replace(failure(1), last_error="550-5.1.1 first\r\n550 5.1.1 second")
     assert render_lines([many], NOW)[1] == (
@@ -178,7 +178,7 @@ def test_a_multi_line_reply_stays_on_its_failures_line() -> None:
 def test_the_reports_csv_is_written_below_the_root_and_never_through_a_link(
         tmp_path: Path) -> None:
     from postroom.errors import PostroomError
-    from relay.report import _write_csv
+    from postroom.relay.report import _write_csv
 
     root = tmp_path / "root"
     root.mkdir()

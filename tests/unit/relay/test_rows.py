@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.errors import PoisonRowError
-from relay.rows import FIELDS, event_value
-from schemas.codec import EmailRequested, load_schema
-from schemas.decoding import decode
-from schemas.framing import SCHEMALESS
+from postroom.relay.errors import PoisonRowError
+from postroom.relay.rows import FIELDS, event_value
+from postroom.schemas.codec import EmailRequested, load_schema
+from postroom.schemas.decoding import decode
+from postroom.schemas.framing import SCHEMALESS
 from support.fuzz import examples
 
 SCHEMA = load_schema("email_requested")

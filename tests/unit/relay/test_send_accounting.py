@@ -16,11 +16,11 @@ import sqlalchemy as sa
 
 from postroom.errors import KafkaClientError
 from postroom.kafka import KafkaError, KafkaException
+from postroom.relay import producing
+from postroom.relay.publisher import Relay
+from postroom.relay.rounds import Sent
+from postroom.schemas.codec import load_schema
 from postroom.settings import Settings
-from relay import producing
-from relay.publisher import Relay
-from relay.rounds import Sent
-from schemas.codec import load_schema
 from support.metrics import counter
 
 CREATED = dt.datetime(2026, 9, 30, tzinfo=dt.UTC)

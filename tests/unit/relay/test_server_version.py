@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from relay.db import check_server_version
-from relay.errors import UnsupportedDatabaseError
+from postroom.relay.db import check_server_version
+from postroom.relay.errors import UnsupportedDatabaseError
 
 
 @pytest.mark.parametrize("version", [(13, 16), (9, 6, 24)])

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from relay.db import check_schema_at_start
+from postroom.relay.db import check_schema_at_start
 
 
 def _failing(errors: list[Exception]) -> tuple[list[int], Callable[[sa.Engine], None]]:

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from postroom.errors import InvalidContentError, printable
-from relay.results import ERROR_MAX_CHARS, ReportPolicy, report_error, report_params
-from relay.suppression import REASON_MAX_CHARS, checked, reason_of
-from schemas.codec import DeliveryStatus, EmailResult
+from postroom.relay.results import ERROR_MAX_CHARS, ReportPolicy, report_error, report_params
+from postroom.relay.suppression import REASON_MAX_CHARS, checked, reason_of
+from postroom.schemas.codec import DeliveryStatus, EmailResult
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 1, 7, 0, tzinfo=dt.UTC)

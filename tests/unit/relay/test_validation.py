@@ -9,8 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from relay import validation
-from relay.errors import EnqueueError
+from postroom.relay import validation
+from postroom.relay.errors import EnqueueError
 from support.fuzz import examples
 
 # Text of any code point, lone surrogates too (st.text leaves them out unless asked).

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.errors import InvalidAttachmentError, InvalidEmailError
-from relay.validation import MAX_HTML_BYTES, check_html, check_inline
+from postroom.relay.errors import InvalidAttachmentError, InvalidEmailError
+from postroom.relay.validation import MAX_HTML_BYTES, check_html, check_inline
 
 
 @pytest.mark.parametrize("html", [None, "", "<p>fine</p>", "<unclosed <<markup", "é" * (MAX_HTML_BYTES // 2)])

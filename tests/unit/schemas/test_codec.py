@@ -17,7 +17,7 @@ import pytest
 from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
 
-from schemas.codec import (
+from postroom.schemas.codec import (
     DeliveryStatus,
     EmailRequested,
     EmailResult,
@@ -27,10 +27,10 @@ from schemas.codec import (
     load_schema,
     parse_schema_text,
 )
-from schemas.compiled_writer import RecordWriter
-from schemas.decoding import decode, earlier_versions, known_writer_schemas
-from schemas.errors import SchemaError
-from schemas.framing import SCHEMA_HEADER, header_value, headers_for
+from postroom.schemas.compiled_writer import RecordWriter
+from postroom.schemas.decoding import decode, earlier_versions, known_writer_schemas
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SCHEMA_HEADER, header_value, headers_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SCHEMA_FILES = sorted(p.name for p in resources.files("schemas").iterdir()

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import EmailRequested
-from schemas.errors import SchemaError
-from schemas.sizes import event_size, requested_event_size
+from postroom.schemas.codec import EmailRequested
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.sizes import event_size, requested_event_size
 from support.fuzz import examples
 
 TEXT = st.text(max_size=300) | st.text(st.characters(codec="utf-8"), min_size=60, max_size=9000)

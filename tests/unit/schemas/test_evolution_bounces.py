@@ -13,10 +13,10 @@ from typing import Any
 import fastavro
 import pytest
 
-from schemas.codec import DeliveryStatus, EmailResult, encode, load_schema, parse_schema_text
-from schemas.decoding import decode, earlier_versions
-from schemas.errors import SchemaError
-from schemas.framing import SCHEMA_HEADER, headers_for
+from postroom.schemas.codec import DeliveryStatus, EmailResult, encode, load_schema, parse_schema_text
+from postroom.schemas.decoding import decode, earlier_versions
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SCHEMA_HEADER, headers_for
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 V1 = earlier_versions("email_result")[0]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from schemas.codec import EmailRequested, encode, load_schema
-from schemas.decoding import decode, earlier_versions
-from schemas.framing import SCHEMA_HEADER, headers_for
-from sender.message import build_message
+from postroom.schemas.codec import EmailRequested, encode, load_schema
+from postroom.schemas.decoding import decode, earlier_versions
+from postroom.schemas.framing import SCHEMA_HEADER, headers_for
+from postroom.sender.message import build_message
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 V1 = earlier_versions("email_requested")[0]

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
+from postroom.schemas.codec import EmailRequested, EmailResult, Schema, encode, load_schema
+from postroom.schemas.decoding import decode
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SCHEMA_HEADER, SCHEMALESS, Framing, confluent_prefix, split_confluent
 from postroom.topics import all_topics, results_topic, topic_schemas, value_subject
-from schemas.codec import EmailRequested, EmailResult, Schema, encode, load_schema
-from schemas.decoding import decode
-from schemas.errors import SchemaError
-from schemas.framing import SCHEMA_HEADER, SCHEMALESS, Framing, confluent_prefix, split_confluent
 
 CREATED = dt.datetime(2026, 9, 30, 23, 59, 58, 125000, tzinfo=dt.UTC)
 EVENT = EmailRequested(

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from postroom.schemas.codec import load_schema
+from postroom.schemas.errors import SchemaError, SchemaUnavailableError
+from postroom.schemas.registry import Registry, RegistryError
 from postroom.settings import Settings
-from schemas.codec import load_schema
-from schemas.errors import SchemaError, SchemaUnavailableError
-from schemas.registry import Registry, RegistryError
 
 SETTINGS = Settings.from_env({"POSTROOM_SCHEMA_REGISTRY_URL": "http://registry.invalid:8080"})
 

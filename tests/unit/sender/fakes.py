@@ -11,12 +11,12 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from schemas.codec import EmailRequested, EmailResult
-from sender.claims import ClaimResult, KeyState, decide_claims
-from sender.errors import LedgerUnavailableError
-from sender.outcome import SmtpReply, Stage
-from sender.ports import TraceHeaders
-from sender.routing import Forward, Origin
+from postroom.schemas.codec import EmailRequested, EmailResult
+from postroom.sender.claims import ClaimResult, KeyState, decide_claims
+from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.outcome import SmtpReply, Stage
+from postroom.sender.ports import TraceHeaders
+from postroom.sender.routing import Forward, Origin
 
 EPOCH = dt.datetime(2026, 12, 2, 20, 0, tzinfo=dt.UTC)
 OK = SmtpReply(Stage.DATA, 250, "2.0.0 queued")

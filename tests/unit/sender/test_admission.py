@@ -11,10 +11,10 @@ import pytest
 
 from postroom.headers import ATTEMPT_BASE_HEADER, ROW_ID_HEADER, UNREADABLE_HEADERS
 from postroom.rules import SizeLimits
-from schemas.codec import EmailRequested, encode
-from schemas.errors import SchemaUnavailableError
-from schemas.framing import headers_for
-from sender.admission import (
+from postroom.schemas.codec import EmailRequested, encode
+from postroom.schemas.errors import SchemaUnavailableError
+from postroom.schemas.framing import headers_for
+from postroom.sender.admission import (
     HEADERS_ALLOWANCE_BYTES,
     Admission,
     Admitted,
@@ -23,7 +23,7 @@ from sender.admission import (
     record_size,
     refuse_event,
 )
-from sender.errors import PoisonRecordError
+from postroom.sender.errors import PoisonRecordError
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 ADMISSION = Admission.for_tiers(SizeLimits(body_max_bytes=1000, event_max_bytes=5000),

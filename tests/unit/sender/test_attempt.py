@@ -29,18 +29,18 @@ from postroom.metrics import (
     DUPLICATES_SUPPRESSED_TOTAL,
     Metrics,
 )
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.admission import Admitted
+from postroom.sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
+from postroom.sender.claims import RENEW_AFTER_S, Claim
+from postroom.sender.destinations import DestinationGate
+from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.retry import RetryPolicy
+from postroom.sender.routing import Origin
+from postroom.sender.throttle import ThrottleLimits
 from postroom.topics import dead_letter_topic, retry_topic
 from postroom.tracing import OFF, TraceContext, Tracing, from_headers
-from schemas.codec import EmailRequested
-from sender.admission import Admitted
-from sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
-from sender.claims import RENEW_AFTER_S, Claim
-from sender.destinations import DestinationGate
-from sender.errors import LedgerUnavailableError
-from sender.outcome import Failure, SmtpReply, Stage
-from sender.retry import RetryPolicy
-from sender.routing import Origin
-from sender.throttle import ThrottleLimits
 from support.metrics import counter
 
 PREFIX = "t."
@@ -225,7 +225,7 @@ def test_a_ledger_that_does_not_answer_is_asked_again_sooner_then_every_few_seco
         caplog: pytest.LogCaptureFixture) -> None:
     w = world([TRANSIENT])
     w.ledger.unavailable = {"claim": 5, "release": 1}
-    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+    with caplog.at_level(logging.DEBUG, logger="postroom.sender.attempt"):
         w.deliver(Admitted(event()))
     # Each call's waits start again from the first: the claim's five, then the release's one.
     assert w.calls("sleep") == [("sleep", s) for s in (LEDGER_RETRY_FIRST_S, 0.5, 1.0,
@@ -259,7 +259,7 @@ def test_calls_that_fail_together_log_one_warning_between_them(
         await asyncio.wait_for(asyncio.gather(w.attempts.deliver(ORIGIN, Admitted(event())),
                                               w.attempts.deliver(ORIGIN, Admitted(other))), 5)
 
-    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+    with caplog.at_level(logging.DEBUG, logger="postroom.sender.attempt"):
         asyncio.run(both())
     levels = [level for level, _ in _ledger_lines(caplog)]
     # One warning, and one line when the ledger answers again (the first call through says it).
@@ -284,7 +284,7 @@ def test_different_calls_failing_in_one_outage_share_the_senders_warning(
         return list(await asyncio.gather(w.attempts._ledger_call("claim", failing("claim")),
                                          w.attempts._ledger_call("mark", failing("mark"))))
 
-    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+    with caplog.at_level(logging.DEBUG, logger="postroom.sender.attempt"):
         assert asyncio.run(both()) == ["claim", "mark"]
     lines = _ledger_lines(caplog)
     # Within 2 s of the claim's warning, the mark's failures log at DEBUG: one warning a sender.
@@ -299,7 +299,7 @@ def test_a_new_outage_after_the_ledger_answered_again_warns_at_once(
         caplog: pytest.LogCaptureFixture) -> None:
     w = world([TRANSIENT])
     w.ledger.unavailable = {"claim": 1, "release": 1}
-    with caplog.at_level(logging.DEBUG, logger="sender.attempt"):
+    with caplog.at_level(logging.DEBUG, logger="postroom.sender.attempt"):
         w.deliver(Admitted(event()))
     lines = _ledger_lines(caplog)
     # The release fails 0.25 s after the claim's warning, but after the claim got through.

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from postroom.settings import Settings
-from sender.claims import (
+from postroom.sender.claims import (
     RENEW_AFTER_S,
     Claim,
     ClaimResult,
@@ -22,6 +21,7 @@ from sender.claims import (
     needs_renewal,
     send_deadline_s,
 )
+from postroom.settings import Settings
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from postroom.rules import SizeLimits
-from schemas.codec import DeliveryStatus, EmailRequested
-from sender.admission import Admission, refuse_event
-from sender.delivery import Delivery
-from sender.outcome import Failure, SmtpReply, Stage, classify_reply, waits_for_configuration
-from sender.retry import Action, RetryDecision, RetryPolicy
-from sender.routing import Origin, route
+from postroom.schemas.codec import DeliveryStatus, EmailRequested
+from postroom.sender.admission import Admission, refuse_event
+from postroom.sender.delivery import Delivery
+from postroom.sender.outcome import Failure, SmtpReply, Stage, classify_reply, waits_for_configuration
+from postroom.sender.retry import Action, RetryDecision, RetryPolicy
+from postroom.sender.routing import Origin, route
 
 NOW = dt.datetime(2026, 12, 2, 20, 0, tzinfo=dt.UTC)
 DELAYS_S = (60.0, 300.0, 900.0)
@@ -98,8 +98,8 @@ def test_the_delivery_says_what_to_set_and_gives_the_reply_that_waits(
 
 def test_check_warns_without_a_root_and_fails_for_one_that_is_no_directory(tmp_path: Path) -> None:
     from postroom.errors import ConfigError
+    from postroom.sender.delivery import AttachmentsOffWarning, check_attachments
     from postroom.settings import Settings
-    from sender.delivery import AttachmentsOffWarning, check_attachments
 
     with pytest.raises(AttachmentsOffWarning, match=r"POSTROOM_ATTACHMENTS_ROOT is not set: .* "
                                                     r"the sender is restarted"):

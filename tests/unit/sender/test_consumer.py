@@ -11,9 +11,9 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from postroom.kafka import Record
 from postroom.metrics import Metrics
+from postroom.sender.consumer import SenderConsumer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
-from sender.consumer import SenderConsumer
 
 
 @dataclass

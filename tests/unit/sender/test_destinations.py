@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from sender.destinations import DestinationGate
-from sender.throttle import ThrottleLimits
+from postroom.sender.destinations import DestinationGate
+from postroom.sender.throttle import ThrottleLimits
 
 WAITERS = 50
 

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.delivery import Delivery
+from postroom.sender.message import dsn_mail_parameters, dsn_rcpt_parameters, xtext
+from postroom.sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.smtp import SmtpPool
+from postroom.sender.smtp_config import SmtpConfig
 from postroom.settings import Settings, TlsMode
 from postroom.verp import read_token
-from schemas.codec import EmailRequested
-from sender.delivery import Delivery
-from sender.message import dsn_mail_parameters, dsn_rcpt_parameters, xtext
-from sender.outcome import Failure, SmtpReply, Stage
-from sender.smtp import SmtpPool
-from sender.smtp_config import SmtpConfig
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 1, 7, 0, tzinfo=dt.UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from postroom.errors import PostroomError
-from sender.errors import AttachmentError, DeliveryError, LedgerUnavailableError
+from postroom.sender.errors import AttachmentError, DeliveryError, LedgerUnavailableError
 
 
 @pytest.mark.parametrize(("error", "message"), [

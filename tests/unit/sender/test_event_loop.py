@@ -10,7 +10,7 @@ import pytest
 import uvloop
 
 from postroom.errors import ConfigError
-from sender.service import event_loop_factory
+from postroom.sender.service import event_loop_factory
 
 
 @pytest.mark.parametrize(("choice", "factory"), [

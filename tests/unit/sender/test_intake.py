@@ -11,15 +11,15 @@ from typing import Any
 from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.rules import SizeLimits
+from postroom.schemas.codec import EmailRequested, Schema, encode
+from postroom.schemas.errors import SchemaUnavailableError
+from postroom.schemas.framing import confluent_prefix
+from postroom.schemas.framing import headers_for as schema_headers
+from postroom.sender.admission import Admission, Admitted
+from postroom.sender.errors import PoisonRecordError
+from postroom.sender.intake import REGISTRY_RETRY_FIRST_S, Intake
+from postroom.sender.routing import Origin
 from postroom.topics import priority_topic, retry_topic
-from schemas.codec import EmailRequested, Schema, encode
-from schemas.errors import SchemaUnavailableError
-from schemas.framing import confluent_prefix
-from schemas.framing import headers_for as schema_headers
-from sender.admission import Admission, Admitted
-from sender.errors import PoisonRecordError
-from sender.intake import REGISTRY_RETRY_FIRST_S, Intake
-from sender.routing import Origin
 from support.metrics import counter
 
 PREFIX = "t."

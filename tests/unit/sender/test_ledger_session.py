@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sender.claims import Claim, needs_renewal
-from sender.ledger import Ledger
+from postroom.sender.claims import Claim, needs_renewal
+from postroom.sender.ledger import Ledger
 
 
 class ReconnectingSession:

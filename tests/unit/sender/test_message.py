@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from schemas.codec import EmailRequested
-from sender.errors import AttachmentError
-from sender.message import (
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.errors import AttachmentError
+from postroom.sender.message import (
     UnsafeHeaderError,
     attachments_refusal,
     build_message,
@@ -423,7 +423,7 @@ def test_a_file_past_the_total_is_refused_by_its_size_before_it_is_read(
 def test_a_file_is_read_no_further_than_the_total_leaves(root: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from postroom.rules import SizeLimits
-    from sender.message import FilesBudget
+    from postroom.sender.message import FilesBudget
 
     (root / "a.csv").write_bytes(b"a" * 90)
     budget = FilesBudget(100)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from schemas.codec import EmailRequested
-from sender.errors import AttachmentError
-from sender.message import attachments_refusal, build_message
+from postroom.schemas.codec import EmailRequested
+from postroom.sender.errors import AttachmentError
+from postroom.sender.message import attachments_refusal, build_message
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))

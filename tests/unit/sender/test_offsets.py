@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sender.offsets import OffsetBook, PartitionProgress
+from postroom.sender.offsets import OffsetBook, PartitionProgress
 
 TP = ("postroom.email.normal", 0)
 OTHER = ("postroom.email.normal", 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sender.outcome import (
+from postroom.sender.outcome import (
     MESSAGE_STAGES,
     REASON_MAX_CHARS,
     SESSION_STAGES,

@@ -1,4 +1,4 @@
-"""sender.pipelining's pure parts: reading replies out of a buffer, which reply of a group
+"""postroom.sender.pipelining's pure parts: reading replies out of a buffer, which reply of a group
 refused, and the wait for a reply (on an event loop, over a transport that answers as told)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from aiosmtplib.response import SMTPResponse
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sender.outcome import Stage
-from sender.pipelining import Pipeline, _refusal, _take_reply, data_bytes
+from postroom.sender.outcome import Stage
+from postroom.sender.pipelining import Pipeline, _refusal, _take_reply, data_bytes
 
 
 def replies_in(data: bytes) -> tuple[list[SMTPResponse], bytes]:

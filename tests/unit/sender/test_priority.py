@@ -6,13 +6,13 @@ from collections.abc import Mapping
 
 import pytest
 
-from postroom.topics import Priority
-from sender.priority import (
+from postroom.sender.priority import (
     PriorityState,
     choose_active,
     partition_backlog,
     plan_round,
 )
+from postroom.topics import Priority
 
 H, N, L = Priority.HIGH, Priority.NORMAL, Priority.LOW
 ALL = frozenset({H, N, L})

@@ -9,10 +9,10 @@ from typing import Any
 
 from postroom.kafka import Record
 from postroom.metrics import Metrics
+from postroom.schemas.framing import SCHEMALESS
+from postroom.sender.errors import PoisonRecordError
+from postroom.sender.publishing import OutcomePublisher
 from postroom.tracing import TraceContext, from_headers
-from schemas.framing import SCHEMALESS
-from sender.errors import PoisonRecordError
-from sender.publishing import OutcomePublisher
 
 NOW = dt.datetime(2026, 10, 1, 6, 0, tzinfo=dt.UTC)
 CONTEXT = TraceContext("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", 1)

@@ -29,15 +29,15 @@ from postroom.headers import (
     read_headers,
 )
 from postroom.rules import SizeLimits
-from schemas.codec import EmailRequested, Schema, encode, load_schema
-from schemas.decoding import earlier_versions
-from schemas.errors import SchemaError
-from schemas.framing import SCHEMA_HEADER, confluent_prefix, headers_for
-from sender.admission import Admission, Admitted, admit, readable_key
-from sender.errors import PoisonRecordError
-from sender.outcome import Outcome, Verdict
-from sender.retry import RetryPolicy, due_in_s
-from sender.routing import Origin, dead_letter_headers, poison_result
+from postroom.schemas.codec import EmailRequested, Schema, encode, load_schema
+from postroom.schemas.decoding import earlier_versions
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SCHEMA_HEADER, confluent_prefix, headers_for
+from postroom.sender.admission import Admission, Admitted, admit, readable_key
+from postroom.sender.errors import PoisonRecordError
+from postroom.sender.outcome import Outcome, Verdict
+from postroom.sender.retry import RetryPolicy, due_in_s
+from postroom.sender.routing import Origin, dead_letter_headers, poison_result
 
 EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "150"))
 # A long run takes its time: about 200 examples a second on the shared machine.

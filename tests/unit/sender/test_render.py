@@ -1,4 +1,4 @@
-"""sender.render: an email filled into its report's template is byte for byte the email the email
+"""postroom.sender.render: an email filled into its report's template is byte for byte the email the email
 package builds in full; the template's cut, its cache and which recipients may take it."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from postroom.errors import UnsafeHeaderError
-from schemas.codec import EmailRequested
-from sender import render
-from sender.delivery import Delivery
-from sender.message import build_message
-from sender.outcome import Failure, Stage
-from sender.render import (
+from postroom.schemas.codec import EmailRequested
+from postroom.sender import render
+from postroom.sender.delivery import Delivery
+from postroom.sender.message import build_message
+from postroom.sender.outcome import Failure, Stage
+from postroom.sender.render import (
     Built,
     Template,
     TemplateCache,

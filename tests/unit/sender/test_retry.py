@@ -7,15 +7,15 @@ from collections.abc import Callable
 
 import pytest
 
-from postroom.settings import Settings
-from sender.outcome import Outcome, SmtpReply, Stage, Verdict, classify_reply
-from sender.retry import (
+from postroom.sender.outcome import Outcome, SmtpReply, Stage, Verdict, classify_reply
+from postroom.sender.retry import (
     Action,
     RetryDecision,
     RetryPolicy,
     due_in_s,
     lateness_s,
 )
+from postroom.settings import Settings
 
 T0 = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 SENT = Outcome(Verdict.SENT, 250, "2.0.0", "250 2.0.0 Ok")

@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from schemas.codec import DeliveryStatus, EmailRequested, EmailResult
-from sender.errors import PoisonRecordError
-from sender.outcome import Outcome, Verdict
-from sender.retry import Action, RetryDecision
-from sender.routing import (
+from postroom.schemas.codec import DeliveryStatus, EmailRequested, EmailResult
+from postroom.sender.errors import PoisonRecordError
+from postroom.sender.outcome import Outcome, Verdict
+from postroom.sender.retry import Action, RetryDecision
+from postroom.sender.routing import (
     DLQ_CLASS_HEADER,
     DLQ_OFFSET_HEADER,
     DLQ_PARTITION_HEADER,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from sender.service import serving
+from postroom.sender.service import serving
 
 
 def test_a_slow_lookup_is_served_around_and_its_answer_returned() -> None:

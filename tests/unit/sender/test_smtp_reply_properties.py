@@ -19,11 +19,11 @@ from aiosmtplib.protocol import MAX_RESPONSE_LENGTH, SMTPProtocol
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import DeliveryStatus, EmailResult, encode
-from schemas.decoding import decode
-from schemas.framing import headers_for
-from sender import pipelining
-from sender.outcome import (
+from postroom.schemas.codec import DeliveryStatus, EmailResult, encode
+from postroom.schemas.decoding import decode
+from postroom.schemas.framing import headers_for
+from postroom.sender import pipelining
+from postroom.sender.outcome import (
     MESSAGE_STAGES,
     REASON_MAX_CHARS,
     Failure,
@@ -32,8 +32,8 @@ from sender.outcome import (
     Verdict,
     classify_reply,
 )
-from sender.pipelining import MAX_REPLY_BYTES, Pipeline, _take_reply
-from sender.throttle import is_throttling
+from postroom.sender.pipelining import MAX_REPLY_BYTES, Pipeline, _take_reply
+from postroom.sender.throttle import is_throttling
 
 EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "150"))
 pytestmark = pytest.mark.timeout(60 + EXAMPLES // 25)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sender.outcome import Failure, SmtpReply, Stage
-from sender.throttle import (
+from postroom.sender.outcome import Failure, SmtpReply, Stage
+from postroom.sender.throttle import (
     Destination,
     DestinationBy,
     ThrottleLimits,

@@ -1,4 +1,5 @@
-"""sender.writers: the registry is asked for a batch's new writer schemas off the event loop, once."""
+"""postroom.sender.writers: the registry is asked for a batch's new writer schemas off the event
+loop, once."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import time
 import pytest
 
 from postroom.kafka import Record
-from schemas.codec import Schema, load_schema
-from schemas.errors import SchemaError
-from schemas.framing import SCHEMA_HEADER
-from sender.writers import WriterSchemas
+from postroom.schemas.codec import Schema, load_schema
+from postroom.schemas.errors import SchemaError
+from postroom.schemas.framing import SCHEMA_HEADER
+from postroom.sender.writers import WriterSchemas
 
 SCHEMA = load_schema("email_requested")
 
