@@ -94,9 +94,9 @@ def _statement_alone(tag: str, calls: int) -> Callable[[sa.Connection], int]:
     calls) through psycopg alone on one cursor, nothing checked: what a call that waits for its
     row takes with no postroom code around it."""
     def work(conn: sa.Connection) -> int:
-        driver = pgdriver.psycopg_connection(conn)
+        driver = inserts.psycopg_connection(conn)
         assert driver is not None, "the benchmark's engine runs psycopg 3"
-        query = pgdriver.driver_sql(sql.insert_row(None).text, conn.dialect, frozenset())
+        query = pgdriver.driver_sql(sql.insert_row(None), frozenset())
         shared = {"sender": MAIL_FROM, "body": BODY, "attachments": [], "html": None,
                   "inline": [], "priority": "normal", "available_at": None}
         new = 0
@@ -117,7 +117,7 @@ def _round_trips(calls: int) -> Callable[[sa.Connection], int]:
     """``calls`` round trips of ``SELECT 1`` through psycopg alone: the least any call that waits
     for the database's answer takes."""
     def work(conn: sa.Connection) -> int:
-        driver = pgdriver.psycopg_connection(conn)
+        driver = inserts.psycopg_connection(conn)
         assert driver is not None, "the benchmark's engine runs psycopg 3"
         with driver.cursor() as cursor:
             for _ in range(calls):

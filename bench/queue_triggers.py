@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import psycopg
-from sqlalchemy.dialects import postgresql
 
 from bench.workload import BODY
 from postroom.devkit.scratch import scratch
@@ -31,11 +30,9 @@ VARIANTS = ("0004: dynamic SQL, two triggers, foreign key",
             "static SQL, one trigger, foreign key", "head: static SQL, no foreign key",
             "no trigger")
 
-_DIALECT = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
 # The statements enqueue's fast path sends (INSERT_ROW, INSERT_ROWS with its lists in binary).
-ROW = pgdriver.driver_sql(sql.insert_row(None).text, _DIALECT, frozenset())
-ROWS = pgdriver.driver_sql(sql.insert_rows(None).text, _DIALECT,
-                           frozenset({"keys", "recipients"}))
+ROW = pgdriver.driver_sql(sql.insert_row(None), frozenset())
+ROWS = pgdriver.driver_sql(sql.insert_rows(None), frozenset({"keys", "recipients"}))
 SHARED: dict[str, Any] = {"message_key": "m", "sender": None, "subject": "S", "body": BODY,
                           "attachments": [], "html": None, "inline": [], "priority": "normal",
                           "available_at": None}

@@ -12,14 +12,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.orm import Session
-
 from postroom import tracing
 from postroom.errors import first_line
 from postroom.relay import outbox, sql
+from postroom.relay.connectors import JobConnection, connector_for
 from postroom.relay.errors import InvalidEmailError
-from postroom.relay.inserts import Inserts
 from postroom.relay.outbox import Email
 from postroom.rules import SizeLimits
 from postroom.topics import Priority
@@ -46,7 +43,7 @@ def _json_list(paths: list[str]) -> str:
     return json.dumps(paths) if paths else "[]"
 
 
-def enqueue_many(conn: sa.Connection | Session, emails: Iterable[Email], *,
+def enqueue_many(conn: JobConnection, emails: Iterable[Email], *,
                  attachment_max_bytes: int | None = None, limits: SizeLimits | None = None,
                  schema: str | None = None) -> int:
     """Queue many emails (each a different subject, body or attachment, say: an invoice run)
@@ -94,12 +91,13 @@ class Batch:
     span, the rows keep the context of an ``enqueue outbox`` span that covers the block's start.
     """
 
-    def __init__(self, conn: sa.Connection | Session, *, attachment_max_bytes: int | None = None,
+    def __init__(self, conn: JobConnection, *, attachment_max_bytes: int | None = None,
                  limits: SizeLimits | None = None, schema: str | None = None) -> None:
         self.new = 0  # the rows that are new, set when the block ends
         self.given = 0  # the rows sent to the database so far: all of them once the block ends
-        self._conn, self._schema = conn, schema
+        self._schema = schema
         self._limits = outbox.limits_of(limits, attachment_max_bytes, schema)
+        self._db = connector_for(conn, schema, fast=outbox.FAST_PATH)
         self._stack: contextlib.ExitStack | None = None
         self._used = False
         self._failed: BaseException | None = None
@@ -116,11 +114,10 @@ class Batch:
             raise RuntimeError("a Batch is used once: make a new one for the next block")
         self._used = True
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self._conn.begin_nested())
+            stack.enter_context(self._db.savepoint())
             # Asked before the inserts' pipeline starts: a statement in it answers only later.
-            trace = outbox.kept_trace(trace, self._conn, self._schema)
-            self._inserts = stack.enter_context(Inserts(self._conn, self._schema,
-                                                        fast=outbox.FAST_PATH))
+            trace = outbox.kept_trace(trace, self._db, self._schema)
+            self._inserts = stack.enter_context(self._db.inserts())
             self._statement = sql.insert_emails(self._schema, traced=trace is not None)
             self._traced = outbox.trace_params(trace)
             self._stack = stack.pop_all()

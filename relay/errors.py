@@ -27,3 +27,8 @@ class UnsupportedDatabaseError(PostroomError):
 
 class PoisonRowError(PostroomError):
     """An outbox row cannot become an event: it is marked failed, never published."""
+
+
+class InvalidConnectionError(EnqueueError):
+    """The connection given is not one enqueue writes through: a SQLAlchemy Connection or
+    Session, a psycopg 3 Connection, or Django's connection to PostgreSQL with psycopg 3."""

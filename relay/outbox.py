@@ -1,4 +1,6 @@
-"""The enqueue API report jobs call: one outbox row per recipient, inside the caller's transaction."""
+"""The enqueue API report jobs call: one outbox row per recipient, inside the caller's transaction,
+on the connection the job holds (relay/connectors.py). Light: no SQLAlchemy, psycopg or Avro
+library is imported here."""
 
 from __future__ import annotations
 
@@ -11,18 +13,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import sqlalchemy as sa
-from sqlalchemy.orm import Session
-
 from postroom import tracing
 from postroom.errors import InvalidContentError
 from postroom.relay import sql, validation
+from postroom.relay.connectors import Connector, JobConnection, connector_for
 from postroom.relay.errors import InvalidEmailError
-from postroom.relay.inserts import Inserts, insert_one, insert_row
 from postroom.rules import KEY_MAX_BYTES, SizeLimits, check_idempotency_key
-from postroom.schemas.codec import EmailRequested
 from postroom.schemas.errors import SchemaError
-from postroom.schemas.sizes import event_size, requested_event_size
+from postroom.schemas.sizes import requested_event_size
 from postroom.settings import env_size_limits
 from postroom.topics import Priority
 
@@ -63,7 +61,7 @@ class _Message(NamedTuple):
 
 
 def enqueue(
-    conn: sa.Connection | Session,
+    conn: JobConnection,
     *,
     key: str | None = None,
     recipients: Iterable[str],
@@ -80,6 +78,11 @@ def enqueue(
     schema: str | None = None,
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
+
+    ``conn`` is the job's connection: a SQLAlchemy ``Connection`` or ``Session``, a psycopg 3
+    ``Connection``, or Django's ``connection``; the rows commit or roll back with its
+    transaction (a psycopg or Django connection in autocommit mode, outside a transaction: the
+    call commits its own rows). Database errors come as its library raises them.
 
     ``key`` names the message (e.g. ``sales-report-2026-09``); with the recipient it makes the
     idempotency key, so a rerun of the job queues nothing twice and returns 0. Without a key the
@@ -99,6 +102,7 @@ def enqueue(
     back).
     """
     limits = limits_of(limits, attachment_max_bytes, schema)
+    db = connector_for(conn, schema, fast=FAST_PATH)
     message = check_email(Email(recipients=recipients, subject=subject, body=body, key=key,
                                 attachments=attachments, priority=priority,
                                 send_after=send_after, sender=sender, html=html, inline=inline),
@@ -111,23 +115,21 @@ def enqueue(
     # Recipients past the first chunk are checked as they come (an iterator of a million is
     # never held whole): a bad one rolls back the rows of the chunks before it.
     with (tracing.enqueue_span(shared["message_key"]) as trace,
-          conn.begin_nested() if second is not None else contextlib.nullcontext()):
-        trace = kept_trace(trace, conn, schema)
+          db.savepoint() if second is not None else contextlib.nullcontext()):
+        trace = kept_trace(trace, db, schema)
         statement = sql.insert_rows(schema, traced=trace is not None)
         params = {**shared, **trace_params(trace)}
         if second is None:
             if len(first) == 1 and FAST_PATH:
-                new = insert_row(conn, sql.insert_row(schema, traced=trace is not None),
-                                 {**params, "idempotency_key": first_keys[0],
-                                  "recipient": first[0]},
-                                 schema)
+                new = db.insert_row(sql.insert_row(schema, traced=trace is not None),
+                                    {**params, "idempotency_key": first_keys[0],
+                                     "recipient": first[0]})
             else:
-                new = insert_one(conn, statement,
-                                 {**params, "keys": first_keys, "recipients": first},
-                                 schema, fast=FAST_PATH)
+                new = db.insert_rows(statement,
+                                     {**params, "keys": first_keys, "recipients": first})
             given = len(first)
         else:
-            with Inserts(conn, schema, fast=FAST_PATH) as inserts:
+            with db.inserts() as inserts:
                 for chunk, keys in itertools.chain(((first, first_keys), second), keyed):
                     inserts.add(statement, {**params, "keys": keys, "recipients": chunk})
                     given += len(chunk)
@@ -138,14 +140,14 @@ def enqueue(
     return new
 
 
-def kept_trace(trace: tracing.TraceContext | None, conn: sa.Connection | Session,
+def kept_trace(trace: tracing.TraceContext | None, db: Connector,
                schema: str | None) -> tracing.TraceContext | None:
     """``trace`` when the outbox has migration 0010's columns to keep it in, else None: asked at
     each traced enqueue (one short catalog query; the search path, and so the outbox, may differ
     from one call to the next), so a job started before the upgrade traces once it is done."""
     if trace is None:
         return None
-    if conn.execute(sql.HAS_TRACE_COLUMNS, {"outbox": sql.outbox_of(schema)}).scalar_one():
+    if db.scalar(sql.HAS_TRACE_COLUMNS, {"outbox": sql.outbox_of(schema)}):
         return trace
     log.warning("the outbox has no trace context columns (run `postroom db upgrade` to 0010): "
                 "this job's rows are queued without its trace")
@@ -227,8 +229,8 @@ def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any]
                       limits: SizeLimits) -> None:
     """InvalidEmailError when the event of the row with this idempotency key and recipient (the
     longest key of a chunk) would exceed the cap: the relay could never publish it. The event is
-    counted whole: the text and HTML bodies, the attachments' and inline images' paths. Counted
-    from the values' lengths; a value the count refuses is encoded, for the encoder's words."""
+    counted whole: the text and HTML bodies, the attachments' and inline images' paths, from the
+    values' lengths (schemas/sizes.py, held to the encoder by a differential test)."""
     key, recipient = key_and_recipient
     created_at = dt.datetime.now(dt.UTC)
     try:
@@ -238,23 +240,9 @@ def _check_event_size(key_and_recipient: tuple[str, str], shared: dict[str, Any]
             subject=shared["subject"], body=shared["body"], priority=shared["priority"],
             created_at=created_at, html=shared["html"], attachments=shared["attachments"],
             inline=shared["inline"])
-    except SchemaError:
-        size = _encoded_event_size(key, recipient, shared, created_at)
+    except SchemaError as exc:  # text no event can carry: a lone surrogate, say
+        raise InvalidEmailError(f"the email cannot be written as an event: {exc}") from None
     if size > limits.event_max_bytes:
         raise InvalidEmailError(
             f"the email's event would be {size} bytes, over the limit of {limits.event_max_bytes} "
             "(POSTROOM_EVENT_MAX_BYTES): shorten the body or attach it as a file")
-
-
-def _encoded_event_size(key: str, recipient: str, shared: dict[str, Any],
-                        created_at: dt.datetime) -> int:
-    """The event's size by encoding it (the reference requested_event_size is held to)."""
-    try:
-        return event_size(EmailRequested(
-            idempotency_key=key, message_key=shared["message_key"],
-            outbox_id=EVENT_SIZE_OUTBOX_ID, recipient=recipient, sender=shared["sender"] or "",
-            subject=shared["subject"], body=shared["body"], priority=shared["priority"],
-            created_at=created_at, html=shared["html"],
-            attachments=tuple(shared["attachments"]), inline=tuple(shared["inline"])))
-    except SchemaError as exc:  # text no event can carry: a lone surrogate, say
-        raise InvalidEmailError(f"the email cannot be written as an event: {exc}") from None

@@ -1,63 +1,39 @@
-"""Enqueue's statements on the caller's psycopg connection itself (the fast path), with psycopg's
-errors raised as SQLAlchemy's, and no outbox table as SchemaNotReadyError."""
+"""Enqueue's statements on a psycopg 3 connection: the job's own, Django's, or the one under a
+SQLAlchemy connection (the fast path). Imports psycopg, not SQLAlchemy."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import threading
-from collections.abc import Iterator
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
+from psycopg import pq
 from psycopg.rows import tuple_row
-from sqlalchemy.orm import Session
 
-from postroom.relay.errors import SchemaNotReadyError
+from postroom.relay.connectors import DjangoConnection, schema_ready
+from postroom.relay.errors import InvalidConnectionError
 
-UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
-# The key of a psycopg connection's cursor for one-row inserts (with the thread it serves), in the
-# info of the pooled connection that holds it (which lives and goes with the psycopg connection).
-KEPT_CURSOR = "postroom.enqueue.cursor"
-
-
-@contextlib.contextmanager
-def schema_ready(schema: str | None) -> Iterator[None]:
-    """SchemaNotReadyError for the statement's error when there is no outbox table."""
-    try:
-        yield
-    except sa.exc.ProgrammingError as exc:
-        if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
-            raise
-        where = f"schema {schema}" if schema else "the connection's search path"
-        raise SchemaNotReadyError(
-            f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
-            "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
-
-
-def sa_connection(conn: sa.Connection | Session) -> sa.Connection:
-    return conn.connection() if isinstance(conn, Session) else conn
-
-
-def psycopg_connection(conn: sa.Connection | Session) -> psycopg.Connection[Any] | None:
-    """The psycopg 3 connection under the caller's, when its transaction has begun (an
-    execution on the driver does not begin one SQLAlchemy knows of); None: use SQLAlchemy."""
-    connection = sa_connection(conn)
-    if not connection.in_transaction():
-        return None
-    driver = connection.connection.driver_connection
-    return driver if isinstance(driver, psycopg.Connection) else None
+# A parameter of SQLAlchemy's text(): a colon and a name, not after a colon, word character or
+# backslash, nor before a colon (its TextClause's own pattern).
+_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+_SAVEPOINTS = itertools.count(1)  # savepoint names, unique in the process
 
 
 @functools.cache
-def driver_sql(text: str, dialect: sa.Dialect, binary: frozenset[str]) -> str:
-    """The statement as the dialect renders it for psycopg (``%(name)s``), the parameters named
-    in ``binary`` sent in binary (``%(name)b``)."""
-    query = str(sa.text(text).compile(dialect=dialect))
-    for name in binary:
-        query = query.replace(f"%({name})s", f"%({name})b")
-    return query
+def driver_sql(text: str, binary: frozenset[str]) -> str:
+    """A statement with ``:name`` parameters as psycopg takes it: ``%(name)s``, or ``%(name)b``
+    for the parameters named in ``binary``, and ``%`` doubled. What SQLAlchemy's text() compiles
+    to for its psycopg dialect (a differential test holds it to that), without SQLAlchemy."""
+    def placeholder(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return f"%({name})b" if name in binary else f"%({name})s"
+    return _BIND.sub(placeholder, text.replace("%", "%%"))
 
 
 def binary_names(params: dict[str, Any]) -> frozenset[str]:
@@ -68,60 +44,114 @@ def binary_names(params: dict[str, Any]) -> frozenset[str]:
                      if type(value) is list and value and all(type(v) is str for v in value))
 
 
+def query_of(statement: str, params: dict[str, Any]) -> str:
+    return driver_sql(statement, binary_names(params))
+
+
+def new_cursor(driver: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A server-side binding cursor of tuples, whatever the connection's own factories are
+    (Django's is a ClientCursor, which sends no parameter in binary)."""
+    return psycopg.Cursor(driver, row_factory=tuple_row)
+
+
 @contextlib.contextmanager
-def as_sqlalchemy_errors(query: str | None, params: dict[str, Any] | None,
-                         dialect: sa.Dialect) -> Iterator[None]:
-    """psycopg's errors raised as SQLAlchemy raises them for ``query`` (its parameters hidden), so
-    a statement run on the driver fails as it would through SQLAlchemy."""
+def savepoint(driver: psycopg.Connection[Any]) -> Iterator[None]:
+    """A savepoint in the connection's transaction (begun first if none is: psycopg begins one
+    before a statement outside autocommit mode); in autocommit mode outside a transaction, a
+    transaction of the block's own, committed when it ends well."""
+    if driver.autocommit and driver.info.transaction_status == pq.TransactionStatus.IDLE:
+        with driver.transaction():
+            yield
+        return
+    name = f"postroom_enqueue_{next(_SAVEPOINTS)}"
+    driver.execute(f"SAVEPOINT {name}")
     try:
         yield
-    except psycopg.Error as exc:
-        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error,
-                                         hide_parameters=True, dialect=dialect) from exc
+    except BaseException:
+        if not driver.closed:
+            driver.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            driver.execute(f"RELEASE SAVEPOINT {name}")
+        raise
+    driver.execute(f"RELEASE SAVEPOINT {name}")
 
 
-def insert_on_driver(driver: psycopg.Connection[Any], dialect: sa.Dialect,
-                      statement: sa.TextClause, params: dict[str, Any]) -> int:
-    """conn.execute(statement, params).scalar_one() run on the psycopg connection itself: the
-    statement SQLAlchemy would send, with the same parameters (lists of strings in binary),
-    without its execution context. Errors come as SQLAlchemy's, as they would."""
-    query = driver_sql(statement.text, dialect, binary_names(params))
-    with as_sqlalchemy_errors(query, params, dialect), \
-            driver.cursor(row_factory=tuple_row) as cursor:
-        cursor.execute(query, params)
-        row = cursor.fetchone()
-    if row is None:
-        raise sa.exc.NoResultFound("No row was found when one was required")
-    return int(row[0])
+class PsycopgConnector:
+    """enqueue's statements on a psycopg 3 connection, one at a time, errors in ``errors``
+    (a context that raises psycopg's as the caller's library does; none for psycopg's own)."""
+
+    def __init__(self, driver: psycopg.Connection[Any], schema: str | None,
+                 errors: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+                 ) -> None:
+        self.driver, self.schema, self._errors = driver, schema, errors
+
+    def _fetch(self, statement: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        with schema_ready(self.schema), self._errors(), new_cursor(self.driver) as cursor:
+            cursor.execute(query_of(statement, params), params)
+            row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        with self._errors(), savepoint(self.driver):
+            yield
+
+    def scalar(self, statement: str, params: dict[str, Any]) -> Any:
+        row = self._fetch(statement, params)
+        return None if row is None else row[0]
+
+    def insert_row(self, statement: str, params: dict[str, Any]) -> int:
+        return 0 if self._fetch(statement, params) is None else 1
+
+    def insert_rows(self, statement: str, params: dict[str, Any]) -> int:
+        row = self._fetch(statement, params)
+        if row is None:
+            raise psycopg.ProgrammingError("the insert returned no count")
+        return int(row[0])
+
+    def inserts(self) -> StatementInserts:
+        return StatementInserts(self)
 
 
-def insert_row_on_driver(connection: sa.Connection, driver: psycopg.Connection[Any],
-                         statement: sa.TextClause, params: dict[str, Any]) -> int:
-    """One INSERT_ROW (a row back when its row is new) run as :func:`insert_on_driver` runs a
-    statement, on the cursor :func:`kept_cursor` keeps: 1 when the row is new, else 0."""
-    query = driver_sql(statement.text, connection.dialect, binary_names(params))
-    with as_sqlalchemy_errors(query, params, connection.dialect):
-        cursor = kept_cursor(connection, driver)
-        cursor.execute(query, params)
-        return 0 if cursor.fetchone() is None else 1
+class StatementInserts:
+    """A call's or a batch's chunk statements on a :class:`PsycopgConnector`, each run when it
+    is added (no pipeline: the job's own statements between them run as they would alone)."""
+
+    def __init__(self, connector: PsycopgConnector) -> None:
+        self.connector, self.new = connector, 0
+
+    def __enter__(self) -> StatementInserts:
+        return self
+
+    def add(self, statement: str, params: dict[str, Any]) -> None:
+        self.new += self.connector.insert_rows(statement, params)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        return None
 
 
-def kept_cursor(connection: sa.Connection, driver: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-    """A cursor of ``driver`` for this thread, kept in ``connection``'s info for the thread's next
-    one-row insert. psycopg sets a cursor up again for each new query; the same cursor given the
-    same query (one string per statement, driver_sql's) keeps that set-up: 24 µs of a one-row
-    insert's 190 (psycopg alone, 9 rounds of 2,000, 6 December). A job that alternates statements
-    (traced and not, with files and without, schemas) sets it up each time, as before. A cursor
-    of another thread is not shared (a connection used by two threads at once, which SQLAlchemy
-    does not allow, would read each other's results), nor one closed or of another psycopg
-    connection. The cursor holds its last statement's parameters (the last email's values) until
-    the next insert on that connection or the connection's close."""
-    info, thread = connection.info, threading.get_ident()
-    kept = info.get(KEPT_CURSOR)
-    if kept is not None:
-        owner, cursor = kept
-        if owner == thread and not cursor.closed and cursor.connection is driver:
-            return cursor  # type: ignore[no-any-return]
-    cursor = driver.cursor(row_factory=tuple_row)
-    info[KEPT_CURSOR] = (thread, cursor)
-    return cursor
+def psycopg_connector(conn: object, schema: str | None) -> PsycopgConnector:
+    """The job's own psycopg 3 connection: its errors are psycopg's."""
+    if not isinstance(conn, psycopg.Connection):
+        raise InvalidConnectionError(
+            f"conn is a psycopg {type(conn).__name__}: enqueue takes a psycopg.Connection "
+            "(not an AsyncConnection, a cursor or a pool: take a connection from the pool)")
+    return PsycopgConnector(conn, schema)
+
+
+def django_connector(connection: DjangoConnection, schema: str | None) -> PsycopgConnector:
+    """Django's connection (``django.db.connection``): its psycopg 3 connection, errors raised as
+    Django's (``django.db.IntegrityError``, ...). Inside ``transaction.atomic()`` the rows are
+    the atomic block's; outside it (autocommit), each call commits its own."""
+    if connection.vendor != "postgresql":
+        raise InvalidConnectionError(f"Django's connection is to {connection.vendor}: "
+                                     "postroom's outbox is in PostgreSQL")
+    connection.validate_no_broken_transaction()  # TransactionManagementError, as Django's
+    connection.ensure_connection()
+    driver = getattr(connection, "connection", None)
+    if not isinstance(driver, psycopg.Connection):
+        raise InvalidConnectionError(
+            f"Django's connection uses {type(driver).__module__}: postroom needs Django's "
+            "psycopg 3 backend (pip install 'psycopg[binary]', and uninstall psycopg2)")
+    wrapper: AbstractContextManager[object] = getattr(connection, "wrap_database_errors")  # noqa: B009
+    return PsycopgConnector(driver, schema, errors=lambda: wrapper)

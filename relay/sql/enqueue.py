@@ -1,10 +1,10 @@
-"""The enqueue API's statements: rows into the outbox of a schema, traced or not."""
+"""The enqueue API's statements: rows into the outbox of a schema, traced or not. Plain text with
+``:name`` parameters (a job's import loads no SQLAlchemy; relay/connectors.py runs them on the
+job's connection, whichever kind it is)."""
 
 from __future__ import annotations
 
 import functools
-
-import sqlalchemy as sa
 
 # One statement per chunk of one message's recipients: the rows' own columns (idempotency key,
 # recipient) as two arrays, the columns they share sent once. Rows go in the given order (ids
@@ -82,10 +82,10 @@ INSERT_EMAILS = """
 
 # Whether the outbox :outbox names has migration 0010's trace context columns (0 without the
 # table: the insert then says the schema is not ready).
-HAS_TRACE_COLUMNS = sa.text("""
+HAS_TRACE_COLUMNS = """
     SELECT count(*) FROM pg_attribute
     WHERE attrelid = to_regclass(:outbox) AND attname = 'traceparent' AND NOT attisdropped
-""")
+"""
 
 
 def outbox_of(schema: str | None) -> str:
@@ -100,27 +100,24 @@ _TRACE_VALUES = ", CAST(:traceparent AS text), CAST(:tracestate AS text)"
 
 
 @functools.cache
-def insert_rows(schema: str | None, *, traced: bool = False) -> sa.TextClause:
+def insert_rows(schema: str | None, *, traced: bool = False) -> str:
     """INSERT_ROWS into the outbox of ``schema``, or of the search path's; ``traced``: with
     the ``:traceparent`` and ``:tracestate`` every row of the statement keeps."""
-    return sa.text(INSERT_ROWS.format(outbox=outbox_of(schema),
-                                      trace=_TRACE_COLUMNS if traced else "",
-                                      trace_values=_TRACE_VALUES if traced else ""))
+    return INSERT_ROWS.format(outbox=outbox_of(schema), trace=_TRACE_COLUMNS if traced else "",
+                              trace_values=_TRACE_VALUES if traced else "")
 
 
 @functools.cache
-def insert_row(schema: str | None, *, traced: bool = False) -> sa.TextClause:
+def insert_row(schema: str | None, *, traced: bool = False) -> str:
     """INSERT_ROW into the outbox of ``schema``, or of the search path's; ``traced`` as for
     :func:`insert_rows`."""
-    return sa.text(INSERT_ROW.format(outbox=outbox_of(schema),
-                                     trace=_TRACE_COLUMNS if traced else "",
-                                     trace_values=_TRACE_VALUES if traced else ""))
+    return INSERT_ROW.format(outbox=outbox_of(schema), trace=_TRACE_COLUMNS if traced else "",
+                             trace_values=_TRACE_VALUES if traced else "")
 
 @functools.cache
-def insert_emails(schema: str | None, *, traced: bool = False) -> sa.TextClause:
+def insert_emails(schema: str | None, *, traced: bool = False) -> str:
     """INSERT_EMAILS into the outbox of ``schema``, or of the search path's; ``traced`` as for
     :func:`insert_rows` (one context for all the emails of the call)."""
-    return sa.text(INSERT_EMAILS.format(outbox=outbox_of(schema),
-                                        trace=_TRACE_COLUMNS if traced else "",
-                                        trace_values=_TRACE_VALUES if traced else ""))
+    return INSERT_EMAILS.format(outbox=outbox_of(schema), trace=_TRACE_COLUMNS if traced else "",
+                                trace_values=_TRACE_VALUES if traced else "")
 

@@ -192,7 +192,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     rows: list[int] = []
     real = inserts.Inserts.add
 
-    def spy(self: inserts.Inserts, statement: sa.TextClause, params: dict[str, Any]) -> None:
+    def spy(self: inserts.Inserts, statement: str, params: dict[str, Any]) -> None:
         rows.append(len(params["recipient"]))
         real(self, statement, params)
 

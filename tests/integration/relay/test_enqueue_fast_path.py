@@ -19,7 +19,7 @@ from psycopg.rows import dict_row, tuple_row
 from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
-from postroom.relay import outbox, pgdriver
+from postroom.relay import inserts, outbox
 from postroom.relay.errors import EnqueueError, SchemaNotReadyError
 from support.enqueue_strategies import ROW_COLUMNS, email_kwargs
 from support.fuzz import examples
@@ -114,20 +114,20 @@ def test_fast_path_and_reference_agree(engine: sa.Engine, files: list[str]) -> N
 def test_the_fast_path_is_taken(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a vacuous agreement: a job's psycopg connection gets the statement itself."""
     taken: list[str] = []
-    one_row, chunk = pgdriver.insert_row_on_driver, pgdriver.insert_on_driver
+    one_row, chunk = inserts.insert_row_on_driver, inserts.insert_on_driver
 
-    def row_spy(connection: Any, driver: Any, statement: sa.TextClause,
+    def row_spy(connection: Any, driver: Any, statement: str,
                 params: dict[str, Any]) -> int:
         taken.append("INSERT_ROW")
         return one_row(connection, driver, statement, params)
 
-    def chunk_spy(driver: Any, dialect: Any, statement: sa.TextClause,
+    def chunk_spy(driver: Any, dialect: Any, statement: str,
                   params: dict[str, Any]) -> int:
         taken.append("INSERT_ROWS")
         return chunk(driver, dialect, statement, params)
 
-    monkeypatch.setattr(pgdriver, "insert_row_on_driver", row_spy)
-    monkeypatch.setattr(pgdriver, "insert_on_driver", chunk_spy)
+    monkeypatch.setattr(inserts, "insert_row_on_driver", row_spy)
+    monkeypatch.setattr(inserts, "insert_on_driver", chunk_spy)
     with engine.begin() as conn:
         assert enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b") == 1
         assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
@@ -141,7 +141,7 @@ def _one(conn: sa.Connection, key: str = "k") -> int:
 
 def _kept(conn: sa.Connection) -> Any:
     """The cursor kept for one-row inserts on ``conn`` (for whichever thread made it)."""
-    return conn.info[pgdriver.KEPT_CURSOR][1]
+    return conn.info[inserts.KEPT_CURSOR][1]
 
 
 def test_one_row_calls_share_a_cursor_per_connection(engine: sa.Engine) -> None:
@@ -190,11 +190,11 @@ def test_a_closed_or_stale_kept_cursor_is_replaced(engine: sa.Engine) -> None:
         first.close()
         with conn.begin():
             assert _one(conn, "k2") == 1
-        kept = conn.info[pgdriver.KEPT_CURSOR]
+        kept = conn.info[inserts.KEPT_CURSOR]
         assert kept[1] is not first and not kept[1].closed
         stale = conn.connection.driver_connection
         conn.invalidate()
-        conn.info[pgdriver.KEPT_CURSOR] = kept  # as if the info outlived its connection
+        conn.info[inserts.KEPT_CURSOR] = kept  # as if the info outlived its connection
         with conn.begin():
             assert _one(conn, "k3") == 1
             assert conn.connection.driver_connection is not stale

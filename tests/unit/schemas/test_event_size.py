@@ -4,6 +4,8 @@ EmailRequested may hold, and refuses what the encoder refuses (issue 26)."""
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,8 @@ from hypothesis import strategies as st
 
 from postroom.schemas.codec import EmailRequested
 from postroom.schemas.errors import SchemaError
-from postroom.schemas.sizes import event_size, requested_event_size
+from postroom.schemas.framing import SCHEMA_HEADER, event_size, headers_for
+from postroom.schemas.sizes import SCHEMA_HEADER_BYTES, requested_event_size
 from support.fuzz import examples
 
 TEXT = st.text(max_size=300) | st.text(st.characters(codec="utf-8"), min_size=60, max_size=9000)
@@ -58,3 +61,18 @@ def test_a_lone_surrogate_is_refused_by_both(field: str) -> None:
         _encoded_size(values)
     with pytest.raises(SchemaError):
         requested_event_size(**values)  # type: ignore[arg-type]
+
+
+def test_the_counted_header_is_the_framing_s_header() -> None:
+    """sizes.py counts the header without fastavro (which computes the fingerprint)."""
+    headers = headers_for(EmailRequested)
+    assert [name for name, _ in headers] == [SCHEMA_HEADER]
+    assert SCHEMA_HEADER_BYTES == sum(len(k) + len(v) for k, v in headers)
+
+
+def test_counting_imports_no_avro_library() -> None:
+    code = ("import sys; from postroom.schemas import sizes; "
+            "print(sorted(m for m in ('fastavro', 'postroom.schemas.codec') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=60)
+    assert proc.stdout.strip() == "[]"

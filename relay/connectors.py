@@ -1,0 +1,129 @@
+"""The connection a job holds, whichever kind it is (a SQLAlchemy Connection or Session, a psycopg 3
+Connection, Django's connection): :func:`connector_for` picks the adapter that runs enqueue's
+statements on it, in the job's transaction. Light: an adapter is imported only when a connection
+of its kind is given, when the job has loaded its library already.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+from postroom.relay.errors import InvalidConnectionError, SchemaNotReadyError
+
+if TYPE_CHECKING:
+    import psycopg
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
+# The libraries whose connections enqueue takes, by the top-level package that defines them.
+KINDS = ("sqlalchemy", "psycopg", "django")
+
+
+class DjangoConnection(Protocol):
+    """What enqueue uses of ``django.db.connection`` (or ``connections[alias]``)."""
+
+    vendor: str
+
+    def ensure_connection(self) -> None: ...
+    def validate_no_broken_transaction(self) -> None: ...
+
+
+# What enqueue, enqueue_many and Batch take as ``conn``.
+JobConnection: TypeAlias = "sa.Connection | Session | psycopg.Connection[Any] | DjangoConnection"
+
+
+class Inserts(Protocol):
+    """The statements of one call or batch, in order, and how many rows they made new."""
+
+    new: int
+
+    def add(self, statement: str, params: dict[str, Any]) -> None: ...
+    def __enter__(self) -> Inserts: ...
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None: ...
+
+
+class Connector(Protocol):
+    """enqueue's statements on one job connection; errors come as its library raises them."""
+
+    def savepoint(self) -> AbstractContextManager[object]:
+        """A block whose statements are undone together if an exception leaves it (a connection
+        in autocommit mode, outside a transaction: the block is the call's own transaction)."""
+        ...
+
+    def scalar(self, statement: str, params: dict[str, Any]) -> Any:
+        """The one value of a one-row statement."""
+        ...
+
+    def insert_row(self, statement: str, params: dict[str, Any]) -> int:
+        """INSERT_ROW: 1 when its row is new, else 0."""
+        ...
+
+    def insert_rows(self, statement: str, params: dict[str, Any]) -> int:
+        """INSERT_ROWS: how many rows are new."""
+        ...
+
+    def inserts(self) -> Inserts:
+        """The chunk statements of one call or batch."""
+        ...
+
+
+def kind_of(conn: object) -> str | None:
+    """The library of ``conn``'s class or of a class it derives from (a job's own Session
+    subclass, say), among :data:`KINDS`; None for any other object."""
+    for cls in type(conn).__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root in KINDS:
+            return root
+    return None
+
+
+def connector_for(conn: object, schema: str | None, *, fast: bool) -> Connector:
+    """The adapter for the job's connection; InvalidConnectionError for anything else.
+    ``fast``: a SQLAlchemy connection's statements run on its psycopg connection (relay.outbox's
+    FAST_PATH); the other kinds run on theirs always."""
+    kind = kind_of(conn)
+    if kind == "sqlalchemy":
+        from postroom.relay.inserts import SQLAlchemyConnector
+
+        return SQLAlchemyConnector(conn, schema, fast=fast)  # type: ignore[arg-type]
+    if kind == "psycopg":
+        from postroom.relay.pgdriver import psycopg_connector
+
+        return psycopg_connector(conn, schema)
+    if kind == "django":
+        from postroom.relay.pgdriver import django_connector
+
+        return django_connector(conn, schema)  # type: ignore[arg-type]
+    raise InvalidConnectionError(
+        "conn must be a SQLAlchemy Connection or Session, a psycopg 3 Connection or Django's "
+        f"connection, not {type(conn).__module__}.{type(conn).__qualname__}")
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error: psycopg's own, or the one under SQLAlchemy's (``orig``)
+    or Django's (``__cause__``)."""
+    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
+        state = getattr(error, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
+@contextlib.contextmanager
+def schema_ready(schema: str | None) -> Iterator[None]:
+    """SchemaNotReadyError for the statement's error when there is no outbox table."""
+    try:
+        yield
+    except Exception as exc:
+        if sqlstate_of(exc) != UNDEFINED_TABLE:
+            raise
+        where = f"schema {schema}" if schema else "the connection's search path"
+        raise SchemaNotReadyError(
+            f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
+            "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
