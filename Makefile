@@ -19,7 +19,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
 		| awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
 
-venv: ## create .venv and install postroom with its test, lint and demo extras
+venv: ## create .venv and install postroom with its roles, test, lint and demo extras
 	@scripts/bootstrap.sh
 
 services: venv ## start the local Kafka, PostgreSQL and Schema Registry (idempotent); writes .dev/env

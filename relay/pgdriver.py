@@ -22,6 +22,7 @@ from postroom.relay.errors import InvalidConnectionError
 # A parameter of SQLAlchemy's text(): a colon and a name, not after a colon, word character or
 # backslash, nor before a colon (its TextClause's own pattern).
 _BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+_ESCAPED_COLON = re.compile(r"\\(:[\w$]*)(?![:\w$])")  # ``\:name``: the text ``:name``
 _SAVEPOINTS = itertools.count(1)  # savepoint names, unique in the process
 
 
@@ -33,7 +34,7 @@ def driver_sql(text: str, binary: frozenset[str]) -> str:
     def placeholder(match: re.Match[str]) -> str:
         name = match.group(1)
         return f"%({name})b" if name in binary else f"%({name})s"
-    return _BIND.sub(placeholder, text.replace("%", "%%"))
+    return _ESCAPED_COLON.sub(r"\1", _BIND.sub(placeholder, text.replace("%", "%%")))
 
 
 def binary_names(params: dict[str, Any]) -> frozenset[str]:

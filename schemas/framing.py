@@ -22,12 +22,6 @@ def headers_for(event: EmailRequested | EmailResult | type[EmailRequested] | typ
     return SCHEMALESS.headers(load_schema(event.SCHEMA_NAME))
 
 
-def event_size(event: EmailRequested | EmailResult) -> int:
-    """Bytes of ``event``'s Kafka record in the schemaless framing: its encoded value and its
-    schema header (the reference schemas/sizes.py's count is held to)."""
-    return len(encode(event)) + sum(len(k) + len(v) for k, v in headers_for(event))
-
-
 HeaderList = Sequence[tuple[str, str | bytes | None]]
 
 

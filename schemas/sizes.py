@@ -67,11 +67,11 @@ def requested_event_size(*, idempotency_key: str, message_key: str, outbox_id: i
                          recipient: str, sender: str, subject: str, body: str,
                          attachments: Sequence[str], priority: str, created_at: dt.datetime,
                          html: str | None = None, inline: Sequence[str] = ()) -> int:
-    """:func:`~postroom.schemas.framing.event_size` of the EmailRequested of a first attempt
-    with these values, counted from their lengths instead of encoded (what enqueue checks of
-    every call: 2.4 µs against the encoder's 10.6 for an invoice). SchemaError for a value no
-    event carries, a lone surrogate say, in the words of the error that refused it. A
-    differential test holds it to event_size."""
+    """Bytes of the Kafka record (encoded value and schema header) of the EmailRequested of a
+    first attempt with these values, counted from their lengths instead of encoded (what enqueue
+    checks of every call: 2.4 µs against the encoder's 10.6 for an invoice). SchemaError for a
+    value no event carries, a lone surrogate say, in the words of the error that refused it.
+    tests/unit/schemas/test_event_size.py holds it to the encoder."""
     symbols, header = _requested_layout()
     try:
         # _string_size of each, written out: a call each cost 0.25 µs of keys_of's 3 (timeit)

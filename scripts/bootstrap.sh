@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Creates the project's venv (.venv, Python >= 3.11) and installs postroom into it, editable,
-# with the test, lint and demo extras. Idempotent: a stamp in .venv holds the hash of
+# with the roles, test, lint and demo extras. Idempotent: a stamp in .venv holds the hash of
 # pyproject.toml, so the install is skipped until pyproject.toml changes.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$REPO/.venv"
 STAMP="$VENV/.postroom-installed"
-EXTRAS="test,lint,demo"
+EXTRAS="roles,test,lint,demo"
 
 say() { printf 'bootstrap: %s\n' "$*"; }
 

@@ -1,5 +1,6 @@
-"""What a production install carries: the core dependencies (the bounce intake's aiosmtpd among
-them), and what `postroom devsmtp` says where aiosmtpd is missing."""
+"""What an install carries: a job's enqueue client alone (`pip install postroom`), the roles'
+libraries with the roles extra (the bounce intake's aiosmtpd among them), and what `postroom
+devsmtp` says where aiosmtpd is missing."""
 
 from __future__ import annotations
 
@@ -17,16 +18,23 @@ def project() -> dict[str, object]:
     return table
 
 
-def test_aiosmtpd_is_a_core_dependency_since_postroom_bounces_listens_with_it() -> None:
-    """The bounce intake is a production role (issue 24); the extras that named aiosmtpd for the
-    test server keep it, so an install of an extra alone still has it."""
+def test_the_core_dependencies_are_what_enqueue_needs() -> None:
     core = project()["dependencies"]
+    assert isinstance(core, list)
+    assert sorted(d.split(">")[0].split("[")[0] for d in core) == ["psycopg", "sqlalchemy"]
+
+
+def test_the_roles_extra_has_every_role_s_library() -> None:
+    """The bounce intake is a production role (issue 24): aiosmtpd and flufl.bounce come with
+    the roles; the extras that named aiosmtpd for the test server keep it."""
     extras = project()["optional-dependencies"]
-    assert isinstance(core, list) and isinstance(extras, dict)
-    assert [d for d in core if d.startswith("aiosmtpd")]
-    assert [d for d in core if d.startswith("flufl.bounce")]
+    assert isinstance(extras, dict)
+    names = {d.split(">")[0].split("[")[0] for d in extras["roles"]}
+    assert names >= {"confluent-kafka", "fastavro", "aiosmtplib", "alembic", "prometheus-client",
+                     "aiosmtpd", "flufl.bounce", "uvloop"}
     for extra in ("devsmtp", "demo", "test"):
         assert [d for d in extras[extra] if d.startswith("aiosmtpd")], extra
+        assert "postroom[roles]" in extras[extra], extra
 
 
 def test_devsmtp_without_aiosmtpd_says_which_extra_to_install() -> None:

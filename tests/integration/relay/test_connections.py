@@ -1,0 +1,228 @@
+"""enqueue, enqueue_many and Batch on each connection a job may hold: a SQLAlchemy Connection or
+Session, a psycopg 3 connection, Django's connection (tests/django_project). The same emails make
+the same rows through each, and the rows commit or roll back with the job's transaction."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from postroom import Batch, Email, enqueue, enqueue_many
+from postroom.relay import outbox
+from postroom.relay.db import libpq_conninfo
+from postroom.relay.errors import InvalidEmailError, SchemaNotReadyError
+from postroom.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+KINDS = ("sqlalchemy", "session", "psycopg", "django")
+COLUMNS = ("idempotency_key", "message_key", "recipient", "sender", "subject", "body",
+           "attachments", "html", "inline", "priority", "status", "attempts")
+SEND_AFTER = dt.datetime(2030, 1, 2, 7, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def django_connection() -> Iterator[Any]:
+    """Django's ``connection``, set up once from tests/django_project/settings.py."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_SETTINGS_MODULE", "django_project.settings")
+        import django
+
+        django.setup()
+        from django.db import connection
+
+        yield connection
+        connection.close()
+
+
+@pytest.fixture
+def job(engine: sa.Engine, db_settings: Settings,
+        django_connection: Any) -> Callable[[str], contextlib.AbstractContextManager[Any]]:
+    """``job(kind)``: a transaction of the job's own on a connection of that kind, committed when
+    the block ends, rolled back when an exception leaves it."""
+    conninfo = libpq_conninfo(engine)
+
+    @contextlib.contextmanager
+    def transaction(kind: str) -> Iterator[Any]:
+        if kind == "sqlalchemy":
+            with engine.begin() as conn:
+                yield conn
+        elif kind == "session":
+            with Session(engine) as session, session.begin():
+                yield session
+        elif kind == "psycopg":
+            with psycopg.connect(conninfo) as conn:  # commits at the block's end, or rolls back
+                yield conn
+        else:
+            from django.db import transaction as django_transaction
+
+            with django_transaction.atomic():
+                yield django_connection
+    return transaction
+
+
+def rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(sa.text(
+            f"SELECT {', '.join(COLUMNS)}, available_at = :later AS later FROM outbox "
+            "ORDER BY id"), {"later": SEND_AFTER})]
+
+
+def _script(conn: Any, schema: str, report: Path) -> list[int]:
+    """The table of calls every kind runs: each call's new rows."""
+    team = ["finance@example.com", "Ops@Example.com", "ceo@example.com"]
+    counts = [
+        # one recipient: INSERT_ROW
+        enqueue(conn, key="one", recipients=["a@example.com"], subject="One", body="b",
+                schema=schema, priority="high", sender="reports@example.com",
+                send_after=SEND_AFTER, html="<p>b</p>"),
+        # several recipients, one twice in another case: INSERT_ROWS
+        enqueue(conn, key="team", recipients=[*team, "ops@example.com"], subject="Team",
+                body="The report.", attachments=[report], schema=schema),
+        # over a chunk (INSERT_CHUNK_ROWS is 2 here): chunks in a savepoint
+        enqueue(conn, key="chunks", recipients=[f"c{n}@example.com" for n in range(5)],
+                subject="Chunks", body="b", schema=schema, priority="low"),
+        enqueue_many(conn, [Email(key=f"invoice-{n}", recipients=[f"i{n}@example.com"],
+                                  subject=f"Invoice {n}", body=f"Invoice {n} is attached.",
+                                  attachments=[report]) for n in range(3)], schema=schema),
+        # a rerun queues nothing
+        enqueue(conn, key="team", recipients=team, subject="Team", body="The report.",
+                attachments=[report], schema=schema),
+    ]
+    with Batch(conn, schema=schema) as batch:
+        for n in range(4):
+            batch.enqueue(key=f"batch-{n}", recipients=[f"b{n}@example.com", "x@example.com"],
+                          subject=f"Batch {n}", body="b", inline=[], html=None)
+        with pytest.raises(InvalidEmailError):  # refused, and the batch goes on
+            batch.enqueue(key="bad", recipients=["not an address"], subject="s", body="b")
+    return [*counts, batch.new]
+
+
+def test_the_same_emails_make_the_same_rows_through_every_connection(
+        job: Callable[[str], contextlib.AbstractContextManager[Any]], engine: sa.Engine,
+        db_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 2)
+    report = tmp_path / "report.xlsx"
+    report.write_bytes(b"PK not really a workbook")
+    schema = db_settings.database_schema
+    assert schema
+    made: dict[str, tuple[list[int], list[tuple[Any, ...]]]] = {}
+    for kind in KINDS:
+        with job(kind) as conn:
+            counts = _script(conn, schema, report)
+        made[kind] = (counts, rows(engine))
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM outbox"))
+    reference = made["sqlalchemy"]
+    assert reference[0] == [1, 3, 5, 3, 0, 8]
+    assert len(reference[1]) == 20
+    for kind in KINDS:
+        assert made[kind] == reference, kind
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rollback_of_the_job_leaves_no_row(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    with pytest.raises(RuntimeError, match="the job failed"), job(kind) as conn:
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=db_settings.database_schema) == 2
+        with Batch(conn, schema=db_settings.database_schema) as batch:
+            batch.enqueue(key="m", recipients=["c@example.com"], subject="s", body="b")
+        assert batch.new == 1
+        raise RuntimeError("the job failed after enqueueing")
+    assert rows(engine) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_rows_are_seen_once_the_job_commits(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    with job(kind) as conn:
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b",
+                schema=db_settings.database_schema)
+        assert rows(engine) == []  # another connection: not yet committed
+    assert len(rows(engine)) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_chunk_undoes_the_call_and_keeps_the_job_s_transaction(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad recipient past the first chunk takes back the chunks before it (the savepoint);
+    the job's transaction goes on and commits what else it wrote."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    with job(kind) as conn:
+        assert enqueue(conn, key="kept", recipients=["k@example.com"], subject="s", body="b",
+                       schema=schema) == 1
+        with pytest.raises(InvalidEmailError, match="not an address"):
+            enqueue(conn, key="bad", recipients=["a@example.com", "b@example.com",
+                                                 "not an address"],
+                    subject="s", body="b", schema=schema)
+    assert [row[0] for row in rows(engine)] == ["kept|k@example.com"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_outbox_in_the_schema_is_said_through_every_connection(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]]) -> None:
+    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nowhere_"), \
+            contextlib.suppress(RuntimeError), job(kind) as conn:
+        enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b",
+                schema=f"nowhere_{os.getpid()}")
+        raise RuntimeError("not reached")
+
+
+def test_psycopg_in_autocommit_mode_commits_each_call_whole(
+        engine: sa.Engine, db_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a transaction, in autocommit mode, a call is a transaction of its own: its chunks
+    all, or none of them."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    with psycopg.connect(libpq_conninfo(engine), autocommit=True) as conn:
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert len(rows(engine)) == 2
+        with pytest.raises(InvalidEmailError):
+            enqueue(conn, key="bad", recipients=["c@example.com", "not an address"],
+                    subject="s", body="b", schema=schema)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert len(rows(engine)) == 2
+
+
+def test_django_outside_atomic_commits_each_call_whole(
+        django_connection: Any, engine: sa.Engine, db_settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    assert django_connection.get_autocommit()
+    assert enqueue(django_connection, key="k", recipients=["a@example.com", "b@example.com"],
+                   subject="s", body="b", schema=schema) == 2
+    with pytest.raises(InvalidEmailError):
+        enqueue(django_connection, key="bad", recipients=["c@example.com", "not an address"],
+                subject="s", body="b", schema=schema)
+    assert len(rows(engine)) == 2
+
+
+def test_django_s_database_errors_are_django_s(
+        django_connection: Any, engine: sa.Engine, db_settings: Settings) -> None:
+    """A statement refused by the server raises what Django's own queries raise."""
+    from django.db import DatabaseError, transaction
+
+    with engine.begin() as conn:  # a trigger that refuses every row
+        conn.execute(sa.text(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN RAISE EXCEPTION 'refused by the test'; END$$; "
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()"))
+    with pytest.raises(DatabaseError, match="refused by the test"), transaction.atomic():
+        enqueue(django_connection, key="k", recipients=["a@example.com"], subject="s", body="b",
+                schema=db_settings.database_schema)
