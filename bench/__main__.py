@@ -1,5 +1,5 @@
 """`python -m bench [PART ...] [--quick] [--emails N]`: run the benchmarks (relay, delivery, latency,
-throttle, retry, codec, enqueue, tracing, backlog; all by default), print their figures.
+throttle, retry, codec, imports, enqueue, tracing, backlog; all by default), print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -24,9 +24,9 @@ from postroom.settings import Settings
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "enqueue", "tracing",
-         "backlog")
-STACK_FREE = {"codec"}  # parts that need neither PostgreSQL nor Kafka
+PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "imports", "enqueue",
+         "tracing", "backlog")
+STACK_FREE = {"codec", "imports"}  # parts that need neither PostgreSQL nor Kafka
 
 
 def _runner(name: str) -> Callable[[Settings, Options], Section]:
@@ -42,6 +42,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import codec
 
         return codec.run
+    if name == "imports":
+        from bench import imports
+
+        return imports.run
     if name == "enqueue":
         from bench import enqueue
 
