@@ -226,3 +226,27 @@ def test_django_s_database_errors_are_django_s(
     with pytest.raises(DatabaseError, match="refused by the test"), transaction.atomic():
         enqueue(django_connection, key="k", recipients=["a@example.com"], subject="s", body="b",
                 schema=db_settings.database_schema)
+
+
+def _readme_block(block: int) -> str:
+    """The ``block``-th Python block of README's "Using it from a job", as written."""
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Using it from a job"):]
+    section = section[:section.index("\n## ", 1)]
+    return section.split("```python\n")[block + 1].split("```", 1)[0]
+
+
+def test_the_readme_snippets_for_the_three_connections(
+        django_connection: Any, engine: sa.Engine, db_settings: Settings, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    report = tmp_path / "sales_2026-09.xlsx"
+    report.write_bytes(b"PK")
+    monkeypatch.setenv("POSTROOM_DATABASE_SCHEMA", db_settings.database_schema or "")
+    team = ["finance@example.com", "ops@example.com"]
+    job: dict[str, Any] = {"engine": engine, "team": team, "dsn": libpq_conninfo(engine)}
+    exec(_readme_block(0).replace("/reports/sales_2026-09.xlsx", str(report)), job)  # noqa: S102
+    exec(_readme_block(1), job)  # noqa: S102 - README's own, in the first block's namespace
+    with engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT message_key FROM outbox ORDER BY id")).scalars()
+        assert list(keys) == [key for key in ("sales-report-2026-09", "invoices-2026-09",
+                                              "orders-2026-09") for _ in team]

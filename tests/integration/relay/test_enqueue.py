@@ -470,7 +470,7 @@ def test_the_readme_batch_snippet_queues_each_invoice(engine: sa.Engine,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     invoices = [types.SimpleNamespace(number=n, email=f"c{n}@example.com", text=f"Due: {n} EUR")
                 for n in range(3)]
-    exec(readme_job_snippet(1), {"engine": engine, "invoices": invoices})  # noqa: S102
+    exec(readme_job_snippet(2), {"engine": engine, "invoices": invoices})  # noqa: S102
     assert capsys.readouterr().out == "3 rows queued\n"
     with engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT message_key, recipient, body FROM outbox "
