@@ -250,3 +250,37 @@ def test_the_readme_snippets_for_the_three_connections(
         keys = conn.execute(sa.text("SELECT message_key FROM outbox ORDER BY id")).scalars()
         assert list(keys) == [key for key in ("sales-report-2026-09", "invoices-2026-09",
                                               "orders-2026-09") for _ in team]
+
+
+def _database_error(kind: str) -> type[Exception]:
+    """What the job's library raises for a statement the server refuses."""
+    if kind in ("sqlalchemy", "session"):
+        return sa.exc.DatabaseError
+    if kind == "psycopg":
+        return psycopg.DatabaseError
+    from django.db import DatabaseError
+
+    return DatabaseError  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_batch_is_undone_and_the_job_s_transaction_goes_on(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """The server refuses a row of the batch: the library's error, nothing of the batch kept,
+    and the job's transaction still takes statements and commits them."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+            "IF NEW.recipient = 'refused@example.com' THEN RAISE EXCEPTION 'refused row'; "
+            "END IF; RETURN NEW; END$$; "
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()"))
+    schema = db_settings.database_schema
+    with job(kind) as conn:
+        with pytest.raises(_database_error(kind), match="refused row"), \
+                Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="b", recipients=["a@example.com", "refused@example.com"],
+                          subject="s", body="b")
+        assert enqueue(conn, key="after", recipients=["c@example.com"], subject="s", body="b",
+                       schema=schema) == 1
+    assert [row[0] for row in rows(engine)] == ["after|c@example.com"]
