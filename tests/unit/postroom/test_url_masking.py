@@ -120,3 +120,11 @@ def test_a_registry_error_shows_no_credentials(monkeypatch: pytest.MonkeyPatch) 
         Registry(Settings.from_env({P + "SCHEMA_REGISTRY_URL": url})).subjects()
     assert TOKEN not in str(caught.value)
     assert "for url 'https://********@registry.invalid/subjects'" in str(caught.value)
+
+
+def test_check_names_the_registry_without_its_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Registry, "schema_ids", lambda self, topics: dict.fromkeys(topics, 1))
+    monkeypatch.setattr(Registry, "compatibility", lambda self, subject: "BACKWARD")
+    said = registry_module.check_registry(
+        Settings.from_env({P + "SCHEMA_REGISTRY_URL": f"https://{TOKEN}@registry"}))
+    assert said.startswith("https://********@registry: all ")
