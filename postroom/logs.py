@@ -1,7 +1,8 @@
 """How postroom writes its log: one line per record, whatever the values in it hold.
 
 Keys, addresses, subjects and server replies come from jobs, events and servers; a value holding a
-line break could forge a whole log line. Every record's message is escaped once it is formatted.
+line break could forge a whole log line. Every record's message is escaped once it is formatted,
+and the credentials of any URL in it starred.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
+
+from postroom.settings_kafka import mask_urls
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Libraries whose INFO lines are their requests (httpx: one per registry call, 404s included) or
@@ -28,11 +31,12 @@ def escape_unprintable(text: str) -> str:
 
 class EscapingFilter(logging.Filter):
     """Formats each record's message with its arguments and escapes it (tracebacks keep their
-    lines: they are added by the formatter after this). The record keeps the formatted message
-    without arguments, so the formatter does not format it again."""
+    lines: they are added by the formatter after this), the credentials of any URL in it starred
+    (a library's line may name a URL as it was configured). The record keeps the formatted
+    message without arguments, so the formatter does not format it again."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = escape_unprintable(record.getMessage()), None
+        record.msg, record.args = mask_urls(escape_unprintable(record.getMessage())), None
         return True
 
 

@@ -16,7 +16,7 @@ from email.message import EmailMessage, Message
 from email.parser import BytesParser
 
 from postroom.errors import UnsafeHeaderError
-from postroom.rules import has_control
+from postroom.rules import encoded_word_problem, has_control, undecodable_encoded_word
 
 _SKELETON_POLICIES = (email.policy.SMTP, email.policy.SMTPUTF8)
 
@@ -26,14 +26,45 @@ def header_layout(message: Message) -> list[list[str]]:
     return [[name.lower() for name in part.keys()] for part in message.walk()]
 
 
+# What a header's name is to whoever wrote the value, for a refusal they can act on.
+_WRITTEN_AS = {"subject": "the subject", "from": "the sender", "to": "the recipient",
+               "content-type": "an attachment's file name",
+               "content-disposition": "an attachment's file name"}
+
+
 def check_decoded_headers(message: EmailMessage) -> None:
-    """UnsafeHeaderError when a header of any part decodes to text with a line break."""
+    """UnsafeHeaderError when a header of any part decodes to text with a line break, or holds
+    bytes that are not text (an encoded word such as ``=?utf-8?b?00?=``, whose byte 0xD3 is no
+    UTF-8) and that one of the two SMTP policies cannot write."""
     for part in message.walk():
         for name, value in part.items():
-            if has_control(str(value), tab_allowed=True):
+            text = str(value)
+            if has_control(text, tab_allowed=True):
                 raise UnsafeHeaderError(
                     f"the {name} header would hold a line break or control character (after "
-                    f"RFC 2047 decoding): {str(value)[:80]!r}; refusing the message")
+                    f"RFC 2047 decoding): {text[:80]!r}; refusing the message")
+            # The library shows bytes it could not decode as U+FFFD and keeps them as lone
+            # surrogates, which folding for a 7-bit server (or, mixed with other text, for any)
+            # fails on; only then is the header written out here to find out (rarely: a genuine
+            # U+FFFD is text and writes).
+            if "\ufffd" in text and not _writable(name, value):
+                raise UnsafeHeaderError(_undecodable_problem(name, text))
+
+
+def _writable(name: str, value: str) -> bool:
+    for policy in _SKELETON_POLICIES:
+        try:
+            policy.fold_binary(name, value)
+        except _LIBRARY_REFUSALS:
+            return False
+    return True
+
+
+def _undecodable_problem(name: str, text: str) -> str:
+    what = _WRITTEN_AS.get(name.lower(), f"the {name} header")
+    return (f"the {name} header ({what}) would hold bytes that are not text, shown as U+FFFD "
+            f"in {text[:80]!r}: an RFC 2047 encoded word (=?charset?b-or-q?...?=) whose bytes are "
+            "not valid in its charset, or a lone surrogate; refusing the message")
 
 
 def check_serialized(message: Message, content: bytes) -> None:
@@ -103,7 +134,14 @@ def check_recipient_composable(recipient: str) -> None:
 def check_composable_by_building(sender: str, recipient: str, subject: str,
                                  attachment_names: Sequence[str]) -> None:
     """:func:`check_composable` by building the message with the standard library under both
-    SMTP policies and reading its bytes back: the reference, about a thousand times slower."""
+    SMTP policies and reading its bytes back: the reference, about a thousand times slower.
+    Text with an encoded word whose bytes are not text in its charset is refused first, by
+    postroom.rules' words, as the sender's builder refuses it."""
+    for what, text in (("subject", subject), *(("an attachment's file name", name)
+                                               for name in attachment_names)):
+        word = undecodable_encoded_word(text)
+        if word is not None:
+            raise UnsafeHeaderError(encoded_word_problem(what, word))
     for policy in _SKELETON_POLICIES:
         message = EmailMessage(policy=policy)
         try:
@@ -114,8 +152,11 @@ def check_composable_by_building(sender: str, recipient: str, subject: str,
             for name in attachment_names:
                 message.add_attachment(b"", maintype="application", subtype="octet-stream",
                                        filename=name)
-            content = message.as_bytes(policy=policy)
         except _LIBRARY_REFUSALS as exc:  # the library's own refusal (a line break, say)
             raise UnsafeHeaderError(f"cannot make headers of these values: {exc}") from None
-        check_decoded_headers(message)
+        check_decoded_headers(message)  # first: it says what the bytes' failure would not
+        try:
+            content = message.as_bytes(policy=policy)
+        except _LIBRARY_REFUSALS as exc:
+            raise UnsafeHeaderError(f"cannot make headers of these values: {exc}") from None
         check_serialized(message, content)

@@ -7,6 +7,9 @@ record.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import codecs
 import dataclasses
 import functools
 import re
@@ -165,11 +168,74 @@ def check_subject(subject: object) -> str:
     if has_control(text, tab_allowed=True):
         raise InvalidContentError("subject contains a line break or control character (CR, LF, "
                                   "NEL, U+2028, ...): it would let text into the headers")
+    if _SURROGATE.search(text):
+        raise InvalidContentError("subject holds a lone surrogate (U+D800 to U+DFFF), which is "
+                                  "no character: the text was decoded wrongly before it came")
+    word = undecodable_encoded_word(text)
+    if word is not None:
+        raise InvalidContentError(encoded_word_problem("subject", word))
     if not text.strip():
         raise InvalidContentError("subject is empty")
     if len(text) > MAX_SUBJECT_LEN:
         raise InvalidContentError(f"subject is longer than {MAX_SUBJECT_LEN} characters")
     return text
+
+
+# An RFC 2047 encoded word as the standard library's header parser finds one (it decodes them
+# even inside a word, not only between blanks as the RFC says): "=?", a charset (with an
+# optional "*language"), "b" or "q", the payload, "?="; no blank and no other "?" inside.
+_ENCODED_WORD = re.compile(r"=\?([^?\s]+)\?([bBqQ])\?([^?\s]*)\?=")
+_QUOTED_BYTE = re.compile(rb"=([0-9A-Fa-f]{2})")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def undecodable_encoded_word(text: str) -> str | None:
+    """The first encoded word in ``text`` whose bytes are not text in its charset (ASCII when
+    Python knows no such charset), or None. A mail reader, and the standard library building
+    the header, decodes ``=?utf-8?b?00?=`` to the byte 0xD3, which is no UTF-8: the library
+    keeps it as an undecodable byte, which a header for a 7-bit server cannot be written with.
+    Its payload is read as leniently as the library reads it (missing base64 padding added,
+    characters outside the alphabet skipped)."""
+    if "=?" not in text:
+        return None
+    for found in _ENCODED_WORD.finditer(text):
+        charset, encoding, payload = found.groups()
+        raw = _encoded_word_bytes(encoding.lower(), payload)
+        if raw is None:
+            continue
+        name = charset.partition("*")[0].lower()
+        try:
+            codecs.lookup(name)
+        except LookupError:
+            name = "ascii"  # the library's reading of a charset it does not know
+        try:
+            raw.decode(name)
+        except (UnicodeDecodeError, LookupError):
+            return found.group(0)
+    return None
+
+
+def _encoded_word_bytes(encoding: str, payload: str) -> bytes | None:
+    """The bytes of an encoded word's payload; None when it is not ASCII (the library does not
+    take it for an encoded word) or is base64 it cannot decode (then it keeps the text)."""
+    if not payload.isascii():
+        return None
+    data = payload.encode("ascii")
+    if encoding == "q":
+        return _QUOTED_BYTE.sub(lambda m: bytes([int(m.group(1), 16)]), data.replace(b"_", b" "))
+    try:
+        return base64.b64decode(data + b"=" * (-len(data) % 4), validate=False)
+    except binascii.Error:
+        return None
+
+
+def encoded_word_problem(what: str, word: str) -> str:
+    """The refusal of ``what`` (the subject, an attachment's file name) for holding ``word``,
+    in words for whoever wrote it."""
+    shown = word if len(word) <= 60 else word[:57] + "..."
+    return (f"{what} holds {shown!r}, which mail programs read as an RFC 2047 encoded word "
+            "(=?charset?b-or-q?...?=), and its bytes are not valid text in that charset, so the "
+            "email could not be written; write the text itself, not an encoded word")
 
 
 def check_key(key: object) -> str:
@@ -241,6 +307,10 @@ def check_attachment_path(path: object) -> str:
     if on_pseudo_filesystem(text):
         raise InvalidContentError(f"attachment path {text!r} is on a pseudo file system "
                                   f"({', '.join(PSEUDO_FILESYSTEM_ROOTS)}); refusing it")
+    word = undecodable_encoded_word(PurePosixPath(text).name)
+    if word is not None:
+        raise InvalidContentError(encoded_word_problem(f"attachment path {text!r}: its file name",
+                                                       word))
     return text
 
 

@@ -35,6 +35,7 @@ from postroom.settings_kafka import (
     mask_kafka_config,
     mask_registry_config,
     mask_url,
+    mask_urls,
     parse_kafka_config,
     registry_config,
 )
@@ -53,7 +54,7 @@ __all__ = ["BOUNCE_LOCAL_MAX_CHARS", "BOUNCE_SECRET_MIN_BYTES", "ENV_PREFIX", "F
            "LONGEST_PERIOD_S", "PRODUCER_MESSAGE_TIMEOUT_MS", "REGISTRY_TIMEOUT_S", "Secret",
            "Settings", "TlsMode", "default_group", "env_name", "env_size_limits", "is_secret_key",
            "markdown_table",
-           "mask_kafka_config", "mask_registry_config", "mask_url", "parse_duration_s",
+           "mask_kafka_config", "mask_registry_config", "mask_url", "mask_urls", "parse_duration_s",
            "parse_durations_s", "parse_kafka_config", "parse_period_s"]
 
 # How long a producer keeps trying to deliver one record (librdkafka's message.timeout.ms). A relay

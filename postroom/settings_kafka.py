@@ -1,5 +1,6 @@
 """librdkafka and Schema Registry client settings as postroom reads them (``key=value`` text) and
-shows them (secrets starred), and the libpq URL masking beside them.
+shows them (secrets starred), and the masking of URLs' credentials beside them (every URL-shaped
+setting: the database's, the registry's, OTLP endpoints, URLs inside client settings).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from postroom.settings_values import shown
 _SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
                       "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "ssl.key.pem")
 _SECRET_WORDS = frozenset({"password", "passwd", "secret", "passphrase", "pem", "token", "jaas"})
-# Query parameters of a libpq URL that carry secrets.
-_SECRET_URL_PARAMS = ("password", "sslpassword")
 # Schema Registry client settings (confluent-kafka's SchemaRegistryClient) that carry secrets.
 _SECRET_REGISTRY_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret",
                          "ssl.key.password")
@@ -77,24 +76,70 @@ def _is_secret_continuation(previous: str, key: str) -> bool:
 
 
 def mask_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to print: secret values replaced by stars."""
-    return {k: ("********" if is_secret_key(k) else v) for k, v in config.items()}
-
-
-def mask_registry_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A Schema Registry client config safe to print: secrets (and credentials in the url) starred."""
-    return {k: ("********" if is_secret_key(k) else mask_url(v) if k == "url" else v)
+    """A copy safe to print: secret values replaced by stars, and the credentials in a URL
+    (``sasl.oauthbearer.token.endpoint.url``, say) as :func:`mask_url` shows them."""
+    return {k: (MASK if is_secret_key(k) else mask_urls(v) if isinstance(v, str) else v)
             for k, v in config.items()}
 
 
+def mask_registry_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Schema Registry client config safe to print: secrets (and credentials in the url and
+    any other URL) starred."""
+    return mask_kafka_config(config)
+
+
+# A URL's credentials: userinfo up to the last "@" of the run of non-blank text after the
+# scheme (a password may hold "/", "?" or "@" unencoded, as SQLAlchemy's parser takes it; this
+# hides too much rather than too little when an "@" follows the host), and query parameters
+# whose name has a part naming a secret.
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s@]*(?:@[^\s@]*)*)@")
+_URL_SECRET_PARAM = re.compile(r"([?&])([^=&#\s]+)=([^&#\s]*)")
+_SECRET_PARAM_WORDS = frozenset({"password", "passwd", "pwd", "sslpassword", "secret", "token",
+                                 "key", "apikey", "auth", "authorization", "signature", "sig",
+                                 "credential", "credentials", "jwt"})
+MASK = "********"
+
+
 def mask_url(url: str) -> str:
-    """``scheme://user:secret@host/db?password=x`` -> ``scheme://user:********@host/db?password=********``.
+    """``url`` safe to print: ``scheme://user:secret@host/db?password=x`` ->
+    ``scheme://user:********@host/db?password=********``.
 
-    The user-info password and the ``password`` and ``sslpassword`` query parameters."""
-    masked = re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:********@", url)
-    names = "|".join(_SECRET_URL_PARAMS)
-    return re.sub(rf"([?&](?:{names})=)[^&#]*", r"\1********", masked, flags=re.IGNORECASE)
+    The password of the userinfo; a userinfo with no password too, unless the URL is a
+    database's (a token stands in the user's place in HTTP URLs, ``https://token@collector``;
+    libpq's is a role name); the value of every query parameter whose name has a part naming a
+    secret (password, sslpassword, token, api_key, key, signature, ...)."""
+    return mask_urls(url)
 
+
+def mask_urls(text: str) -> str:
+    """``text`` (a log line, an error) with every URL in it masked as :func:`mask_url` says."""
+    if "://" not in text:
+        return text
+    if "@" in text:
+        text = _URL_USERINFO.sub(_masked_userinfo, text)
+    return _masked_params(text)
+
+
+def _masked_userinfo(found: re.Match[str]) -> str:
+    scheme, userinfo = found.group(1), found.group(2)
+    user, colon, _ = userinfo.partition(":")
+    if colon:
+        shown = f"{user}:{MASK}"
+    elif scheme.lower().startswith("postgres"):
+        shown = userinfo
+    else:
+        shown = MASK
+    return f"{scheme}{shown}@"
+
+
+def _masked_params(text: str) -> str:
+    def masked(found: re.Match[str]) -> str:
+        words = re.split(r"[._-]", found.group(2).lower())
+        if _SECRET_PARAM_WORDS.isdisjoint(words):
+            return found.group(0)
+        return f"{found.group(1)}{found.group(2)}={MASK}"
+
+    return _URL_SECRET_PARAM.sub(masked, text)
 
 
 # The registry client's settings it wants as numbers; the env gives text.

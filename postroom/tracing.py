@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from postroom.errors import ConfigError
+from postroom.settings_kafka import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -333,9 +334,10 @@ def setup(role: str, environ: Mapping[str, str] | None = None) -> Tracing:
     # Not shut down at exit by the SDK: Tracing.shutdown bounds how long the exit waits.
     provider = TracerProvider(resource=Resource.create(defaults), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    # Credentials may be written into the endpoint (https://user:token@collector).
     log.info("tracing: %s spans exported over OTLP/HTTP to %s", role,
-             environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-             or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "the default endpoint")
+             mask_url(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                      or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "the default endpoint"))
     return Tracing.from_provider(provider)
 
 

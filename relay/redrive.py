@@ -3,7 +3,8 @@
 The outbox row is the record, so a redrive puts the row back on the relay's queue (status
 ``pending``) instead of copying the dead letter: the relay publishes it as the next attempt with
 a fresh retry budget, its history (attempts, last error) stays on the row, and a second redrive
-finds the row pending and does nothing.
+finds the row pending and does nothing. The topic is read in pages by postroom.relay.dlq; what is
+decided here is decided for the letters of one page.
 """
 
 from __future__ import annotations
@@ -11,35 +12,26 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import time
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
-from postroom.errors import KafkaClientError, PostroomError
+from postroom.errors import PostroomError
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
-from postroom.kafka import (
-    KafkaException,
-    TopicPartition,
-    check_reachable,
-    make_reader,
-    message_headers,
-    translate,
-)
+from postroom.kafka import message_headers
 from postroom.relay import sql
 from postroom.schemas.codec import EmailRequested
 from postroom.schemas.decoding import decode
 from postroom.schemas.errors import SchemaError, SchemaUnavailableError
 from postroom.schemas.framing import SchemaById, header_value
-from postroom.schemas.registry import schema_lookup
-from postroom.settings import Settings
-from postroom.topics import dead_letter_topic
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_S = 30.0
+# What a dead letter keeps of a record's texts (its reason, subject, ...; keys a little more than
+# the longest idempotency key): a page of them is what `dlq list` holds in memory.
+LETTER_TEXT_MAX_CHARS = 1000
+LETTER_KEY_MAX_CHARS = 4000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,59 +83,6 @@ class RedrivePlan:
     unknown: str | None = None  # the key asked for, when nothing has it
 
 
-def read_dead_letters(settings: Settings, engine: sa.Engine) -> list[DeadLetter]:
-    """Every record on the dead-letter topic, oldest first (by the time it was dead-lettered).
-
-    With a Schema Registry configured, records in the Confluent wire format are decoded with
-    the writer schemas it holds, as the sender decodes them; an unreachable registry is an
-    error (PostroomError), not a list of unreadable letters."""
-    schema_by_id = schema_lookup(settings)
-    topic = dead_letter_topic(settings.topic_prefix)
-    check_reachable(settings)
-    consumer = make_reader(settings, f"postroom-dlq-reader-{uuid.uuid4().hex[:8]}")
-    letters: list[DeadLetter] = []
-    try:
-        metadata = consumer.list_topics(topic, timeout=READ_TIMEOUT_S)
-        if topic not in metadata.topics or metadata.topics[topic].error is not None:
-            raise KafkaClientError(f"cannot read the dead letters: no topic {topic} "
-                                   "(run `postroom topics create`)")
-        ends: dict[int, int] = {}
-        assignment = []
-        for partition in sorted(metadata.topics[topic].partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout=READ_TIMEOUT_S)
-            if high > low:
-                ends[partition] = high
-                assignment.append(TopicPartition(topic, partition, low))
-        if assignment:
-            consumer.assign(assignment)
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while ends and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=500, timeout=0.5):
-                if msg.error() is not None:
-                    continue
-                partition, offset = msg.partition() or 0, msg.offset() or 0
-                letters.append(_letter(msg, partition, offset, schema_by_id))
-                if offset + 1 >= ends.get(partition, 0):
-                    ends.pop(partition, None)
-        if ends:
-            raise KafkaClientError(f"cannot read all of {topic} within {READ_TIMEOUT_S:.0f}s: "
-                                   f"partitions {sorted(ends)} unfinished")
-    except KafkaException as exc:
-        raise translate(exc, f"cannot read {topic}") from exc
-    finally:
-        consumer.close()
-    # No row has a key with a NUL (PostgreSQL text cannot hold one, and refuses the query).
-    keys = sorted({letter.key for letter in letters if letter.key and "\x00" not in letter.key})
-    states: dict[str, str] = {}
-    if keys:
-        with engine.connect() as conn:
-            states = {k: s for k, s, _ in conn.execute(sql.STATES_OF_KEYS, {"keys": keys})}
-    letters.sort(key=lambda letter: (letter.at, letter.partition, letter.offset))
-    return [dataclasses.replace(letter, row_status=states.get(letter.key or ""))
-            for letter in letters]
-
-
 def latest_per_key(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
     """One letter per key, the latest (``letters`` oldest first), with how many the key has;
     in the order of those latest letters. Letters without a key stay one each. Pure."""
@@ -156,15 +95,18 @@ def latest_per_key(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
     return [dataclasses.replace(letter, letters=counts[name]) for name, letter in latest.items()]
 
 
-def _letter(msg: Any, partition: int, offset: int,
-            schema_by_id: SchemaById | None = None) -> DeadLetter:
+def letter_of(msg: Any, partition: int, offset: int,
+              schema_by_id: SchemaById | None = None) -> DeadLetter:
+    """The dead letter a consumed record of the topic is (any producer's: any bytes), without
+    its row's state; PostroomError when the registry it needs does not answer."""
     headers = message_headers(msg)  # any client's record: a header name may not decode
     raw_key = msg.key()
     key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else raw_key
+    key = _kept(key, LETTER_KEY_MAX_CHARS) if key is not None else None
 
     def text(name: str) -> str:
         value = header_value(headers, name)
-        return value.decode(errors="replace") if value is not None else ""
+        return _kept(value.decode(errors="replace"), LETTER_TEXT_MAX_CHARS) if value else ""
 
     letter = DeadLetter(
         partition, offset, key, _moment(msg.timestamp()[1]),
@@ -177,8 +119,16 @@ def _letter(msg: Any, partition: int, offset: int,
                             f"(POSTROOM_SCHEMA_REGISTRY_URL) does not answer: {exc}") from exc
     except SchemaError:
         return letter  # poison: dead-lettered byte for byte, not ours to send
-    return dataclasses.replace(letter, recipient=event.recipient, message_key=event.message_key,
-                               subject=event.subject)
+    return dataclasses.replace(
+        letter, recipient=_kept(event.recipient, LETTER_TEXT_MAX_CHARS),
+        message_key=_kept(event.message_key, LETTER_KEY_MAX_CHARS),
+        subject=_kept(event.subject, LETTER_TEXT_MAX_CHARS))
+
+
+def _kept(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` (an ellipsis last): a page of letters stays small whatever a
+    record holds; a key cut so is longer than any row's, and matches none."""
+    return text if len(text) <= max_chars else text[:max_chars - 1] + "…"
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -199,13 +149,12 @@ def _one_line(text: str, width: int = 200) -> str:
     return flat if len(flat) <= width else flat[:width - 1] + "…"
 
 
-def render_dead_letters(letters: Sequence[DeadLetter]) -> list[str]:
-    """One line per key, its latest dead letter, oldest first; then the count `dlq replay
-    --all` acts on."""
-    if not letters:
-        return ["the dead-letter topic is empty"]
-    lines = []
+def render_page(letters: Sequence[DeadLetter]) -> tuple[list[str], int, int]:
+    """A page of dead letters (oldest first) as `dlq list` shows it: one line per key, its
+    latest letter (when, key, why, attempts, row state), with how many keys and how many of
+    them replayable, for :func:`render_count`."""
     latest = latest_per_key(letters)
+    lines = []
     for letter in latest:
         state = letter.row_status or "no outbox row"
         lines.append(" | ".join([
@@ -214,11 +163,18 @@ def render_dead_letters(letters: Sequence[DeadLetter]) -> list[str]:
             _one_line(letter.reason) or "-",
             f"row={state}" + (" (replayable)" if letter.replayable else "")
             + (f" | {letter.letters} dead letters, latest shown" if letter.letters > 1 else "")]))
-    replayable = sum(1 for letter in latest if letter.replayable)
-    of = f" of {len(latest)} key(s)" if len(latest) != len(letters) else ""
-    lines.append(f"{len(letters)} dead letter(s){of}, {replayable} replayable with "
-                 "`postroom dlq replay`")
-    return lines
+    return lines, len(latest), sum(1 for letter in latest if letter.replayable)
+
+
+def render_count(letters: int, keys: int, replayable: int, pages: int = 1) -> str:
+    """The last line of a listing: its letters, their keys and the replayable ones; over several
+    pages, keys are counted in each page they have letters in (no page remembers another's)."""
+    of = f" of {keys} key(s)" if keys != letters else ""
+    if pages > 1:
+        return (f"{letters} dead letter(s){of} in {pages} pages, {replayable} replayable with "
+                "`postroom dlq replay` (a key is counted in each page it has letters in; "
+                "`dlq replay --all --dry-run` counts rows)")
+    return f"{letters} dead letter(s){of}, {replayable} replayable with `postroom dlq replay`"
 
 
 def skip_reason(letter: DeadLetter) -> str | None:

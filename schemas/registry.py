@@ -17,7 +17,7 @@ from postroom.errors import PostroomError
 from postroom.schemas.codec import Schema, load_schema, parse_schema_text
 from postroom.schemas.errors import SchemaError, SchemaUnavailableError
 from postroom.schemas.framing import SCHEMALESS, Framing, SchemaById
-from postroom.settings import Settings, mask_registry_config, mask_url
+from postroom.settings import Settings, mask_registry_config, mask_url, mask_urls
 from postroom.topics import topic_schemas, value_subject
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ class Registry:
         # The client raises its HTTP library's transport errors (not re-exported) and ValueError
         # for a bad setting: any of them means the request did not get an answer.
         except Exception as exc:
+            # Its text may name the URL as written, credentials and all.
             raise RegistryError(f"{what}: no answer from the schema registry at {self._url}: "
-                                f"{type(exc).__name__}: {exc}") from exc
+                                f"{type(exc).__name__}: {mask_urls(str(exc))}") from exc
 
     def subjects(self) -> list[str]:
         return list(self._call("cannot list subjects", "get_subjects"))

@@ -28,8 +28,10 @@ from postroom.rules import (
     ascii_domain_address,
     check_address,
     check_mailbox,
+    encoded_word_problem,
     has_control,
     on_pseudo_filesystem,
+    undecodable_encoded_word,
 )
 from postroom.schemas.codec import EmailRequested
 from postroom.sender.errors import AttachmentError
@@ -124,7 +126,8 @@ def build_message(
     when there are attachments.
 
     Raises UnsafeHeaderError for a line break in the recipient, sender, subject or an
-    attachment's file name, also one an RFC 2047 encoded word would decode to, and
+    attachment's file name, also one an RFC 2047 encoded word would decode to, for an encoded
+    word there whose bytes are not text in its charset (enqueue's rule), and
     AttachmentError for an attachment that is missing, unreadable, not a regular file, too
     large, or outside ``attachments_root`` (such a file is never opened). Blocking file I/O:
     call it off the event loop.
@@ -151,6 +154,7 @@ def build_message(
     for raw_path in event.attachments:
         name, data = read_attachment(raw_path, attachments_root,
                                      max_bytes=limits.attachment_max_bytes, budget=budget)
+        _refuse_undecodable(f"attachment {raw_path!r}: its file name", name)
         maintype, _, subtype = mime_type_for(name).partition("/")
         try:
             message.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
@@ -177,6 +181,7 @@ def _check_shared_values(sender: str, subject: str) -> None:
     (every recipient of a report shares them; a failure is not kept and raises every time)."""
     _refuse_unsafe("sender", sender)
     _refuse_unsafe("subject", subject)
+    _refuse_undecodable("subject", subject)
     try:
         check_mailbox(sender)
     except InvalidContentError as exc:
@@ -218,6 +223,7 @@ def add_html(message: EmailMessage, event: EmailRequested, attachments_root: Pat
     for raw_path in event.inline:
         name, data = read_attachment(raw_path, attachments_root,
                                      max_bytes=limits.attachment_max_bytes, budget=budget)
+        _refuse_undecodable(f"inline image {raw_path!r}: its file name", name)
         maintype, _, subtype = mime_type_for(name).partition("/")
         html_part.add_related(data, maintype=maintype, subtype=subtype, cid=f"<{name}>",
                               filename=name, disposition="inline")
@@ -351,6 +357,14 @@ def _open_file(raw_path: str, opener: Callable[[int], int]) -> int:
 
 def _refused(raw_path: str, problem: str) -> AttachmentError:
     return AttachmentError(f"attachment {raw_path!r} {problem}", path=raw_path)
+
+
+def _refuse_undecodable(what: str, value: str) -> None:
+    """enqueue's rule for text that looks like an encoded word (postroom.rules): its bytes must
+    be text in its charset."""
+    word = undecodable_encoded_word(value)
+    if word is not None:
+        raise UnsafeHeaderError(encoded_word_problem(what, word))
 
 
 def _refuse_unsafe(what: str, value: str) -> None:

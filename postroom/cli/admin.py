@@ -10,7 +10,7 @@ from pathlib import Path
 from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, parse_principal_prefix
 from postroom.cli.common import EXIT_OK, Commands
 from postroom.schemas.registry import COMPATIBILITY_LEVELS
-from postroom.settings import Settings
+from postroom.settings import Settings, mask_url
 
 
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def cmd_schemas_register(settings: Settings, args: argparse.Namespace) -> int:
     from postroom.schemas.registry import register_contract
 
     print(f"registering the contract for prefix {settings.topic_prefix!r} at "
-          f"{settings.require('schema_registry_url')} with compatibility {args.compatibility} ...",
+          f"{mask_url(settings.require('schema_registry_url'))} with compatibility {args.compatibility} ...",
           file=sys.stderr)
     for done in register_contract(settings, args.compatibility, schema_dir=args.schema_dir):
         print(f"{'new' if done.new else 'exists':8} {done.subject} {done.schema_name} "

@@ -234,3 +234,59 @@ def test_a_dead_letter_whose_header_name_is_not_utf8_is_listed(settings: Setting
     keys = [line.split(" | ")[1] for line in listed[:-1]]
     assert keys == ["warm0", "warm1", "warm2", "foreign", "after"]
     assert listed[-1] == "5 dead letter(s), 0 replayable with `postroom dlq replay`"
+
+
+def test_a_large_dead_letter_topic_is_listed_and_replayed_in_pages(
+        settings: Settings, engine: sa.Engine) -> None:
+    """Issue 46 item 10: 2,800 dead letters (300 keys twice), read in pages of 1,000 with
+    progress, a limit naming where the next page starts, and a replay of every row across the
+    pages, each row once. The read had to finish within 30 s, all letters held at once."""
+    rows = 2500
+    recipients = [f"r{n}@example.com" for n in range(rows)]
+    with engine.begin() as conn:
+        enqueue(conn, key="m", subject="Report", body="b", recipients=recipients)
+        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = 5"))
+        conn.execute(sa.text("DELETE FROM outbox_queue"))
+        ids = {r: i for i, r in conn.execute(sa.text("SELECT id, recipient FROM outbox"))}
+    producer = Producer(settings.kafka_client_config())
+    partitions = settings.topic_partitions
+    for n, recipient in enumerate([*recipients, *recipients[:300]]):
+        dead_letter(producer, settings, SCHEMALESS, recipient=recipient, outbox_id=ids[recipient],
+                    ago=dt.timedelta(seconds=rows - n % rows), partition=n % partitions,
+                    classification="transient-exhausted", reason="deferred")
+        if n % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    total = rows + 300
+
+    listed = postroom(settings, "dlq", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == total
+    progress = listed.stderr.splitlines()
+    assert progress[0] == f"reading {settings.topic_prefix}email.dead ..."
+    assert f"read 1000 of {total} record(s) (35%), at " in listed.stderr
+
+    first = postroom(settings, "dlq", "list", "--json", "--limit", "1200")
+    assert first.returncode == 0, first.stderr
+    [more] = [line for line in first.stderr.splitlines() if line.startswith("more: ")]
+    after = more.removeprefix("more: postroom dlq list --after ")
+    rest = postroom(settings, "dlq", "list", "--json", "--after", after)
+    assert rest.returncode == 0, rest.stderr
+    assert "more: " not in rest.stderr
+    places = [[(r["partition"], r["offset"]) for r in map(json.loads, proc.stdout.splitlines())]
+              for proc in (first, rest)]
+    assert len(places[0]) == 1200
+    assert len(set(places[0] + places[1])) == len(places[0]) + len(places[1]) == total
+
+    text = ok(settings, "dlq", "list")
+    assert len(text) == total + 1
+    assert text[-1].startswith(f"{total} dead letter(s) in 3 pages, {total} replayable with ")
+
+    dry = ok(settings, "dlq", "replay", "--all", "--dry-run")
+    assert dry[-1] == f"in all: would replay {rows} row(s) of {total} dead letter(s) read, in 3 pages"
+    done = ok(settings, "dlq", "replay", "--all")
+    assert done[-1] == f"in all: replayed {rows} row(s) of {total} dead letter(s) read, in 3 pages"
+    with engine.connect() as conn:
+        states = dict(conn.execute(sa.text(
+            "SELECT status, count(*) FROM outbox GROUP BY status")).all())
+    assert states == {"pending": rows}

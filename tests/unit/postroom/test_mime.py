@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from postroom import mime
@@ -161,6 +161,7 @@ def _accepted(check: Any, value: str) -> bool:
 @PROPERTY
 @given(subject=mostly(_UNBROKEN_TEXT, TEXT), recipient=mostly(WELL_FORMED, ADDRESS),
        sender=mostly(WELL_FORMED, ADDRESS))
+@example(subject="é=?utf-8?b?00?=", recipient="0@example.com", sender="0@example.com")  # issue 49
 def test_any_subject_and_addresses_make_exactly_the_intended_headers(
         subject: str, recipient: str, sender: str) -> None:
     try:
@@ -214,6 +215,104 @@ def test_what_enqueue_accepts_the_sender_can_send(
     assert_exactly_the_intended_headers(message, attachments=len(names))
     for policy in POLICIES:
         check_serialized(message, message.as_bytes(policy=policy))
+
+
+# --- issue 49: encoded words whose bytes are not text in their charset
+
+UNDECODABLE_WORDS = [
+    ("é=?utf-8?b?00?=", "=?utf-8?b?00?="),           # 0xD3: no UTF-8; the SMTP policy failed
+    ("=?utf-8?q?=E9?= report", "=?utf-8?q?=E9?="),
+    ("=?x-no-such-charset?q?=E9?=", "=?x-no-such-charset?q?=E9?="),  # read as ASCII
+    ("=?unknown-8bit?q?=E9?=", "=?unknown-8bit?q?=E9?="),
+    ("Bericht =?UTF-8*de?B?/w==?=", "=?UTF-8*de?B?/w==?="),
+]
+
+
+@pytest.mark.parametrize(("subject", "word"), UNDECODABLE_WORDS)
+def test_an_encoded_word_of_bytes_that_are_not_text_is_refused_by_one_rule(
+        subject: str, word: str) -> None:
+    """enqueue's rule, its header check and the sender's builder refuse it alike, naming the
+    word and saying what is wrong with it (enqueue said "'ascii' codec can't encode ...")."""
+    with pytest.raises(InvalidContentError) as rule:
+        check_subject(subject)
+    with pytest.raises(UnsafeHeaderError) as composed:
+        check_composable("reports@example.com", "finance@example.com", subject, [])
+    with pytest.raises(UnsafeHeaderError) as built:
+        build_message(event(subject=subject), attachments_root=None, now=NOW)
+    for refusal in (rule.value, composed.value, built.value):
+        assert "subject holds" in str(refusal) and repr(word) in str(refusal)
+        assert "not valid text in that charset" in str(refusal)
+        assert "codec" not in str(refusal)
+
+
+@pytest.mark.parametrize("subject", [
+    "Rechnung =?utf-8?q?f=C3=BCr?= M=?iso-8859-1?q?=E4?=rz",  # text in its charset: decoded
+    "=?utf-8?b?QQ?= padding missing", "=?x-no-such-charset?q?abc?=", "?= =? =?utf-8?q?", "\ufffd",
+])
+def test_an_encoded_word_of_text_is_taken_and_written_under_both_policies(subject: str) -> None:
+    check_subject(subject)
+    check_composable("reports@example.com", "finance@example.com", subject, [])
+    message = build_message(event(subject=subject), attachments_root=None, now=NOW)
+    assert_exactly_the_intended_headers(message, attachments=0)
+
+
+def test_a_file_name_with_an_encoded_word_of_bytes_that_are_not_text_is_refused(
+        tmp_path: Path) -> None:
+    name = "=?utf-8?b?00?=.pdf"
+    (tmp_path / name).write_bytes(b"%PDF")
+    with pytest.raises(InvalidContentError, match="file name holds '=\\?utf-8"):
+        check_attachment_path(name)
+    with pytest.raises(UnsafeHeaderError, match="file name holds '=\\?utf-8"):
+        check_composable("reports@example.com", "finance@example.com", "s", [name])
+    with pytest.raises(UnsafeHeaderError, match="file name holds '=\\?utf-8"):
+        build_message(event(attachments=(name,)), attachments_root=tmp_path, now=NOW)
+
+
+def test_a_header_of_undecodable_bytes_is_refused_whatever_put_it_there() -> None:
+    """The last check of every built message, behind the rule: a header the library keeps
+    undecodable bytes in, and that one of the two policies cannot write, is refused."""
+    message = EmailMessage(policy=email.policy.SMTP)
+    message["Subject"] = "é=?utf-8?b?00?="
+    with pytest.raises(UnicodeEncodeError):
+        message.as_bytes(policy=email.policy.SMTP)
+    with pytest.raises(UnsafeHeaderError, match="Subject header \\(the subject\\) would hold "
+                                                "bytes that are not text"):
+        mime.check_decoded_headers(message)
+
+
+# Encoded words of any bytes in charsets known, unknown and 8-bit, among the usual pieces.
+_ANY_BYTES_WORD = st.builds(
+    lambda charset, b64, raw: (
+        f"=?{charset}?{'b' if b64 else 'q'}?"
+        + (binascii.b2a_base64(raw, newline=False).decode() if b64
+           else "".join(f"={byte:02X}" for byte in raw)) + "?="),
+    st.sampled_from(["utf-8", "UTF-8", "iso-8859-1", "us-ascii", "shift_jis", "unknown-8bit",
+                     "x-unknown", "utf-8*en"]),
+    st.booleans(), st.binary(max_size=6))
+_WORDS_AND_TEXT = st.lists(st.one_of(_ANY_BYTES_WORD, _TRICKY, st.text(max_size=4)),
+                           max_size=6).map("".join)
+
+
+@PROPERTY
+@given(subject=_WORDS_AND_TEXT)
+def test_the_builder_never_returns_a_message_a_policy_cannot_write(subject: str) -> None:
+    """Refused (and by enqueue's header check alike), or written under both policies."""
+    try:
+        message = build_message(event(subject=subject), attachments_root=None, now=NOW)
+    except UnsafeHeaderError:
+        assert not _composable(subject)
+        return
+    for policy in POLICIES:
+        check_serialized(message, message.as_bytes(policy=policy))
+    assert _composable(subject)
+
+
+def _composable(subject: str) -> bool:
+    try:
+        check_composable("reports@example.com", "finance@example.com", subject, [])
+    except UnsafeHeaderError:
+        return False
+    return True
 
 
 # --- the quick check against the full build (issue 26): the build is the reference
@@ -333,7 +432,7 @@ def test_what_the_library_cannot_write_is_refused_not_raised(
         sender: str, recipient: str, subject: str, names: list[str]) -> None:
     """A value that passes postroom.rules but that the library fails on (with an error of its
     own) is refused like any other: enqueue raised UnicodeEncodeError for such a subject."""
-    with pytest.raises(UnsafeHeaderError, match="cannot make headers"):
+    with pytest.raises(UnsafeHeaderError, match=r"cannot make headers|bytes that are not text"):
         check_composable(sender, recipient, subject, names)
 
 

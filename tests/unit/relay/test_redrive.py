@@ -9,12 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from postroom.headers import DLQ_REASON_HEADER
 from postroom.relay.redrive import (
+    LETTER_KEY_MAX_CHARS,
+    LETTER_TEXT_MAX_CHARS,
     DeadLetter,
     RedrivePlan,
-    _letter,
     latest_per_key,
-    render_dead_letters,
+    letter_of,
+    render_count,
+    render_page,
     render_plan,
     skip_reason,
 )
@@ -39,12 +43,15 @@ def test_one_letter_per_key_the_latest_in_the_order_of_the_latest() -> None:
 
 
 def test_the_list_counts_each_replayable_key_once() -> None:
-    lines = render_dead_letters([letter("a", 50, offset=1), letter("a", 30, offset=2),
-                                 letter("b", 20, offset=3, row="sent")])
-    assert len(lines) == 3
+    lines, keys, replayable = render_page([letter("a", 50, offset=1), letter("a", 30, offset=2),
+                                           letter("b", 20, offset=3, row="sent")])
+    assert (len(lines), keys, replayable) == (2, 2, 1)
     assert lines[0].endswith("row=dead (replayable) | 2 dead letters, latest shown")
-    assert lines[-1] == "3 dead letter(s) of 2 key(s), 1 replayable with `postroom dlq replay`"
-    assert render_dead_letters([]) == ["the dead-letter topic is empty"]
+    assert render_count(3, keys, replayable) == ("3 dead letter(s) of 2 key(s), 1 replayable "
+                                                 "with `postroom dlq replay`")
+    assert render_count(2500, 2400, 2100, pages=3).startswith(
+        "2500 dead letter(s) of 2400 key(s) in 3 pages, 2100 replayable with `postroom dlq "
+        "replay` (a key is counted in each page it has letters in;")
 
 
 @pytest.mark.parametrize(("row", "recipient", "says"), [
@@ -114,11 +121,21 @@ _HEADER_NAMES = st.sampled_from(["postroom.dlq.classification", "postroom.dlq.re
 def test_any_record_on_the_dead_letter_topic_is_listed_in_one_line(
         key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]],
         timestamp_ms: int) -> None:
-    found = _letter(_Record(key, value, headers, timestamp_ms), 0, 7)
-    [line, summary] = render_dead_letters([found])
+    found = letter_of(_Record(key, value, headers, timestamp_ms), 0, 7)
+    [line], keys, replayable = render_page([found])
     assert "\n" not in line and "\r" not in line
-    assert summary == "1 dead letter(s), 0 replayable with `postroom dlq replay`"
+    assert (keys, replayable) == (1, 0)
     why = skip_reason(found)
     assert why is not None and "\n" not in why
     plan = render_plan(RedrivePlan((), ((found.name, why),)), "replay")
     assert all("\n" not in text for text in plan)
+
+
+def test_a_letter_keeps_at_most_so_much_of_each_text() -> None:
+    """A page holds PAGE_LETTERS letters: each must be small whatever its record holds (a reason
+    of a megabyte, a key as long)."""
+    huge = "x" * 1_000_000
+    found = letter_of(_Record(huge.encode(), b"\x07not avro",
+                              [(DLQ_REASON_HEADER, huge.encode())], 0), 0, 7)
+    assert found.key is not None and len(found.key) == LETTER_KEY_MAX_CHARS
+    assert len(found.reason) == LETTER_TEXT_MAX_CHARS and found.reason.endswith("…")

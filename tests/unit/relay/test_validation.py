@@ -93,3 +93,16 @@ def test_a_list_of_one_chunk_is_checked_as_the_generator_checks_any_iterable(
     """A list of at most one chunk is checked at once, without the generator (issue 26): the
     same chunks, or the same refusal naming the same recipient, as an iterator of it gets."""
     assert _chunks_or_refusal(recipients, size) == _chunks_or_refusal(iter(recipients), size)
+
+
+@pytest.mark.parametrize(("subject", "said"), [
+    # issue 49: enqueue said "cannot make headers of these values: 'ascii' codec can't encode ..."
+    ("é=?utf-8?b?00?=", "subject holds '=?utf-8?b?00?=', which mail programs read as an RFC 2047 "
+                        "encoded word"),
+    ("Invoice \ud800", "subject holds a lone surrogate"),
+])
+def test_enqueue_says_what_is_wrong_with_the_subject(subject: str, said: str) -> None:
+    with pytest.raises(EnqueueError) as refused:
+        validation.check_subject(subject)
+    assert str(refused.value).startswith(said)
+    assert "codec" not in str(refused.value)
