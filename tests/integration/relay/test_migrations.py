@@ -30,7 +30,7 @@ from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0014"  # the newest revision
+HEAD = "0015"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
