@@ -123,6 +123,17 @@ def mailbox_address(address: str) -> str:
     return mailbox
 
 
+def respelled_key(idempotency_key: str, recipient: str) -> str:
+    """The key enqueue writes now for a key written for ``recipient`` as given (before migration
+    0015): its ending, the recipient in lower case, becomes the mailbox's identity. The key as
+    it is when it does not end so, or the recipient is spelled as a row now holds it."""
+    mailbox = ascii_domain_address(recipient)
+    lowered = recipient.lower()
+    if mailbox == recipient or not idempotency_key.endswith(lowered):
+        return idempotency_key
+    return idempotency_key[:len(idempotency_key) - len(lowered)] + mailbox.lower()
+
+
 def mailbox_identity(address: str) -> str:
     """The one identity of the mailbox a checked address names: :func:`mailbox_address` in
     lower case, every spelling of the domain (case, U-label or A-label, full-width or other

@@ -6,6 +6,7 @@ given; enqueue keeps one row per mailbox; `suppression remove` takes any spellin
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,16 @@ from postroom.errors import InvalidContentError
 from postroom.relay import suppression
 from postroom.relay.db import downgrade, upgrade
 from postroom.relay.publisher import Relay
+from postroom.relay.results import (
+    REPORT_STATUSES,
+    ReportPolicy,
+    ReportsApplied,
+    apply_reports,
+    apply_results,
+    apply_soft_bounces,
+)
 from postroom.relay.validation import idempotency_key_prefix
+from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
 from support.fuzz import examples
@@ -177,3 +187,64 @@ def test_0015_rewrites_non_ascii_domains_stored_before_it_and_goes_back(
     assert entries == {"gone@xn--bcher-kva.example": "long", "gone@bücher.example": "long",
                        "x@xn--strae-oqa.de": "r", "x@straße.de": "r"}
     assert upgrade(engine) != "0014"  # and up again, over what the downgrade left
+
+
+# -- the recorder: results and reports name their row as written or as 0015 spells it
+
+T0 = dt.datetime.now(dt.UTC).replace(microsecond=0)
+POLICY = ReportPolicy(expiry_s=86400, soft_limit=2)
+
+
+def recorded(engine: sa.Engine, results: list[EmailResult]) -> None:
+    """What the recorder does with one batch, in its one transaction."""
+    applied = ReportsApplied()
+    outcomes = [r for r in results if r.status not in REPORT_STATUSES]
+    with engine.begin() as conn:
+        apply_results(conn, outcomes, 5)
+        apply_reports(conn, [r for r in results if r.status in REPORT_STATUSES], POLICY,
+                      applied)
+        apply_soft_bounces(conn, outcomes, POLICY, applied)
+
+
+def named(row_id: int, key: str, recipient: str, status: DeliveryStatus, attempt: int = 1,
+          **fields: Any) -> EmailResult:
+    return EmailResult(idempotency_key=key, outbox_id=row_id, recipient=recipient,
+                       status=status, attempt=attempt, occurred_at=T0, **fields)
+
+
+def test_results_of_events_published_before_0015_match_their_rewritten_rows(
+        engine: sa.Engine) -> None:
+    assert downgrade(engine, "0014") == "0014"
+    spelled = {"sent": "GONE@BÜCHER.EXAMPLE", "dead1": "a@bücher.example",
+               "dead2": "A@Bücher.Example"}
+    with engine.begin() as conn:
+        ids = {key: old_row(conn, key, recipient) for key, recipient in spelled.items()}
+        conn.execute(sa.text("UPDATE outbox SET status = 'published', published_at = now()"))
+    assert upgrade(engine) != "0014"
+    # The events in flight carry the key and recipient as the rows held them before.
+    in_flight = {key: (ids[key], idempotency_key_prefix(key) + r.lower(), r)
+                 for key, r in spelled.items()}
+    recorded(engine, [named(*in_flight["sent"], DeliveryStatus.SENT, smtp_code=250),
+                      *(named(*in_flight[key], DeliveryStatus.DEAD, attempt=5, smtp_code=451,
+                              error="451 4.3.0 later") for key in ("dead1", "dead2"))])
+    assert statuses(engine) == {"sent": "sent", "dead1": "dead", "dead2": "dead"}
+    with engine.connect() as conn:
+        # Two soft bounces of one mailbox, written in two spellings: suppressed as one.
+        assert entries_of(conn) == {"a@xn--bcher-kva.example": "2 soft bounces in a row "
+                                                               "(every retry spent)"}
+    recorded(engine, [named(*in_flight["sent"], DeliveryStatus.BOUNCED, smtp_code=550,
+                            error="smtp; 550 5.1.1 gone")])
+    with engine.connect() as conn:
+        assert set(entries_of(conn)) == {"a@xn--bcher-kva.example", "gone@xn--bcher-kva.example"}
+    assert statuses(engine)["sent"] == "bounced"
+
+
+def test_a_report_on_a_row_an_earlier_release_wrote_suppresses_the_mailbox(
+        engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        row_id = old_row(conn, "k", "Gone@BÜCHER.example")
+        conn.execute(sa.text("UPDATE outbox SET status = 'sent'"))
+    recorded(engine, [named(row_id, "k|gone@bücher.example", "Gone@BÜCHER.example",
+                            DeliveryStatus.COMPLAINED)])
+    with engine.connect() as conn:
+        assert list(entries_of(conn)) == ["gone@xn--bcher-kva.example"]

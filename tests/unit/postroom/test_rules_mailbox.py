@@ -170,3 +170,17 @@ def test_any_text_is_an_address_or_a_refusal(text: str) -> None:
         assert rules.check_recipient(stored) == stored
     # The relay spells any row's text, whatever SQL wrote there, without raising.
     assert isinstance(rules.ascii_domain_address(text), str)
+
+
+@pytest.mark.parametrize(("key", "recipient", "respelled"), [
+    ("k|gone@bücher.example", "GONE@BÜCHER.EXAMPLE", "k|gone@xn--bcher-kva.example"),
+    ("a\\|b|x@straße.de", "x@straße.de", "a\\|b|x@xn--strae-oqa.de"),
+    ("k|plain@example.com", "Plain@Example.com", "k|plain@example.com"),  # ASCII: as it is
+    ("k|gone@xn--bcher-kva.example", "gone@xn--bcher-kva.example",
+     "k|gone@xn--bcher-kva.example"),
+    ("other", "gone@bücher.example", "other"),  # not enqueue's key: as it is
+    ("k|x@☃.example", "x@☃.example", "k|x@☃.example"),  # refused domain: as it is
+])
+def test_a_key_written_before_0015_is_respelled_as_enqueue_writes_it_now(
+        key: str, recipient: str, respelled: str) -> None:
+    assert rules.respelled_key(key, recipient) == respelled
