@@ -76,7 +76,7 @@ def require_str(value: object, what: str) -> str:
 
 def canonical_domain(domain: str) -> str:
     """The one spelling of ``domain``: lower case, each label an IDNA 2008 A-label as UTS-46
-    processing (non-transitional) gives it, so ``BÜCHER.example``, ``ｂüｃｈｅｒ．example`` and
+    processing (non-transitional) gives it, so ``BÜCHER.example``, its full-width form and
     ``XN--BCHER-KVA.example`` are all ``xn--bcher-kva.example``. An ASCII domain without an
     ``xn--`` label is only lowered (UTS-46 maps nothing else in it). InvalidContentError, with
     the reason, for a domain UTS-46 refuses (a symbol, a bad A-label, ``--`` in a label's 3rd

@@ -28,6 +28,7 @@ gives each entry of an A-label domain a copy under its U-label spelling, so that
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import idna
 import sqlalchemy as sa
@@ -71,7 +72,7 @@ def _rekey(conn: sa.Connection, rows: Sequence[tuple[int, str, str]],
     """Rewrite each (id, message key, recipient) of ``rows`` to ``spelled(recipient)`` (skipped
     when None), its key with it when the key is enqueue's for the old spelling and the new one
     is free (each statement sees the ones before it). The ids rewritten."""
-    params = []
+    params: list[dict[str, Any]] = []
     for row_id, message_key, recipient in rows:
         new = spelled(recipient)
         if new is None or new == recipient:

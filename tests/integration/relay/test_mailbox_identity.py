@@ -38,8 +38,14 @@ from support.rounds import publish_round
 
 pytestmark = pytest.mark.integration
 
+
+def wide(text: str) -> str:
+    """``text`` with its ASCII characters in their full-width forms (UTS-46 maps them back)."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
 SPELLINGS = ["gone@bücher.example", "GONE@BÜCHER.EXAMPLE", "gone@xn--bcher-kva.example",
-             "Gone@XN--BCHER-KVA.EXAMPLE", "gone@ｂüｃｈｅｒ．ｅｘａｍｐｌｅ", "gone@bücher。example",
+             "Gone@XN--BCHER-KVA.EXAMPLE", "gone@" + wide("bücher.example"),
+             "gone@bücher\u3002example",
              "gone@bu\u0308cher.example"]
 
 _OLD_ROW = sa.text("""
@@ -94,7 +100,7 @@ def test_suppression_holds_one_entry_per_mailbox_and_any_spelling_removes_it(
             assert suppression.add(conn, spelling, "left", 3600).address == \
                 "gone@xn--bcher-kva.example"
         assert [e.address for e in suppression.entries(conn)] == ["gone@xn--bcher-kva.example"]
-        assert suppression.remove(conn, "GONE@ｂüｃｈｅｒ．ｅｘａｍｐｌｅ") == \
+        assert suppression.remove(conn, "GONE@" + wide("bücher.example")) == \
             "gone@xn--bcher-kva.example"
         assert suppression.entries(conn) == []
         with pytest.raises(InvalidContentError, match="invalid domain"):
@@ -143,9 +149,9 @@ def test_0015_rewrites_non_ascii_domains_stored_before_it_and_goes_back(
         engine: sa.Engine) -> None:
     assert downgrade(engine, "0014") == "0014"
     with engine.begin() as conn:
-        ids = {key: old_row(conn, key, recipient) for key, recipient in [("a", "GONE@BÜCHER.EXAMPLE"), ("a|b", "x@straße.de"),
-                                      ("c", "plain@Example.COM"), ("d", "josé@example.com"),
-                                      ("e", "x@☃.example")]}
+        ids = {key: old_row(conn, key, recipient) for key, recipient in [
+            ("a", "GONE@BÜCHER.EXAMPLE"), ("a|b", "x@straße.de"), ("c", "plain@Example.COM"),
+            ("d", "josé@example.com"), ("e", "x@☃.example")]}
         # Two spellings of one mailbox in one message: the second keeps its key.
         for recipient in ("gone@xn--bcher-kva.example", "Gone@Bücher.example"):
             old_row(conn, "two", recipient)

@@ -21,9 +21,15 @@ from support.fuzz import examples
 IDENTITY = "gone@xn--bcher-kva.example"
 
 
+def wide(text: str) -> str:
+    """``text`` with its ASCII characters in their full-width forms (UTS-46 maps them back)."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
 @pytest.mark.parametrize("address", [
     "gone@bücher.example", "GONE@BÜCHER.EXAMPLE", "gone@xn--bcher-kva.example",
-    "Gone@XN--BCHER-KVA.Example", "gone@ｂüｃｈｅｒ．ｅｘａｍｐｌｅ", "gone@bücher。example",
+    "Gone@XN--BCHER-KVA.Example", "gone@" + wide("bücher.example"),
+    "gone@bücher\u3002example",
     "gone@bu\u0308cher.example", "gone@ⓑücher.example", " gone@Bücher.example ",
 ])
 def test_spellings_of_one_mailbox_have_one_identity(address: str) -> None:
@@ -75,7 +81,6 @@ LABELS = st.text(st.sampled_from(DOMAIN_LETTERS), min_size=1, max_size=12)
 DOMAINS = st.lists(LABELS, min_size=1, max_size=3).map(lambda labels: [*labels, "example"])
 LOCALS = st.text(st.sampled_from("abcxyzABC019.+-_é"), min_size=1, max_size=20).filter(
     lambda local: rules._LOCAL.match(local) is not None)
-FULL_WIDTH = {chr(c): chr(c + 0xFEE0) for c in range(0x21, 0x7F)}
 DOTS = [".", "\uff0e", "\u3002", "\uff61"]  # full stop, full-width, ideographic, halfwidth
 
 
@@ -99,7 +104,7 @@ def spelling(draw: st.DrawFn, local: str, labels: list[str]) -> str:
         elif form == "upper":
             text = "".join(c.upper() if draw(st.booleans()) else c for c in label)
         elif form == "full":
-            text = "".join(FULL_WIDTH.get(c, c) for c in cased(label))
+            text = wide(cased(label))
         elif form == "nfd":
             text = unicodedata.normalize("NFD", cased(label))
         else:
@@ -156,7 +161,7 @@ def test_an_ascii_address_keeps_its_spelling_and_its_key(address: str) -> None:
 
 ANY_CHARS = st.sampled_from(["a", "Z", "9", "-", ".", "@", "ü", "Ü", "ß", "\uff0e", "\u3002",
                              "x", "n", "xn--", "XN--", "☃", "\u0308", "\u200d", "\ud800", " ",
-                             "\u00ad", "ｂ", "İ", "\u0000"])
+                             "\u00ad", "\uff42", "İ", "\u0000"])
 
 
 @settings(max_examples=examples(2000))

@@ -26,7 +26,7 @@ REPORT = EmailResult(idempotency_key="k|a@example.com", outbox_id=7, recipient="
     ("Old.Manager@Example.COM", "Old.Manager@Example.COM"),  # the database lowers it
     ("  jane+reports@example.com ", "jane+reports@example.com"),
     ("JÜRGEN@bücher.example", "JÜRGEN@xn--bcher-kva.example"),  # the domain's one spelling
-    ("x@ＢÜＣＨＥＲ．example", "x@xn--bcher-kva.example"),
+    ("x@BÜCHER\uff0eexample", "x@xn--bcher-kva.example")  # a full-width dot,
 ])
 def test_an_address_is_taken_as_one_bare_address(address: str, held: str) -> None:
     assert checked(address) == held
