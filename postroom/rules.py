@@ -91,16 +91,18 @@ def canonical_domain(domain: str) -> str:
 
 
 def ascii_domain_address(address: str) -> str:
-    """``local@domain`` with a non-ASCII domain spelled by :func:`canonical_domain`: an ASCII
-    address needs no SMTPUTF8 for its domain alone. Anything else is returned as it came (a
-    text that is no address, or whose domain UTS-46 refuses, is refused where it is checked)."""
+    """``local@domain`` (or a From's ``Name <local@domain>``) with a non-ASCII domain spelled by
+    :func:`canonical_domain`: an ASCII address needs no SMTPUTF8 for its domain alone. Anything
+    else is returned as it came (a text that is no address, or whose domain UTS-46 refuses, is
+    refused where it is checked)."""
     if address.isascii():
         return address
     local, at, domain = address.rpartition("@")
     if not at or domain.isascii():
         return address
+    bracket = ">" if domain.endswith(">") else ""
     try:
-        return f"{local}@{canonical_domain(domain)}"
+        return f"{local}@{canonical_domain(domain[:len(domain) - len(bracket)])}{bracket}"
     except InvalidContentError:
         return address
 

@@ -189,3 +189,13 @@ def test_any_text_is_an_address_or_a_refusal(text: str) -> None:
 def test_a_key_written_before_0015_is_respelled_as_enqueue_writes_it_now(
         key: str, recipient: str, respelled: str) -> None:
     assert rules.respelled_key(key, recipient) == respelled
+
+
+@pytest.mark.parametrize(("written", "sent"), [
+    ("José Núñez <reports@bücher.example>", "José Núñez <reports@xn--bcher-kva.example>"),
+    ("reports@straße.de", "reports@xn--strae-oqa.de"),
+    ("Name <x@☃.example>", "Name <x@☃.example>"),  # refused where it is checked
+])
+def test_the_sender_writes_a_from_or_to_with_its_domain_as_a_labels(written: str,
+                                                                      sent: str) -> None:
+    assert rules.ascii_domain_address(written) == sent
