@@ -212,6 +212,8 @@ def keys_of(shared: dict[str, Any], chunk: list[str], limits: SizeLimits) -> lis
     """The idempotency keys of a chunk's rows, once the longest one is a key the relay and the
     sender take (lowering an address may lengthen it) and its event fits the cap."""
     prefix = validation.idempotency_key_prefix(shared["message_key"])
+    # Each address is as its row holds it (rules.mailbox_address): its lower case is the
+    # mailbox's identity, rules.mailbox_identity, without computing it twice.
     keys = [prefix + address.lower() for address in chunk]
     longest = max(range(len(keys)), key=lambda n: len(keys[n])) if len(keys) > 1 else 0
     if len(keys[longest]) * 4 > KEY_MAX_BYTES:  # else it is within both caps

@@ -36,6 +36,7 @@ from postroom.relay.connections import Connections, Listener
 from postroom.relay.connections import one_line as _one_line
 from postroom.relay.producing import TOO_LARGE_ERROR, send_batch
 from postroom.relay.rounds import Claim, RelayStats, Sent
+from postroom.rules import ascii_domain_address
 from postroom.schemas.codec import EmailRequested, load_schema
 from postroom.schemas.framing import Framing
 from postroom.schemas.registry import framing_for
@@ -67,7 +68,9 @@ class Relay:
         self._listener = Listener(engine, self._stop)
         self.stats = RelayStats()
         self.metrics = metrics or Metrics()
-        self._id_at = load_schema(EmailRequested.SCHEMA_NAME).field_names.index("outbox_id")
+        fields = load_schema(EmailRequested.SCHEMA_NAME).field_names
+        self._id_at = fields.index("outbox_id")
+        self._recipient_at = fields.index("recipient")
 
     @property
     def producer(self) -> Producer:
@@ -104,11 +107,14 @@ class Relay:
     def _without_suppressed(self, db: Connections, rows: Sequence[sa.Row[Any]],
                             owner: int) -> Sequence[sa.Row[Any]]:
         """The claimed rows less those whose address is suppressed: those end ``suppressed``,
-        off the queue, in one statement for the batch (relay/suppression.py)."""
-        id_at = self._id_at
-        suppressed = set(db.claims().execute(sql.MARK_SUPPRESSED,
-                                             {"ids": [row[id_at] for row in rows],
-                                              "owner": owner}).scalars())
+        off the queue, in one statement for the batch (relay/suppression.py). Each row's
+        address is compared in its mailbox spelling (its domain in IDNA form), however the row
+        spells it: a row written by an earlier release, or by SQL, is matched all the same."""
+        id_at, recipient_at = self._id_at, self._recipient_at
+        suppressed = set(db.claims().execute(sql.MARK_SUPPRESSED, {
+            "ids": [row[id_at] for row in rows],
+            "addresses": [ascii_domain_address(row[recipient_at]) for row in rows],
+            "owner": owner}).scalars())
         if not suppressed:
             return rows
         self.stats.suppressed += len(suppressed)

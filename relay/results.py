@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from postroom.errors import first_line
 from postroom.relay import sql
+from postroom.rules import ascii_domain_address, respelled_key
 from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.settings import Settings
 
@@ -32,12 +33,22 @@ _NUL = "\x00"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def spellings(result: EmailResult) -> dict[str, str]:
+    """The key and recipient a result names its row by, as written and as a row holds them
+    since migration 0015 (the domain as A-labels): a result of an event published before the
+    upgrade matches its rewritten row, and one of a row an earlier release wrote after it
+    matches that row (the same for ASCII addresses). ``mailbox`` is the address a report
+    suppresses."""
+    return {"idempotency_key": result.idempotency_key, "recipient": result.recipient,
+            "mailbox": ascii_domain_address(result.recipient),
+            "mailbox_key": respelled_key(result.idempotency_key, result.recipient)}
+
+
 def result_params(result: EmailResult, max_attempt: int) -> dict[str, Any]:
     return {
         "max_attempt": max_attempt,
-        "idempotency_key": result.idempotency_key,
+        **spellings(result),
         "outbox_id": result.outbox_id,
-        "recipient": result.recipient,
         "status": result.status.value,
         "attempt": result.attempt,
         "error": result.error,
@@ -146,8 +157,7 @@ def report_params(result: EmailResult, policy: ReportPolicy) -> dict[str, Any]:
     reason = " ".join(error.split())
     return {
         "outbox_id": result.outbox_id,
-        "idempotency_key": result.idempotency_key,
-        "recipient": result.recipient,
+        **spellings(result),
         "error": error,
         "smtp_code": result.smtp_code,
         "enhanced_code": result.enhanced_code,
@@ -201,17 +211,22 @@ def apply_soft_bounces(conn: sa.Connection, results: Sequence[EmailResult],
         return []
     dead = [r for r in results if is_soft_bounce(r)]
     sent = [r for r in results if r.status is DeliveryStatus.SENT]
+    # An address counts as the mailbox it names (its domain as A-labels), however its row
+    # spells it (results.spellings).
     if dead:
         conn.execute(sql.ADD_SOFT_BOUNCES, {
             "ids": [r.outbox_id for r in dead], "recipients": [r.recipient for r in dead],
+            "mailboxes": [ascii_domain_address(r.recipient) for r in dead],
             "occurred_at": [r.occurred_at for r in dead]})
     if sent:
         conn.execute(sql.CLEAR_SOFT_BOUNCES, {
-            "recipients": [r.recipient for r in sent], "occurred_at": [r.occurred_at for r in sent]})
+            "recipients": [ascii_domain_address(r.recipient) for r in sent],
+            "occurred_at": [r.occurred_at for r in sent]})
     if not dead:
         return []
     suppressed = list(conn.execute(sql.SUPPRESS_SOFT_BOUNCES, {
-        "addresses": sorted({r.recipient for r in dead}), "soft_limit": policy.soft_limit,
+        "addresses": sorted({ascii_domain_address(r.recipient) for r in dead}),
+        "soft_limit": policy.soft_limit,
         "expiry_s": policy.expiry_s}).scalars())
     applied.suppress("soft", len(suppressed))
     return suppressed

@@ -3,7 +3,8 @@ bounces in a row, or an operator said so), each until its entry expires. The rel
 email to such an address as ``suppressed`` without publishing it; its SQL is in relay/sql.py.
 
 An address is held as postroom compares recipients everywhere (the outbox's keys and the
-recorder's matching): the whole address in lower case, the local part too. RFC 5321 lets a local
+recorder's matching): its domain in its one IDNA spelling (postroom.rules.canonical_domain:
+UTS-46, A-labels), the whole address in lower case, the local part too. RFC 5321 lets a local
 part be case-sensitive; no provider of note makes it so, and two spellings of one mailbox must
 not escape the list. A sub-address (``a+tag@``) is an address of its own.
 """
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 
 from postroom.errors import InvalidContentError, PostroomError, printable
 from postroom.relay import sql
-from postroom.rules import check_address
+from postroom.rules import check_recipient
 
 REASON_MAX_CHARS = 500
 OPERATOR_REASON = "added by an operator"
@@ -55,11 +56,13 @@ class Entry:
 
 
 def checked(address: object) -> str:
-    """``address`` if it is one bare ``local@domain`` (InvalidContentError otherwise). The list
+    """``address`` if it is one bare ``local@domain``, its domain in its one IDNA spelling
+    (InvalidContentError otherwise, saying why: a domain UTS-46 refuses among others). The list
     holds it in lower case as the database lowers it (``lower()``, as the relay and the bounce
     path compare it): Python's lowering differs from a database's locale for non-ASCII letters
-    (under the C locale ``lower()`` lowers ASCII letters only)."""
-    return check_address(address, what="address")
+    (under the C locale ``lower()`` lowers ASCII letters only), which only the local part can
+    still hold."""
+    return check_recipient(address, what="address")
 
 
 def reason_of(text: str | None) -> str:

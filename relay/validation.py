@@ -52,8 +52,9 @@ def check_address(address: object, *, what: str = "recipient") -> str:
 def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
     """The recipients, each checked (surrounding blanks removed), in their given order, in
     lists of up to ``size``; checked as the chunks are asked for, so an iterator of any length
-    is never held whole. Duplicates stay: the insert skips a second row of one idempotency key
-    (the address compared case-insensitively)."""
+    is never held whole. Each is the address a row holds (rules.mailbox_address: a non-ASCII
+    domain in its one IDNA spelling). Duplicates stay: the insert skips a second row of one
+    idempotency key (the mailbox compared by its identity, rules.mailbox_identity)."""
     if type(recipients) is list and 0 < len(recipients) <= size:
         # One chunk (a personalised email's one recipient, most often), checked at once as the
         # generator would check it when its first chunk is asked for, without the generator.
@@ -67,9 +68,9 @@ def recipient_chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]
 
 
 def _recipient(raw: object) -> str:
-    """One recipient checked whole: its form, then its own To header (the sender builds one per
-    row, not only the first's); InvalidContentError for a bad one."""
-    address = rules.check_address(raw)
+    """One recipient checked whole: its form, as a row holds it, then its own To header (the
+    sender builds one per row, not only the first's); InvalidContentError for a bad one."""
+    address = rules.check_recipient(raw)
     check_recipient_composable(address)
     return address
 
@@ -235,13 +236,14 @@ def check_files(paths: Sequence[str | Path], max_bytes: int, total_max_bytes: in
 
 
 def idempotency_key(message_key: str, recipient: str) -> str:
-    """The per-recipient key: the message key and the address, compared case-insensitively.
+    """The per-recipient key: the message key and the mailbox's identity
+    (rules.mailbox_identity: for an ASCII address, its lower case).
 
     ``message_key|recipient``, with ``\\`` and ``|`` in the message key escaped by a ``\\``:
     the first unescaped ``|`` ends the message key, so no two pairs share a key. A message key
     without either character keeps the key it always had (migration 0005 rewrote the others).
     """
-    return idempotency_key_prefix(message_key) + recipient.lower()
+    return idempotency_key_prefix(message_key) + rules.mailbox_identity(recipient)
 
 
 def idempotency_key_prefix(message_key: str) -> str:

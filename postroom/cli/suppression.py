@@ -73,7 +73,8 @@ def add_commands(commands: Commands) -> None:
     listing.set_defaults(handler=cmd_suppression_list)
     adding = suppression_commands.add_parser(
         "add", help="suppress an address: emails to it end suppressed, not sent",
-        description="Suppress ADDRESS (held in lower case): the relay finishes every email to "
+        description="Suppress ADDRESS (held in lower case, its domain as IDNA A-labels: any "
+                    "spelling of the mailbox is one entry): the relay finishes every email to "
                     "it as 'suppressed' without sending it, until the entry expires. An entry "
                     "the address had is replaced.")
     adding.add_argument("address", metavar="ADDRESS", help="one bare address, local@domain")

@@ -148,12 +148,17 @@ RELEASE_CLAIMS = sa.text("""
 """)
 # The relay's one look at the list per claimed batch: claimed rows whose address is suppressed
 # now are taken off the queue and end 'suppressed', never published, the entry's source, expiry
-# and reason as their last error. Returns their ids.
+# and reason as their last error. Returns their ids. :addresses are the rows' recipients, one per
+# id, each with its domain in IDNA form (rules.ascii_domain_address: the relay computes it, as no
+# SQL can); lowered here as an entry is (SUPPRESSION_ADD, the recorder's reports), so the local
+# part is compared as it always was.
 MARK_SUPPRESSED = sa.text("""
     WITH hit AS (
         SELECT o.id, s.source, s.reason, s.expires_at
-        FROM outbox AS o JOIN suppression AS s ON s.address = lower(o.recipient)
-        WHERE o.id = ANY(:ids) AND o.status IN ('pending', 'published') AND s.expires_at > now()
+        FROM unnest(CAST(:ids AS bigint[]), CAST(:addresses AS text[])) AS c(id, address)
+        JOIN outbox AS o ON o.id = c.id
+        JOIN suppression AS s ON s.address = lower(c.address)
+        WHERE o.status IN ('pending', 'published') AND s.expires_at > now()
     ), done AS (
         DELETE FROM outbox_queue
         WHERE id IN (SELECT id FROM hit) AND claimed_by IS NOT DISTINCT FROM CAST(:owner AS bigint)

@@ -11,8 +11,9 @@ import sqlalchemy as sa
 # replay changes nothing; 'sent' is never undone, nor is the later final state 'suppressed' (never
 # attempted), nor 'bounced' (a delivery status notification came) but as said below. A result
 # must name its row consistently: id, key (as now written, or as written before migration 0005,
-# for events still in flight) and recipient; one written to the results topic by anyone else for
-# a row it does not match changes nothing.
+# for events still in flight) and recipient, each as written or as migration 0015 spells it
+# (results.spellings); one written to the results topic by anyone else for a row it does not
+# match changes nothing.
 # A 'bounced' row still takes what the sender's results say of its attempts, so that the row ends
 # the same whether the bounce was recorded before them or after (a bounce can come 31 ms after
 # the 250, and a recorder batch applies its results before its reports): a 'sent' result fills
@@ -47,9 +48,9 @@ RECORD_RESULT = sa.text("""
                                ELSE CAST(:next_attempt_at AS timestamptz) END,
         updated_at = now()
     WHERE id = :outbox_id
-      AND (idempotency_key = :idempotency_key
+      AND (idempotency_key IN (:idempotency_key, :mailbox_key)
            OR message_key || '|' || lower(recipient) = :idempotency_key)
-      AND lower(recipient) = lower(:recipient)
+      AND lower(recipient) IN (lower(:recipient), lower(:mailbox))
       AND status NOT IN ('sent', 'suppressed')
       AND CAST(:attempt AS bigint) <= CAST(attempts AS bigint) + CAST(:max_attempt AS bigint)
       AND (CAST(:status AS text) <> 'failed'
@@ -73,18 +74,19 @@ RECORD_RESULT = sa.text("""
 # -- reports that come after the server accepted an email (postroom bounces), the suppression list
 
 # The row a report names, as RECORD_RESULT matches a result's row: id, key (either form) and
-# recipient. A report naming no row of ours changes nothing. ``redriven``: pending again after it
+# recipient; its address is the mailbox's spelling (the domain as A-labels), however the row
+# spells it. A report naming no row of ours changes nothing. ``redriven``: pending again after it
 # was published, queued by a redrive (a row pending and never marked published is one the relay
 # published and Kafka acknowledged, its MARK_PUBLISHED not yet run: a redrive takes only rows off
 # the queue, and a row off it was marked published, or failed by the relay unsent, tokenless).
 _REPORT_ROW = """
-    SELECT id, lower(recipient) AS address, status, last_error,
+    SELECT id, lower(CAST(:mailbox AS text)) AS address, status, last_error,
            status = 'pending' AND published_at IS NOT NULL AS redriven
     FROM outbox
     WHERE id = :outbox_id
-      AND (idempotency_key = :idempotency_key
+      AND (idempotency_key IN (:idempotency_key, :mailbox_key)
            OR message_key || '|' || lower(recipient) = :idempotency_key)
-      AND lower(recipient) = lower(:recipient)
+      AND lower(recipient) IN (lower(:recipient), lower(:mailbox))
     FOR UPDATE
 """
 # Puts an address on the suppression list until :expires_at, or keeps it there longer: an entry
@@ -156,16 +158,18 @@ RECORD_COMPLAINT = sa.text(f"""
 
 # Soft bounces, applied per recorder batch after its results, in three statements (what one
 # inserts, the next must see). First, a row that ended dead counts for its address, once (its id
-# is the key), unless the address is suppressed already. Arrays: one item per dead result.
+# is the key), unless the address is suppressed already. Arrays: one item per dead result, its
+# recipient as written and as its mailbox (the domain as A-labels), which is what counts.
 ADD_SOFT_BOUNCES = sa.text("""
     INSERT INTO soft_bounces (address, outbox_id, occurred_at)
-    SELECT lower(o.recipient), o.id, r.occurred_at
-    FROM unnest(CAST(:ids AS bigint[]), CAST(:recipients AS text[]),
-                CAST(:occurred_at AS timestamptz[])) AS r(id, recipient, occurred_at)
-    JOIN outbox AS o ON o.id = r.id AND lower(o.recipient) = lower(r.recipient)
+    SELECT lower(r.mailbox), o.id, r.occurred_at
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:recipients AS text[]), CAST(:mailboxes AS text[]),
+                CAST(:occurred_at AS timestamptz[])) AS r(id, recipient, mailbox, occurred_at)
+    JOIN outbox AS o
+        ON o.id = r.id AND lower(o.recipient) IN (lower(r.recipient), lower(r.mailbox))
     WHERE o.status = 'dead'
       AND NOT EXISTS (SELECT 1 FROM suppression AS s
-                      WHERE s.address = lower(o.recipient) AND s.expires_at > r.occurred_at)
+                      WHERE s.address = lower(r.mailbox) AND s.expires_at > r.occurred_at)
     ON CONFLICT DO NOTHING
 """)
 

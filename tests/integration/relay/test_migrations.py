@@ -30,7 +30,7 @@ from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0014"  # the newest revision
+HEAD = "0015"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
@@ -333,6 +333,7 @@ QUEUE_FUNCTIONS["0014"] = (
     "(id, available_at, attempt) SELECT id, available_at, CAST(attempts AS bigint) + 1 "
     "FROM new_rows WHERE published_at IS NULL AND status NOT IN ('sent', 'failed', 'dead', "
     f"'bounced', 'suppressed'); {_NOTIFY}")
+QUEUE_FUNCTIONS["0015"] = QUEUE_FUNCTIONS["0014"]  # 0015 rewrites data only
 
 
 def _queue_function(conn: sa.Connection, schema: str) -> str:

@@ -53,6 +53,7 @@ def test_plain_addresses_pass_as_given(address: str) -> None:
     "a" * 65 + "@example.com", "x@" + "a" * 64 + ".com", "x@-a.com", "x@a-.com", "x@a..com",
     "x@a.com.", ".x@a.com", "x.@a.com", "x..y@a.com", "x@@a.com", " x@a.com", "x@a.com\n",
     "Name <x@a.com>", "x@a.com, y@a.com", "", "x@" + "a" * 250 + ".com", None, b"x@a.com",
+    "x@xn--bcher-kva.example", "x@XN--zz.example", "x@a.xn--n3h",  # A-labels: UTS-46 checks
 ])
 def test_not_plain_addresses_go_to_the_reference(address: object) -> None:
     assert _outcome(rules.check_address, address) == \

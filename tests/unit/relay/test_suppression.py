@@ -25,14 +25,16 @@ REPORT = EmailResult(idempotency_key="k|a@example.com", outbox_id=7, recipient="
 @pytest.mark.parametrize(("address", "held"), [
     ("Old.Manager@Example.COM", "Old.Manager@Example.COM"),  # the database lowers it
     ("  jane+reports@example.com ", "jane+reports@example.com"),
-    ("JÜRGEN@bücher.example", "JÜRGEN@bücher.example"),
+    ("JÜRGEN@bücher.example", "JÜRGEN@xn--bcher-kva.example"),  # the domain's one spelling
+    ("x@BÜCHER\uff0eexample", "x@xn--bcher-kva.example")  # a full-width dot,
 ])
 def test_an_address_is_taken_as_one_bare_address(address: str, held: str) -> None:
     assert checked(address) == held
 
 
 @pytest.mark.parametrize("address", ["", "jane", "Jane <jane@example.com>", "a@b@", "a@-x.com",
-                                     "a,b@example.com", "a@example.com\nBcc: x@y.z", None, 7])
+                                     "a,b@example.com", "a@example.com\nBcc: x@y.z", None, 7,
+                                     "a@☃.example", "a@xn--zz.example"])
 def test_anything_but_one_bare_address_is_refused(address: object) -> None:
     with pytest.raises(InvalidContentError):
         checked(address)
