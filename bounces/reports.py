@@ -45,7 +45,7 @@ class Notice:
     enhanced_code: str | None = None
     smtp_code: int | None = None
     diagnostic: str | None = None
-    exact_recipient: bool = False  # only a recipient the report names exactly may match (heuristics)
+    exact_recipient: bool = False  # a recipient named must be the row's (a DSN's, the heuristics')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +153,10 @@ def _dsn(report: email.message.Message, part: email.message.Message) -> Report:
                 diagnostic = text.strip() or diagnostic
         recipient = (_address(_field(block, "Original-Recipient"))
                      or _address(_field(block, "Final-Recipient")))
+        # Exact: the sender gave the row's address as ORCPT, so a report that names another
+        # (Original-Recipient, or Final-Recipient without it) is about another email.
         notices.append(Notice(status, recipient, code.group(1) if code else None, smtp_code,
-                              diagnostic))
+                              diagnostic, exact_recipient=True))
     if not notices:
         raise UnusableReportError(Refusal.NOTHING_TO_RECORD, "no recipient failed or was delayed")
     hints = [_field(per_message, "Original-Envelope-Id"),
