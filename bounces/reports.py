@@ -25,9 +25,9 @@ FIELD_MAX_CHARS = 1000  # a field of a report goes into a log line and last_erro
 MAX_BLOCKS = 100  # recipient blocks read from one report (Postfix writes one per recipient)
 # flufl.bounce runs each of its detectors over every part, about 7 s of CPU a MB of empty parts
 # and 1.4 s a MB of text: a message without a delivery status is read by them only up to these
-# (an older MTA's bounce is one or two text parts, its notice at the start).
+# (an older MTA's bounce is one or two text parts, its notice in the first kilobytes), about 25 ms.
 HEURISTIC_MAX_PARTS = 20
-HEURISTIC_MAX_BYTES = 64 * 1024
+HEURISTIC_MAX_BYTES = 16 * 1024
 # RFC 3834 and the de-facto headers of vacation programs (Exchange, Zimbra, procmail's vacation).
 AUTO_REPLY_HEADERS = ("x-autoreply", "x-autorespond", "x-autoresponder")
 AUTO_PRECEDENCE = frozenset({"auto_reply"})

@@ -34,10 +34,10 @@ log = logging.getLogger(__name__)
 _ACCEPTED = "postroom_accepted"  # the Envelope attribute holding a session's Accepted recipients
 # The intake's own workers (never asyncio's shared default executor): reports to a signed return
 # path on theirs, mail to the bare address (anyone's; the heuristics' CPU) on its own, so a
-# flood at the bare address does not queue ahead of a report about our mail. Each queue is
-# bounded by the sessions: one message per session at a time.
+# flood at the bare address does not queue ahead of a report about our mail, and takes one CPU
+# at most. Each queue is bounded by the sessions: one message per session at a time.
 TOKENED_WORKERS = 4
-BARE_WORKERS = 2
+BARE_WORKERS = 1
 
 
 def bounce_config(settings: Settings) -> BounceConfig:
