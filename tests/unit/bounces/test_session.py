@@ -19,16 +19,19 @@ from typing import Any
 
 import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from postroom.bounces.intake import BounceConfig, Intake
 from postroom.bounces.limits import SessionLimits
 from postroom.bounces.mapping import OutboxRow
 from postroom.bounces.reports import parse_report
 from postroom.bounces.service import _Handler
-from postroom.bounces.session import BounceSession
+from postroom.bounces.session import BounceSession, read_data
 from postroom.metrics import Metrics
 from postroom.schemas.codec import EmailResult
 from postroom.verp import make_token, return_path
+from support.fuzz import examples
 from support.metrics import counter
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "bounces"
@@ -231,3 +234,50 @@ def test_a_message_over_the_limit_is_552_once_read_and_the_connection_goes_on() 
         client.quit()
     assert counter(metrics, "bounce_refused_total", reason="too_large") == 1
     assert len(results.published) == 1
+
+
+class Collected:
+    """A pruner that keeps everything it is fed."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.data += data
+
+
+_BODY_LINES = st.sampled_from([b"", b".", b"..", b"x.", b". ", b"text", b"-- ", b"\r", b"a" * 2500,
+                               b"sentence.", b".\r\n.", b"\n"])
+
+
+@settings(max_examples=examples(200), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(_BODY_LINES, max_size=30), cuts=st.lists(st.integers(1, 6000), max_size=10))
+def test_the_data_reader_hands_over_the_message_and_reads_not_a_byte_past_its_end(
+        lines: list[bytes], cuts: list[int]) -> None:
+    """However the bytes come, the reader gives the message as sent (dot-stuffed, its last line
+    break its own) and leaves what follows the final "." line (a pipelined QUIT) unread."""
+    # Dot-stuffed where SMTP lines start: at the start and after each CRLF (RFC 5321 4.5.2).
+    body = re.sub(rb"(?:^|(?<=\r\n))\.", b"..", b"".join(line + b"\r\n" for line in lines))
+    wire = body + b".\r\nQUIT\r\n"
+
+    async def run() -> tuple[bytes, int, bytes]:
+        reader = asyncio.StreamReader(limit=1001)
+        collected = Collected()
+
+        async def arrive() -> None:
+            start = 0
+            for cut in [*sorted({c for c in cuts if c < len(wire)}), len(wire)]:
+                reader.feed_data(wire[start:cut])
+                start = cut
+                await asyncio.sleep(0)
+
+        feeding = asyncio.ensure_future(arrive())
+        received = await read_data(reader, collected, len(wire), lambda: None)
+        await feeding
+        return bytes(collected.data), received, await reader.read(len(wire))
+
+    data, received, rest = asyncio.run(run())
+    assert data == body
+    assert received == len(body)
+    assert rest == b"QUIT\r\n"
