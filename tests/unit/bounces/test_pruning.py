@@ -153,3 +153,43 @@ def test_any_bytes_are_read_within_the_cap(data: bytes, step: int) -> None:
     kept = pruner.close()
     assert kept.received == len(data)
     assert len(kept.message) <= KEPT_MAX_BYTES
+
+
+_ACTIONS = st.sampled_from(["failed", "delayed", "delivered", "relayed", "expanded"])
+
+
+@st.composite
+def delivery_reports(draw: st.DrawFn) -> bytes:
+    """A DSN as an MTA may write it: a notice of any length, 1-5 recipient blocks, and the
+    original enclosed whole (with an attachment of any size), as headers only, or not at all."""
+    envid = draw(st.sampled_from(["1-a-aaaa", "none"]))
+    blocks = [f"Reporting-MTA: dns; mx.example.com\nOriginal-Envelope-Id: {envid}\n"]
+    for n in range(draw(st.integers(1, 5))):
+        blocks.append(f"Final-Recipient: rfc822; r{n}@example.com\n"
+                      f"Original-Recipient: rfc822;r{n}@example.com\n"
+                      f"Action: {draw(_ACTIONS)}\nStatus: 5.1.{n}\n"
+                      f"Diagnostic-Code: smtp; 550 5.1.{n} no\n")
+    parts = [b"Content-Type: text/plain\n\n"
+             + b"x" * draw(st.integers(0, 3 * pruning.TEXT_PART_MAX_BYTES)) + b"\n",
+             b"Content-Type: message/delivery-status\n\n" + "\n".join(blocks).encode()]
+    enclosed = draw(st.sampled_from(["whole", "headers", "none"]))
+    if enclosed == "whole":
+        original = original_with_attachment(draw(st.integers(0, 2_000_000)),
+                                            return_path="bounces+1-a-aaaa@bounce.example.com")
+        original.set_boundary("=O=")  # not the email package's random one
+        parts.append(b"Content-Type: message/rfc822\n\n" + original.as_bytes())
+    elif enclosed == "headers":
+        parts.append(b"Content-Type: text/rfc822-headers\n\n"
+                     b"Return-Path: <bounces+1-a-aaaa@bounce.example.com>\nSubject: s\n")
+    return (b"From: MAILER-DAEMON@mx.example.com\nSubject: Undelivered Mail\nMIME-Version: 1.0\n"
+            b"Content-Type: multipart/report; report-type=delivery-status; boundary=\"=B=\"\n\n"
+            + b"".join(b"--=B=\n" + part + b"\n" for part in parts) + b"--=B=--\n")
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(raw=delivery_reports(), step=st.sampled_from([None, 997, 65536]))
+def test_a_report_reads_the_same_kept_as_whole(raw: bytes, step: int | None) -> None:
+    kept = pruned(raw, step)
+    assert len(kept.message) <= KEPT_MAX_BYTES
+    assert read(kept.message) == read(re.sub(rb"\r?\n", b"\r\n", raw))
