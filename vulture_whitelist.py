@@ -13,6 +13,7 @@ from typing import Any
 
 import postroom
 from postroom.bounces.service import _Handler as BounceHandler
+from postroom.bounces.session import BounceSession
 from postroom.devkit import devsmtp, histograms, otlp, processes, story
 from postroom.health import _BoundedHTTPServer
 from postroom.relay.suppression import Source
@@ -38,6 +39,9 @@ postroom.__getattr__
 BounceHandler.handle_RCPT
 BounceHandler.handle_DATA
 BounceHandler.handle_exception
+# aiosmtpd's SMTP runs a command by its smtp_<VERB> method, found by name.
+BounceSession.smtp_AUTH
+BounceSession.smtp_DATA
 devsmtp._Handler.handle_EHLO
 devsmtp._Handler.handle_HELO
 devsmtp._Handler.handle_RCPT

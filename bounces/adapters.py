@@ -68,6 +68,11 @@ class KafkaResults:
         self._producer: Producer | None = None
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Build the producer now: a setting librdkafka refuses raises KafkaClientError (one
+        line, naming the property) before the intake takes a report."""
+        self._client()
+
     def _client(self) -> Producer:
         with self._lock:
             if self._producer is None:

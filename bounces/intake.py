@@ -20,8 +20,6 @@ from postroom.verp import ExpiredTokenError, ForgedTokenError, TokenError, read_
 
 log = logging.getLogger(__name__)
 
-# A DSN with RET=HDRS is a few kilobytes; a feedback report carries the whole message.
-MAX_REPORT_BYTES = 4 * 1024 * 1024
 HELD_REPLY = "451 4.3.0 cannot record the report now, try again later"
 ACCEPTED_REPLY = "250 2.0.0 report recorded"
 IGNORED_REPLY = "250 2.0.0 accepted, nothing to record"

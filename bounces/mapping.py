@@ -37,13 +37,12 @@ def _same(a: str, b: str) -> bool:
 
 def concerns(notice: Notice, row: OutboxRow, notices: int) -> bool:
     """Whether ``notice`` (one of ``notices`` in its report) is about ``row``'s recipient: named
-    so, or unnamed, or the report's only one (a forwarded address fails under its final name);
-    a heuristic's address must be the row's own."""
-    if notice.recipient is not None and _same(notice.recipient, row.recipient):
+    so, or unnamed (the signed token names the row), or a complaint's only notice (a forwarded
+    address complains under its final name); a DSN's and a heuristic's address must be the row's
+    own (a late DSN for an outbox id a restore gave again names the old address)."""
+    if notice.recipient is None or _same(notice.recipient, row.recipient):
         return True
-    if notice.exact_recipient:
-        return False
-    return notice.recipient is None or notices == 1
+    return not notice.exact_recipient and notices == 1
 
 
 def _error(notice: Notice) -> str:

@@ -1,5 +1,6 @@
-"""The `postroom bounces` role: an SMTP listener (aiosmtpd) on POSTROOM_BOUNCE_LISTEN that the
-platform's mail server routes the bounce domain to, answering as bounces.intake decides."""
+"""The `postroom bounces` role: an SMTP listener (aiosmtpd sessions, bounces.session) on
+POSTROOM_BOUNCE_LISTEN that the platform's mail server routes the bounce domain to, answering as
+bounces.intake decides."""
 
 from __future__ import annotations
 
@@ -7,34 +8,36 @@ import asyncio
 import datetime as dt
 import logging
 import threading
-from typing import Any
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import sqlalchemy as sa
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from postroom.bounces.adapters import DatabaseRows, KafkaResults
-from postroom.bounces.errors import Refusal
 from postroom.bounces.intake import (
     HELD_REPLY,
-    MAX_REPORT_BYTES,
     Accepted,
     BounceConfig,
     Intake,
     Results,
     Rows,
 )
+from postroom.bounces.limits import SessionLimits, report_max_bytes
+from postroom.bounces.session import BounceSession
 from postroom.errors import ConfigError, PostroomError
-from postroom.metrics import BOUNCE_REFUSED_TOTAL, Metrics
+from postroom.metrics import Metrics
 from postroom.schemas.registry import framing_for
 from postroom.settings import Settings, env_name
 
 log = logging.getLogger(__name__)
 
-# Fixed, so aiosmtpd does no reverse lookup, and never the relay's own name (Postfix refuses a
-# next hop that greets with its myhostname as a mail loop).
-SERVER_HOSTNAME = "postroom-bounces.invalid"
-SESSION_TIMEOUT_S = 300.0  # RFC 5321 4.5.3.2.7: the server's timeout is at least 5 minutes
 _ACCEPTED = "postroom_accepted"  # the Envelope attribute holding a session's Accepted recipients
+# The intake's own workers (never asyncio's shared default executor): reports to a signed return
+# path on theirs, mail to the bare address (anyone's; the heuristics' CPU) on its own, so a
+# flood at the bare address does not queue ahead of a report about our mail, and takes one CPU
+# at most. Each queue is bounded by the sessions: one message per session at a time.
+TOKENED_WORKERS = 4
+BARE_WORKERS = 1
 
 
 def bounce_config(settings: Settings) -> BounceConfig:
@@ -47,11 +50,13 @@ def bounce_config(settings: Settings) -> BounceConfig:
 
 
 class _Handler:
-    """aiosmtpd's hooks; the intake's decisions that read the database or wait for Kafka run on
-    a worker thread, so one slow report does not hold the other sessions."""
+    """aiosmtpd's hooks; the intake's decisions (the parse, the row's read, the wait for Kafka)
+    run on the intake's workers, so one slow report does not hold the other sessions."""
 
-    def __init__(self, intake: Intake) -> None:
+    def __init__(self, intake: Intake, tokened: Executor, bare: Executor) -> None:
         self.intake = intake
+        self._tokened = tokened
+        self._bare = bare
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str,
                           rcpt_options: list[str]) -> str:
@@ -68,31 +73,15 @@ class _Handler:
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         accepted: list[Accepted] = getattr(envelope, _ACCEPTED, [])
-        return await asyncio.to_thread(self.intake.message, accepted,
-                                       envelope.original_content or b"")
+        workers = (self._tokened if any(a.outbox_id is not None for a in accepted)
+                   else self._bare)
+        return await asyncio.get_running_loop().run_in_executor(
+            workers, self.intake.message, accepted, envelope.original_content or b"")
 
     async def handle_exception(self, error: Exception) -> str:
         # A fault of ours, never the report's: the MTA keeps it and tries again.
         log.error("bounce session failed: %s: %s", type(error).__name__, error)
         return HELD_REPLY
-
-
-class _Session(SMTP):
-    """aiosmtpd's session, counting what it refuses by itself: a report over the size limit."""
-
-    def __init__(self, handler: _Handler, metrics: Metrics) -> None:
-        # SMTPUTF8: the DSN of an email to a UTF-8 address needs it, or the MTA cannot send it.
-        super().__init__(handler, data_size_limit=MAX_REPORT_BYTES, hostname=SERVER_HOSTNAME,
-                         ident="postroom bounces", timeout=SESSION_TIMEOUT_S,
-                         enable_SMTPUTF8=True)
-        self._metrics = metrics
-
-    async def push(self, status: Any) -> None:
-        if (status.encode() if isinstance(status, str) else bytes(status)).startswith(b"552"):
-            self._metrics.inc(BOUNCE_REFUSED_TOTAL, reason=Refusal.TOO_LARGE.value)
-            log.warning("bounce refused (%s): over %d bytes", Refusal.TOO_LARGE.value,
-                        MAX_REPORT_BYTES)
-        await super().push(status)
 
 
 class BounceIntake:
@@ -132,23 +121,40 @@ class BounceIntake:
         results = self._results
         kafka_results = None
         if results is None:
+            # Built now: a producer setting librdkafka refuses stops the role with one line,
+            # rather than failing every report with a 451.
             results = kafka_results = KafkaResults(self._settings, framing_for(self._settings))
-        handler = _Handler(Intake(self._config, self._rows, results, self.metrics))
+            kafka_results.start()
+        limits = SessionLimits(self._settings.bounce_max_sessions,
+                               self._settings.bounce_max_sessions_per_client)
+        size_limit = report_max_bytes(self._settings.size_limits())
+        with ThreadPoolExecutor(TOKENED_WORKERS, "bounces-tokened") as tokened, \
+                ThreadPoolExecutor(BARE_WORKERS, "bounces-bare") as bare:
+            handler = _Handler(Intake(self._config, self._rows, results, self.metrics),
+                               tokened, bare)
+            try:
+                await self._listen(handler, limits, size_limit, self._stopping)
+            finally:
+                if kafka_results is not None:
+                    kafka_results.close()
+
+    async def _listen(self, handler: _Handler, limits: SessionLimits, size_limit: int,
+                      stopping: asyncio.Event) -> None:
         host, port = self._settings.bounce_listen
         try:
-            server = await self._loop.create_server(lambda: _Session(handler, self.metrics),
-                                                    host, port)
+            server = await asyncio.get_running_loop().create_server(
+                lambda: BounceSession(handler, self.metrics, limits, size_limit), host, port)
         except OSError as exc:
             raise PostroomError(f"cannot listen on {host}:{port} "
                                 f"({env_name('bounce_listen')}): {exc.strerror or exc}") from exc
         self.port = int(server.sockets[0].getsockname()[1])
-        log.info("bounce intake listening on %s:%d for %s", host, self.port, self._config.address)
+        log.info("bounce intake listening on %s:%d for %s (at most %d sessions, %d per client; "
+                 "reports up to %d bytes)", host, self.port, self._config.address,
+                 limits.max_sessions, limits.max_per_client, size_limit)
         self.listening.set()
         try:
-            await self._stopping.wait()
+            await stopping.wait()
         finally:
             server.close()
             await server.wait_closed()
-            if kafka_results is not None:
-                kafka_results.close()
             log.info("bounce intake stopped")

@@ -172,6 +172,15 @@ BOUNCE_HELD_TOTAL = MetricSpec(
     "bounce_held_total",
     C, "Reports answered 451 because the database or Kafka could not take them (the MTA "
        "tries again).")
+BOUNCE_SESSIONS_TOTAL = MetricSpec(
+    "bounce_sessions_total",
+    C, "SMTP sessions the bounce intake was asked for, by outcome: admitted, too_many "
+       "(POSTROOM_BOUNCE_MAX_SESSIONS open) or too_many_from_client (answered 421).",
+    ("outcome",))
+BOUNCE_REPLIES_TOTAL = MetricSpec(
+    "bounce_replies_total",
+    C, "Replies the bounce intake's SMTP listener sent, by code (one per command; aiosmtpd's "
+       "line per command is off).", ("code",))
 # lag (postroom lag --watch), under kafka-lag-exporter's names and labels
 KAFKA_CONSUMERGROUP_GROUP_LAG = MetricSpec(
     "kafka_consumergroup_group_lag",

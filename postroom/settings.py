@@ -278,6 +278,15 @@ class Settings:
     bounce_token_max_age_s: float = setting(
         "BOUNCE_TOKEN_MAX_AGE", parse_period_s, 60 * 86400.0, shown="`60d`",
         meaning="a bounce whose token is older is ignored and counted (at most `36500d`)")
+    bounce_max_sessions: int = setting(
+        "BOUNCE_MAX_SESSIONS", v.positive_int, 100,
+        meaning="SMTP sessions `postroom bounces` serves at once; one more is answered `421` and "
+                "closed (Postfix's `default_process_limit`)")
+    bounce_max_sessions_per_client: int = setting(
+        "BOUNCE_MAX_SESSIONS_PER_CLIENT", v.positive_int, 50,
+        meaning="of those, sessions from one client address (Postfix's "
+                "`smtpd_client_connection_count_limit`); above the 20 a relay opens to one "
+                "destination")
     suppression_expiry_s: float = setting(
         "SUPPRESSION_EXPIRY", parse_period_s, 30 * 86400.0, shown="`30d`",
         meaning="how long a bounce, a complaint or soft bounces keep an address suppressed "

@@ -137,5 +137,7 @@ def add_commands(commands: Commands) -> None:
                     "row becomes a bounced, delayed or complained result for the recorder. "
                     "Forged, expired or unknown tokens, auto-replies and malformed or huge "
                     "reports are refused and counted; while Kafka or the database is down the "
-                    "relay is answered 451 and keeps the report. " + running
+                    "relay is answered 451 and keeps the report. Sessions past "
+                    "POSTROOM_BOUNCE_MAX_SESSIONS, or POSTROOM_BOUNCE_MAX_SESSIONS_PER_CLIENT "
+                    "from one address, are answered 421. " + running
     ).set_defaults(handler=cmd_bounces)

@@ -45,6 +45,9 @@ from support.stack import REPO
 SERVICES = REPO / "scripts" / "services.sh"
 # Short tiers so a scenario drains in seconds; 5 attempts in all.
 RETRY_DELAYS = "500ms,1s,2s,4s"
+# The bounce intake's, in a scenario that runs one (the bounce storm).
+BOUNCE_ADDRESS = "bounces@bounce.example.com"
+BOUNCE_SECRET = "chaos-bounce-secret-0123456789"  # noqa: S105 - the suite's own
 TIERS = 4
 FEED_CHUNK = 50
 # Sends SIGKILL to argv[1] at the time.time() argv[2], and prints when it did. The suite's mail
@@ -117,7 +120,7 @@ class Run:
     def __init__(self, base: Settings, name: str, log_dir: Path, mail: ChaosMailServer,
                  extra_env: dict[str, str] | None = None,
                  role_env: dict[str, dict[str, str]] | None = None,
-                 group_config: dict[str, str] | None = None) -> None:
+                 group_config: dict[str, str] | None = None, bounces: bool = False) -> None:
         tag = uuid.uuid4().hex[:8]
         self.name = name
         self.tag = tag
@@ -136,6 +139,10 @@ class Run:
             Role("relay", "relay", metrics_port=free_port()),
             Role("sender1", "sender", metrics_port=free_port()),
             Role("sender2", "sender", metrics_port=free_port()))}
+        # `postroom bounces` on this port, when the scenario has one
+        self.bounce_port: int | None = free_port() if bounces else None
+        if bounces:
+            self.roles["bounces"] = Role("bounces", "bounces", metrics_port=free_port())
         self.engine = make_engine(self.settings, application_name=f"chaos-harness-{tag}")
         self.kills: list[Kill] = []
         self.faults = 0
@@ -209,6 +216,9 @@ class Run:
             **({"POSTROOM_SCHEMA_REGISTRY_URL": self.settings.schema_registry_url}
                if self.settings.schema_registry_url else {}),
             **({"POSTROOM_METRICS_PORT": str(role.metrics_port)} if role.metrics_port else {}),
+            **({"POSTROOM_BOUNCE_ADDRESS": BOUNCE_ADDRESS, "POSTROOM_BOUNCE_SECRET": BOUNCE_SECRET,
+                "POSTROOM_BOUNCE_LISTEN": f"127.0.0.1:{self.bounce_port}"}
+               if role.command == "bounces" else {}),
             **self.extra_env,
             **self.role_env.get(role.command, {}),
         }

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from chaos import storm
+from chaos import bouncestorm, storm
 from chaos.checks import Outcome, check
 from chaos.harness import TIERS, Run, check_own_stack, recipients_for
 from chaos.mailserver import ChaosMailServer
@@ -46,6 +46,7 @@ class Scenario:
     # the sender's and recorder's groups' own configs, set on the broker before the roles start
     # (KIP-848's consumer.session.timeout.ms ...; the failover suite's protocols)
     group_config: tuple[tuple[str, str], ...] = ()
+    bounces: bool = False  # `postroom bounces` runs beside the roles (the bounce storm)
 
     @property
     def smtp_timeout_s(self) -> float:
@@ -195,6 +196,15 @@ POISON_STORM_REGISTRY = poison_storm_scenario(
 POISON_STORM_SHORT = poison_storm_scenario("poison storm (short)", 400, 2, 40, 100.0, 100)
 
 
+BOUNCE_STORM = Scenario(
+    "bounce storm", 600, bouncestorm.inject,
+    "junk, forged, replayed and genuine reports at the bounce intake, from a relay that reuses "
+    "its connection after every reply, while mail flows: every genuine report recorded, no role "
+    "exits, the intake's memory bounded, the mail delivered as ever", feed_per_s=60.0,
+    start_faults_at=0.05, bounces=True, before_stop=bouncestorm.before_stop,
+    after_stop=bouncestorm.after_stop, drain_timeout_s=240)
+
+
 def random_mix(run: Run, rng: random.Random) -> None:
     """Six faults drawn from the cheap ones, at random moments. SMTP faults are left out: two of
     them on one deferred recipient could use up its attempts and make "dead" the right answer."""
@@ -266,6 +276,7 @@ FULL = [
              "a stopped sender's claims stay its own (its lock is held): no duplicate"),
     POISON_STORM,
     POISON_STORM_REGISTRY,
+    BOUNCE_STORM,
 ]
 
 
@@ -281,7 +292,8 @@ def run_scenario(base: Settings, scenario: Scenario, log_dir: Path,
             role_env.setdefault(command, {})[key] = value
         run = Run(base, scenario.name.replace(" ", "_").replace("/", "_").replace("(", "")
                   .replace(")", "").replace("[", "").replace("]", ""), log_dir, mail,
-                  dict(scenario.env), role_env, dict(scenario.group_config))
+                  dict(scenario.env), role_env, dict(scenario.group_config),
+                  bounces=scenario.bounces)
         run.name = scenario.name
         run.prepare()
         try:

@@ -17,17 +17,22 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.bounces.adapters import DatabaseRows, KafkaResults
-from postroom.bounces.intake import MAX_REPORT_BYTES, UnavailableError
+from postroom.bounces.intake import UnavailableError
+from postroom.bounces.limits import report_max_bytes
 from postroom.bounces.service import BounceIntake
 from postroom.devkit.ports import free_port
+from postroom.devkit.wait import wait_until
 from postroom.errors import PostroomError
 from postroom.metrics import Metrics
+from postroom.relay import suppression
+from postroom.relay.recorder import Recorder
 from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.schemas.decoding import decode
 from postroom.schemas.framing import SCHEMALESS
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import make_token, return_path
+from support.bounce_reports import feedback_report, original_with_attachment
 from support.metrics import counter
 from support.postfix import IntakeThread
 
@@ -100,10 +105,13 @@ def test_a_kafka_that_does_not_acknowledge_holds_the_report(
 def test_too_large_and_auto_replies_are_counted(bounce_settings: Settings, engine: sa.Engine,
                                                 row_token: tuple[int, str]) -> None:
     _outbox_id, token = row_token
-    huge = dsn(token) + b"x" * 998 + b"\r\n" * 1 + (b"y" * 998 + b"\r\n") * (
-        MAX_REPORT_BYTES // 1000 + 1)
-    with IntakeThread(bounce_settings, engine) as intake:
-        port = bounce_settings.bounce_listen[1]
+    # Small caps on an email, so the largest report taken is small too.
+    small = dataclasses.replace(bounce_settings, body_max_bytes=10_000,
+                                attachment_max_bytes=10_000, attachments_total_max_bytes=10_000)
+    limit = report_max_bytes(small.size_limits())
+    huge = dsn(token) + b"x" * 998 + b"\r\n" * 1 + (b"y" * 998 + b"\r\n") * (limit // 1000 + 1)
+    with IntakeThread(small, engine) as intake:
+        port = small.bounce_listen[1]
         with pytest.raises(smtplib.SMTPException) as refused:
             send(port, token, huge)
         assert "552" in str(refused.value)
@@ -111,6 +119,54 @@ def test_too_large_and_auto_replies_are_counted(bounce_settings: Settings, engin
         send(port, token, dsn(token, "vacation.eml"))  # taken (250), nothing recorded
         assert intake.refused("auto_reply") == 1
         assert counter(intake.metrics, "bounce_reports_total", status="bounced") == 0
+
+
+def test_a_complaint_about_an_email_with_a_3_3_mb_attachment_is_recorded_and_suppresses(
+        bounce_settings: Settings, engine: sa.Engine, row_token: tuple[int, str]) -> None:
+    """RFC 5965 reports enclose the whole email: one of 4.5 MB (a 3.3 MB attachment in base64)
+    sent to the bare address is taken (552 before: over 4 MiB), its token read from the
+    enclosed email's headers, and the recorder suppresses the address."""
+    outbox_id, token = row_token
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox SET status = 'sent', attempts = 1 WHERE id = :id"),
+                     {"id": outbox_id})
+    raw = feedback_report(original_with_attachment(
+        3_300_000, return_path=return_path(BOUNCE, token), recipient="gone@example.com"))
+    assert len(raw) > 4 * 1024 * 1024
+    with IntakeThread(bounce_settings, engine) as intake, smtplib.SMTP(
+            "127.0.0.1", bounce_settings.bounce_listen[1], timeout=30) as client:
+        client.sendmail("", [BOUNCE], raw)
+        assert counter(intake.metrics, "bounce_reports_total", status="complained") == 1
+    recorder = Recorder(dataclasses.replace(bounce_settings, recorder_group=f"rec-{outbox_id}"),
+                        engine)
+    thread = threading.Thread(target=recorder.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: recorder.stats.applied >= 1, 60, "the complaint recorded")
+    finally:
+        recorder.stop()
+        thread.join(30)
+    with engine.connect() as conn:
+        assert [e.address for e in suppression.entries(conn)] == ["gone@example.com"]
+
+
+def test_a_producer_setting_librdkafka_refuses_stops_the_role_at_start_in_one_line(
+        bounce_settings: Settings, engine: sa.Engine) -> None:
+    """Before, the producer was built at the first report: the role listened and answered
+    every report 451 for ever."""
+    refused = dataclasses.replace(bounce_settings,
+                                  kafka_producer_config={"no.such.property": "1"})
+    thread = IntakeThread(refused, engine)
+    thread.thread.start()
+    thread.thread.join(30)  # it ends at once; before, it listened until stopped
+    listened = thread.intake.listening.is_set() and thread.error is None
+    if thread.thread.is_alive():
+        thread.intake.stop()
+        thread.thread.join(30)
+    assert not listened, "the intake listened with a producer librdkafka refuses"
+    assert isinstance(thread.error, PostroomError)
+    assert "no.such.property" in str(thread.error)
+    assert "\n" not in str(thread.error)
 
 
 def test_a_port_in_use_stops_the_role_with_one_line(bounce_settings: Settings,

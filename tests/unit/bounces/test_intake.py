@@ -169,6 +169,23 @@ def test_ignored_and_counted(parts: tuple, name: str, reason: str) -> None:
     assert refused(metrics, reason) == 1
 
 
+@pytest.mark.parametrize("field", [b"Original-Recipient: rfc822;", b"Final-Recipient: rfc822; "])
+def test_a_dsn_naming_another_address_is_not_applied_to_the_row(
+        parts: tuple, field: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """A late DSN for an outbox id a restore gave again names the old address: the row the token
+    names is not bounced (nor its address suppressed); logged and counted."""
+    intake, _rows, results, metrics = parts
+    raw = report("postfix_failed.eml", ROW).replace(field + b"gone@example.com",
+                                                     field + b"previous@example.com")
+    if field.startswith(b"Final"):  # without ORCPT: the final address is all the report names
+        raw = raw.replace(b"Original-Recipient: rfc822;gone@example.com\r\n", b"")
+    accepted = intake.recipient(return_path(BOUNCE, token(ROW)))
+    assert intake.message([accepted], raw) == IGNORED_REPLY
+    assert results.published == []
+    assert refused(metrics, "recipient_mismatch") == 1
+    assert f"outbox_id={ROW.outbox_id}" in caplog.text
+
+
 def test_a_heuristic_bounce_about_another_address_changes_nothing(parts: tuple) -> None:
     """qmail names old.manager@; the row is gone@'s: no result."""
     intake, _rows, results, metrics = parts

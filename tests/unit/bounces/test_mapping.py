@@ -18,7 +18,9 @@ B = DeliveryStatus.BOUNCED
 @pytest.mark.parametrize(("notice", "of", "expected"), [
     (Notice(B, "old.manager@example.com"), 1, True),   # named so, whatever the case
     (Notice(B, "old.manager@example.com"), 3, True),
-    (Notice(B, "forwarded@elsewhere.example"), 1, True),   # the report's only notice
+    (Notice(B, "forwarded@elsewhere.example"), 1, True),   # a complaint's only notice
+    (Notice(B, "someone.else@example.com", exact_recipient=True), 1, False),  # a DSN's
+    (Notice(B, None, exact_recipient=True), 1, True),  # unnamed: the token names the row
     (Notice(B, "someone.else@example.com"), 2, False),
     (Notice(B, None), 2, True),
     (Notice(B, "forwarded@elsewhere.example", exact_recipient=True), 1, False),  # heuristics

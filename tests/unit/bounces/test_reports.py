@@ -4,6 +4,7 @@ a vacation message; and a property: whatever the bytes, a Report or UnusableRepo
 
 from __future__ import annotations
 
+from email.message import Message
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,28 @@ def test_any_bytes_give_a_report_or_a_refusal(data: st.DataObject) -> None:
         assert all(n.status in {DeliveryStatus.BOUNCED, DeliveryStatus.DELAYED,
                                 DeliveryStatus.COMPLAINED} for n in report.notices)
         assert all(n.diagnostic is None or "\n" not in n.diagnostic for n in report.notices)
+
+
+def test_the_heuristics_read_a_bounded_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flufl.bounce's detectors cost about 7 s of CPU a MB of empty parts: a message without a
+    delivery status reaches them with at most HEURISTIC_MAX_PARTS parts and HEURISTIC_MAX_BYTES
+    of payload."""
+    from postroom.bounces import reports
+
+    seen: list[int] = []
+
+    def detectors(message: Message) -> tuple[frozenset[bytes], frozenset[bytes]]:
+        seen.append(sum(len(p.get_payload()) for p in message.walk()
+                        if isinstance(p.get_payload(), str)))
+        return frozenset(), frozenset()
+
+    monkeypatch.setattr(reports, "all_failures", detectors)
+    many = (b"From: a@example.com\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n"
+            + b"--b\r\nContent-Type: text/plain\r\n\r\nx\r\n" * 50 + b"--b--\r\n")
+    with pytest.raises(UnusableReportError) as refused:
+        parse_report(many)
+    assert refused.value.refusal is Refusal.NOT_A_REPORT
+    assert seen == []
+    with pytest.raises(UnusableReportError):
+        parse_report(b"From: a@example.com\r\n\r\n" + (b"x" * 70 + b"\r\n") * 2000)
+    assert seen == [reports.HEURISTIC_MAX_BYTES]

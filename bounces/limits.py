@@ -1,0 +1,74 @@
+"""The bounce intake's bounds on what anyone may send it: sessions at once, in all and per client
+address (Postfix's process limit and anvil's smtpd_client_connection_count_limit), and the size of
+a report (what encloses the largest email postroom sends). Pure: counts and sizes, no sockets."""
+
+from __future__ import annotations
+
+import enum
+
+from postroom.rules import SizeLimits
+
+# Room for what a report adds around the email it encloses: its own headers, the human-readable
+# and status parts (a delivery status of 100 recipients is about 50 KB), a provider's wrapping.
+REPORT_OVERHEAD_BYTES = 1024 * 1024
+_BASE64_LINE = 76  # characters per base64 line (RFC 2045 6.8), then CRLF
+
+
+class Admission(enum.StrEnum):
+    """A new session's fate: the metric's label."""
+
+    ADMITTED = "admitted"
+    TOO_MANY = "too_many"  # POSTROOM_BOUNCE_MAX_SESSIONS open
+    TOO_MANY_FROM_CLIENT = "too_many_from_client"  # POSTROOM_BOUNCE_MAX_SESSIONS_PER_CLIENT
+
+
+class SessionLimits:
+    """The sessions open now, in all and per client address. Not thread-safe: one event loop
+    admits and releases."""
+
+    def __init__(self, max_sessions: int, max_per_client: int) -> None:
+        self.max_sessions = max_sessions
+        self.max_per_client = max_per_client
+        self._open: dict[str, int] = {}
+        self._total = 0
+
+    @property
+    def open(self) -> int:
+        """Sessions admitted and not yet released."""
+        return self._total
+
+    def admit(self, client: str) -> Admission:
+        """Take a session for ``client`` (its address) if both caps allow; release() it once
+        it ends, and only if ADMITTED."""
+        if self._total >= self.max_sessions:
+            return Admission.TOO_MANY
+        if self._open.get(client, 0) >= self.max_per_client:
+            return Admission.TOO_MANY_FROM_CLIENT
+        self._open[client] = self._open.get(client, 0) + 1
+        self._total += 1
+        return Admission.ADMITTED
+
+    def release(self, client: str) -> None:
+        """An admitted session of ``client`` ended."""
+        left = self._open.get(client, 0) - 1
+        if left < 0:
+            raise ValueError(f"no session of {client!r} is open")
+        if left:
+            self._open[client] = left
+        else:
+            del self._open[client]
+        self._total -= 1
+
+
+def base64_bytes(size: int) -> int:
+    """``size`` bytes as a base64 body: 4 characters per 3 bytes, lines of 76 and CRLF."""
+    characters = -(-size // 3) * 4
+    return characters + -(-characters // _BASE64_LINE) * 2
+
+
+def report_max_bytes(limits: SizeLimits) -> int:
+    """The largest report taken (SIZE, and 552 past it): one that encloses the largest email
+    postroom sends whole. Its attachments are base64 (the sender's encoding of a file); its
+    text and HTML bodies at most three bytes a byte (quoted-printable's worst)."""
+    return (base64_bytes(limits.attachments_total_max_bytes) + 2 * 3 * limits.body_max_bytes
+            + REPORT_OVERHEAD_BYTES)

@@ -1,0 +1,170 @@
+"""One SMTP session of the bounce intake: aiosmtpd's, admitted against the session caps (421
+past them), reading DATA through bounces.pruning so its memory does not grow with the message,
+with AUTH off, its envelope reset after a fault of ours, and a counter of replies in place of
+aiosmtpd's log line per command."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiosmtpd.smtp import SMTP, syntax
+
+from postroom.bounces.errors import Refusal
+from postroom.bounces.limits import Admission, SessionLimits
+from postroom.bounces.pruning import Kept, Pruner
+from postroom.metrics import (
+    BOUNCE_REFUSED_TOTAL,
+    BOUNCE_REPLIES_TOTAL,
+    BOUNCE_SESSIONS_TOTAL,
+    Metrics,
+)
+
+log = logging.getLogger(__name__)
+# aiosmtpd logs each session's peer and every command line at INFO: a flood of sessions would be
+# a flood of lines. Its warnings stay; the replies are counted (postroom_bounce_replies_total).
+logging.getLogger("mail.log").setLevel(logging.WARNING)
+
+# Fixed, so aiosmtpd does no reverse lookup, and never the relay's own name (Postfix refuses a
+# next hop that greets with its myhostname as a mail loop).
+SERVER_HOSTNAME = "postroom-bounces.invalid"
+SESSION_TIMEOUT_S = 300.0  # RFC 5321 4.5.3.2.7: the server's timeout is at least 5 minutes
+_DOT_LINE = b".\r\n"
+_END = b"\r\n.\r\n"  # RFC 5321 4.1.1.4: the end of the mail data
+TOO_MANY_REPLY = f"421 4.7.0 {SERVER_HOSTNAME} too many connections, try again later"
+TOO_MANY_FROM_CLIENT_REPLY = (f"421 4.7.0 {SERVER_HOSTNAME} too many connections from your "
+                              "address, try again later")
+TOO_LARGE_REPLY = "552 5.3.4 message too big for the bounce intake"
+NO_AUTH_REPLY = "502 5.5.1 AUTH not available"
+
+
+async def read_data(reader: asyncio.StreamReader, pruner: Pruner, limit: int,
+                    on_progress: Callable[[], object]) -> int:
+    """Read one message's DATA from ``reader`` up to its end (``.`` alone on a line), feeding
+    ``pruner`` while no more than ``limit`` bytes have come (the rest is read and dropped);
+    the bytes received. ``on_progress`` is called at each piece (the session's timeout).
+
+    In place of aiosmtpd's own DATA reader (SMTP.smtp_DATA), which keeps every line and then
+    their join: the reports read from both are compared in tests/unit/bounces/test_session.py.
+    Pieces come from StreamReader.readuntil's LimitOverrunError (how much is there without a
+    ``.<CRLF>`` in it), so the reader never takes a byte past the end of the message."""
+    received = 0
+    at_line_start = True  # DATA starts a line: an empty message is ".\r\n" alone
+    while True:
+        ends = False
+        try:
+            piece = await reader.readuntil(_DOT_LINE)
+        except asyncio.LimitOverrunError as exc:
+            piece = await reader.read(exc.consumed)
+        else:
+            ends = (len(piece) == len(_DOT_LINE) and at_line_start) or piece.endswith(_END)
+            if ends:
+                piece = piece[:-len(_DOT_LINE)]
+        if received <= limit and piece:
+            pruner.feed(piece)
+        received += len(piece)
+        on_progress()
+        if ends:
+            return received
+        at_line_start = piece.endswith(b"\r\n")
+
+
+class BounceSession(SMTP):
+    """aiosmtpd's session with the intake's bounds. ``handler`` has aiosmtpd's hooks (RCPT,
+    DATA: the DATA hook reads ``envelope.original_content``, the kept message)."""
+
+    def __init__(self, handler: Any, metrics: Metrics, limits: SessionLimits,
+                 data_size_limit: int) -> None:
+        # SMTPUTF8: the DSN of an email to a UTF-8 address needs it, or the MTA cannot send it.
+        super().__init__(handler, data_size_limit=data_size_limit, hostname=SERVER_HOSTNAME,
+                         ident="postroom bounces", timeout=SESSION_TIMEOUT_S,
+                         enable_SMTPUTF8=True, auth_exclude_mechanism=("LOGIN", "PLAIN"))
+        self._metrics = metrics
+        self._limits = limits
+        self._client: str | None = None
+        self._admission: Admission | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._admission is None:  # not the second call, after STARTTLS (which is off)
+            peer = transport.get_extra_info("peername")
+            self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+            self._admission = self._limits.admit(self._client)
+            self._metrics.inc(BOUNCE_SESSIONS_TOTAL, outcome=self._admission.value)
+            if self._admission is not Admission.ADMITTED:
+                # Answered and closed before aiosmtpd starts the session: nothing is read.
+                reply = (TOO_MANY_REPLY if self._admission is Admission.TOO_MANY
+                         else TOO_MANY_FROM_CLIENT_REPLY)
+                self._metrics.inc(BOUNCE_REPLIES_TOTAL, code="421")
+                log.warning("bounce session refused (%s): client %s", self._admission.value,
+                            self._client)
+                transport.write(reply.encode() + b"\r\n")  # type: ignore[attr-defined]
+                transport.close()
+                return
+        super().connection_made(transport)
+
+    def connection_lost(self, error: Exception | None) -> None:
+        if self._admission is not Admission.ADMITTED:
+            return
+        self._admission = Admission.TOO_MANY  # released once, whatever calls follow
+        if self._client is not None:
+            self._limits.release(self._client)
+        super().connection_lost(error)
+
+    def eof_received(self) -> bool | None:
+        if self._admission is not Admission.ADMITTED:
+            return False
+        return super().eof_received()
+
+    def data_received(self, data: bytes) -> None:
+        if self._admission is Admission.ADMITTED:
+            super().data_received(data)
+
+    async def push(self, status: Any) -> None:
+        reply = status.encode() if isinstance(status, str) else bytes(status)
+        self._metrics.inc(BOUNCE_REPLIES_TOTAL, code=reply[:3].decode("ascii", "replace"))
+        if reply.startswith(b"552"):  # at MAIL (its SIZE) or after DATA
+            self._metrics.inc(BOUNCE_REFUSED_TOTAL, reason=Refusal.TOO_LARGE.value)
+            log.warning("bounce refused (%s): over %d bytes", Refusal.TOO_LARGE.value,
+                        self.data_size_limit)
+        await super().push(status)
+
+    async def handle_exception(self, error: Exception) -> str:
+        # A fault of ours: the MTA tries again, and may do so on this connection with MAIL at
+        # once (RFC 5321 4.1.4 allows it without RSET), which must not meet this envelope.
+        self.envelope = self._create_envelope()
+        status: str = await super().handle_exception(error)
+        return status
+
+    async def smtp_AUTH(self, arg: str) -> None:
+        # No @syntax: HELP does not list it. Nobody logs in to the bounce intake.
+        await self.push(NO_AUTH_REPLY)
+
+    @syntax("DATA")
+    async def smtp_DATA(self, arg: str) -> None:
+        if await self.check_helo_needed():
+            return
+        envelope = self.envelope
+        if envelope is None or not envelope.rcpt_tos:
+            await self.push("503 5.5.1 Error: need RCPT command")
+            return
+        if arg:
+            await self.push("501 5.5.4 Syntax: DATA")
+            return
+        await self.push("354 End data with <CR><LF>.<CR><LF>")
+        limit = self.data_size_limit or 0
+        pruner = Pruner()
+        received = await read_data(self._reader, pruner, limit, self._reset_timeout)
+        if received > limit:
+            # RFC 5321 4.2.5: answered once the whole message has been read.
+            self.envelope = self._create_envelope()
+            await self.push(TOO_LARGE_REPLY)
+            return
+        kept: Kept = pruner.close()
+        if kept.pruned:
+            log.debug("bounce message of %d bytes read, %d kept", received, len(kept.message))
+        envelope.original_content = envelope.content = kept.message
+        status = await self._call_handler_hook("DATA")
+        self.envelope = self._create_envelope()
+        await self.push(status)
