@@ -5,6 +5,7 @@ strict Content-Security-Policy on every response, and an audit entry for every a
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from sqlalchemy import exc as sa_errors
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
@@ -23,13 +25,21 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from postroom.errors import InvalidContentError, KafkaClientError, PostroomError, printable
+from postroom.errors import (
+    InvalidContentError,
+    KafkaClientError,
+    PostroomError,
+    first_line,
+    printable,
+)
 from postroom.relay.report import render_csv
 from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
 from postroom.web import auth, forms, timeline
 from postroom.web.auth import CSRF_FIELD, Identity, Role
 from postroom.web.store import Action, ConsoleStore
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "postroom_console"
@@ -104,6 +114,13 @@ def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Han
                 return self.refusal(request, 502, printable(str(exc)))
             except PostroomError as exc:
                 return self.refusal(request, 500, printable(str(exc)))
+            except sa_errors.DBAPIError as exc:
+                log.warning("the database refused a console request: %s", first_line(exc))
+                return self.refusal(request, 503, "the database does not answer: "
+                                    f"{printable(first_line(exc))}")
+            except Exception:
+                log.exception("console request %s %s failed", request.method, request.url.path)
+                return self.refusal(request, 500, "internal error (postroom web logged it)")
 
         return route
 
@@ -144,8 +161,10 @@ class Console:
         who = self.identity(request)
         if who is None:
             if request.method == "GET" and redirect:
-                target = urllib.parse.quote(request.url.path, safe="/")
-                return RedirectResponse(f"/signin?next={target}", status_code=303)
+                target = request.url.path + (f"?{request.url.query}" if request.url.query
+                                             else "")
+                return RedirectResponse("/signin?" + urllib.parse.urlencode({"next": target}),
+                                        status_code=303)
             raise Refused(401, "sign in first")
         if not who.role.may(needed):
             raise Refused(403, f"this needs the {needed.value} role; you are signed in as "

@@ -60,12 +60,14 @@ _ROW_TIMES = ("created_at", "available_at", "published_at", "sent_at", "next_att
               "updated_at")
 _ROW_COLUMNS = ("id", "idempotency_key", "message_key", "recipient", "sender", "subject",
                 "priority", "status", "attempts", "last_error", "smtp_code", "enhanced_code",
-                "message_id", "traceparent")
+                "message_id")
 
 
 def row_query(row_id: int) -> sa.Select[Any]:
     """One outbox row's every column but the content (body, html, attachment paths)."""
     return sa.select(*(outbox.c[n] for n in _ROW_COLUMNS),
+                     # 0010's column, which tables.outbox does not declare
+                     sa.column("traceparent", sa.Text),
                      *(readable_time(outbox.c[n]).label(n) for n in _ROW_TIMES)).where(
         outbox.c.id == row_id)
 

@@ -15,8 +15,8 @@ from postroom.settings import Settings
 from postroom.web.app import CONTENT_SECURITY_POLICY, Console, make_app
 from support.console import MemoryStore, outbox_row
 
-OPERATOR_TOKEN = "operator-token-0123456789"
-READER_TOKEN = "reader-token-0123456789ab"
+OPERATOR_TOKEN = "operator-token-0123456789"  # noqa: S105 - the test's own
+READER_TOKEN = "reader-token-0123456789ab"  # noqa: S105 - the test's own
 PROXY = "10.0.0.5"
 
 
