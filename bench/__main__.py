@@ -1,5 +1,5 @@
 """`python -m bench [PART ...] [--quick] [--emails N]`: run the benchmarks (relay, delivery, latency,
-throttle, retry, codec, enqueue, tracing, backlog; all by default), print their figures.
+throttle, retry, codec, enqueue, tracing, backlog, console; all by default), print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "enqueue", "tracing",
-         "backlog")
+         "backlog", "console")
 STACK_FREE = {"codec"}  # parts that need neither PostgreSQL nor Kafka
 
 
@@ -62,6 +62,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import backlog
 
         return backlog.run
+    if name == "console":
+        from bench import console
+
+        return console.run
     from bench import delivery
 
     return delivery.run
