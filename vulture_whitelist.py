@@ -18,6 +18,7 @@ from postroom.health import _BoundedHTTPServer
 from postroom.relay.suppression import Source
 from postroom.sender.pipelining import Pipeline
 from postroom.sender.throttle import DestinationBy
+from postroom.web.forms import SearchFilter
 
 
 class _Anything:
@@ -97,3 +98,4 @@ processes.PostroomProcesses.pids  # bench/relay.py, bench/latency.py, bench/deli
 processes.PostroomProcesses.wait_logged  # bench/relay.py, tests/integration/
 processes.PostroomProcesses.complaints  # bench/latency.py, bench/delivery.py, tests/integration/
 story.SEPTEMBER_ENDS  # tests/support/seed.py
+SearchFilter.empty  # postroom/web/templates/search.html

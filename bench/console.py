@@ -44,7 +44,8 @@ FILL = sa.text("""
                 WHEN n % 200 = 199 THEN 'suppressed' ELSE 'bounced' END,
            1, NULL, t, t, t, t, t
     FROM generate_series(0, :rows - 1) AS n,
-         LATERAL (SELECT now() - make_interval(secs => (:rows - n) * CAST(:spread_s AS float8) / :rows)) AS at(t)
+         LATERAL (SELECT now() - make_interval(
+             secs => (:rows - n) * CAST(:spread_s AS float8) / :rows)) AS at(t)
 """)
 
 
