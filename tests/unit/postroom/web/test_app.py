@@ -299,3 +299,30 @@ def test_a_bad_filter_says_why(store: MemoryStore) -> None:
     assert "state: one of" in web.get("/search?state=lost").text
     assert "from: not a date" in web.get("/search?from=yesterday").text
     assert "not a page of this search" in web.get("/search?after=x_y").text
+
+
+class FailingStore(MemoryStore):
+    def search(self, wanted: Any, limit: int) -> list[dict[str, Any]]:
+        raise RuntimeError("a bug with a <tag> in it")
+
+    def report_run(self, message_key: str) -> Any:
+        import sqlalchemy as sa
+
+        raise sa.exc.OperationalError("SELECT", {}, Exception("connection refused\nmore"))
+
+
+def test_a_failure_is_a_page_with_the_security_headers(caplog: pytest.LogCaptureFixture) -> None:
+    web = TestClient(make_app(settings(), FailingStore()), client=("127.0.0.1", 50000),
+                     follow_redirects=False)
+    sign_in(web, READER_TOKEN)
+    with caplog.at_level("ERROR", logger="postroom.web.app"):
+        failed = web.get("/search")
+    assert failed.status_code == 500
+    assert "internal error (postroom web logged it)" in failed.text
+    assert "<tag>" not in failed.text
+    assert failed.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "console request GET /search failed" in caplog.text
+    down = web.get("/report?key=k")
+    assert down.status_code == 503
+    assert "the database does not answer: connection refused" in down.text
+    assert down.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
