@@ -294,24 +294,21 @@ class Console:
 
     @page()
     async def dead_letters(self, request: Request, who: Identity) -> Response:
-        from postroom.relay.redrive import latest_per_key
-
-        number = _page_number(request.query_params.get("page"))
-        letters = latest_per_key(await run_in_threadpool(self.store.dead_letters))
-        letters.reverse()  # newest first
-        start = (number - 1) * DLQ_PAGE_LETTERS
-        shown = letters[start:start + DLQ_PAGE_LETTERS]
-        return self.render(request, "dlq.html", who=who, letters=shown, page=number,
-                           more=len(letters) > start + DLQ_PAGE_LETTERS, total=len(letters))
+        before = forms.dlq_cursor(request.query_params.get("before"))
+        found = await run_in_threadpool(self.store.dead_letter_page, before, DLQ_PAGE_LETTERS)
+        return self.render(request, "dlq.html", who=who, letters=found.letters,
+                           first=before is not None, next_page=None if found.before is None
+                           else "/dlq?" + urllib.parse.urlencode(
+                               {"before": forms.dlq_cursor_text(found.before)}))
 
     @page()
     async def dead_letter(self, request: Request, who: Identity) -> Response:
-        key = forms.required_key(request.query_params)
-        letters = [letter for letter in await run_in_threadpool(self.store.dead_letters)
-                   if key in (letter.name, letter.message_key)]
-        if not letters:
-            raise Refused(404, f"no dead letter has the key {key!r}")
-        return self.render(request, "letter.html", who=who, key=key, letters=letters)
+        partition, offset = forms.letter_at(request.query_params.get("at"))
+        found = await run_in_threadpool(self.store.dead_letter_at, partition, offset)
+        if found is None:
+            raise Refused(404, f"no dead letter at partition {partition}, offset {offset}")
+        return self.render(request, "letter.html", who=who, found=found,
+                           at=f"{partition}@{offset}")
 
     @page()
     async def confirm_redrive(self, request: Request, who: Identity) -> Response:
@@ -321,8 +318,8 @@ class Console:
                            recipient=recipient or "", plan=plan)
 
     def _plan(self, kind: str, key: str, recipient: str | None) -> Any:
-        if kind == "replay":
-            return self.store.plan_replay(key)
+        if kind == "replay":  # the key is the dead letter's place, partition@offset
+            return self.store.plan_replay(*forms.letter_at(key))
         return self.store.plan_requeue(key, recipient)
 
     @page()
@@ -374,9 +371,10 @@ class Console:
         plan = await run_in_threadpool(self._plan, kind, key, recipient)
         if plan.unknown is not None:
             raise Refused(404, f"unknown key {plan.unknown!r}: {dict(plan.skipped)[plan.unknown]}")
+        target = (f"dead letter {key}" if kind == "replay"
+                  else key + (f" for {recipient}" if recipient else ""))
         moved = await run_in_threadpool(self.store.redrive, plan, Action(
-            who, kind, key + (f" for {recipient}" if recipient else ""),
-            detail=f"{len(plan.rows)} row(s) planned"))
+            who, kind, target, detail=", ".join(row.idempotency_key for row in plan.rows)))
         past = {"replay": "replayed", "requeue": "requeued"}[kind]
         return self._done(request, who, f"{past} {len(moved)} row(s): back on the relay's queue "
                                         "with a fresh retry budget" if moved
@@ -437,12 +435,6 @@ def _local(target: object) -> str | None:
             and "\\" not in target and target.isprintable():
         return target
     return None
-
-
-def _page_number(text: str | None) -> int:
-    if text is None or not text.isdigit() or not 1 <= int(text) <= 100_000:
-        return 1
-    return int(text)
 
 
 def _days(seconds: float) -> str:

@@ -137,3 +137,32 @@ def required_key(form: Mapping[str, object], name: str = "key") -> str:
     if key is None:
         raise FormError(f"{name}: required")
     return key
+
+
+PARTITIONS_MAX = 10_000
+
+
+def letter_at(text: str | None) -> tuple[int, int]:
+    """A dead letter's place, ``partition@offset``."""
+    partition, at, offset = (text or "").partition("@")
+    if not at or not partition.isdecimal() or not offset.isdecimal() or len(offset) > 19 \
+            or int(partition) >= PARTITIONS_MAX:
+        raise FormError(f"at: a dead letter's place is partition@offset, not {(text or '')[:40]!r}")
+    return int(partition), int(offset)
+
+
+def dlq_cursor(text: str | None) -> dict[int, int] | None:
+    """A dead-letter page's cursor, ``partition:offset,...`` (as :func:`dlq_cursor_text` writes)."""
+    if not text:
+        return None
+    cursor = {}
+    for part in text.split(",")[:PARTITIONS_MAX]:
+        partition, colon, offset = part.partition(":")
+        if not colon or not partition.isdecimal() or not offset.isdecimal() or len(offset) > 19:
+            raise FormError(f"before: not a page of the dead letters: {text[:40]!r}")
+        cursor[int(partition)] = int(offset)
+    return cursor
+
+
+def dlq_cursor_text(cursor: dict[int, int]) -> str:
+    return ",".join(f"{p}:{o}" for p, o in sorted(cursor.items()))

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from postroom.relay import redrive, suppression
-from postroom.relay.redrive import DeadLetter, RedrivePlan, RedriveRow
+from postroom.relay.redrive import DeadLetterPage, LetterHistory, RedrivePlan, RedriveRow
 from postroom.relay.report import Failure
 from postroom.relay.sql import console as sql
 from postroom.relay.sql import outbox_backlog
@@ -71,13 +71,24 @@ class ConsoleStore(Protocol):
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry: ...
     def unsuppress(self, address: str, action: Action) -> str: ...
-    def dead_letters(self) -> list[DeadLetter]: ...
-    def plan_replay(self, key: str) -> RedrivePlan: ...
+    def dead_letter_page(self, before: dict[int, int] | None, size: int) -> DeadLetterPage: ...
+    def dead_letter_at(self, partition: int, offset: int) -> LetterHistory | None: ...
+    def plan_replay(self, partition: int, offset: int) -> RedrivePlan: ...
     def plan_requeue(self, message_key: str, recipient: str | None) -> RedrivePlan: ...
     def redrive(self, plan: RedrivePlan, action: Action) -> list[RedriveRow]: ...
     def record(self, action: Action) -> None: ...
     def audit(self, before_id: int | None, limit: int) -> list[AuditEntry]: ...
     def glance(self) -> dict[str, Any]: ...
+
+
+def replay_plan(engine: sa.Engine, found: LetterHistory | None, partition: int,
+                offset: int) -> RedrivePlan:
+    """What replaying the dead letter at ``partition``@``offset`` sends again: its row, when it
+    ended failed or dead (as `postroom dlq replay` decides)."""
+    if found is None:
+        place = f"{partition}@{offset}"
+        return RedrivePlan((), ((place, "not on the dead-letter topic"),), unknown=place)
+    return redrive.plan_replay([found.letter], engine, None)
 
 
 def _audit_params(action: Action, row_ids: Sequence[int] | None = None) -> dict[str, Any]:
@@ -141,11 +152,14 @@ class DatabaseStore:
             conn.execute(sql.AUDIT_INSERT, _audit_params(dataclasses.replace(action, target=held)))
         return held
 
-    def dead_letters(self) -> list[DeadLetter]:
-        return redrive.read_dead_letters(self._settings, self._engine)
+    def dead_letter_page(self, before: dict[int, int] | None, size: int) -> DeadLetterPage:
+        return redrive.read_dead_letter_page(self._settings, self._engine, before, size)
 
-    def plan_replay(self, key: str) -> RedrivePlan:
-        return redrive.plan_replay(self.dead_letters(), self._engine, key)
+    def dead_letter_at(self, partition: int, offset: int) -> LetterHistory | None:
+        return redrive.read_dead_letter_at(self._settings, self._engine, partition, offset)
+
+    def plan_replay(self, partition: int, offset: int) -> RedrivePlan:
+        return replay_plan(self._engine, self.dead_letter_at(partition, offset), partition, offset)
 
     def plan_requeue(self, message_key: str, recipient: str | None) -> RedrivePlan:
         return redrive.plan_requeue(self._engine, message_key, recipient)

@@ -7,7 +7,14 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from postroom.relay.redrive import DeadLetter, RedrivePlan, RedriveRow
+from postroom.relay.redrive import (
+    DeadLetterPage,
+    LetterHistory,
+    RedrivePlan,
+    RedriveRow,
+    merge_newest,
+    skip_reason,
+)
 from postroom.relay.report import Failure
 from postroom.relay.suppression import Entry, NotSuppressedError, Source, checked, reason_of
 from postroom.web.forms import SearchFilter
@@ -34,7 +41,7 @@ def outbox_row(row_id: int, **values: Any) -> dict[str, Any]:
 class MemoryStore:
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     entries: dict[str, Entry] = dataclasses.field(default_factory=dict)
-    letters: list[DeadLetter] = dataclasses.field(default_factory=list)
+    letters: list[LetterHistory] = dataclasses.field(default_factory=list)
     audited: list[Action] = dataclasses.field(default_factory=list)
     redriven: list[int] = dataclasses.field(default_factory=list)
 
@@ -84,8 +91,20 @@ class MemoryStore:
         self.audited.append(dataclasses.replace(action, target=held))
         return held
 
-    def dead_letters(self) -> list[DeadLetter]:
-        return list(self.letters)
+    def dead_letter_page(self, before: dict[int, int] | None, size: int) -> DeadLetterPage:
+        ends = before or {}
+        if before is None:
+            for h in self.letters:
+                ends[h.letter.partition] = max(ends.get(h.letter.partition, 0), h.letter.offset + 1)
+        left = [h for h in self.letters if h.letter.offset < ends.get(h.letter.partition, 0)]
+        shown = merge_newest(left, size)
+        cursor = {p: min([h.letter.offset for h in shown if h.letter.partition == p], default=end)
+                  for p, end in ends.items()}
+        return DeadLetterPage(tuple(shown), cursor if len(left) > len(shown) else None)
+
+    def dead_letter_at(self, partition: int, offset: int) -> LetterHistory | None:
+        return next((h for h in self.letters
+                     if (h.letter.partition, h.letter.offset) == (partition, offset)), None)
 
     def _redrivable(self, keys: set[str], recipient: str | None) -> tuple[RedriveRow, ...]:
         return tuple(RedriveRow(r["id"], r["idempotency_key"], r["recipient"], r["status"],
@@ -94,10 +113,15 @@ class MemoryStore:
                      and keys & {r["idempotency_key"], r["message_key"]}
                      and (recipient is None or r["recipient"].lower() == recipient.lower()))
 
-    def plan_replay(self, key: str) -> RedrivePlan:
-        if not any(key in (letter.key, letter.message_key) for letter in self.letters):
-            return RedrivePlan((), ((key, "not on the dead-letter topic"),), unknown=key)
-        return RedrivePlan(self._redrivable({key}, None))
+    def plan_replay(self, partition: int, offset: int) -> RedrivePlan:
+        found = self.dead_letter_at(partition, offset)
+        if found is None:
+            place = f"{partition}@{offset}"
+            return RedrivePlan((), ((place, "not on the dead-letter topic"),), unknown=place)
+        why = skip_reason(found.letter)
+        if why is not None:
+            return RedrivePlan((), ((found.letter.name, why),))
+        return RedrivePlan(self._redrivable({found.letter.key or ""}, None))
 
     def plan_requeue(self, message_key: str, recipient: str | None) -> RedrivePlan:
         return RedrivePlan(self._redrivable({message_key}, recipient))

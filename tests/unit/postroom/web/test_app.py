@@ -3,6 +3,7 @@ CSRF on every POST, escaping, headers, and the audit of each action."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -13,7 +14,7 @@ from starlette.testclient import TestClient
 from postroom.errors import ConfigError
 from postroom.settings import Settings
 from postroom.web.app import CONTENT_SECURITY_POLICY, Console, make_app
-from support.console import MemoryStore, outbox_row
+from support.console import NOW, MemoryStore, outbox_row
 
 OPERATOR_TOKEN = "operator-token-0123456789"  # noqa: S105 - the test's own
 READER_TOKEN = "reader-token-0123456789ab"  # noqa: S105 - the test's own
@@ -326,3 +327,49 @@ def test_a_failure_is_a_page_with_the_security_headers(caplog: pytest.LogCapture
     assert down.status_code == 503
     assert "the database does not answer: connection refused" in down.text
     assert down.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+
+
+def letter(partition: int, offset: int, minute: int, row_status: str | None = "dead") -> Any:
+    from postroom.relay.redrive import DeadLetter, LetterHistory
+
+    key = f"report-2026-09|a{offset}@example.com"
+    return LetterHistory(DeadLetter(
+        partition, offset, key, NOW + dt.timedelta(minutes=minute), "permanent",
+        "550 <b>no</b>", "postroom.email.normal", 2, f"a{offset}@example.com",
+        "report-2026-09", "S", row_status), ("attempt=1 451 later", "attempt=2 550 <b>no</b>"))
+
+
+def test_dead_letters_page_newest_first_and_open_one(store: MemoryStore) -> None:
+    store.letters = [letter(p, o, minute=o * 2 + p) for p in (0, 1) for o in range(40)]
+    web = client(store)
+    sign_in(web, READER_TOKEN)
+    seen: list[str] = []
+    page = web.get("/dlq")
+    while True:
+        seen += re.findall(r'href="/dlq/letter\?at=(\d+%40\d+)"', page.text)
+        found = re.search(r'href="([^"]+)" rel="next"', page.text)
+        if not found:
+            break
+        page = web.get(found.group(1).replace("&amp;", "&"))
+    expected = sorted(((o * 2 + p, f"{p}%40{o}") for p in (0, 1) for o in range(40)),
+                      reverse=True)
+    assert seen == [at for _, at in expected]
+    opened = web.get("/dlq/letter?at=1%4017")
+    assert "attempt=2 550 &lt;b&gt;no&lt;/b&gt;" in opened.text
+    assert web.get("/dlq/letter?at=1%4099").status_code == 404
+    assert "a dead letter&#39;s place is partition@offset" in web.get("/dlq/letter?at=x").text
+
+
+def test_a_dead_letter_is_replayed_after_its_confirmation(store: MemoryStore) -> None:
+    store.rows.append(outbox_row(7, idempotency_key="report-2026-09|a7@example.com",
+                                 status="dead"))
+    store.letters = [letter(0, 7, minute=1)]
+    web = client(store)
+    sign_in(web, OPERATOR_TOKEN)
+    confirm = web.get("/redrive?kind=replay&key=0%407")
+    assert "replay the dead letter at 0@7" in confirm.text and "a7@example.com" in confirm.text
+    done = web.post("/redrive", data={"csrf": csrf_of(confirm.text), "kind": "replay",
+                                      "key": "0@7", "confirm": "yes"})
+    assert "replayed 1 row(s)" in done.text
+    assert store.redriven == [7]
+    assert (store.audited[-1].action, store.audited[-1].target) == ("replay", "dead letter 0@7")
