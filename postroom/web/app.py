@@ -90,6 +90,36 @@ class Refused(Exception):
 
 
 Handler = Callable[["Console", Request, Identity], Awaitable[Response]]
+OpenHandler = Callable[["Console", Request], Awaitable[Response]]
+
+
+def answered(handler: OpenHandler) -> Any:
+    """A route handler whose refusals and failures become a page (with the security headers)
+    saying why in one line; an unexpected failure is logged."""
+
+    @functools.wraps(handler)
+    async def route(self: Console, request: Request) -> Response:
+        try:
+            return await handler(self, request)
+        except Refused as exc:
+            return self.refusal(request, exc.status, str(exc))
+        except forms.FormError as exc:
+            return self.refusal(request, 400, str(exc))
+        except (InvalidContentError, NotSuppressedError) as exc:
+            return self.refusal(request, 400, printable(str(exc)))
+        except KafkaClientError as exc:
+            return self.refusal(request, 502, printable(str(exc)))
+        except PostroomError as exc:
+            return self.refusal(request, 500, printable(str(exc)))
+        except sa_errors.DBAPIError as exc:
+            log.warning("the database refused a console request: %s", first_line(exc))
+            return self.refusal(request, 503, "the database does not answer: "
+                                f"{printable(first_line(exc))}")
+        except Exception:
+            log.exception("console request %s %s failed", request.method, request.url.path)
+            return self.refusal(request, 500, "internal error (postroom web logged it)")
+
+    return route
 
 
 def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Handler], Any]:
@@ -98,31 +128,13 @@ def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Han
 
     def wrap(handler: Handler) -> Any:
         @functools.wraps(handler)
-        async def route(self: Console, request: Request) -> Response:
-            try:
-                admitted = await self.admit(request, needed, redirect=signed_in)
-                if isinstance(admitted, Response):
-                    return admitted
-                return await handler(self, request, admitted)
-            except Refused as exc:
-                return self.refusal(request, exc.status, str(exc))
-            except forms.FormError as exc:
-                return self.refusal(request, 400, str(exc))
-            except (InvalidContentError, NotSuppressedError) as exc:
-                return self.refusal(request, 400, printable(str(exc)))
-            except KafkaClientError as exc:
-                return self.refusal(request, 502, printable(str(exc)))
-            except PostroomError as exc:
-                return self.refusal(request, 500, printable(str(exc)))
-            except sa_errors.DBAPIError as exc:
-                log.warning("the database refused a console request: %s", first_line(exc))
-                return self.refusal(request, 503, "the database does not answer: "
-                                    f"{printable(first_line(exc))}")
-            except Exception:
-                log.exception("console request %s %s failed", request.method, request.url.path)
-                return self.refusal(request, 500, "internal error (postroom web logged it)")
+        async def admitted(self: Console, request: Request) -> Response:
+            who = await self.admit(request, needed, redirect=signed_in)
+            if isinstance(who, Response):
+                return who
+            return await handler(self, request, who)
 
-        return route
+        return answered(admitted)
 
     return wrap
 
@@ -198,6 +210,7 @@ class Console:
         return self.render(request, "refused.html", status, message=message)
 
     # --- signing in ----------------------------------------------------------------------
+    @answered
     async def signin_form(self, request: Request) -> Response:
         if self.identity(request) is not None:
             return RedirectResponse("/search", status_code=303)
@@ -205,11 +218,9 @@ class Console:
                            tokens=self.settings.web_operator_token is not None
                            or self.settings.web_reader_token is not None)
 
+    @answered
     async def signin(self, request: Request) -> Response:
-        try:
-            form = await self.check_csrf(request)
-        except Refused as exc:
-            return self.refusal(request, exc.status, str(exc))
+        form = await self.check_csrf(request)
         token = form.get("token")
         who = auth.by_token(token if isinstance(token, str) else "", self.settings)
         peer = request.client.host if request.client else "?"
@@ -218,17 +229,16 @@ class Console:
                 Identity(f"anonymous ({peer})", Role.READER, "token"), "sign-in refused", "-"))
             return self.render(request, "signin.html", 401, next=_local(form.get("next")),
                                tokens=True, error="sign-in refused: that token is not valid")
+        # Audited first: a sign-in the audit cannot record does not happen.
+        await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
         request.session.clear()  # a fresh session: nothing from before the sign-in carries over
         request.session.update({"who": who.who, "role": who.role.value,
                                 "csrf": auth.new_csrf_token()})
-        await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
         return RedirectResponse(_local(form.get("next")) or "/search", status_code=303)
 
+    @answered
     async def signout(self, request: Request) -> Response:
-        try:
-            await self.check_csrf(request)
-        except Refused as exc:
-            return self.refusal(request, exc.status, str(exc))
+        await self.check_csrf(request)
         request.session.clear()
         return RedirectResponse("/signin", status_code=303)
 

@@ -373,3 +373,20 @@ def test_a_dead_letter_is_replayed_after_its_confirmation(store: MemoryStore) ->
     assert "replayed 1 row(s)" in done.text
     assert store.redriven == [7]
     assert (store.audited[-1].action, store.audited[-1].target) == ("replay", "dead letter 0@7")
+
+
+class AuditDownStore(MemoryStore):
+    def record(self, action: Any) -> None:
+        import sqlalchemy as sa
+
+        raise sa.exc.OperationalError("INSERT", {}, Exception("the server closed the connection"))
+
+
+def test_a_sign_in_the_audit_cannot_record_is_a_page_not_a_crash() -> None:
+    web = TestClient(make_app(settings(), AuditDownStore()), client=("127.0.0.1", 50000),
+                     follow_redirects=False)
+    answer = sign_in(web, READER_TOKEN)
+    assert answer.status_code == 503
+    assert "the database does not answer: the server closed the connection" in answer.text
+    assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert web.get("/search").status_code == 303  # not signed in: the audit has no line of it
