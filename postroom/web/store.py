@@ -17,7 +17,7 @@ from postroom.relay import redrive, suppression
 from postroom.relay.redrive import DeadLetterPage, LetterHistory, RedrivePlan, RedriveRow
 from postroom.relay.report import Failure
 from postroom.relay.sql import console as sql
-from postroom.relay.sql import outbox_backlog
+from postroom.relay.sql import operators, outbox_backlog
 from postroom.relay.suppression import Entry
 from postroom.settings import Settings
 from postroom.web.auth import Identity
@@ -165,9 +165,15 @@ class DatabaseStore:
         return redrive.plan_requeue(self._engine, message_key, recipient)
 
     def redrive(self, plan: RedrivePlan, action: Action) -> list[RedriveRow]:
-        moved = redrive.redrive(self._engine, plan)
-        self.record(dataclasses.replace(action, row_ids=tuple(row.id for row in moved)))
-        return moved
+        """redrive.redrive's statements with the audit line in the same transaction: a redrive
+        the audit cannot record does not happen."""
+        with self._engine.begin() as conn:
+            moved = (conn.execute(operators.REDRIVE, {"ids": [row.id for row in plan.rows]}).all()
+                     if plan.rows else [])
+            if moved:
+                conn.execute(operators.NOTIFY_RELAY)
+            conn.execute(sql.AUDIT_INSERT, _audit_params(action, [row.id for row in moved]))
+        return [RedriveRow(r.id, r.idempotency_key, r.recipient, r.was, r.attempts) for r in moved]
 
     def record(self, action: Action) -> None:
         with self._engine.begin() as conn:

@@ -113,3 +113,23 @@ def test_the_hours_throughput(store: DatabaseStore, engine: sa.Engine) -> None:
     assert len(counted["minutes"]) == 60
     assert sum(counted["enqueued"]) == 2 and sum(counted["sent"]) == 1
     assert counted["outbox_backlog"] == 2
+
+
+def test_a_redrive_the_audit_cannot_record_does_not_happen(store: DatabaseStore,
+                                                           engine: sa.Engine) -> None:
+    ids = seed(engine, 3)
+    dead = [i for i in ids if i % 3 == 0]
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox_queue"))  # published and ended: not queued
+    plan = store.plan_requeue("m", None)
+    assert [row.id for row in plan.rows] == dead
+    nobody = Identity(None, Role.OPERATOR, "proxy")  # type: ignore[arg-type]  # NOT NULL refuses it
+    with pytest.raises(sa.exc.IntegrityError):
+        store.redrive(plan, Action(nobody, "requeue", "m"))
+    with engine.connect() as conn:
+        assert set(conn.scalars(sa.text("SELECT status FROM outbox WHERE id = ANY(:i)"),
+                                {"i": dead})) == {"dead"}
+    moved = store.redrive(plan, Action(OPERATOR, "requeue", "m"))
+    assert [row.id for row in moved] == dead
+    [entry] = store.audit(None, 10)
+    assert (entry.action, entry.row_ids) == ("requeue", tuple(dead))
