@@ -1,6 +1,7 @@
 """The console (`postroom web`): its audit table, and the indexes its search pages walk.
 
 Revision ID: 0016
+Revises: 0015 (the mailbox identity rewrite, landing beside this one)
 
 ``console_audit`` holds one row per action taken in the console (who, with which role, what, on
 which outbox rows). The search orders by (created_at, id) and filters by message key (its index
@@ -16,7 +17,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

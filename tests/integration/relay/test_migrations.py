@@ -333,7 +333,8 @@ QUEUE_FUNCTIONS["0014"] = (
     "(id, available_at, attempt) SELECT id, available_at, CAST(attempts AS bigint) + 1 "
     "FROM new_rows WHERE published_at IS NULL AND status NOT IN ('sent', 'failed', 'dead', "
     f"'bounced', 'suppressed'); {_NOTIFY}")
-QUEUE_FUNCTIONS["0016"] = QUEUE_FUNCTIONS["0014"]  # 0016 adds the console's table and indexes
+QUEUE_FUNCTIONS["0015"] = QUEUE_FUNCTIONS["0014"]  # 0015 rewrites addresses only
+QUEUE_FUNCTIONS["0016"] = QUEUE_FUNCTIONS["0015"]  # 0016 adds the console's table and indexes
 
 
 def _queue_function(conn: sa.Connection, schema: str) -> str:
@@ -488,7 +489,7 @@ def test_0016_adds_the_consoles_audit_table_and_search_indexes_and_goes_back(
     with engine.connect() as conn:
         assert list(conn.scalars(CONSOLE_OBJECTS, {"schema": schema})) == [
             "console_audit", "outbox_created", "outbox_recipient"]
-    assert downgrade(engine, "0014") == "0014"
+    assert downgrade(engine, "0015") == "0015"
     with engine.connect() as conn:
         assert list(conn.scalars(CONSOLE_OBJECTS, {"schema": schema})) == []
     assert upgrade(engine) == HEAD
