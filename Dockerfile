@@ -9,10 +9,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # confluent-kafka and psycopg[binary] ship manylinux wheels: no compiler or libpq needed. The
 # roles extra brings the roles' libraries (Kafka, Avro, SMTP, migrations, metrics); the otel extra
-# lets a role export spans when OTEL_EXPORTER_OTLP_ENDPOINT is set (unset: unused).
+# lets a role export spans when OTEL_EXPORTER_OTLP_ENDPOINT is set (unset: unused); the web extra
+# serves `postroom web`, the console.
 WORKDIR /src
 COPY . .
-RUN pip install '.[roles,otel]'
+RUN pip install '.[roles,otel,web]'
 
 # /attachments exists in the image so POSTROOM_ATTACHMENTS_ROOT is valid with or without a mount.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/postroom postroom \

@@ -34,7 +34,12 @@ services-status: ## show what of the local stack runs
 services-clean: ## stop the local stack and delete its data
 	@scripts/services.sh clean
 
-test: services ## run the whole test suite against the local stack (PYTEST_ARGS=...)
+# The console's tests (tests/integration/web) drive Debian's chromium through chromium-driver.
+.PHONY: browser
+browser: ## install chromium and chromium-driver with apt-get when missing (the console's browser tests)
+	@scripts/browser.sh
+
+test: services browser ## run the whole test suite against the local stack (PYTEST_ARGS=...)
 	. $(ENV_FILE) && $(PYTHON) -m pytest $(PYTEST_ARGS)
 
 chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays a random mix)

@@ -20,6 +20,7 @@ from postroom.relay.suppression import Source
 from postroom.schemas import framing
 from postroom.sender.pipelining import Pipeline
 from postroom.sender.throttle import DestinationBy
+from postroom.web.forms import SearchFilter
 
 
 class _Anything:
@@ -106,3 +107,4 @@ story.SEPTEMBER_ENDS  # tests/support/seed.py
 # The schemaless header of an event, for the records tests write (the roles frame with
 # Framing.frame; enqueue counts the header in schemas/sizes.py, without the codec).
 framing.headers_for  # tests/unit/schemas/, tests/integration/sender/, tests/chaos/storm.py
+SearchFilter.empty  # postroom/web/templates/search.html

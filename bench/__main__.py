@@ -1,5 +1,6 @@
 """`python -m bench [PART ...] [--quick] [--emails N]`: run the benchmarks (relay, delivery, latency,
-throttle, retry, codec, imports, enqueue, tracing, backlog, bounces; all by default), print their figures.
+throttle, retry, codec, imports, enqueue, tracing, backlog, bounces,
+console; all by default), print their figures.
 
 Figures and verdicts go to stdout; progress lines and any warnings from postroom go to stderr.
 """
@@ -25,7 +26,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 PARTS = ("relay", "delivery", "latency", "throttle", "retry", "codec", "imports", "enqueue",
-         "tracing", "backlog", "bounces")
+         "tracing", "backlog", "bounces", "console")
 STACK_FREE = {"codec", "imports"}  # parts that need neither PostgreSQL nor Kafka
 
 
@@ -70,6 +71,10 @@ def _runner(name: str) -> Callable[[Settings, Options], Section]:
         from bench import bounces
 
         return bounces.run
+    if name == "console":
+        from bench import console
+
+        return console.run
     from bench import delivery
 
     return delivery.run

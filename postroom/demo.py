@@ -198,6 +198,26 @@ class CompanyRelay:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def show_console(demo: Demo, workdir: Path) -> None:
+    """`postroom web` on this run's data, its address printed last; from a terminal it serves
+    until Enter (the schema and topics go with the demo's end)."""
+    import importlib.util
+
+    if importlib.util.find_spec("starlette") is None:
+        print("   the console needs the web extra: pip install 'postroom[web]'")
+        return
+    token_file = workdir / "console-token"
+    token_file.write_text(secrets.token_hex(16) + "\n")
+    port = free_port()
+    demo.start("web", "web", env={"POSTROOM_WEB_LISTEN": f"127.0.0.1:{port}",
+                                  "POSTROOM_WEB_OPERATOR_TOKEN_FILE": str(token_file)})
+    wait(lambda: _port_open(port), 60, "the console")
+    say(f"The console, on this run's data: http://127.0.0.1:{port}/ (operator token: "
+        f"{token_file.read_text().strip()}, in {token_file})")
+    if sys.stdin.isatty():
+        input("   press Enter to end the demo (its schema and topics are removed) ")
+
+
 def run() -> int:
     settings = Settings.from_env()
     settings.require("database_url")
@@ -279,6 +299,7 @@ def run() -> int:
                 "POSTROOM_BOUNCE_ADDRESS, so each email's return path names its row, signed")
             company_relay.november(workbook)
             say("Done. The whole run is on the local stack; logs are in " + str(workdir))
+            show_console(demo, workdir)
         finally:
             demo.processes.stop_all()
             company_relay.stop()

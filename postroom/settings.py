@@ -297,6 +297,39 @@ class Settings:
         meaning="emails in a row to an address that ended dead on the server's 4xx replies "
                 "(every retry tier spent; not when the server was unreachable, nor on 421) and "
                 "then suppress it, e.g. `3`; `0`: never, as Amazon SES")
+    # postroom web, the console (postroom/web): it starts only with a way to sign in.
+    web_listen: tuple[str, int] = setting(
+        "WEB_LISTEN", v.listen, ("127.0.0.1", 8480), shown="`127.0.0.1:8480`",
+        meaning="where `postroom web` serves the console (`host:port`); loopback unless a proxy "
+                "in front needs more ([operations](docs/operations.md#the-console-postroom-web))")
+    web_operator_token: Secret | None = setting(  # noqa: RUF009 - a declaration, not a call
+        "WEB_OPERATOR_TOKEN", v.web_token, shown="",
+        meaning=f"a token (at least {v.WEB_TOKEN_MIN_CHARS} characters) that signs in with the "
+                "operator role (actions: suppress, replay, requeue), or a file holding it; "
+                "`postroom web` refuses to start without a token or `POSTROOM_WEB_TRUSTED_PROXIES`",
+        file=FileVariant("WEB_OPERATOR_TOKEN_FILE", v.web_token, "wins"))
+    web_reader_token: Secret | None = setting(  # noqa: RUF009 - as above
+        "WEB_READER_TOKEN", v.web_token, shown="",
+        meaning="a token that signs in read-only (search, timelines, reports, lists), or a file "
+                "holding it",
+        file=FileVariant("WEB_READER_TOKEN_FILE", v.web_token, "wins"))
+    web_trusted_proxies: tuple[str, ...] = setting(
+        "WEB_TRUSTED_PROXIES", v.proxy_networks, (), shown="(none)",
+        meaning="addresses or networks (`10.0.0.5,10.1.0.0/16`) of single-sign-on proxies "
+                "(oauth2-proxy) whose `X-Forwarded-Email` header signs a request in; the header "
+                "from any other address is ignored")
+    web_operators: frozenset[str] = setting(
+        "WEB_OPERATORS", v.address_list, frozenset(), shown="(none)",
+        meaning="addresses that a trusted proxy's `X-Forwarded-Email` gives the operator role; "
+                "every other address it names reads only")
+    web_trace_url: str | None = setting(
+        "WEB_TRACE_URL", v.trace_url, shown="(none: trace ids unlinked)",
+        meaning="the link of an email's trace id, `{trace_id}` replaced "
+                "(`https://tempo.example.com/trace/{trace_id}`)")
+    web_secure_cookie: bool = setting(
+        "WEB_SECURE_COOKIE", v.boolean, False,
+        meaning="`true` marks the console's session cookie Secure (sent over HTTPS only): set it "
+                "behind a TLS proxy")
 
     # The consumer groups derived from the prefix, as (field, value): not a setting. Kept so that
     # dataclasses.replace(settings, topic_prefix=...) derives them again for the new prefix, while

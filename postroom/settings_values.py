@@ -294,3 +294,58 @@ def limit_or_off(text: str) -> int:
     return value
 
 
+
+
+# postroom web: the console's sign-in and what it trusts.
+WEB_TOKEN_MIN_CHARS = 16
+
+
+def web_token(text: str) -> Secret:
+    """A console access token (a file's one line): at least WEB_TOKEN_MIN_CHARS characters, no
+    blank inside (a token pasted with a space would never match)."""
+    token = text.rstrip("\r\n")
+    if len(token) < WEB_TOKEN_MIN_CHARS or any(ch.isspace() for ch in token):
+        raise ValueError(f"a token needs at least {WEB_TOKEN_MIN_CHARS} characters and no blank "
+                         "(e.g. `openssl rand -hex 24`)")
+    return Secret(token)
+
+
+def proxy_networks(text: str) -> tuple[str, ...]:
+    """Comma-separated addresses or networks (``10.0.0.5,10.1.0.0/16,::1``), as written by
+    ipaddress."""
+    import ipaddress
+
+    networks = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            networks.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ValueError(f"not an IP address or network: {shown(part)}") from None
+    if not networks:
+        raise ValueError("expected addresses such as 127.0.0.1 or 10.0.0.0/8")
+    return tuple(networks)
+
+
+def address_list(text: str) -> frozenset[str]:
+    """Comma-separated bare addresses, in lower case (as a proxy's header is compared)."""
+    addresses = set()
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                addresses.add(rules.check_address(part, what="address").lower())
+            except InvalidContentError as exc:
+                raise ValueError(str(exc)) from None
+    return frozenset(addresses)
+
+
+def trace_url(text: str) -> str:
+    """An http(s) URL template holding ``{trace_id}``."""
+    url = text.strip()
+    if not re.fullmatch(r"https?://\S+", url) or "{trace_id}" not in url:
+        raise ValueError("expected an http(s) URL with {trace_id} in it, such as "
+                         "https://tempo.example.com/trace/{trace_id}")
+    if url.replace("{trace_id}", "").count("{") or url.replace("{trace_id}", "").count("}"):
+        raise ValueError("only {trace_id} may be in braces")
+    return url

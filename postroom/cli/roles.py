@@ -102,8 +102,27 @@ def cmd_bounces(settings: Settings, args: argparse.Namespace) -> int:
         settings, lambda engine, metrics: BounceIntake(settings, engine, metrics=metrics))
 
 
+def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.errors import PostroomError
+    from postroom.web.serve import serve
+
+    try:
+        serve(settings)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in _WEB_EXTRA:
+            raise
+        raise PostroomError(f"the console needs its extra ({exc.name} is missing): "
+                            "pip install 'postroom[web]'") from exc
+    return EXIT_OK
+
+
+# What the `web` extra installs (the console imports them when it starts).
+_WEB_EXTRA = frozenset({"starlette", "jinja2", "uvicorn", "multipart", "python_multipart",
+                        "itsdangerous"})
+
+
 def add_commands(commands: Commands) -> None:
-    """Add `relay`, `sender`, `recorder` and `bounces`."""
+    """Add `relay`, `sender`, `recorder`, `bounces` and `web`."""
     running = ("Runs until SIGTERM or SIGINT, then stops cleanly. It checks the database schema "
                "and the broker at start and exits with one line if either is not ready "
                "(`postroom check` says which). With POSTROOM_METRICS_PORT set it serves "
@@ -141,3 +160,13 @@ def add_commands(commands: Commands) -> None:
                     "POSTROOM_BOUNCE_MAX_SESSIONS, or POSTROOM_BOUNCE_MAX_SESSIONS_PER_CLIENT "
                     "from one address, are answered 421. " + running
     ).set_defaults(handler=cmd_bounces)
+    commands.add_parser(
+        "web", help="the console for support and operators: search, timelines, reports, "
+                    "suppression, dead letters, lag (a browser on POSTROOM_WEB_LISTEN)",
+        description="Serve the console on POSTROOM_WEB_LISTEN (127.0.0.1:8480 by default) until "
+                    "SIGTERM or SIGINT. It refuses to start without a way to sign in: "
+                    "POSTROOM_WEB_OPERATOR_TOKEN_FILE, POSTROOM_WEB_READER_TOKEN_FILE or "
+                    "POSTROOM_WEB_TRUSTED_PROXIES (a single-sign-on proxy's X-Forwarded-Email). "
+                    "Readers search and read; operators also suppress, replay and requeue, each "
+                    "action written to the audit table. Needs the `web` extra."
+    ).set_defaults(handler=cmd_web)

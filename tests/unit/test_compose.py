@@ -193,7 +193,7 @@ def test_dockerfile_installs_postroom_as_a_non_root_user() -> None:
     instructions = [line.split(None, 1) for line in lines if re.match(r"[A-Z]+\s", line)]
     assert ["FROM", "python:3.11-slim"] in instructions
     # the roles' libraries: a plain `pip install .` is a job's enqueue client only
-    assert any(word == "RUN" and "pip install '.[roles,otel]'" in rest for word, rest in instructions)
+    assert any(word == "RUN" and "pip install '.[roles,otel,web]'" in rest for word, rest in instructions)
     users = [rest.strip() for word, rest in instructions if word == "USER"]
     assert users and users[-1] not in ("root", "0")
     assert instructions[-2:] == [["ENTRYPOINT", '["postroom"]'], ["CMD", '["--help"]']]

@@ -218,3 +218,30 @@ def test_a_report_job_enqueues_with_its_grants(settings: Settings, engine: sa.En
         assert batch.new == 1
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_queue")).scalar_one() == 4
+
+
+def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine) -> None:
+    from postroom.web.auth import Identity, Role
+    from postroom.web.forms import SearchFilter
+    from postroom.web.store import Action, DatabaseStore
+
+    row = row_of(engine, "run", "a@example.com")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox SET status = 'dead', attempts = 5 WHERE id = :i"),
+                     {"i": row.id})
+        conn.execute(sa.text("DELETE FROM outbox_queue"))
+    who = Identity("ops@example.com", Role.OPERATOR, "proxy")
+    with engine_as(settings, "`postroom web`") as as_web:
+        store = DatabaseStore(settings, as_web)
+        assert [r["id"] for r in store.search(SearchFilter(recipient="A@example.com"), 10)] == [
+            row.id]
+        found = store.email(row.id)
+        assert found is not None and found.row["status"] == "dead"
+        assert dict(store.report_run("run").counts) == {"dead": 1}
+        store.suppress("b@example.com", "asked", 3600, Action(who, "suppression add", "b"))
+        store.unsuppress("b@example.com", Action(who, "suppression remove", "b"))
+        moved = store.redrive(store.plan_requeue("run", None), Action(who, "requeue", "run"))
+        assert [r.id for r in moved] == [row.id]
+        assert [e.action for e in store.audit(None, 10)] == [
+            "requeue", "suppression remove", "suppression add"]
+        assert store._throughput()["outbox_backlog"] == 1

@@ -30,7 +30,7 @@ from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0015"  # the newest revision
+HEAD = "0016"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
@@ -333,7 +333,8 @@ QUEUE_FUNCTIONS["0014"] = (
     "(id, available_at, attempt) SELECT id, available_at, CAST(attempts AS bigint) + 1 "
     "FROM new_rows WHERE published_at IS NULL AND status NOT IN ('sent', 'failed', 'dead', "
     f"'bounced', 'suppressed'); {_NOTIFY}")
-QUEUE_FUNCTIONS["0015"] = QUEUE_FUNCTIONS["0014"]  # 0015 rewrites data only
+QUEUE_FUNCTIONS["0015"] = QUEUE_FUNCTIONS["0014"]  # 0015 rewrites addresses only
+QUEUE_FUNCTIONS["0016"] = QUEUE_FUNCTIONS["0015"]  # 0016 adds the console's table and indexes
 
 
 def _queue_function(conn: sa.Connection, schema: str) -> str:
@@ -473,3 +474,23 @@ def test_0014_queues_rows_inserted_unfinished_only_and_goes_back(
         conn.execute(insert, {"who": "old", "status": "suppressed"})
         assert "old@example.com" in conn.execute(QUEUED).scalars().all()  # as 0013 did
     assert upgrade(engine) == HEAD
+
+
+CONSOLE_OBJECTS = sa.text("""
+    SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE n.nspname = :schema AND c.relname IN ('console_audit', 'outbox_created',
+                                                'outbox_recipient')
+    ORDER BY c.relname""")
+
+
+def test_0016_adds_the_consoles_audit_table_and_search_indexes_and_goes_back(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    schema = db_settings.database_schema or ""
+    with engine.connect() as conn:
+        assert list(conn.scalars(CONSOLE_OBJECTS, {"schema": schema})) == [
+            "console_audit", "outbox_created", "outbox_recipient"]
+    assert downgrade(engine, "0015") == "0015"
+    with engine.connect() as conn:
+        assert list(conn.scalars(CONSOLE_OBJECTS, {"schema": schema})) == []
+    assert upgrade(engine) == HEAD
+

@@ -13,11 +13,11 @@ from postroom.cli import build_parser, main
 from postroom.settings import FIELDS
 
 COMMANDS = ["db", "topics", "schemas", "acls", "enqueue", "relay", "sender", "recorder", "bounces",
-            "check",
+            "web", "check",
             "lag", "dlq", "requeue", "report", "purge", "devsmtp", "status", "suppression"]
 SUBCOMMANDS = [["db", "upgrade"], ["topics", "create"], ["schemas", "register"], ["acls"],
                ["enqueue"], ["relay"],
-               ["sender"], ["recorder"], ["bounces"], ["check"], ["lag"], ["dlq", "list"],
+               ["sender"], ["recorder"], ["bounces"], ["web"], ["check"], ["lag"], ["dlq", "list"],
                ["dlq", "replay"],
                ["requeue"], ["report", "failures"], ["purge"], ["status"],
                ["suppression", "list"], ["suppression", "add"], ["suppression", "remove"]]

@@ -1,0 +1,105 @@
+"""Who a request is and what it may do: sign-in by token, the trusted proxy's header, the two
+roles, and the CSRF token every POST carries. Pure: no request object, no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Iterable
+
+from postroom.errors import ConfigError
+from postroom.settings import Settings
+
+# The header oauth2-proxy (and most single-sign-on proxies) set to the signed-in address.
+PROXY_EMAIL_HEADER = "X-Forwarded-Email"
+CSRF_FIELD = "csrf"
+CSRF_TOKEN_BYTES = 32
+EMAIL_MAX_CHARS = 254
+
+
+class Role(enum.StrEnum):
+    READER = "reader"      # searches, reads timelines, reports and lists
+    OPERATOR = "operator"  # and acts: suppress, remove, replay, requeue
+
+    def may(self, needed: Role) -> bool:
+        return self is Role.OPERATOR or needed is Role.READER
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    who: str   # an address from the proxy, or "operator token" / "reader token"
+    role: Role
+    by: str    # "token" or "proxy"
+
+
+def check_configured(settings: Settings) -> None:
+    """ConfigError unless at least one way to sign in is set: the console never serves anyone
+    unauthenticated."""
+    if (settings.web_operator_token is None and settings.web_reader_token is None
+            and not settings.web_trusted_proxies):
+        raise ConfigError("POSTROOM_WEB_OPERATOR_TOKEN_FILE",
+                          "postroom web needs a way to sign in: a token "
+                          "(POSTROOM_WEB_OPERATOR_TOKEN_FILE, POSTROOM_WEB_READER_TOKEN_FILE) or "
+                          "a single-sign-on proxy (POSTROOM_WEB_TRUSTED_PROXIES)")
+    if (settings.web_operator_token is not None and settings.web_reader_token is not None
+            and _same(settings.web_operator_token.reveal(), settings.web_reader_token.reveal())):
+        raise ConfigError("POSTROOM_WEB_READER_TOKEN",
+                          "is the operator's token: a reader would sign in as an operator")
+    if settings.web_operators and not settings.web_trusted_proxies:
+        raise ConfigError("POSTROOM_WEB_OPERATORS", "names the operators a proxy signs in: it "
+                          "needs POSTROOM_WEB_TRUSTED_PROXIES")
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def by_token(given: str, settings: Settings) -> Identity | None:
+    """The identity a sign-in token gives, or None: compared in constant time, the operator's
+    first."""
+    if not given:
+        return None
+    if settings.web_operator_token is not None and _same(
+            given, settings.web_operator_token.reveal()):
+        return Identity("operator token", Role.OPERATOR, "token")
+    if settings.web_reader_token is not None and _same(given, settings.web_reader_token.reveal()):
+        return Identity("reader token", Role.READER, "token")
+    return None
+
+
+def is_trusted(peer: str | None, networks: Iterable[str]) -> bool:
+    """Whether the connection's peer address is one of the trusted proxies'."""
+    if not peer:
+        return False
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in ipaddress.ip_network(net) for net in networks)
+
+
+def by_proxy(peer: str | None, header: str | None, settings: Settings) -> Identity | None:
+    """The identity a trusted proxy's X-Forwarded-Email gives, or None: the header counts only
+    on a connection from POSTROOM_WEB_TRUSTED_PROXIES, and only as one plain address."""
+    if header is None or not is_trusted(peer, settings.web_trusted_proxies):
+        return None
+    email = header.strip().lower()
+    if not email or len(email) > EMAIL_MAX_CHARS or "@" not in email or not email.isprintable() \
+            or any(ch.isspace() or ch in "<>,;\"" for ch in email):
+        return None
+    role = Role.OPERATOR if email in settings.web_operators else Role.READER
+    return Identity(email, role, "proxy")
+
+
+def new_csrf_token() -> str:
+    return secrets.token_urlsafe(CSRF_TOKEN_BYTES)
+
+
+def csrf_matches(expected: str | None, posted: object) -> bool:
+    """Whether a POST carries the session's CSRF token (a forged form cannot know it)."""
+    if not expected or not isinstance(posted, str) or not posted:
+        return False
+    return _same(posted, expected)

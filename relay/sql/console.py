@@ -1,0 +1,130 @@
+"""What the console (`postroom web`) reads and writes beside the operators' statements: the search
+over the outbox (keyset pages), one row whole, one message's counts and failures, and the audit
+table of its actions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from postroom.relay.sql.reads import READABLE_UNTIL_SQL, readable_time
+from postroom.relay.sql.tables import metadata, outbox
+
+console_audit = sa.Table(
+    "console_audit",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("who", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("row_ids", pg.ARRAY(sa.BigInteger), nullable=False, server_default="{}"),
+    sa.Column("detail", sa.Text, nullable=False, server_default=""),
+)
+
+SEARCH_COLUMNS = ("id", "message_key", "recipient", "subject", "status", "attempts",
+                  "created_at", "sent_at")
+
+
+def search_query(*, message_key: str | None, recipient: str | None, status: str | None,
+                 created_from: dt.datetime | None, created_until: dt.datetime | None,
+                 after: tuple[dt.datetime, int] | None, limit: int) -> sa.Select[Any]:
+    """Rows newest first by (created_at, id), those after the keyset ``after`` (the last row of
+    the page before). Each filter is a plain predicate, so the planner picks the index that fits
+    (migration 0016: created_at; lower(recipient), created_at; message_key)."""
+    query = sa.select(*(readable_time(outbox.c[n]).label(n) if n.endswith("_at") else outbox.c[n]
+                        for n in SEARCH_COLUMNS),
+                      outbox.c.created_at.label("keyset_at"))
+    if message_key is not None:
+        query = query.where(outbox.c.message_key == message_key)
+    if recipient is not None:
+        # Any spelling of the address: postroom compares recipients in lower case everywhere.
+        query = query.where(sa.func.lower(outbox.c.recipient) == sa.func.lower(recipient))
+    if status is not None:
+        query = query.where(outbox.c.status == status)
+    if created_from is not None:
+        query = query.where(outbox.c.created_at >= created_from)
+    if created_until is not None:
+        query = query.where(outbox.c.created_at < created_until)
+    if after is not None:
+        query = query.where(sa.tuple_(outbox.c.created_at, outbox.c.id) < sa.tuple_(
+            sa.literal(after[0], sa.DateTime(timezone=True)), sa.literal(after[1], sa.BigInteger)))
+    return query.order_by(outbox.c.created_at.desc(), outbox.c.id.desc()).limit(limit)
+
+
+_ROW_TIMES = ("created_at", "available_at", "published_at", "sent_at", "next_attempt_at",
+              "updated_at")
+_ROW_COLUMNS = ("id", "idempotency_key", "message_key", "recipient", "sender", "subject",
+                "priority", "status", "attempts", "last_error", "smtp_code", "enhanced_code",
+                "message_id")
+
+
+def row_query(row_id: int) -> sa.Select[Any]:
+    """One outbox row's every column but the content (body, html, attachment paths)."""
+    return sa.select(*(outbox.c[n] for n in _ROW_COLUMNS),
+                     # 0010's column, which tables.outbox does not declare
+                     sa.column("traceparent", sa.Text),
+                     *(readable_time(outbox.c[n]).label(n) for n in _ROW_TIMES)).where(
+        outbox.c.id == row_id)
+
+
+# The sender's ledger entry of a row (attempt, who holds it, the Message-ID it sent).
+LEDGER_OF_KEY = sa.text(f"""
+    SELECT state, owner, attempt, message_id, taken_from, done_attempt,
+           LEAST(updated_at, {READABLE_UNTIL_SQL}) AS updated_at
+    FROM sender_ledger WHERE idempotency_key = :key
+""")
+
+# An address's suppression entry, current or expired.
+SUPPRESSION_OF = sa.text(f"""
+    SELECT address, reason, source, created_at, LEAST(expires_at, {READABLE_UNTIL_SQL}) AS expires_at,
+           expires_at > now() AS active
+    FROM suppression WHERE address = lower(:address)
+""")
+
+# One message's rows by state.
+COUNTS_OF_KEY = sa.text("""
+    SELECT status, count(*) AS rows FROM outbox WHERE message_key = :key
+    GROUP BY status ORDER BY status
+""")
+
+# One message's rows that did not reach their recipient, as `report failures` lists them.
+FAILURES_OF_KEY = sa.text(f"""
+    SELECT id, recipient, message_key, idempotency_key, subject, status, attempts, last_error,
+           LEAST(COALESCE(updated_at, created_at), {READABLE_UNTIL_SQL}) AS updated_at
+    FROM outbox
+    WHERE message_key = :key AND status IN ('failed', 'dead', 'bounced', 'suppressed')
+    ORDER BY id
+""")
+
+AUDIT_INSERT = sa.text("""
+    INSERT INTO console_audit (who, role, action, target, row_ids, detail)
+    VALUES (:who, :role, :action, :target, CAST(:row_ids AS bigint[]), :detail)
+""")
+
+
+def audit_query(before_id: int | None, limit: int) -> sa.Select[Any]:
+    """The audit entries newest first, those older than ``before_id`` (keyset)."""
+    query = sa.select(console_audit)
+    if before_id is not None:
+        query = query.where(console_audit.c.id < before_id)
+    return query.order_by(console_audit.c.id.desc()).limit(limit)
+
+
+# Emails enqueued and sent per minute over the last hour (minutes without any are absent). Sent
+# rows are found among those created in the last day (the created_at index): an email sent after
+# more than a day of retries is not counted.
+THROUGHPUT_LAST_HOUR = sa.text("""
+    SELECT minute, sum(enqueued) AS enqueued, sum(sent) AS sent FROM (
+        SELECT date_trunc('minute', created_at) AS minute, 1 AS enqueued, 0 AS sent FROM outbox
+        WHERE created_at >= date_trunc('minute', now()) - interval '59 minutes'
+        UNION ALL
+        SELECT date_trunc('minute', sent_at), 0, 1 FROM outbox
+        WHERE created_at >= now() - interval '1 day'
+          AND sent_at >= date_trunc('minute', now()) - interval '59 minutes'
+    ) AS counted GROUP BY minute ORDER BY minute
+""")

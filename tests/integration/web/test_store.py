@@ -1,0 +1,135 @@
+"""The console's store on a real outbox (a schema of the test's own): the search's filters and
+keyset pages, one row whole with its trace context, a run's counts and failures, suppression
+with its audit line in the same transaction, the audit's pages, and the hour's throughput."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+
+from postroom.relay.outbox import enqueue
+from postroom.relay.suppression import NotSuppressedError
+from postroom.settings import Settings
+from postroom.web.auth import Identity, Role
+from postroom.web.forms import SearchFilter
+from postroom.web.store import Action, DatabaseStore
+
+pytestmark = pytest.mark.integration
+
+OPERATOR = Identity("ops@example.com", Role.OPERATOR, "proxy")
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+def store(db_settings: Settings, engine: sa.Engine) -> DatabaseStore:
+    return DatabaseStore(db_settings, engine)
+
+
+def seed(engine: sa.Engine, count: int) -> list[int]:
+    """``count`` rows of run m, a minute apart (the newest last), every third one dead."""
+    with engine.begin() as conn:
+        enqueue(conn, key="m", subject="S", body="b",
+                recipients=[f"User{n}@Example.com" for n in range(count)])
+        conn.execute(sa.text("""
+            UPDATE outbox SET created_at = TIMESTAMPTZ '2026-09-30 12:00+00'
+                                           + (id - (SELECT min(id) FROM outbox)) * interval '1 minute',
+                status = CASE WHEN id % 3 = 0 THEN 'dead' ELSE 'sent' END,
+                last_error = CASE WHEN id % 3 = 0 THEN '550 5.1.1 unknown' END,
+                updated_at = now(), traceparent = :t"""), {"t": TRACEPARENT})
+        return list(conn.scalars(sa.text("SELECT id FROM outbox ORDER BY id")))
+
+
+def test_search_pages_by_keyset_newest_first(store: DatabaseStore, engine: sa.Engine) -> None:
+    ids = seed(engine, 25)
+    seen: list[int] = []
+    wanted = SearchFilter(message_key="m")
+    while True:
+        page = store.search(wanted, 10)
+        seen += [row["id"] for row in page]
+        if len(page) < 10:
+            break
+        wanted = dataclasses.replace(wanted, after=(page[-1]["keyset_at"], page[-1]["id"]))
+    assert seen == ids[::-1]
+
+
+def test_search_filters(store: DatabaseStore, engine: sa.Engine) -> None:
+    ids = seed(engine, 9)
+    by_recipient = store.search(SearchFilter(recipient="user4@example.com"), 50)
+    assert [r["recipient"] for r in by_recipient] == ["User4@Example.com"]
+    dead = store.search(SearchFilter(status="dead"), 50)
+    assert sorted(r["id"] for r in dead) == [i for i in ids if i % 3 == 0]
+    start = dt.datetime(2026, 9, 30, 12, 2, tzinfo=dt.UTC)
+    window = store.search(SearchFilter(created_from=start,
+                                       created_until=start + dt.timedelta(minutes=3)), 50)
+    assert [r["id"] for r in window] == ids[2:5][::-1]
+    assert store.search(SearchFilter(message_key="other"), 50) == []
+
+
+def test_one_row_whole_and_a_runs_counts_and_failures(store: DatabaseStore,
+                                                      engine: sa.Engine) -> None:
+    ids = seed(engine, 6)
+    found = store.email(ids[0])
+    assert found is not None
+    assert found.row["traceparent"] == TRACEPARENT
+    assert found.row["recipient"] == "User0@Example.com"
+    assert found.ledger is None and found.suppression is None
+    assert store.email(max(ids) + 1) is None
+    run = store.report_run("m")
+    assert dict(run.counts) == {"dead": 2, "sent": 4}
+    assert sorted(f.id for f in run.failures) == [i for i in ids if i % 3 == 0]
+    assert {f.last_error for f in run.failures} == {"550 5.1.1 unknown"}
+
+
+def test_suppression_and_its_audit_line_go_together(store: DatabaseStore,
+                                                    engine: sa.Engine) -> None:
+    ids = seed(engine, 1)
+    entry = store.suppress("User0@Example.com", "asked", 3600,
+                           Action(OPERATOR, "suppression add", "User0@Example.com"))
+    assert entry.address == "user0@example.com"
+    found = store.email(ids[0])
+    assert found is not None and found.suppression is not None
+    assert found.suppression["active"] is True and found.suppression["source"] == "operator"
+    assert store.unsuppress("user0@example.com", Action(OPERATOR, "suppression remove", "x")) \
+        == "user0@example.com"
+    with pytest.raises(NotSuppressedError):
+        store.unsuppress("user0@example.com", Action(OPERATOR, "suppression remove", "x"))
+    entries = store.audit(None, 10)
+    assert [(e.who, e.role, e.action, e.target) for e in entries] == [
+        ("ops@example.com", "operator", "suppression remove", "user0@example.com"),
+        ("ops@example.com", "operator", "suppression add", "user0@example.com")]
+    assert store.audit(entries[0].id, 10) == entries[1:]
+
+
+def test_the_hours_throughput(store: DatabaseStore, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, key="t", subject="S", body="b",
+                recipients=["a@example.com", "b@example.com"])
+        conn.execute(sa.text("UPDATE outbox SET status = 'sent', sent_at = now() "
+                             "WHERE recipient = 'a@example.com'"))
+    counted = store._throughput()
+    assert len(counted["minutes"]) == 60
+    assert sum(counted["enqueued"]) == 2 and sum(counted["sent"]) == 1
+    assert counted["outbox_backlog"] == 2
+
+
+def test_a_redrive_the_audit_cannot_record_does_not_happen(store: DatabaseStore,
+                                                           engine: sa.Engine) -> None:
+    ids = seed(engine, 3)
+    dead = [i for i in ids if i % 3 == 0]
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox_queue"))  # published and ended: not queued
+    plan = store.plan_requeue("m", None)
+    assert [row.id for row in plan.rows] == dead
+    nobody = Identity(None, Role.OPERATOR, "proxy")  # type: ignore[arg-type]  # NOT NULL refuses it
+    with pytest.raises(sa.exc.IntegrityError):
+        store.redrive(plan, Action(nobody, "requeue", "m"))
+    with engine.connect() as conn:
+        assert set(conn.scalars(sa.text("SELECT status FROM outbox WHERE id = ANY(:i)"),
+                                {"i": dead})) == {"dead"}
+    moved = store.redrive(plan, Action(OPERATOR, "requeue", "m"))
+    assert [row.id for row in moved] == dead
+    [entry] = store.audit(None, 10)
+    assert (entry.action, entry.row_ids) == ("requeue", tuple(dead))

@@ -1,0 +1,83 @@
+"""Who a request is: tokens, the trusted proxy's header, the roles, the CSRF comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from postroom.errors import ConfigError
+from postroom.settings import Settings
+from postroom.web import auth
+from postroom.web.auth import Role
+
+TOKENS = {"POSTROOM_WEB_OPERATOR_TOKEN": "o" * 20, "POSTROOM_WEB_READER_TOKEN": "r" * 20}
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("o" * 20, ("operator token", Role.OPERATOR)), ("r" * 20, ("reader token", Role.READER)),
+    ("o" * 19, None), ("", None), ("o" * 20 + " ", None)])
+def test_tokens(given: str, expected: tuple[str, Role] | None) -> None:
+    who = auth.by_token(given, Settings.from_env(TOKENS))
+    assert (None if who is None else (who.who, who.role)) == expected
+
+
+@pytest.mark.parametrize("peer, trusted", [
+    ("10.1.2.3", True), ("10.2.0.1", False), ("::1", True), ("fe80::1", False),
+    ("testclient", False), (None, False), ("", False)])
+def test_trusted_peers(peer: str | None, trusted: bool) -> None:
+    assert auth.is_trusted(peer, ("10.1.0.0/16", "::1/128")) is trusted
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("Ops@Example.com", ("ops@example.com", Role.OPERATOR)),
+    ("support@example.com", ("support@example.com", Role.READER)),
+    ("a@example.com, ops@example.com", None), ("<ops@example.com>", None),
+    ("no-at-sign", None), ("ops@example.com\r\nx", None), ("x" * 300 + "@example.com", None),
+    (None, None)])
+def test_the_proxy_header(header: str | None, expected: tuple[str, Role] | None) -> None:
+    settings = Settings.from_env({"POSTROOM_WEB_TRUSTED_PROXIES": "10.0.0.5",
+                                  "POSTROOM_WEB_OPERATORS": "ops@example.com"})
+    who = auth.by_proxy("10.0.0.5", header, settings)
+    assert (None if who is None else (who.who, who.role)) == expected
+    assert auth.by_proxy("10.0.0.6", header, settings) is None
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "needs a way to sign in"),
+    ({"POSTROOM_WEB_OPERATOR_TOKEN": "o" * 20, "POSTROOM_WEB_READER_TOKEN": "o" * 20},
+     "is the operator's token"),
+    ({"POSTROOM_WEB_OPERATOR_TOKEN": "o" * 20, "POSTROOM_WEB_OPERATORS": "a@example.com"},
+     "needs POSTROOM_WEB_TRUSTED_PROXIES")])
+def test_sign_in_settings_that_cannot_start(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        auth.check_configured(Settings.from_env(env))
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("POSTROOM_WEB_TRUSTED_PROXIES", "10.0.0.300", "not an IP address or network"),
+    ("POSTROOM_WEB_TRUSTED_PROXIES", " , ", "expected addresses"),
+    ("POSTROOM_WEB_OPERATORS", "not-an-address", "not of the form local@domain"),
+    ("POSTROOM_WEB_TRACE_URL", "https://t.example/trace", "with {trace_id} in it"),
+    ("POSTROOM_WEB_TRACE_URL", "javascript:{trace_id}", "with {trace_id} in it"),
+    ("POSTROOM_WEB_TRACE_URL", "https://t.example/{trace_id}/{span}", "only {trace_id}"),
+    ("POSTROOM_WEB_OPERATOR_TOKEN", "with a blank in it 0123", "no blank"),
+    ("POSTROOM_WEB_LISTEN", "localhost", "expected host:port")])
+def test_malformed_settings_are_refused_by_name(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}: .*{message}"):
+        Settings.from_env({name: value})
+
+
+def test_a_token_never_shows() -> None:
+    shown = repr(Settings.from_env(TOKENS))
+    assert "o" * 20 not in shown and "r" * 20 not in shown
+
+
+@pytest.mark.parametrize("expected, posted, matches", [
+    ("abc", "abc", True), ("abc", "abd", False), ("abc", "", False), (None, "abc", False),
+    ("", "", False), ("abc", None, False), ("abc", ["abc"], False)])
+def test_csrf_comparison(expected: str | None, posted: object, matches: bool) -> None:
+    assert auth.csrf_matches(expected, posted) is matches
+
+
+def test_roles() -> None:
+    assert Role.OPERATOR.may(Role.READER) and Role.OPERATOR.may(Role.OPERATOR)
+    assert Role.READER.may(Role.READER) and not Role.READER.may(Role.OPERATOR)
