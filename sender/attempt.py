@@ -125,16 +125,26 @@ class _KnownSent:
     message_id: str | None
 
 
-class _InHand:
-    """A delivery under way in this process: its attempt, set when it ends, whether it ended as
-    it should (not cancelled, not failed), and whether its key is then known sent."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _KnownDone:
+    """The attempt was made and its outcome is out: the ledger holds it as done."""
 
-    __slots__ = ("attempt", "completed", "ended", "sent")
+
+# What a delivery that ended knows of its attempt, for a copy of it: sent, done, or nothing
+# (the attempt was not made, as a wait for our configuration: a copy must ask the ledger).
+_Known = _KnownSent | _KnownDone | None
+_DONE = _KnownDone()
+
+
+class _InHand:
+    """A delivery under way in this process: its attempt, set when it ends, and what it then
+    knows of its attempt (sent, done), if it ended as it should (not cancelled, not failed)."""
+
+    __slots__ = ("attempt", "ended", "known")
 
     def __init__(self, attempt: int) -> None:
         self.attempt = attempt
-        self.completed = False
-        self.sent: _KnownSent | None = None
+        self.known: _Known = None
         self.ended = asyncio.Event()
 
 
@@ -160,9 +170,11 @@ class Attempts:
         # a record (a relay's publish again, a partition read again) whose first delivery waited
         # past its lease in its destination's line could claim the key as the same owner, and
         # both would send. A copy waits here for the first instead. A copy of the same attempt
-        # whose first delivery ended as it should is done with it: its outcome is out (asking
-        # the ledger would say so, one copy after another, each holding a place in flight:
-        # after a sender's kill a partition read again holds many copies of each key).
+        # whose first delivery ended knowing it sent or done is answered as the ledger would
+        # (asking it would say so, one copy after another, each holding a place in flight:
+        # after a sender's kill a partition read again holds many copies of each key). Any
+        # other copy asks the ledger: an attempt that only waited for our configuration went
+        # back to its tier unmade, and its next read may come before its claim is released.
         self._in_hand: dict[str, _InHand] = {}
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
@@ -173,23 +185,23 @@ class Attempts:
         key = event.idempotency_key
         while (first := self._in_hand.get(key)) is not None:
             await first.ended.wait()
-            if first.completed and first.attempt == event.attempt:
-                await self._copy_done(origin, event, first.sent)
+            if first.known is not None and first.attempt == event.attempt:
+                await self._copy_done(origin, event, first.known)
                 return
         mine = self._in_hand[key] = _InHand(event.attempt)
         try:
-            mine.sent = await self._deliver(origin, admitted)
-            mine.completed = True
+            mine.known = await self._deliver(origin, admitted)
         finally:
             del self._in_hand[key]
             mine.ended.set()
 
     async def _copy_done(self, origin: Origin, event: EmailRequested,
-                         sent: _KnownSent | None) -> None:
+                         sent: _KnownSent | _KnownDone) -> None:
         """A copy of the attempt this sender has just made: what the ledger would answer it,
-        without asking (a key sent: its result again, as for any copy; else nothing)."""
+        without asking (a key sent: its result again, as for any copy; an attempt done:
+        nothing)."""
         key = event.idempotency_key
-        if sent is None:
+        if isinstance(sent, _KnownDone):
             self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
             log.info("key=%s attempt=%d made by this sender just now; not making it again",
                      key, event.attempt)
@@ -201,8 +213,9 @@ class Attempts:
             key, already_sent(event, sent.message_id, self._clock.utcnow()),
             () if context is None else context.headers())
 
-    async def _deliver(self, origin: Origin, admitted: Admitted) -> _KnownSent | None:
-        """The delivery; whether its key is now known sent (and its Message-ID)."""
+    async def _deliver(self, origin: Origin, admitted: Admitted) -> _Known:
+        """The delivery; what it knows of its attempt now: its key sent (and its Message-ID),
+        the attempt done, or neither."""
         event = admitted.event
         with self._tracing.span(
                 f"process {origin.topic}", from_headers(origin.headers), kind="consumer",
@@ -217,12 +230,13 @@ class Attempts:
                 return routing
             span.set(lambda: {"postroom.status": routing.status.value})
             await self._publish(origin, event, routing, span)
+        done = None
         if routing.status is not DeliveryStatus.SENT:
-            await self._release_after(event, routing)
+            done = await self._release_after(event, routing)
         self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
         if routing.status is DeliveryStatus.SENT:
             return _KnownSent(routing.result.message_id)
-        return None
+        return _DONE if done is not None else None
 
     async def _publish(self, origin: Origin, event: EmailRequested, routing: Routing,
                        span: Span) -> None:
@@ -245,25 +259,29 @@ class Attempts:
                 self._outcomes.forward(origin, event, forward, self._clock.utcnow(),
                                        scheduled.headers()))
 
-    async def _release_after(self, event: EmailRequested, routing: Routing) -> None:
+    async def _release_after(self, event: EmailRequested, routing: Routing) -> int | None:
         """Give the claim up only now that the outcome is out: a copy of this record read again
         (we die before its offset is committed, or its partition moves) finds the attempt done.
         An attempt that waited (forwarded with its number kept) was not made: its copies must
-        find it not done, or the next read of the wait would be taken for a repeat."""
+        find it not done, or the next read of the wait would be taken for a repeat. The attempt
+        released as done, or None."""
         started = self._clock.monotonic()
         waited = (routing.status is DeliveryStatus.RETRYING and routing.forward is not None
                   and routing.forward.event.attempt == event.attempt)
+        done = None if waited else event.attempt
         await self._ledger_call("release", partial(self._ledger.release, event.idempotency_key,
-                                                   None if waited else event.attempt))
+                                                   done))
         self._metrics.observe(LEDGER_MARK_SECONDS, self._clock.monotonic() - started,
                               operation="release")
+        return done
 
     async def _claim_and_send(self, origin: Origin, admitted: Admitted,
-                              trace: TraceContext | None) -> Routing | _KnownSent | None:
+                              trace: TraceContext | None) -> Routing | _KnownSent | _KnownDone:
         """Send the event once its destination lets it and its claim is ours, and route the
-        outcome; None when nothing more is to be done (a server accepted its key before: its
-        result is published here; or this attempt was made already). A throttling reply defers
-        the send without counting it as an attempt, until POSTROOM_THROTTLE_MAX_WAIT has passed."""
+        outcome; what is known when nothing more is to be done (a server accepted its key
+        before: its result is published here; or this attempt was made already). A throttling
+        reply defers the send without counting it as an attempt, until
+        POSTROOM_THROTTLE_MAX_WAIT has passed."""
         event = admitted.event
         key = event.idempotency_key
         destination = self._rules.destination_of(event.recipient)
@@ -300,7 +318,7 @@ class Attempts:
                 self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
                 log.info("key=%s attempt=%d already made and its outcome published; not "
                          "making it again", key, event.attempt)
-                return None
+                return _DONE
             await self._wait_busy(key, claim, first=busy_waits == 0)
             busy_waits += 1
 

@@ -479,3 +479,70 @@ def test_a_copy_of_another_attempt_waits_and_then_asks_the_ledger(
     assert len(w.transport.sent) == 1
     assert [r.status.value for r in w.outcomes.results] == ["sent", "sent"]
     assert w.count(DUPLICATES_SUPPRESSED_TOTAL) == 1
+
+
+WAITING = SmtpReply(Stage.LOCAL, None, "attachments are off", Failure.CONFIG)
+
+
+def test_a_wait_read_again_while_its_claim_is_still_being_released_is_not_dropped() -> None:
+    """No POSTROOM_ATTACHMENTS_ROOT: the wait goes back to its tier with its attempt number, and
+    its next read comes while releasing the claim is slow (a slow database). That read is not a
+    copy of an attempt made: it is delivered (a wait again, put back once more), so a record of
+    the email stays on its way and its row does not stay ``retrying`` for ever."""
+    w = world([WAITING, WAITING])
+    waiting = event(attempt=2, attachments=("/srv/q3.xlsx",))
+    on_tier = Origin(retry_topic(PREFIX, 1), 0, 5)
+
+    async def main() -> None:
+        releasing = asyncio.Event()
+        real_release = w.ledger.release
+
+        async def slow_release(key: str, done_attempt: int | None = None) -> None:
+            await releasing.wait()
+            await real_release(key, done_attempt)
+
+        w.ledger.release = slow_release  # type: ignore[method-assign]
+        first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(waiting)))
+        while not w.outcomes.forwards:
+            await asyncio.sleep(0)
+        # The tier's record is read before the first delivery has released its claim.
+        next_read = asyncio.create_task(w.attempts.deliver(on_tier, Admitted(waiting)))
+        await asyncio.sleep(0)
+        releasing.set()
+        await asyncio.wait_for(asyncio.gather(first, next_read), 5)
+
+    asyncio.run(main())
+    assert len(w.transport.sent) == 2
+    assert [(f.topic, f.event.attempt) for _, f in w.outcomes.forwards] == [
+        (retry_topic(PREFIX, 1), 2), (retry_topic(PREFIX, 1), 2)]
+    assert w.count("repeated_attempts_suppressed_total") == 0
+    assert w.attempts._in_hand == {}
+
+
+def test_a_copy_of_an_attempt_made_and_done_here_is_answered_without_the_ledger() -> None:
+    """The ten-kill tail's fix kept: a copy of a failed attempt this sender made and marked done
+    just now is dropped without asking the ledger (its result and retry are out)."""
+    w = world([TRANSIENT])
+
+    async def main() -> None:
+        releasing = asyncio.Event()
+        real_release = w.ledger.release
+
+        async def slow_release(key: str, done_attempt: int | None = None) -> None:
+            await releasing.wait()
+            await real_release(key, done_attempt)
+
+        w.ledger.release = slow_release  # type: ignore[method-assign]
+        first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        while not w.outcomes.forwards:
+            await asyncio.sleep(0)
+        copy = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        await asyncio.sleep(0)
+        releasing.set()
+        await asyncio.wait_for(asyncio.gather(first, copy), 5)
+
+    asyncio.run(main())
+    assert len(w.transport.sent) == 1
+    assert len(w.calls("claim")) == 1
+    assert [r.status.value for r in w.outcomes.results] == ["retrying"]
+    assert w.count("repeated_attempts_suppressed_total") == 1
