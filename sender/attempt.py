@@ -13,12 +13,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import TypeVar
 
+from postroom.errors import first_line
 from postroom.metrics import (
     ATTACHMENTS_WAITING_TOTAL,
     ATTEMPTS_TOTAL,
     CLAIMS_RENEWED_TOTAL,
     DESTINATIONS_PAUSED,
     DUPLICATES_SUPPRESSED_TOTAL,
+    ERRORS_AFTER_ACCEPTED_TOTAL,
     LEDGER_MARK_SECONDS,
     OUTCOMES_TOTAL,
     REPEATED_ATTEMPTS_SUPPRESSED_TOTAL,
@@ -31,7 +33,7 @@ from postroom.metrics import (
 from postroom.schemas.codec import DeliveryStatus, EmailRequested
 from postroom.sender.admission import Admitted
 from postroom.sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
-from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
 from postroom.sender.outcome import SmtpReply, Verdict, classify_reply, waits_for_configuration
 from postroom.sender.ports import ClaimsLedger, Clock, DestinationLine, MailSlot, MailTransport, Outcomes
 from postroom.sender.retry import Action, RetryPolicy
@@ -138,14 +140,19 @@ _DONE = _KnownDone()
 
 class _InHand:
     """A delivery under way in this process: its attempt, set when it ends, and what it then
-    knows of its attempt (sent, done), if it ended as it should (not cancelled, not failed)."""
+    knows of its attempt (sent, done), if it ended as it should (not cancelled, not failed).
+    Once a server accepted its message: the Message-ID, and whether its ``sent`` mark has
+    committed and its ``sent`` result is out."""
 
-    __slots__ = ("attempt", "ended", "known")
+    __slots__ = ("accepted", "attempt", "ended", "known", "marked", "result_out")
 
     def __init__(self, attempt: int) -> None:
         self.attempt = attempt
         self.known: _Known = None
         self.ended = asyncio.Event()
+        self.accepted: str | None = None
+        self.marked = False
+        self.result_out = False
 
 
 class Attempts:
@@ -190,7 +197,15 @@ class Attempts:
                 return
         mine = self._in_hand[key] = _InHand(event.attempt)
         try:
-            mine.known = await self._deliver(origin, admitted)
+            try:
+                mine.known = await self._deliver(origin, admitted, mine)
+            except Exception:
+                if mine.accepted is None:
+                    raise
+                # After the server's acceptance nothing of ours may end the email otherwise.
+                log.exception("key=%s accepted by the server, then an error of ours; recorded "
+                              "as sent", key)
+                mine.known = await self._accepted_anyway(origin, event, mine, mine.accepted)
         finally:
             del self._in_hand[key]
             mine.ended.set()
@@ -213,9 +228,39 @@ class Attempts:
             key, already_sent(event, sent.message_id, self._clock.utcnow()),
             () if context is None else context.headers())
 
-    async def _deliver(self, origin: Origin, admitted: Admitted) -> _Known:
+    async def _accepted_anyway(self, origin: Origin, event: EmailRequested, hand: _InHand,
+                               message_id: str) -> _KnownSent:
+        """A server accepted the message (``message_id``) and an error of ours came after:
+        counted, the ``sent`` mark written if it had not committed, and the ``sent`` result
+        published if it was not out. AcceptedUnrecordedError when that result cannot be
+        published: the record is then read again (its offset is not stored), and the ledger
+        answers it sent."""
+        key = event.idempotency_key
+        self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+        if not hand.marked:
+            try:
+                await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key,
+                                                             message_id))
+            except Exception:
+                self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+                log.exception("key=%s: the sent mark failed again; a copy read later may be "
+                              "sent again", key)
+        if not hand.result_out:
+            context = from_headers(origin.headers)
+            try:
+                await self._outcomes.result(
+                    key, already_sent(event, message_id, self._clock.utcnow()),
+                    () if context is None else context.headers())
+            except Exception as exc:
+                raise AcceptedUnrecordedError(
+                    f"key={key} was accepted by the server but its result cannot be published: "
+                    f"{first_line(exc)}") from exc
+        return _KnownSent(message_id)
+
+    async def _deliver(self, origin: Origin, admitted: Admitted, hand: _InHand) -> _Known:
         """The delivery; what it knows of its attempt now: its key sent (and its Message-ID),
-        the attempt done, or neither."""
+        the attempt done, or neither. ``hand`` learns of the server's acceptance, the mark and
+        the result as they happen."""
         event = admitted.event
         with self._tracing.span(
                 f"process {origin.topic}", from_headers(origin.headers), kind="consumer",
@@ -225,11 +270,12 @@ class Attempts:
                                        group=self._rules.group),
                     "postroom.outbox_id": event.outbox_id,
                     "postroom.attempt": event.attempt}) as span:
-            routing = await self._claim_and_send(origin, admitted, span.context)
+            routing = await self._claim_and_send(origin, admitted, span.context, hand)
             if not isinstance(routing, Routing):
                 return routing
             span.set(lambda: {"postroom.status": routing.status.value})
             await self._publish(origin, event, routing, span)
+            hand.result_out = True
         done = None
         if routing.status is not DeliveryStatus.SENT:
             done = await self._release_after(event, routing)
@@ -276,7 +322,8 @@ class Attempts:
         return done
 
     async def _claim_and_send(self, origin: Origin, admitted: Admitted,
-                              trace: TraceContext | None) -> Routing | _KnownSent | _KnownDone:
+                              trace: TraceContext | None,
+                              hand: _InHand) -> Routing | _KnownSent | _KnownDone:
         """Send the event once its destination lets it and its claim is ours, and route the
         outcome; what is known when nothing more is to be done (a server accepted its key
         before: its result is published here; or this attempt was made already). A throttling
@@ -293,7 +340,7 @@ class Attempts:
             claim, claimed_at = await self._claim_in_line(destination, key, event.attempt)
             if claim.claim is Claim.MINE:
                 sent = await self._send_in_turn(destination, event, claim, claimed_at, may_defer,
-                                                trace)
+                                                trace, hand)
                 if sent is None:
                     log.warning("key=%s is no longer ours after it waited for its turn (another "
                                 "sender took it, or a server accepted it); asking the ledger "
@@ -302,7 +349,7 @@ class Attempts:
                 # The slot and the destination are free again: the next send need not wait
                 # for this one's ledger write.
                 if not sent.throttled:
-                    return await self._conclude(origin, admitted, sent)
+                    return await self._conclude(origin, admitted, sent, hand)
                 await self._defer(event)
                 deferred_since = deferred_since or self._clock.monotonic()
                 continue
@@ -338,8 +385,8 @@ class Attempts:
         return claim, claimed_at
 
     async def _send_in_turn(self, destination: str, event: EmailRequested, claim: ClaimResult,
-                            claimed_at: float, may_defer: bool,
-                            trace: TraceContext | None) -> Sent | None:
+                            claimed_at: float, may_defer: bool, trace: TraceContext | None,
+                            hand: _InHand) -> Sent | None:
         """Send through a held connection, the destination's turn given back after it; None
         when the claim was lost while the send waited."""
         throttled = False
@@ -351,7 +398,7 @@ class Attempts:
                 with self._tracing.span("smtp send", trace, kind="client", attributes=lambda: {
                         "postroom.attempt": event.attempt,
                         "postroom.destination": destination}) as smtp:
-                    sent = await self._send(event, slot, may_defer, turn.give_back_now)
+                    sent = await self._send(event, slot, may_defer, turn.give_back_now, hand)
                     smtp.set(lambda: {
                         "postroom.smtp.reply_code": sent.reply.code,
                         "postroom.smtp.failure": (sent.reply.failure.value
@@ -376,7 +423,7 @@ class Attempts:
         return kept
 
     async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool,
-                    on_accepted: Callable[[], None]) -> Sent:
+                    on_accepted: Callable[[], None], hand: _InHand) -> Sent:
         key = event.idempotency_key
         started = self._clock.monotonic()
         marks: list[tuple[asyncio.Future[float], float]] = []
@@ -384,9 +431,21 @@ class Attempts:
         def accepted(message_id: str) -> None:
             # The duplicate window opens as the 250 is read: its mark leaves from here, before
             # the send's coroutine resumes, the slot and the destination are given back, or the
-            # loop turns.
-            marks.append((self._ledger.start_mark(key, message_id), self._clock.monotonic()))
-            on_accepted()
+            # loop turns. Called from the connection's read: nothing may raise out of it (the
+            # transport would drop the connection and the accepted send would count as failed).
+            hand.accepted = message_id
+            try:
+                marks.append((self._ledger.start_mark(key, message_id),
+                              self._clock.monotonic()))
+            except Exception:
+                # The conclusion writes the mark with a call of its own.
+                self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+                log.exception("key=%s: starting the sent mark failed", key)
+            try:
+                on_accepted()
+            except Exception:
+                self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+                log.exception("key=%s: giving the destination's turn back failed", key)
 
         reply, message_id = await slot.send(event, self._clock.utcnow(), accepted)
         mark, read_at = marks[0] if marks else (None, self._clock.monotonic())
@@ -403,7 +462,8 @@ class Attempts:
         log.info("key=%s domain=%s attempt=%d throttled by the server: deferred, not counted as "
                  "an attempt", key, event.recipient.rpartition("@")[2], event.attempt)
 
-    async def _conclude(self, origin: Origin, admitted: Admitted, sent: Sent) -> Routing:
+    async def _conclude(self, origin: Origin, admitted: Admitted, sent: Sent,
+                        hand: _InHand) -> Routing:
         """Classify the reply, decide what comes next, mark a delivery sent in the ledger, and
         route the outcome. A failed attempt keeps its claim until its outcome is published."""
         reply, message_id = sent.reply, sent.message_id
@@ -426,6 +486,7 @@ class Attempts:
             committed_at = await self._ledger_call(
                 "mark sent", partial(self._ledger.mark_sent, event.idempotency_key, message_id),
                 sent.mark)
+            hand.marked = True
             window_s = committed_at - sent.read_at  # the mark started with the read
             self._metrics.observe(SENT_MARK_WINDOW_SECONDS, window_s)
             self._metrics.observe(LEDGER_MARK_SECONDS, window_s, operation="sent")

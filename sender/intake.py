@@ -16,7 +16,7 @@ from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS,
 from postroom.schemas.errors import SchemaUnavailableError
 from postroom.schemas.framing import SchemaById
 from postroom.sender.admission import Admission, Admitted, admit, readable_key
-from postroom.sender.errors import PoisonRecordError
+from postroom.sender.errors import AcceptedUnrecordedError, PoisonRecordError
 from postroom.sender.publishing import origin_of
 from postroom.sender.retry import due_in_s, lateness_s
 from postroom.sender.routing import Origin
@@ -111,9 +111,13 @@ class Intake:
         which admission refuses) ends as poison naming the error, dead-lettered with its row
         ``failed`` (``postroom dlq replay`` sends it again once the fault is fixed). Left to
         raise, nothing would read the record again, its partition's commit point would stay
-        behind it and its row would never end. A shutdown's cancellation is not such a fault."""
+        behind it and its row would never end. A shutdown's cancellation is not such a fault,
+        nor an email a server accepted whose result cannot be published: it raises on, its
+        record read again later (the ledger answers it sent), never ended failed."""
         try:
             await delivery
+        except AcceptedUnrecordedError:
+            raise
         except Exception as exc:
             log.exception("the delivery of %s[%d]@%d failed; dead-lettering it as poison",
                           record.topic, record.partition, record.offset)

@@ -34,7 +34,7 @@ from postroom.sender.admission import Admitted
 from postroom.sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
 from postroom.sender.claims import RENEW_AFTER_S, Claim
 from postroom.sender.destinations import DestinationGate
-from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
 from postroom.sender.outcome import Failure, SmtpReply, Stage
 from postroom.sender.retry import RetryPolicy
 from postroom.sender.routing import Origin
@@ -546,3 +546,100 @@ def test_a_copy_of_an_attempt_made_and_done_here_is_answered_without_the_ledger(
     assert len(w.calls("claim")) == 1
     assert [r.status.value for r in w.outcomes.results] == ["retrying"]
     assert w.count("repeated_attempts_suppressed_total") == 1
+
+
+# -- after the server's 250 ----------------------------------------------------------------------
+
+class _BrokenMarks(InMemoryLedger):
+    """A ledger whose sent mark fails with an error of ours (not the database being away):
+    ``how`` 'future' fails the mark started from the read of the 250, 'call' raises as it is
+    started (inside the connection's read), and every later mark_sent raises too."""
+
+    def __init__(self, clock: FakeClock, how: str) -> None:
+        super().__init__(clock)
+        self.how = how
+
+    def start_mark(self, key: str, message_id: str) -> asyncio.Future[float]:
+        self.trace.append(("mark", key, message_id))
+        if self.how == "call":
+            raise RuntimeError("a bug in the marker")
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        future.set_exception(RuntimeError("a bug in the marker"))
+        return future
+
+    async def mark_sent(self, key: str, message_id: str) -> float:
+        self.trace.append(("mark again", key, message_id))
+        raise RuntimeError("a bug in the marker")
+
+
+@pytest.mark.parametrize("how", ["future", "call"])
+def test_after_the_250_an_error_of_ours_in_the_mark_still_ends_the_email_sent(how: str) -> None:
+    w = world([OK])
+    w.attempts._ledger = w.ledger = _BrokenMarks(w.clock, how)
+    w.deliver(Admitted(event()))
+    assert [(r.status.value, r.message_id) for r in w.outcomes.results] == [
+        ("sent", "<0.7@fake>")]
+    assert w.outcomes.forwards == []
+    assert w.count("errors_after_accepted_total") >= 1
+    # Nothing is sent twice, the turn and the connection are given back.
+    assert len(w.transport.sent) == 1
+    assert (w.line.in_turn, w.line.queued, w.transport.held) == (0, 0, 0)
+
+
+def test_after_the_250_a_transport_that_raises_still_ends_the_email_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's acceptance was read (the mark left from it), then our side of the send
+    raised: the email is sent, not a transient failure to send again, nor poison."""
+    real_send = FakeSlot.send
+
+    async def accepted_then_raises(self: FakeSlot, *args: Any) -> Any:
+        await real_send(self, *args)
+        raise RuntimeError("a bug after the reply")
+
+    monkeypatch.setattr(FakeSlot, "send", accepted_then_raises)
+    w = world([OK])
+    w.deliver(Admitted(event()))
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+    assert w.ledger.rows[KEY].state == "sent"
+    assert w.count("errors_after_accepted_total") == 1
+    assert len(w.transport.sent) == 1
+
+
+def test_after_the_250_a_bookkeeping_error_still_ends_the_email_sent() -> None:
+    """Classifying, routing or counting raising after the acceptance (here the attempt's
+    counter): the row still ends sent, and the ledger holds the mark."""
+    w = world([OK])
+    real_inc = w.metrics.inc
+
+    def inc(spec: Any, *args: Any, **labels: Any) -> None:
+        if spec.name == "attempts_total":
+            raise RuntimeError("a bug in our bookkeeping")
+        real_inc(spec, *args, **labels)
+
+    w.metrics.inc = inc  # type: ignore[method-assign]
+    w.deliver(Admitted(event()))
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+    assert w.ledger.rows[KEY].state == "sent"
+    assert w.count("errors_after_accepted_total") == 1
+
+
+def test_an_error_before_the_server_accepted_is_still_raised() -> None:
+    w = world()
+    w.transport.raises = RuntimeError("a bug in the transport")
+    with pytest.raises(RuntimeError):
+        w.deliver(Admitted(event()))
+    assert w.outcomes.results == []
+    assert w.count("errors_after_accepted_total") == 0
+
+
+def test_a_sent_result_that_cannot_be_published_is_raised_as_unrecorded() -> None:
+    """Not poison: the intake lets it raise, and the record is read again later."""
+    w = world([OK])
+
+    async def refused(key: str, result: Any, trace: Any = ()) -> None:
+        raise RuntimeError("the broker refused it")
+
+    w.outcomes.result = refused  # type: ignore[method-assign]
+    with pytest.raises(AcceptedUnrecordedError):
+        w.deliver(Admitted(event()))
+    assert w.ledger.rows[KEY].state == "sent"
