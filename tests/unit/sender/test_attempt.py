@@ -494,17 +494,17 @@ def test_a_wait_read_again_while_its_claim_is_still_being_released_is_not_droppe
     on_tier = Origin(retry_topic(PREFIX, 1), 0, 5)
 
     async def main() -> None:
-        releasing = asyncio.Event()
+        releasing, release_started = asyncio.Event(), asyncio.Event()
         real_release = w.ledger.release
 
         async def slow_release(key: str, done_attempt: int | None = None) -> None:
+            release_started.set()
             await releasing.wait()
             await real_release(key, done_attempt)
 
         w.ledger.release = slow_release  # type: ignore[method-assign]
         first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(waiting)))
-        while not w.outcomes.forwards:
-            await asyncio.sleep(0)
+        await release_started.wait()  # its outcome is out, its claim not yet released
         # The tier's record is read before the first delivery has released its claim.
         next_read = asyncio.create_task(w.attempts.deliver(on_tier, Admitted(waiting)))
         await asyncio.sleep(0)
@@ -525,17 +525,17 @@ def test_a_copy_of_an_attempt_made_and_done_here_is_answered_without_the_ledger(
     w = world([TRANSIENT])
 
     async def main() -> None:
-        releasing = asyncio.Event()
+        releasing, release_started = asyncio.Event(), asyncio.Event()
         real_release = w.ledger.release
 
         async def slow_release(key: str, done_attempt: int | None = None) -> None:
+            release_started.set()
             await releasing.wait()
             await real_release(key, done_attempt)
 
         w.ledger.release = slow_release  # type: ignore[method-assign]
         first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
-        while not w.outcomes.forwards:
-            await asyncio.sleep(0)
+        await release_started.wait()
         copy = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
         await asyncio.sleep(0)
         releasing.set()
