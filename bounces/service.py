@@ -4,6 +4,7 @@ platform's mail server routes the bounce domain to, answering as bounces.intake 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from postroom import kafka
 from postroom.bounces.adapters import DatabaseRows, KafkaResults
 from postroom.bounces.errors import Refusal
 from postroom.bounces.intake import (
@@ -33,8 +35,19 @@ log = logging.getLogger(__name__)
 # Fixed, so aiosmtpd does no reverse lookup, and never the relay's own name (Postfix refuses a
 # next hop that greets with its myhostname as a mail loop).
 SERVER_HOSTNAME = "postroom-bounces.invalid"
+FATAL_CHECK_EVERY_S = 1.0
 SESSION_TIMEOUT_S = 300.0  # RFC 5321 4.5.3.2.7: the server's timeout is at least 5 minutes
 _ACCEPTED = "postroom_accepted"  # the Envelope attribute holding a session's Accepted recipients
+
+
+async def until_stopped(stopping: asyncio.Event) -> None:
+    """Until ``stopping`` is set; KafkaFatalError once the results producer is in librdkafka's
+    fatal state (it never works again: the intake exits, its supervisor starts it afresh)."""
+    while not stopping.is_set():
+        kafka.raise_if_fatal()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FATAL_CHECK_EVERY_S):
+                await stopping.wait()
 
 
 def bounce_config(settings: Settings) -> BounceConfig:
@@ -145,7 +158,7 @@ class BounceIntake:
         log.info("bounce intake listening on %s:%d for %s", host, self.port, self._config.address)
         self.listening.set()
         try:
-            await self._stopping.wait()
+            await until_stopped(self._stopping)
         finally:
             server.close()
             await server.wait_closed()

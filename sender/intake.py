@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from postroom.errors import first_line
+from postroom.errors import KafkaFatalError, first_line
 from postroom.kafka import Record
 from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS, Metrics
 from postroom.schemas.errors import SchemaUnavailableError
@@ -112,11 +112,12 @@ class Intake:
         ``failed`` (``postroom dlq replay`` sends it again once the fault is fixed). Left to
         raise, nothing would read the record again, its partition's commit point would stay
         behind it and its row would never end. A shutdown's cancellation is not such a fault,
-        nor an email a server accepted whose result cannot be published: it raises on, its
-        record read again later (the ledger answers it sent), never ended failed."""
+        nor a Kafka client in its fatal state (the sender exits on it), nor an email a server
+        accepted whose result cannot be published: those raise on, the record read again later
+        (the ledger answers a sent one sent), never ended failed."""
         try:
             await delivery
-        except AcceptedUnrecordedError:
+        except (AcceptedUnrecordedError, KafkaFatalError):
             raise
         except Exception as exc:
             log.exception("the delivery of %s[%d]@%d failed; dead-lettering it as poison",

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar
 
-from postroom.errors import ConfigError
-from postroom.kafka import Record, readable_records
+from postroom.errors import ConfigError, KafkaFatalError
+from postroom.kafka import Record, raise_if_fatal, readable_records
 from postroom.metrics import Metrics
 from postroom.schemas.registry import framing_for, reader_for
 from postroom.sender.admission import Admission
@@ -152,6 +152,9 @@ class Sender:
         try:
             while not self._stopping.is_set():
                 self._producer.poll()
+                # A client in librdkafka's fatal state never works again: the sender exits
+                # (its in-flight sends finish first) and its supervisor starts it afresh.
+                raise_if_fatal()
                 now = self._clock.utcnow()
                 self._consumer.resume_due(now)
                 if self._consumer.unplanned or loop.time() - last_priority >= PRIORITY_EVERY_S:
@@ -227,8 +230,10 @@ class Sender:
         self._a_task_finished.set()
         if task.cancelled():
             return  # abandoned at shutdown: not stored, so it is redelivered
-        if task.exception() is not None:
-            log.error("delivery task failed; the record will be redelivered",
-                      exc_info=task.exception())
+        error = task.exception()
+        if isinstance(error, KafkaFatalError):
+            return  # the sender exits on it, saying so once; the record is read again
+        if error is not None:
+            log.error("delivery task failed; the record will be redelivered", exc_info=error)
             return
         self._consumer.finished(record.tp, record.offset)
