@@ -392,10 +392,10 @@ def test_a_record_whose_task_fails_is_dead_lettered_and_its_row_ends(
 
     real = Attempts._deliver
 
-    async def broken_for_one(self: Attempts, origin: Any, admitted: Any) -> None:
+    async def broken_for_one(self: Attempts, origin: Any, admitted: Any, hand: Any) -> Any:
         if admitted.event.recipient.startswith("boom"):
             raise RuntimeError("a fault of ours")
-        await real(self, origin, admitted)
+        return await real(self, origin, admitted, hand)
 
     monkeypatch.setattr(Attempts, "_deliver", broken_for_one)
     server = DevSmtpServer(port=0)
