@@ -100,6 +100,10 @@ ERRORS_AFTER_ACCEPTED_TOTAL = MetricSpec(
 POISON_TOTAL = MetricSpec(
     "poison_total",
     C, "Records refused at admission (poison): dead-lettered, their row ended failed.")
+POISON_REPEATED_TOTAL = MetricSpec(
+    "poison_repeated_total",
+    C, "Poison records read again (after a rebalance or a restart before their commit) whose "
+       "dead letter was published already: not dead-lettered again.")
 POISON_UNKEYED_TOTAL = MetricSpec(
     "poison_unkeyed_total",
     C, "Poison records with no readable key: dead-lettered only, no result published.")

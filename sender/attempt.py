@@ -23,6 +23,7 @@ from postroom.metrics import (
     ERRORS_AFTER_ACCEPTED_TOTAL,
     LEDGER_MARK_SECONDS,
     OUTCOMES_TOTAL,
+    POISON_REPEATED_TOTAL,
     REPEATED_ATTEMPTS_SUPPRESSED_TOTAL,
     SENT_MARK_WINDOW_SECONDS,
     SERVER_FAULTS_TOTAL,
@@ -227,6 +228,30 @@ class Attempts:
         await self._outcomes.result(
             key, already_sent(event, sent.message_id, self._clock.utcnow()),
             () if context is None else context.headers())
+
+    async def dead_letter_once(self, key: str, dead_letter: Callable[[], Awaitable[None]]) -> None:
+        """``await dead_letter()`` once per record, whoever reads it: ``key``, the record's
+        origin (claims.dead_letter_key), is claimed as attempt 1 and released done once the dead
+        letter and its result are out; a copy read again (a rebalance, a restart before its
+        offset's commit) finds it done and publishes nothing; one read while the first is under
+        way waits for its answer. A dead letter that raises gives the claim back undone."""
+        busy_waits = 0
+        while True:
+            claim = await self._ledger_call("claim", partial(self._ledger.claim, key, 1))
+            if claim.claim is Claim.MINE:
+                break
+            if claim.claim is not Claim.BUSY:
+                self._metrics.inc(POISON_REPEATED_TOTAL)
+                log.info("%s: dead-lettered already; not again", key)
+                return
+            await self._wait_busy(key, claim, first=busy_waits == 0)
+            busy_waits += 1
+        try:
+            await dead_letter()
+        except Exception:
+            await self._ledger_call("release", partial(self._ledger.release, key))
+            raise
+        await self._ledger_call("release", partial(self._ledger.release, key, 1))
 
     async def _accepted_anyway(self, origin: Origin, event: EmailRequested, hand: _InHand,
                                message_id: str) -> _KnownSent:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -24,9 +25,11 @@ from postroom.metrics import Metrics
 from postroom.schemas.registry import framing_for, reader_for
 from postroom.sender.admission import Admission
 from postroom.sender.attempt import AttemptRules, Attempts
+from postroom.sender.claims import dead_letter_key
 from postroom.sender.consumer import SenderConsumer
 from postroom.sender.delivery import Delivery
 from postroom.sender.destinations import DestinationGate
+from postroom.sender.errors import PoisonRecordError
 from postroom.sender.intake import Intake, Task
 from postroom.sender.ledger import Ledger
 from postroom.sender.ports import Clock, SystemClock
@@ -84,6 +87,16 @@ async def serving(work: Awaitable[T], serve: Callable[[], None], every_s: float)
     return task.result()
 
 
+async def poison_once(attempts: Attempts, publisher: OutcomePublisher, record: Record,
+                      poison: PoisonRecordError, now: dt.datetime) -> None:
+    """Dead-letter a poison record and end its row, once per record (Attempts.dead_letter_once,
+    keyed by the record's origin in the ledger): a copy read again after a rebalance or a
+    restart before its commit is not dead-lettered again."""
+    await attempts.dead_letter_once(
+        dead_letter_key(record.topic, record.partition, record.offset, record.timestamp_ms),
+        partial(publisher.poison, record, poison, now))
+
+
 class Sender:
     """One member of the sender group. ``await run()`` until ``stop()``; build it with
     :meth:`from_settings`."""
@@ -111,7 +124,8 @@ class Sender:
         self._intake = Intake(
             settings.topic_prefix,
             Admission.for_tiers(settings.size_limits(), settings.retry_delays_s), consumer,
-            metrics, start=self._spawn, deliver=attempts.deliver, poison=publisher.poison)
+            metrics, start=self._spawn, deliver=attempts.deliver,
+            poison=partial(poison_once, attempts, publisher))
         self._tasks: set[asyncio.Task[None]] = set()
         self._a_task_finished = asyncio.Event()  # set by every finish; the loop waits on it
         self._stopping = asyncio.Event()

@@ -32,7 +32,7 @@ from postroom.metrics import (
 from postroom.schemas.codec import EmailRequested
 from postroom.sender.admission import Admitted
 from postroom.sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
-from postroom.sender.claims import RENEW_AFTER_S, Claim
+from postroom.sender.claims import RENEW_AFTER_S, Claim, dead_letter_key
 from postroom.sender.destinations import DestinationGate
 from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
 from postroom.sender.outcome import Failure, SmtpReply, Stage
@@ -643,3 +643,89 @@ def test_a_sent_result_that_cannot_be_published_is_raised_as_unrecorded() -> Non
     with pytest.raises(AcceptedUnrecordedError):
         w.deliver(Admitted(event()))
     assert w.ledger.rows[KEY].state == "sent"
+
+
+# -- dead letters once per record ----------------------------------------------------------------
+
+POISON_KEY = dead_letter_key("t.email.normal", 2, 41, 1_796_000_000_000)
+
+
+def test_a_poison_record_read_again_after_a_restart_is_dead_lettered_once() -> None:
+    """The first read dead-letters it; its offset was not committed (the sender died, or its
+    partition moved), so another sender, or this one restarted, reads it again."""
+    w = world()
+    published: list[str] = []
+
+    async def dead_letter() -> None:
+        published.append("dead letter")
+
+    async def main() -> None:
+        await w.attempts.dead_letter_once(POISON_KEY, dead_letter)
+        restarted = world()
+        restarted.ledger.rows = w.ledger.rows  # the same database, another sender
+        restarted.ledger.owner = "another"
+        await restarted.attempts.dead_letter_once(POISON_KEY, dead_letter)
+        assert restarted.count("poison_repeated_total") == 1
+
+    asyncio.run(main())
+    assert published == ["dead letter"]
+    assert (w.ledger.rows[POISON_KEY].state, w.ledger.rows[POISON_KEY].done_attempt) == (
+        "released", 1)
+
+
+def test_two_reads_of_one_poison_record_at_once_dead_letter_it_once() -> None:
+    """After a rebalance the new owner reads the record while the old one still publishes its
+    dead letter: the second waits for the first's answer."""
+    w = world()
+    other = world()
+    other.ledger.rows = w.ledger.rows
+    other.ledger.owner = "new owner"
+    other.ledger.clock = w.clock
+    published: list[str] = []
+
+    async def main() -> None:
+        first_out = asyncio.Event()
+
+        async def slow_dead_letter() -> None:
+            await first_out.wait()
+            published.append("first")
+
+        async def dead_letter() -> None:
+            published.append("second")
+
+        first = asyncio.create_task(w.attempts.dead_letter_once(POISON_KEY, slow_dead_letter))
+        await asyncio.sleep(0)
+        # The new owner finds the key busy under a live lease and asks again; meanwhile the
+        # first publishes and releases it done.
+        other.clock.on_sleep = first_out.set
+        second = asyncio.create_task(other.attempts.dead_letter_once(POISON_KEY, dead_letter))
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+
+    asyncio.run(main())
+    assert published == ["first"]
+    assert other.count("poison_repeated_total") == 1
+
+
+def test_a_dead_letter_that_fails_is_left_for_the_next_read() -> None:
+    w = world()
+
+    async def refused() -> None:
+        raise RuntimeError("the broker refused it")
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError):
+            await w.attempts.dead_letter_once(POISON_KEY, refused)
+        again: list[str] = []
+
+        async def dead_letter() -> None:
+            again.append("dead letter")
+
+        await w.attempts.dead_letter_once(POISON_KEY, dead_letter)
+        assert again == ["dead letter"]
+
+    asyncio.run(main())
+
+
+def test_a_dead_letter_key_is_never_an_idempotency_key() -> None:
+    assert "|" not in POISON_KEY
+    assert POISON_KEY != dead_letter_key("t.email.normal", 2, 41, 1_796_000_000_001)
