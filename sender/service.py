@@ -245,7 +245,8 @@ class Sender:
         if task.cancelled():
             return  # abandoned at shutdown: not stored, so it is redelivered
         error = task.exception()
-        if isinstance(error, KafkaFatalError):
+        if isinstance(error, KafkaFatalError) or isinstance(
+                getattr(error, "__cause__", None), KafkaFatalError):
             return  # the sender exits on it, saying so once; the record is read again
         if error is not None:
             log.error("delivery task failed; the record will be redelivered", exc_info=error)
