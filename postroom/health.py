@@ -42,7 +42,7 @@ class Readiness:
     ``wait_s`` for a run it asked for; a check that has not answered by then is "not ready"
     (its ``postroom_ready`` 0) while it runs on. One run at a time, so a hung check ties up one
     thread, not one per probe. ``live`` checks answer at once from the process's own state (a
-    Kafka client in its fatal state): run at every call, never cached, listed first."""
+    Kafka client in its fatal state): run at every call, never cached, listed last."""
 
     def __init__(self, checks: Sequence[Check], metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic, wait_s: float = READY_WAIT_S,
@@ -102,9 +102,9 @@ class Readiness:
         return [self._run_check(name, check) for name, check in self._live]
 
     def results(self) -> list[CheckResult]:
-        """The live checks' results, then the checks', fresh within READY_CACHE_S; within
-        ``wait_s`` at most, a check still running counts as failed."""
-        return [*self._live_results(), *self._cached_results()]
+        """The checks' results, fresh within READY_CACHE_S (within ``wait_s`` at most, a check
+        still running counts as failed), then the live checks'."""
+        return [*self._cached_results(), *self._live_results()]
 
     def _cached_results(self) -> list[CheckResult]:
         self._start_run()

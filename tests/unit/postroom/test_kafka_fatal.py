@@ -51,7 +51,7 @@ def test_a_fatal_producer_is_raised_as_ours_noted_once_and_makes_the_role_unread
     metrics = Metrics()
     readiness = Readiness([("database", lambda: "ok")], metrics,
                           live=[("kafka clients", kafka.fatal_check)])
-    [live, *_] = readiness.results()
+    [*_, live] = readiness.results()
     assert (live.name, live.ok) == ("kafka clients", False)
     assert "INVALID_PRODUCER_EPOCH" in live.detail
     assert 'postroom_ready{check="kafka clients"} 0.0' in metrics.render()
