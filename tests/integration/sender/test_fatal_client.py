@@ -5,18 +5,24 @@ protocol) or refuses (KIP-848's)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient
 
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.kafka import make_admin
-from postroom.settings import Settings
+from postroom.errors import KafkaFatalError
+from postroom.kafka import KafkaError, fatal, make_admin
+from postroom.settings import Settings, TlsMode
+from support.foreign import force_fatal
+from support.pipeline import SenderThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,3 +66,29 @@ def test_two_senders_with_one_group_instance_id_one_exits_with_one_line(
     assert "fatal state" in errors[0], errors
     assert "group.instance.id" in errors[0] or "instance ID" in errors[0], errors
     assert "Traceback" not in senders.log(gone)
+
+
+@pytest.mark.timeout(120)
+def test_a_sender_whose_producer_is_fatal_stops_with_its_error(
+        settings: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idempotent producer in librdkafka's fatal state (forced by its test hook): the sender's
+    loop ends with KafkaFatalError, which the command prints as its one line (before, librdkafka's
+    KafkaException escaped the loop, a traceback)."""
+    monkeypatch.setattr(fatal, "FATAL", fatal.FatalState())  # this test's process state
+    server = DevSmtpServer(port=0)
+    server.start()
+    sender = SenderThread(dataclasses.replace(
+        settings, smtp_host="127.0.0.1", smtp_port=server.port, smtp_tls=TlsMode.NONE),
+        engine).start()
+    try:
+        wait_until(lambda: sender.sender._producer._producer is not None, 60,
+                   "the sender's producer to start")
+        force_fatal(sender.sender._producer._producer, KafkaError.INVALID_PRODUCER_EPOCH)
+        sender.thread.join(60)
+        assert not sender.thread.is_alive(), "the sender lives on with a producer that cannot work"
+    finally:
+        with contextlib.suppress(AssertionError):
+            sender.stop()
+        server.stop()
+    assert isinstance(sender.error, KafkaFatalError), sender.error
+    assert sender.error.code == "INVALID_PRODUCER_EPOCH"
