@@ -5,6 +5,7 @@ bounces.intake decides."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -13,6 +14,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 import sqlalchemy as sa
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from postroom import kafka
 from postroom.bounces.adapters import DatabaseRows, KafkaResults
 from postroom.bounces.intake import (
     HELD_REPLY,
@@ -31,6 +33,7 @@ from postroom.settings import Settings, env_name
 
 log = logging.getLogger(__name__)
 
+FATAL_CHECK_EVERY_S = 1.0  # how often an idle intake looks for a fatal results producer
 _ACCEPTED = "postroom_accepted"  # the Envelope attribute holding a session's Accepted recipients
 # The intake's own workers (never asyncio's shared default executor): reports to a signed return
 # path on theirs, mail to the bare address (anyone's; the heuristics' CPU) on its own, so a
@@ -38,6 +41,16 @@ _ACCEPTED = "postroom_accepted"  # the Envelope attribute holding a session's Ac
 # at most. Each queue is bounded by the sessions: one message per session at a time.
 TOKENED_WORKERS = 4
 BARE_WORKERS = 1
+
+
+async def until_stopped(stopping: asyncio.Event) -> None:
+    """Until ``stopping`` is set; KafkaFatalError once the results producer is in librdkafka's
+    fatal state (it never works again: the intake exits, its supervisor starts it afresh)."""
+    while not stopping.is_set():
+        kafka.raise_if_fatal()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FATAL_CHECK_EVERY_S):
+                await stopping.wait()
 
 
 def bounce_config(settings: Settings) -> BounceConfig:
@@ -153,7 +166,7 @@ class BounceIntake:
                  limits.max_sessions, limits.max_per_client, size_limit)
         self.listening.set()
         try:
-            await stopping.wait()
+            await until_stopped(stopping)
         finally:
             server.close()
             await server.wait_closed()

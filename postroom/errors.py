@@ -52,3 +52,9 @@ class KafkaClientError(PostroomError):
         self.code = code
         self.retriable = retriable
         super().__init__(f"{message} [{code}]" if code else message)
+
+
+class KafkaFatalError(KafkaClientError):
+    """A Kafka client is in librdkafka's fatal state (a fenced static group member, a fatal
+    idempotent producer) and can never work again: the role exits, for its supervisor to
+    start it afresh."""

@@ -41,11 +41,14 @@ class Readiness:
     thread of their own: no scrape or probe ever waits on a check. /readyz waits up to
     ``wait_s`` for a run it asked for; a check that has not answered by then is "not ready"
     (its ``postroom_ready`` 0) while it runs on. One run at a time, so a hung check ties up one
-    thread, not one per probe."""
+    thread, not one per probe. ``live`` checks answer at once from the process's own state (a
+    Kafka client in its fatal state): run at every call, never cached, listed last."""
 
     def __init__(self, checks: Sequence[Check], metrics: Metrics,
-                 clock: Callable[[], float] = time.monotonic, wait_s: float = READY_WAIT_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, wait_s: float = READY_WAIT_S,
+                 live: Sequence[Check] = ()) -> None:
         self._checks = list(checks)
+        self._live = list(live)
         self._metrics = metrics
         self._clock = clock
         self._wait_s = wait_s
@@ -58,6 +61,10 @@ class Readiness:
         """Start a run of the checks, unless one runs or the last is fresh; returns at once. A
         check running longer than ``wait_s`` has its ``postroom_ready`` set to 0 meanwhile, so a
         scrape alone shows it."""
+        self._live_results()
+        self._start_run()
+
+    def _start_run(self) -> None:
         with self._lock:
             if self._run is not None:
                 running = len(self._run)
@@ -74,13 +81,7 @@ class Readiness:
     def _run_checks(self) -> None:
         results: list[CheckResult] = []
         for name, check in self._checks:
-            try:
-                result = CheckResult(name, True, check())
-            except Exception as exc:  # noqa: BLE001 - any failure means not ready; said why
-                result = CheckResult(name, False, str(exc).splitlines()[0] if str(exc).strip()
-                                     else type(exc).__name__)
-            self._metrics.set(READY, 1.0 if result.ok else 0.0, check=name)
-            results.append(result)
+            results.append(self._run_check(name, check))
             with self._lock:
                 self._run = list(results)
         with self._lock:
@@ -88,10 +89,25 @@ class Readiness:
             self._run = None
             self._lock.notify_all()
 
+    def _run_check(self, name: str, check: Callable[[], str]) -> CheckResult:
+        try:
+            result = CheckResult(name, True, check())
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready; said why
+            result = CheckResult(name, False, str(exc).splitlines()[0] if str(exc).strip()
+                                 else type(exc).__name__)
+        self._metrics.set(READY, 1.0 if result.ok else 0.0, check=name)
+        return result
+
+    def _live_results(self) -> list[CheckResult]:
+        return [self._run_check(name, check) for name, check in self._live]
+
     def results(self) -> list[CheckResult]:
-        """The checks' results, fresh within READY_CACHE_S; within ``wait_s`` at most, a check
-        still running counts as failed."""
-        self.refresh()
+        """The checks' results, fresh within READY_CACHE_S (within ``wait_s`` at most, a check
+        still running counts as failed), then the live checks'."""
+        return [*self._cached_results(), *self._live_results()]
+
+    def _cached_results(self) -> list[CheckResult]:
+        self._start_run()
         deadline = time.monotonic() + self._wait_s
         with self._lock:
             while self._run is not None and time.monotonic() < deadline:

@@ -93,9 +93,17 @@ DUPLICATES_SUPPRESSED_TOTAL = MetricSpec(
 REPEATED_ATTEMPTS_SUPPRESSED_TOTAL = MetricSpec(
     "repeated_attempts_suppressed_total",
     C, "Redelivered copies of a failed attempt whose outcome was published, not made again.")
+ERRORS_AFTER_ACCEPTED_TOTAL = MetricSpec(
+    "errors_after_accepted_total",
+    C, "Errors of the sender's own after a server accepted an email (its mark, its "
+       "bookkeeping): logged, and the email still recorded as sent.")
 POISON_TOTAL = MetricSpec(
     "poison_total",
     C, "Records refused at admission (poison): dead-lettered, their row ended failed.")
+POISON_REPEATED_TOTAL = MetricSpec(
+    "poison_repeated_total",
+    C, "Poison records read again (after a rebalance or a restart before their commit) whose "
+       "dead letter was published already: not dead-lettered again.")
 POISON_UNKEYED_TOTAL = MetricSpec(
     "poison_unkeyed_total",
     C, "Poison records with no readable key: dead-lettered only, no result published.")

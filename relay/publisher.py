@@ -21,7 +21,7 @@ import psycopg
 import sqlalchemy as sa
 
 from postroom import kafka
-from postroom.errors import KafkaClientError
+from postroom.errors import KafkaClientError, KafkaFatalError
 from postroom.kafka import Producer
 from postroom.metrics import (
     RELAY_POISON_TOTAL,
@@ -175,10 +175,15 @@ class Relay:
         self.producer.poll(0)
         with self.rounds() as rounds:
             while not self._stop.is_set():
+                # A producer in librdkafka's fatal state never works again: the relay exits
+                # and its supervisor starts it afresh (its claims end with its sessions).
+                kafka.raise_if_fatal()
                 try:
                     self._listener.ensure()
                     published = rounds.step()
                     failures = 0
+                except KafkaFatalError:
+                    raise
                 except (sa.exc.DBAPIError, psycopg.Error, KafkaClientError) as exc:
                     # The database or the broker, not a row (a row no event can carry is
                     # poison): a lost connection, a read-only standby after a failover, a

@@ -123,6 +123,10 @@ class Recorder:
         log.info("recorder consuming %s as group %s", topic, self._settings.recorder_group)
         try:
             while not self._stop.is_set():
+                # A consumer in librdkafka's fatal state (fenced as a static member) never
+                # works again: the recorder exits and its supervisor starts it afresh. The
+                # consumer raises it as it reads; a result read with it is read again.
+                kafka.raise_if_fatal()
                 messages = gather(lambda n, timeout_s: consumer.consume(num_messages=n,
                                                                         timeout=timeout_s))
                 if messages:

@@ -13,14 +13,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import TypeVar
 
+from postroom.errors import first_line
 from postroom.metrics import (
     ATTACHMENTS_WAITING_TOTAL,
     ATTEMPTS_TOTAL,
     CLAIMS_RENEWED_TOTAL,
     DESTINATIONS_PAUSED,
     DUPLICATES_SUPPRESSED_TOTAL,
+    ERRORS_AFTER_ACCEPTED_TOTAL,
     LEDGER_MARK_SECONDS,
     OUTCOMES_TOTAL,
+    POISON_REPEATED_TOTAL,
     REPEATED_ATTEMPTS_SUPPRESSED_TOTAL,
     SENT_MARK_WINDOW_SECONDS,
     SERVER_FAULTS_TOTAL,
@@ -31,7 +34,7 @@ from postroom.metrics import (
 from postroom.schemas.codec import DeliveryStatus, EmailRequested
 from postroom.sender.admission import Admitted
 from postroom.sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
-from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
 from postroom.sender.outcome import SmtpReply, Verdict, classify_reply, waits_for_configuration
 from postroom.sender.ports import ClaimsLedger, Clock, DestinationLine, MailSlot, MailTransport, Outcomes
 from postroom.sender.retry import Action, RetryPolicy
@@ -125,17 +128,32 @@ class _KnownSent:
     message_id: str | None
 
 
-class _InHand:
-    """A delivery under way in this process: its attempt, set when it ends, whether it ended as
-    it should (not cancelled, not failed), and whether its key is then known sent."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _KnownDone:
+    """The attempt was made and its outcome is out: the ledger holds it as done."""
 
-    __slots__ = ("attempt", "completed", "ended", "sent")
+
+# What a delivery that ended knows of its attempt, for a copy of it: sent, done, or nothing
+# (the attempt was not made, as a wait for our configuration: a copy must ask the ledger).
+_Known = _KnownSent | _KnownDone | None
+_DONE = _KnownDone()
+
+
+class _InHand:
+    """A delivery under way in this process: its attempt, set when it ends, and what it then
+    knows of its attempt (sent, done), if it ended as it should (not cancelled, not failed).
+    Once a server accepted its message: the Message-ID, and whether its ``sent`` mark has
+    committed and its ``sent`` result is out."""
+
+    __slots__ = ("accepted", "attempt", "ended", "known", "marked", "result_out")
 
     def __init__(self, attempt: int) -> None:
         self.attempt = attempt
-        self.completed = False
-        self.sent: _KnownSent | None = None
+        self.known: _Known = None
         self.ended = asyncio.Event()
+        self.accepted: str | None = None
+        self.marked = False
+        self.result_out = False
 
 
 class Attempts:
@@ -160,9 +178,11 @@ class Attempts:
         # a record (a relay's publish again, a partition read again) whose first delivery waited
         # past its lease in its destination's line could claim the key as the same owner, and
         # both would send. A copy waits here for the first instead. A copy of the same attempt
-        # whose first delivery ended as it should is done with it: its outcome is out (asking
-        # the ledger would say so, one copy after another, each holding a place in flight:
-        # after a sender's kill a partition read again holds many copies of each key).
+        # whose first delivery ended knowing it sent or done is answered as the ledger would
+        # (asking it would say so, one copy after another, each holding a place in flight:
+        # after a sender's kill a partition read again holds many copies of each key). Any
+        # other copy asks the ledger: an attempt that only waited for our configuration went
+        # back to its tier unmade, and its next read may come before its claim is released.
         self._in_hand: dict[str, _InHand] = {}
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
@@ -173,23 +193,31 @@ class Attempts:
         key = event.idempotency_key
         while (first := self._in_hand.get(key)) is not None:
             await first.ended.wait()
-            if first.completed and first.attempt == event.attempt:
-                await self._copy_done(origin, event, first.sent)
+            if first.known is not None and first.attempt == event.attempt:
+                await self._copy_done(origin, event, first.known)
                 return
         mine = self._in_hand[key] = _InHand(event.attempt)
         try:
-            mine.sent = await self._deliver(origin, admitted)
-            mine.completed = True
+            try:
+                mine.known = await self._deliver(origin, admitted, mine)
+            except Exception:
+                if mine.accepted is None:
+                    raise
+                # After the server's acceptance nothing of ours may end the email otherwise.
+                log.exception("key=%s accepted by the server, then an error of ours; recorded "
+                              "as sent", key)
+                mine.known = await self._accepted_anyway(origin, event, mine, mine.accepted)
         finally:
             del self._in_hand[key]
             mine.ended.set()
 
     async def _copy_done(self, origin: Origin, event: EmailRequested,
-                         sent: _KnownSent | None) -> None:
+                         sent: _KnownSent | _KnownDone) -> None:
         """A copy of the attempt this sender has just made: what the ledger would answer it,
-        without asking (a key sent: its result again, as for any copy; else nothing)."""
+        without asking (a key sent: its result again, as for any copy; an attempt done:
+        nothing)."""
         key = event.idempotency_key
-        if sent is None:
+        if isinstance(sent, _KnownDone):
             self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
             log.info("key=%s attempt=%d made by this sender just now; not making it again",
                      key, event.attempt)
@@ -201,8 +229,63 @@ class Attempts:
             key, already_sent(event, sent.message_id, self._clock.utcnow()),
             () if context is None else context.headers())
 
-    async def _deliver(self, origin: Origin, admitted: Admitted) -> _KnownSent | None:
-        """The delivery; whether its key is now known sent (and its Message-ID)."""
+    async def dead_letter_once(self, key: str, dead_letter: Callable[[], Awaitable[None]]) -> None:
+        """``await dead_letter()`` once per record, whoever reads it: ``key``, the record's
+        origin (claims.dead_letter_key), is claimed as attempt 1 and released done once the dead
+        letter and its result are out; a copy read again (a rebalance, a restart before its
+        offset's commit) finds it done and publishes nothing; one read while the first is under
+        way waits for its answer. A dead letter that raises gives the claim back undone."""
+        busy_waits = 0
+        while True:
+            claim = await self._ledger_call("claim", partial(self._ledger.claim, key, 1))
+            if claim.claim is Claim.MINE:
+                break
+            if claim.claim is not Claim.BUSY:
+                self._metrics.inc(POISON_REPEATED_TOTAL)
+                log.info("%s: dead-lettered already; not again", key)
+                return
+            await self._wait_busy(key, claim, first=busy_waits == 0)
+            busy_waits += 1
+        try:
+            await dead_letter()
+        except Exception:
+            await self._ledger_call("release", partial(self._ledger.release, key))
+            raise
+        await self._ledger_call("release", partial(self._ledger.release, key, 1))
+
+    async def _accepted_anyway(self, origin: Origin, event: EmailRequested, hand: _InHand,
+                               message_id: str) -> _KnownSent:
+        """A server accepted the message (``message_id``) and an error of ours came after:
+        counted, the ``sent`` mark written if it had not committed, and the ``sent`` result
+        published if it was not out. AcceptedUnrecordedError when that result cannot be
+        published: the record is then read again (its offset is not stored), and the ledger
+        answers it sent."""
+        key = event.idempotency_key
+        self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+        if not hand.marked:
+            try:
+                await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key,
+                                                             message_id))
+            except Exception:
+                self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+                log.exception("key=%s: the sent mark failed again; a copy read later may be "
+                              "sent again", key)
+        if not hand.result_out:
+            context = from_headers(origin.headers)
+            try:
+                await self._outcomes.result(
+                    key, already_sent(event, message_id, self._clock.utcnow()),
+                    () if context is None else context.headers())
+            except Exception as exc:
+                raise AcceptedUnrecordedError(
+                    f"key={key} was accepted by the server but its result cannot be published: "
+                    f"{first_line(exc)}") from exc
+        return _KnownSent(message_id)
+
+    async def _deliver(self, origin: Origin, admitted: Admitted, hand: _InHand) -> _Known:
+        """The delivery; what it knows of its attempt now: its key sent (and its Message-ID),
+        the attempt done, or neither. ``hand`` learns of the server's acceptance, the mark and
+        the result as they happen."""
         event = admitted.event
         with self._tracing.span(
                 f"process {origin.topic}", from_headers(origin.headers), kind="consumer",
@@ -212,17 +295,19 @@ class Attempts:
                                        group=self._rules.group),
                     "postroom.outbox_id": event.outbox_id,
                     "postroom.attempt": event.attempt}) as span:
-            routing = await self._claim_and_send(origin, admitted, span.context)
+            routing = await self._claim_and_send(origin, admitted, span.context, hand)
             if not isinstance(routing, Routing):
                 return routing
             span.set(lambda: {"postroom.status": routing.status.value})
             await self._publish(origin, event, routing, span)
+            hand.result_out = True
+        done = None
         if routing.status is not DeliveryStatus.SENT:
-            await self._release_after(event, routing)
+            done = await self._release_after(event, routing)
         self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
         if routing.status is DeliveryStatus.SENT:
             return _KnownSent(routing.result.message_id)
-        return None
+        return _DONE if done is not None else None
 
     async def _publish(self, origin: Origin, event: EmailRequested, routing: Routing,
                        span: Span) -> None:
@@ -245,25 +330,30 @@ class Attempts:
                 self._outcomes.forward(origin, event, forward, self._clock.utcnow(),
                                        scheduled.headers()))
 
-    async def _release_after(self, event: EmailRequested, routing: Routing) -> None:
+    async def _release_after(self, event: EmailRequested, routing: Routing) -> int | None:
         """Give the claim up only now that the outcome is out: a copy of this record read again
         (we die before its offset is committed, or its partition moves) finds the attempt done.
         An attempt that waited (forwarded with its number kept) was not made: its copies must
-        find it not done, or the next read of the wait would be taken for a repeat."""
+        find it not done, or the next read of the wait would be taken for a repeat. The attempt
+        released as done, or None."""
         started = self._clock.monotonic()
         waited = (routing.status is DeliveryStatus.RETRYING and routing.forward is not None
                   and routing.forward.event.attempt == event.attempt)
+        done = None if waited else event.attempt
         await self._ledger_call("release", partial(self._ledger.release, event.idempotency_key,
-                                                   None if waited else event.attempt))
+                                                   done))
         self._metrics.observe(LEDGER_MARK_SECONDS, self._clock.monotonic() - started,
                               operation="release")
+        return done
 
     async def _claim_and_send(self, origin: Origin, admitted: Admitted,
-                              trace: TraceContext | None) -> Routing | _KnownSent | None:
+                              trace: TraceContext | None,
+                              hand: _InHand) -> Routing | _KnownSent | _KnownDone:
         """Send the event once its destination lets it and its claim is ours, and route the
-        outcome; None when nothing more is to be done (a server accepted its key before: its
-        result is published here; or this attempt was made already). A throttling reply defers
-        the send without counting it as an attempt, until POSTROOM_THROTTLE_MAX_WAIT has passed."""
+        outcome; what is known when nothing more is to be done (a server accepted its key
+        before: its result is published here; or this attempt was made already). A throttling
+        reply defers the send without counting it as an attempt, until
+        POSTROOM_THROTTLE_MAX_WAIT has passed."""
         event = admitted.event
         key = event.idempotency_key
         destination = self._rules.destination_of(event.recipient)
@@ -275,7 +365,7 @@ class Attempts:
             claim, claimed_at = await self._claim_in_line(destination, key, event.attempt)
             if claim.claim is Claim.MINE:
                 sent = await self._send_in_turn(destination, event, claim, claimed_at, may_defer,
-                                                trace)
+                                                trace, hand)
                 if sent is None:
                     log.warning("key=%s is no longer ours after it waited for its turn (another "
                                 "sender took it, or a server accepted it); asking the ledger "
@@ -284,7 +374,7 @@ class Attempts:
                 # The slot and the destination are free again: the next send need not wait
                 # for this one's ledger write.
                 if not sent.throttled:
-                    return await self._conclude(origin, admitted, sent)
+                    return await self._conclude(origin, admitted, sent, hand)
                 await self._defer(event)
                 deferred_since = deferred_since or self._clock.monotonic()
                 continue
@@ -300,7 +390,7 @@ class Attempts:
                 self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
                 log.info("key=%s attempt=%d already made and its outcome published; not "
                          "making it again", key, event.attempt)
-                return None
+                return _DONE
             await self._wait_busy(key, claim, first=busy_waits == 0)
             busy_waits += 1
 
@@ -320,8 +410,8 @@ class Attempts:
         return claim, claimed_at
 
     async def _send_in_turn(self, destination: str, event: EmailRequested, claim: ClaimResult,
-                            claimed_at: float, may_defer: bool,
-                            trace: TraceContext | None) -> Sent | None:
+                            claimed_at: float, may_defer: bool, trace: TraceContext | None,
+                            hand: _InHand) -> Sent | None:
         """Send through a held connection, the destination's turn given back after it; None
         when the claim was lost while the send waited."""
         throttled = False
@@ -333,7 +423,7 @@ class Attempts:
                 with self._tracing.span("smtp send", trace, kind="client", attributes=lambda: {
                         "postroom.attempt": event.attempt,
                         "postroom.destination": destination}) as smtp:
-                    sent = await self._send(event, slot, may_defer, turn.give_back_now)
+                    sent = await self._send(event, slot, may_defer, turn.give_back_now, hand)
                     smtp.set(lambda: {
                         "postroom.smtp.reply_code": sent.reply.code,
                         "postroom.smtp.failure": (sent.reply.failure.value
@@ -358,7 +448,7 @@ class Attempts:
         return kept
 
     async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool,
-                    on_accepted: Callable[[], None]) -> Sent:
+                    on_accepted: Callable[[], None], hand: _InHand) -> Sent:
         key = event.idempotency_key
         started = self._clock.monotonic()
         marks: list[tuple[asyncio.Future[float], float]] = []
@@ -366,9 +456,21 @@ class Attempts:
         def accepted(message_id: str) -> None:
             # The duplicate window opens as the 250 is read: its mark leaves from here, before
             # the send's coroutine resumes, the slot and the destination are given back, or the
-            # loop turns.
-            marks.append((self._ledger.start_mark(key, message_id), self._clock.monotonic()))
-            on_accepted()
+            # loop turns. Called from the connection's read: nothing may raise out of it (the
+            # transport would drop the connection and the accepted send would count as failed).
+            hand.accepted = message_id
+            try:
+                marks.append((self._ledger.start_mark(key, message_id),
+                              self._clock.monotonic()))
+            except Exception:
+                # The conclusion writes the mark with a call of its own.
+                self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+                log.exception("key=%s: starting the sent mark failed", key)
+            try:
+                on_accepted()
+            except Exception:
+                self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
+                log.exception("key=%s: giving the destination's turn back failed", key)
 
         reply, message_id = await slot.send(event, self._clock.utcnow(), accepted)
         mark, read_at = marks[0] if marks else (None, self._clock.monotonic())
@@ -385,7 +487,8 @@ class Attempts:
         log.info("key=%s domain=%s attempt=%d throttled by the server: deferred, not counted as "
                  "an attempt", key, event.recipient.rpartition("@")[2], event.attempt)
 
-    async def _conclude(self, origin: Origin, admitted: Admitted, sent: Sent) -> Routing:
+    async def _conclude(self, origin: Origin, admitted: Admitted, sent: Sent,
+                        hand: _InHand) -> Routing:
         """Classify the reply, decide what comes next, mark a delivery sent in the ledger, and
         route the outcome. A failed attempt keeps its claim until its outcome is published."""
         reply, message_id = sent.reply, sent.message_id
@@ -408,6 +511,7 @@ class Attempts:
             committed_at = await self._ledger_call(
                 "mark sent", partial(self._ledger.mark_sent, event.idempotency_key, message_id),
                 sent.mark)
+            hand.marked = True
             window_s = committed_at - sent.read_at  # the mark started with the read
             self._metrics.observe(SENT_MARK_WINDOW_SECONDS, window_s)
             self._metrics.observe(LEDGER_MARK_SECONDS, window_s, operation="sent")

@@ -37,6 +37,13 @@ def needs_renewal(age_s: float, same_session: bool) -> bool:
     return age_s > RENEW_AFTER_S or not same_session
 
 
+def dead_letter_key(topic: str, partition: int, offset: int, timestamp_ms: int) -> str:
+    """The ledger key that makes a record's dead letter once, whoever reads the record: its
+    origin, with its timestamp (a topic deleted and made again reuses its offsets). Never an
+    idempotency key, which always holds a ``|`` (a topic name cannot)."""
+    return f"dead-letter {topic}[{partition}]@{offset} ts={timestamp_ms}"
+
+
 def send_deadline_s(settings: Settings) -> float:
     """The longest one SMTP send may take before it is abandoned as timed out."""
     return settings.smtp_connect_timeout_s + 4 * settings.smtp_timeout_s

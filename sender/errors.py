@@ -22,6 +22,11 @@ class LedgerUnavailableError(DeliveryError):
     """The delivery ledger cannot be reached; nothing may be sent until it answers again."""
 
 
+class AcceptedUnrecordedError(DeliveryError):
+    """A server accepted the email but its ``sent`` result cannot be published; the record is
+    read again later (its offset is not stored), and the ledger answers it sent."""
+
+
 class RecordTooLargeError(DeliveryError):
     """Kafka refused a record as too large; producing it again cannot succeed."""
 

@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from postroom.errors import first_line
+from postroom.errors import KafkaFatalError, first_line
 from postroom.kafka import Record
 from postroom.metrics import REGISTRY_UNAVAILABLE_TOTAL, RETRY_LATENESS_SECONDS, Metrics
 from postroom.schemas.errors import SchemaUnavailableError
 from postroom.schemas.framing import SchemaById
 from postroom.sender.admission import Admission, Admitted, admit, readable_key
-from postroom.sender.errors import PoisonRecordError
+from postroom.sender.errors import AcceptedUnrecordedError, PoisonRecordError
 from postroom.sender.publishing import origin_of
 from postroom.sender.retry import due_in_s, lateness_s
 from postroom.sender.routing import Origin
@@ -111,9 +111,14 @@ class Intake:
         which admission refuses) ends as poison naming the error, dead-lettered with its row
         ``failed`` (``postroom dlq replay`` sends it again once the fault is fixed). Left to
         raise, nothing would read the record again, its partition's commit point would stay
-        behind it and its row would never end. A shutdown's cancellation is not such a fault."""
+        behind it and its row would never end. A shutdown's cancellation is not such a fault,
+        nor a Kafka client in its fatal state (the sender exits on it), nor an email a server
+        accepted whose result cannot be published: those raise on, the record read again later
+        (the ledger answers a sent one sent), never ended failed."""
         try:
             await delivery
+        except (AcceptedUnrecordedError, KafkaFatalError):
+            raise
         except Exception as exc:
             log.exception("the delivery of %s[%d]@%d failed; dead-lettering it as poison",
                           record.topic, record.partition, record.offset)

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar
 
-from postroom.errors import ConfigError
-from postroom.kafka import Record, readable_records
+from postroom.errors import ConfigError, KafkaFatalError
+from postroom.kafka import Record, raise_if_fatal, readable_records
 from postroom.metrics import Metrics
 from postroom.schemas.registry import framing_for, reader_for
 from postroom.sender.admission import Admission
 from postroom.sender.attempt import AttemptRules, Attempts
+from postroom.sender.claims import dead_letter_key
 from postroom.sender.consumer import SenderConsumer
 from postroom.sender.delivery import Delivery
 from postroom.sender.destinations import DestinationGate
+from postroom.sender.errors import PoisonRecordError
 from postroom.sender.intake import Intake, Task
 from postroom.sender.ledger import Ledger
 from postroom.sender.ports import Clock, SystemClock
@@ -84,6 +87,16 @@ async def serving(work: Awaitable[T], serve: Callable[[], None], every_s: float)
     return task.result()
 
 
+async def poison_once(attempts: Attempts, publisher: OutcomePublisher, record: Record,
+                      poison: PoisonRecordError, now: dt.datetime) -> None:
+    """Dead-letter a poison record and end its row, once per record (Attempts.dead_letter_once,
+    keyed by the record's origin in the ledger): a copy read again after a rebalance or a
+    restart before its commit is not dead-lettered again."""
+    await attempts.dead_letter_once(
+        dead_letter_key(record.topic, record.partition, record.offset, record.timestamp_ms),
+        partial(publisher.poison, record, poison, now))
+
+
 class Sender:
     """One member of the sender group. ``await run()`` until ``stop()``; build it with
     :meth:`from_settings`."""
@@ -111,7 +124,8 @@ class Sender:
         self._intake = Intake(
             settings.topic_prefix,
             Admission.for_tiers(settings.size_limits(), settings.retry_delays_s), consumer,
-            metrics, start=self._spawn, deliver=attempts.deliver, poison=publisher.poison)
+            metrics, start=self._spawn, deliver=attempts.deliver,
+            poison=partial(poison_once, attempts, publisher))
         self._tasks: set[asyncio.Task[None]] = set()
         self._a_task_finished = asyncio.Event()  # set by every finish; the loop waits on it
         self._stopping = asyncio.Event()
@@ -152,6 +166,9 @@ class Sender:
         try:
             while not self._stopping.is_set():
                 self._producer.poll()
+                # A client in librdkafka's fatal state never works again: the sender exits
+                # (its in-flight sends finish first) and its supervisor starts it afresh.
+                raise_if_fatal()
                 now = self._clock.utcnow()
                 self._consumer.resume_due(now)
                 if self._consumer.unplanned or loop.time() - last_priority >= PRIORITY_EVERY_S:
@@ -227,8 +244,11 @@ class Sender:
         self._a_task_finished.set()
         if task.cancelled():
             return  # abandoned at shutdown: not stored, so it is redelivered
-        if task.exception() is not None:
-            log.error("delivery task failed; the record will be redelivered",
-                      exc_info=task.exception())
+        error = task.exception()
+        if isinstance(error, KafkaFatalError) or isinstance(
+                getattr(error, "__cause__", None), KafkaFatalError):
+            return  # the sender exits on it, saying so once; the record is read again
+        if error is not None:
+            log.error("delivery task failed; the record will be redelivered", exc_info=error)
             return
         self._consumer.finished(record.tp, record.offset)

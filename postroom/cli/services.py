@@ -97,10 +97,11 @@ def tune_collector() -> int:
 @contextlib.contextmanager
 def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metrics]:
     """A role's metrics, served with /healthz and /readyz when POSTROOM_METRICS_PORT is set.
-    Ready means: the database at the newest revision (when configured), the broker with every
-    topic, and for the sender (``smtp``) the SMTP server."""
+    Ready means: no Kafka client of the role in its fatal state (checked at every probe), the
+    database at the newest revision (when configured), the broker with every topic, and for
+    the sender (``smtp``) the SMTP server."""
     from postroom.health import Check, Readiness, serve
-    from postroom.kafka import check_topics
+    from postroom.kafka import check_topics, fatal_check
 
     metrics = Metrics(process=True)
     if not settings.metrics_port:
@@ -115,7 +116,8 @@ def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metri
         from postroom.sender.smtp import check_smtp
 
         checks.append(("smtp", lambda: check_smtp(settings)))
-    server = serve(metrics, settings.metrics_port, readiness=Readiness(checks, metrics))
+    server = serve(metrics, settings.metrics_port, readiness=Readiness(
+        checks, metrics, live=[("kafka clients", fatal_check)]))
     try:
         yield metrics
     finally:

@@ -2,8 +2,8 @@
 only importer of the library; roles use its wrappers and the library's names it re-exports.
 
 config: client configs and log handling · clients: the builders · errors: translation and
-judgement · probe: waiting for a broker · records: consumed messages · topics, checks: the
-topics on the broker · acls: the broker's ACL bindings.
+judgement · fatal: librdkafka's fatal state, watched · probe: waiting for a broker · records:
+consumed messages · topics, checks: the topics on the broker · acls: the broker's ACL bindings.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from postroom.kafka.config import (
     reader_config,
 )
 from postroom.kafka.errors import MOVING_CODES, explain_refusal, is_moving, is_too_large, translate
+from postroom.kafka.fatal import fatal_check, is_fatal, raise_if_fatal
 from postroom.kafka.probe import check_reachable, describe_attempts
 from postroom.kafka.records import Headers, Record, message_headers, readable_records
 from postroom.kafka.topics import (
@@ -89,6 +90,8 @@ __all__ = [
     "create_topics",
     "describe_attempts",
     "explain_refusal",
+    "fatal_check",
+    "is_fatal",
     "is_moving",
     "is_too_large",
     "make_admin",
@@ -99,6 +102,7 @@ __all__ = [
     "min_insync_replicas",
     "planned_replication",
     "producer_config",
+    "raise_if_fatal",
     "readable_records",
     "reader_config",
     "require_topics",

@@ -1,5 +1,6 @@
 """Building confluent-kafka's clients (producer, consumer, reader, admin), librdkafka's errors
-at creation translated to ours."""
+at creation translated to ours; a role's producer and group member watch for the fatal state
+(postroom.kafka.fatal)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from postroom.kafka.config import (
     reader_config,
 )
 from postroom.kafka.errors import translate
+from postroom.kafka.fatal import WatchedConsumer, WatchedProducer
 from postroom.kafka.group_protocol import group_protocol
 from postroom.settings import Settings, mask_kafka_config
 
@@ -27,7 +29,7 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
     config = producer_config(settings, **overrides)
     log.debug("producer config %s", mask_kafka_config(config))
     try:
-        return Producer(config)
+        return WatchedProducer(config)
     except KafkaException as exc:
         raise translate(exc, "cannot create Kafka producer") from exc
 
@@ -44,7 +46,7 @@ def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consum
     config = consumer_config(settings, group_id, **overrides)
     log.debug("consumer config %s", mask_kafka_config(config))
     try:
-        return Consumer(config)
+        return WatchedConsumer(config)
     except KafkaException as exc:
         raise translate(exc, "cannot create Kafka consumer") from exc
 

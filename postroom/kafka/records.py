@@ -26,6 +26,7 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: Headers
+    timestamp_ms: int = 0  # as the broker gave it (0 when it has none)
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -36,9 +37,11 @@ class Record:
         headers = message_headers(msg)
         key = msg.key()
         value = msg.value()
+        _kind, timestamp_ms = msg.timestamp()
         return cls(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
                    key.encode() if isinstance(key, str) else key,
-                   value.encode() if isinstance(value, str) else value, headers)
+                   value.encode() if isinstance(value, str) else value, headers,
+                   max(timestamp_ms, 0))
 
 
 # CPython's tuple layout: its item pointers follow the object's fixed part.

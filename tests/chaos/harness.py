@@ -380,7 +380,8 @@ class Run:
                 if r.command == "sender" and r.proc is not None}
         counts = dict.fromkeys(pids.values(), 0)
         for pid, n in self.query("SELECT split_part(owner, ':', 2), count(*) FROM sender_ledger "
-                                 "WHERE state = 'sending' GROUP BY 1"):
+                                 "WHERE state = 'sending' "
+                                 "AND idempotency_key NOT LIKE 'dead-letter %' GROUP BY 1"):
             if pid in pids:
                 counts[pids[pid]] = n
         return counts
@@ -475,8 +476,11 @@ class Run:
         if role.command == "sender":
             # The dead process changes nothing any more; no one takes its claims before
             # its partitions move, seconds from now.
+            # An email's keys only: a poison record's dead letter is claimed by its origin
+            # (sender/claims.py's dead_letter_key), never mailed.
             rows = self.query("SELECT idempotency_key FROM sender_ledger WHERE state = 'sending' "
-                              "AND split_part(owner, ':', 2) = :pid", pid=str(pid))
+                              "AND split_part(owner, ':', 2) = :pid "
+                              "AND idempotency_key NOT LIKE 'dead-letter %'", pid=str(pid))
             others = sum(n for other, n in self.sending().items() if other != name)
             self.kills.append(Kill(at, pid, frozenset(r[0] for r in rows), others, reaped_s))
         if restart:

@@ -554,7 +554,12 @@ def after_stop(run: Any) -> list[str]:
             problems.append(f"not dead-lettered: {inj.record.kind} at {inj.record.topic}"
                             f"[{inj.partition}]@{inj.offset}")
             continue
-        twice += len(got) > 1
+        if len(got) > 1:
+            # Read again after a rebalance or a kill, a poison record finds its origin done
+            # in the ledger: one dead letter each (issue 46).
+            twice += 1
+            problems.append(f"dead-lettered {len(got)} times: {inj.record.kind} at "
+                            f"{inj.record.topic}[{inj.partition}]@{inj.offset}")
         classes.update((c or b"?").decode(errors="replace") for c in got)
     reached = sorted({r.rcpt for r in run.mail.replies if r.rcpt.startswith("hostile-")})
     if reached:

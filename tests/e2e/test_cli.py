@@ -612,11 +612,12 @@ def test_every_role_serves_metrics_healthz_and_readyz(
         lines = text.splitlines()
         assert lines[0] == "ok database: schema at the newest revision"
         assert lines[1] == "ok kafka: broker answers; all 9 topics exist"
+        assert lines[-1] == "ok kafka clients: no client in a fatal state"
         if role == "sender":
             assert status == 503
             assert lines[2].startswith("FAIL smtp: connect"), text
         else:
-            assert (status, len(lines)) == (200, 2), text
+            assert (status, len(lines)) == (200, 3), text
         status, text = _get(f"{base}/metrics")
         assert status == 200
         assert "# TYPE process_cpu_seconds_total counter" in text

@@ -82,3 +82,16 @@ def produce_raw(settings: Settings, topic: str, partition: int, key: bytes, valu
         assert lib.rd_kafka_flush(producer, 10_000) == 0, "not acknowledged"
     finally:
         lib.rd_kafka_destroy(producer)
+
+
+def force_fatal(client: confluent_kafka.Producer | confluent_kafka.Consumer, code: int,
+                reason: str = "forced by a test") -> None:
+    """Put ``client`` in librdkafka's fatal state with the error ``code``, through
+    ``rd_kafka_test_fatal_error``, librdkafka's hook for tests (a real fatal idempotent producer
+    needs a broker that loses its state). confluent-kafka's client object holds its
+    ``rd_kafka_t *`` first after the object header (``Handle`` in confluent_kafka.h)."""
+    lib = librdkafka()
+    lib.rd_kafka_test_fatal_error.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
+    rk = ctypes.c_void_p.from_address(id(client) + object.__basicsize__).value
+    assert rk, "the client has no rd_kafka_t"
+    assert lib.rd_kafka_test_fatal_error(rk, code, reason.encode()) == 0

@@ -27,9 +27,9 @@ from postroom import enqueue
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
-from postroom.errors import KafkaClientError
+from postroom.errors import KafkaClientError, KafkaFatalError
 from postroom.headers import ROW_ID_HEADER
-from postroom.kafka import make_producer
+from postroom.kafka import KafkaError, fatal, make_producer
 from postroom.relay import sql
 from postroom.relay.connections import Connections
 from postroom.relay.db import make_engine
@@ -39,6 +39,7 @@ from postroom.schemas.decoding import decode
 from postroom.schemas.framing import SCHEMA_HEADER
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
+from support.foreign import force_fatal
 from support.fuzz import examples
 from support.metrics import counter
 from support.rounds import publish_round
@@ -622,3 +623,45 @@ def test_a_late_mark_leaves_a_row_another_relay_or_a_requeue_queued_since(
     finally:
         late.close()
         other.close()
+
+
+def test_a_relay_whose_producer_is_in_its_fatal_state_exits_instead_of_retrying(
+        settings: Settings, engine: sa.Engine, consume: Callable[..., Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's fatal state (forced here by its test hook; a fenced idempotent producer in
+    production) is never retried: run() raises KafkaFatalError, which the command prints as its
+    one line before exiting 1. Before, each round failed and was tried again for ever."""
+    monkeypatch.setattr(fatal, "FATAL", fatal.FatalState())  # this test's process state
+    made: list[Any] = []
+
+    def producer() -> Any:
+        made.append(make_producer(settings, **{"delivery.report.only.error": True}))
+        return made[-1]
+
+    with engine.begin() as conn:
+        enqueue(conn, key="before", recipients=["a@example.com"], subject="S", body="b")
+    relay = Relay(settings, engine, producer_factory=producer)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            relay.run()
+        except BaseException as exc:  # noqa: BLE001 - the test reads what ended the relay
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        consume(settings, topics(settings), expected=1, timeout_s=30)
+        force_fatal(made[0], KafkaError.INVALID_PRODUCER_EPOCH)
+        with engine.begin() as conn:
+            enqueue(conn, key="after", recipients=["a@example.com"], subject="S", body="b")
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the relay lives on with a producer that cannot work"
+    finally:
+        relay.stop()
+        thread.join(timeout=10)
+    [error] = raised
+    assert isinstance(error, KafkaFatalError), error
+    assert error.code == "INVALID_PRODUCER_EPOCH"
+    assert unpublished(engine) == 1  # the row waits for the relay started afresh

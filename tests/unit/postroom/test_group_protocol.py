@@ -141,7 +141,7 @@ def test_the_cluster_is_asked_only_when_no_protocol_is_named(
     made: list[dict[str, object]] = []
     monkeypatch.setattr(clients, "group_protocol",
                         lambda settings, group, admin: ask(admin, group))
-    monkeypatch.setattr(clients, "Consumer", lambda config: made.append(config))
+    monkeypatch.setattr(clients, "WatchedConsumer", lambda config: made.append(config))
     clients.make_consumer(settings_of(), "g1")
     clients.make_consumer(settings_of("group.protocol=classic"), "g2")
     clients.make_consumer(settings_of(), "g3", **{"group.protocol": "classic"})

@@ -179,6 +179,7 @@ def test_a_result_waiting_for_the_registry_is_left_unrecorded_on_stop(
         key = staticmethod(lambda: b"k")
         value = staticmethod(lambda: confluent_prefix(3) + encode(RESULT))
         headers = staticmethod(lambda: [])
+        timestamp = staticmethod(lambda: (1, 1_796_000_000_000))  # (create time, ms)
 
     consumer = Consumer()
     role._apply_until_done(consumer, [Message()])  # type: ignore[arg-type, list-item]

@@ -32,9 +32,9 @@ from postroom.metrics import (
 from postroom.schemas.codec import EmailRequested
 from postroom.sender.admission import Admitted
 from postroom.sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
-from postroom.sender.claims import RENEW_AFTER_S, Claim
+from postroom.sender.claims import RENEW_AFTER_S, Claim, dead_letter_key
 from postroom.sender.destinations import DestinationGate
-from postroom.sender.errors import LedgerUnavailableError
+from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
 from postroom.sender.outcome import Failure, SmtpReply, Stage
 from postroom.sender.retry import RetryPolicy
 from postroom.sender.routing import Origin
@@ -479,3 +479,253 @@ def test_a_copy_of_another_attempt_waits_and_then_asks_the_ledger(
     assert len(w.transport.sent) == 1
     assert [r.status.value for r in w.outcomes.results] == ["sent", "sent"]
     assert w.count(DUPLICATES_SUPPRESSED_TOTAL) == 1
+
+
+WAITING = SmtpReply(Stage.LOCAL, None, "attachments are off", Failure.CONFIG)
+
+
+def test_a_wait_read_again_while_its_claim_is_still_being_released_is_not_dropped() -> None:
+    """No POSTROOM_ATTACHMENTS_ROOT: the wait goes back to its tier with its attempt number, and
+    its next read comes while releasing the claim is slow (a slow database). That read is not a
+    copy of an attempt made: it is delivered (a wait again, put back once more), so a record of
+    the email stays on its way and its row does not stay ``retrying`` for ever."""
+    w = world([WAITING, WAITING])
+    waiting = event(attempt=2, attachments=("/srv/q3.xlsx",))
+    on_tier = Origin(retry_topic(PREFIX, 1), 0, 5)
+
+    async def main() -> None:
+        releasing, release_started = asyncio.Event(), asyncio.Event()
+        real_release = w.ledger.release
+
+        async def slow_release(key: str, done_attempt: int | None = None) -> None:
+            release_started.set()
+            await releasing.wait()
+            await real_release(key, done_attempt)
+
+        w.ledger.release = slow_release  # type: ignore[method-assign]
+        first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(waiting)))
+        await release_started.wait()  # its outcome is out, its claim not yet released
+        # The tier's record is read before the first delivery has released its claim.
+        next_read = asyncio.create_task(w.attempts.deliver(on_tier, Admitted(waiting)))
+        await asyncio.sleep(0)
+        releasing.set()
+        await asyncio.wait_for(asyncio.gather(first, next_read), 5)
+
+    asyncio.run(main())
+    assert len(w.transport.sent) == 2
+    assert [(f.topic, f.event.attempt) for _, f in w.outcomes.forwards] == [
+        (retry_topic(PREFIX, 1), 2), (retry_topic(PREFIX, 1), 2)]
+    assert w.count("repeated_attempts_suppressed_total") == 0
+    assert w.attempts._in_hand == {}
+
+
+def test_a_copy_of_an_attempt_made_and_done_here_is_answered_without_the_ledger() -> None:
+    """The ten-kill tail's fix kept: a copy of a failed attempt this sender made and marked done
+    just now is dropped without asking the ledger (its result and retry are out)."""
+    w = world([TRANSIENT])
+
+    async def main() -> None:
+        releasing, release_started = asyncio.Event(), asyncio.Event()
+        real_release = w.ledger.release
+
+        async def slow_release(key: str, done_attempt: int | None = None) -> None:
+            release_started.set()
+            await releasing.wait()
+            await real_release(key, done_attempt)
+
+        w.ledger.release = slow_release  # type: ignore[method-assign]
+        first = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        await release_started.wait()
+        copy = asyncio.create_task(w.attempts.deliver(ORIGIN, Admitted(event())))
+        await asyncio.sleep(0)
+        releasing.set()
+        await asyncio.wait_for(asyncio.gather(first, copy), 5)
+
+    asyncio.run(main())
+    assert len(w.transport.sent) == 1
+    assert len(w.calls("claim")) == 1
+    assert [r.status.value for r in w.outcomes.results] == ["retrying"]
+    assert w.count("repeated_attempts_suppressed_total") == 1
+
+
+# -- after the server's 250 ----------------------------------------------------------------------
+
+class _BrokenMarks(InMemoryLedger):
+    """A ledger whose sent mark fails with an error of ours (not the database being away):
+    ``how`` 'future' fails the mark started from the read of the 250, 'call' raises as it is
+    started (inside the connection's read), and every later mark_sent raises too."""
+
+    def __init__(self, clock: FakeClock, how: str) -> None:
+        super().__init__(clock)
+        self.how = how
+
+    def start_mark(self, key: str, message_id: str) -> asyncio.Future[float]:
+        self.trace.append(("mark", key, message_id))
+        if self.how == "call":
+            raise RuntimeError("a bug in the marker")
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        future.set_exception(RuntimeError("a bug in the marker"))
+        return future
+
+    async def mark_sent(self, key: str, message_id: str) -> float:
+        self.trace.append(("mark again", key, message_id))
+        raise RuntimeError("a bug in the marker")
+
+
+@pytest.mark.parametrize("how", ["future", "call"])
+def test_after_the_250_an_error_of_ours_in_the_mark_still_ends_the_email_sent(how: str) -> None:
+    w = world([OK])
+    w.attempts._ledger = w.ledger = _BrokenMarks(w.clock, how)
+    w.deliver(Admitted(event()))
+    assert [(r.status.value, r.message_id) for r in w.outcomes.results] == [
+        ("sent", "<0.7@fake>")]
+    assert w.outcomes.forwards == []
+    assert w.count("errors_after_accepted_total") >= 1
+    # Nothing is sent twice, the turn and the connection are given back.
+    assert len(w.transport.sent) == 1
+    assert (w.line.in_turn, w.line.queued, w.transport.held) == (0, 0, 0)
+
+
+def test_after_the_250_a_transport_that_raises_still_ends_the_email_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's acceptance was read (the mark left from it), then our side of the send
+    raised: the email is sent, not a transient failure to send again, nor poison."""
+    real_send = FakeSlot.send
+
+    async def accepted_then_raises(self: FakeSlot, *args: Any) -> Any:
+        await real_send(self, *args)
+        raise RuntimeError("a bug after the reply")
+
+    monkeypatch.setattr(FakeSlot, "send", accepted_then_raises)
+    w = world([OK])
+    w.deliver(Admitted(event()))
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+    assert w.ledger.rows[KEY].state == "sent"
+    assert w.count("errors_after_accepted_total") == 1
+    assert len(w.transport.sent) == 1
+
+
+def test_after_the_250_a_bookkeeping_error_still_ends_the_email_sent() -> None:
+    """Classifying, routing or counting raising after the acceptance (here the attempt's
+    counter): the row still ends sent, and the ledger holds the mark."""
+    w = world([OK])
+    real_inc = w.metrics.inc
+
+    def inc(spec: Any, *args: Any, **labels: Any) -> None:
+        if spec.name == "attempts_total":
+            raise RuntimeError("a bug in our bookkeeping")
+        real_inc(spec, *args, **labels)
+
+    w.metrics.inc = inc  # type: ignore[method-assign]
+    w.deliver(Admitted(event()))
+    assert [r.status.value for r in w.outcomes.results] == ["sent"]
+    assert w.ledger.rows[KEY].state == "sent"
+    assert w.count("errors_after_accepted_total") == 1
+
+
+def test_an_error_before_the_server_accepted_is_still_raised() -> None:
+    w = world()
+    w.transport.raises = RuntimeError("a bug in the transport")
+    with pytest.raises(RuntimeError):
+        w.deliver(Admitted(event()))
+    assert w.outcomes.results == []
+    assert w.count("errors_after_accepted_total") == 0
+
+
+def test_a_sent_result_that_cannot_be_published_is_raised_as_unrecorded() -> None:
+    """Not poison: the intake lets it raise, and the record is read again later."""
+    w = world([OK])
+
+    async def refused(key: str, result: Any, trace: Any = ()) -> None:
+        raise RuntimeError("the broker refused it")
+
+    w.outcomes.result = refused  # type: ignore[method-assign]
+    with pytest.raises(AcceptedUnrecordedError):
+        w.deliver(Admitted(event()))
+    assert w.ledger.rows[KEY].state == "sent"
+
+
+# -- dead letters once per record ----------------------------------------------------------------
+
+POISON_KEY = dead_letter_key("t.email.normal", 2, 41, 1_796_000_000_000)
+
+
+def test_a_poison_record_read_again_after_a_restart_is_dead_lettered_once() -> None:
+    """The first read dead-letters it; its offset was not committed (the sender died, or its
+    partition moved), so another sender, or this one restarted, reads it again."""
+    w = world()
+    published: list[str] = []
+
+    async def dead_letter() -> None:
+        published.append("dead letter")
+
+    async def main() -> None:
+        await w.attempts.dead_letter_once(POISON_KEY, dead_letter)
+        restarted = world()
+        restarted.ledger.rows = w.ledger.rows  # the same database, another sender
+        restarted.ledger.owner = "another"
+        await restarted.attempts.dead_letter_once(POISON_KEY, dead_letter)
+        assert restarted.count("poison_repeated_total") == 1
+
+    asyncio.run(main())
+    assert published == ["dead letter"]
+    assert (w.ledger.rows[POISON_KEY].state, w.ledger.rows[POISON_KEY].done_attempt) == (
+        "released", 1)
+
+
+def test_two_reads_of_one_poison_record_at_once_dead_letter_it_once() -> None:
+    """After a rebalance the new owner reads the record while the old one still publishes its
+    dead letter: the second waits for the first's answer."""
+    w = world()
+    other = world()
+    other.ledger.rows = w.ledger.rows
+    other.ledger.owner = "new owner"
+    other.ledger.clock = w.clock
+    published: list[str] = []
+
+    async def main() -> None:
+        first_out = asyncio.Event()
+
+        async def slow_dead_letter() -> None:
+            await first_out.wait()
+            published.append("first")
+
+        async def dead_letter() -> None:
+            published.append("second")
+
+        first = asyncio.create_task(w.attempts.dead_letter_once(POISON_KEY, slow_dead_letter))
+        await asyncio.sleep(0)
+        # The new owner finds the key busy under a live lease and asks again; meanwhile the
+        # first publishes and releases it done.
+        other.clock.on_sleep = first_out.set
+        second = asyncio.create_task(other.attempts.dead_letter_once(POISON_KEY, dead_letter))
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+
+    asyncio.run(main())
+    assert published == ["first"]
+    assert other.count("poison_repeated_total") == 1
+
+
+def test_a_dead_letter_that_fails_is_left_for_the_next_read() -> None:
+    w = world()
+
+    async def refused() -> None:
+        raise RuntimeError("the broker refused it")
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError):
+            await w.attempts.dead_letter_once(POISON_KEY, refused)
+        again: list[str] = []
+
+        async def dead_letter() -> None:
+            again.append("dead letter")
+
+        await w.attempts.dead_letter_once(POISON_KEY, dead_letter)
+        assert again == ["dead letter"]
+
+    asyncio.run(main())
+
+
+def test_a_dead_letter_key_is_never_an_idempotency_key() -> None:
+    assert "|" not in POISON_KEY
+    assert POISON_KEY != dead_letter_key("t.email.normal", 2, 41, 1_796_000_000_001)

@@ -8,6 +8,8 @@ import datetime as dt
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
+
 from postroom.kafka import Record
 from postroom.metrics import Metrics
 from postroom.rules import SizeLimits
@@ -16,7 +18,7 @@ from postroom.schemas.errors import SchemaUnavailableError
 from postroom.schemas.framing import confluent_prefix
 from postroom.schemas.framing import headers_for as schema_headers
 from postroom.sender.admission import Admission, Admitted
-from postroom.sender.errors import PoisonRecordError
+from postroom.sender.errors import AcceptedUnrecordedError, PoisonRecordError
 from postroom.sender.intake import REGISTRY_RETRY_FIRST_S, Intake
 from postroom.sender.routing import Origin
 from postroom.topics import priority_topic, retry_topic
@@ -158,3 +160,24 @@ def test_a_delivery_that_raises_ends_as_poison_naming_the_error() -> None:
     [why] = poisoned
     assert why.reason == "the sender failed on it: RuntimeError: a fault of ours"
     assert why.event == event()
+
+
+def test_an_email_a_server_accepted_is_never_ended_as_poison() -> None:
+    """Its result could not be published: the task fails (the record is read again later, and
+    the ledger answers it sent), no dead letter and no failed result."""
+    poisoned: list[PoisonRecordError] = []
+    tasks: list[Coroutine[Any, Any, None]] = []
+
+    async def deliver(origin: Origin, admitted: Admitted) -> None:
+        raise AcceptedUnrecordedError("accepted, and the result cannot be published")
+
+    async def poison(record: Record, why: PoisonRecordError, now: dt.datetime) -> None:
+        poisoned.append(why)
+
+    take = Intake(PREFIX, Admission.for_tiers(SizeLimits(), DELAYS_S), Holds(), Metrics(),
+                  start=lambda task, record: tasks.append(task), deliver=deliver, poison=poison)
+    take.dispatch([record(HIGH, 5)], NOW, None)
+    [task] = tasks
+    with pytest.raises(AcceptedUnrecordedError):
+        asyncio.run(task)
+    assert poisoned == []
