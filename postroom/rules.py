@@ -15,7 +15,6 @@ import functools
 import re
 from pathlib import PurePosixPath
 
-import idna  # pure: UTS-46 and IDNA 2008 tables, no I/O
 
 from postroom.errors import InvalidContentError
 
@@ -87,6 +86,10 @@ def canonical_domain(domain: str) -> str:
     if domain.isascii() and _A_LABEL.search(domain) is None:
         return domain.lower()
     try:
+        # Imported at the first domain that needs it (pure: UTS-46 and IDNA 2008 tables, no I/O),
+        # so a job's `from postroom import enqueue` stays on the standard library.
+        import idna
+
         return idna.encode(domain, uts46=True).decode("ascii")
     except UnicodeError as exc:  # idna.IDNAError and its kinds are UnicodeErrors
         raise InvalidContentError(f"{domain!r} is not a valid internationalised domain name "

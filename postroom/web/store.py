@@ -13,8 +13,9 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from postroom.relay import redrive, suppression
-from postroom.relay.redrive import DeadLetterPage, LetterHistory, RedrivePlan, RedriveRow
+from postroom.relay import dlq_pages, redrive, suppression
+from postroom.relay.dlq_pages import DeadLetterPage, LetterHistory
+from postroom.relay.redrive import RedrivePlan, RedriveRow
 from postroom.relay.report import Failure
 from postroom.relay.sql import console as sql
 from postroom.relay.sql import operators, outbox_backlog
@@ -153,10 +154,10 @@ class DatabaseStore:
         return held
 
     def dead_letter_page(self, before: dict[int, int] | None, size: int) -> DeadLetterPage:
-        return redrive.read_dead_letter_page(self._settings, self._engine, before, size)
+        return dlq_pages.read_dead_letter_page(self._settings, self._engine, before, size)
 
     def dead_letter_at(self, partition: int, offset: int) -> LetterHistory | None:
-        return redrive.read_dead_letter_at(self._settings, self._engine, partition, offset)
+        return dlq_pages.read_dead_letter_at(self._settings, self._engine, partition, offset)
 
     def plan_replay(self, partition: int, offset: int) -> RedrivePlan:
         return replay_plan(self._engine, self.dead_letter_at(partition, offset), partition, offset)

@@ -7,14 +7,8 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from postroom.relay.redrive import (
-    DeadLetterPage,
-    LetterHistory,
-    RedrivePlan,
-    RedriveRow,
-    merge_newest,
-    skip_reason,
-)
+from postroom.relay.dlq_pages import DeadLetterPage, LetterHistory, merge_newest
+from postroom.relay.redrive import RedrivePlan, RedriveRow, skip_reason
 from postroom.relay.report import Failure
 from postroom.relay.suppression import Entry, NotSuppressedError, Source, checked, reason_of
 from postroom.web.forms import SearchFilter

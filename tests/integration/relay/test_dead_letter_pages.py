@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, ERROR_HEADER
-from postroom.relay import redrive
+from postroom.relay import dlq_pages
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 
@@ -44,7 +44,7 @@ def test_pages_show_every_letter_once_newest_first(settings: Settings,
     before = None
     pages = 0
     while True:
-        page = redrive.read_dead_letter_page(settings, engine, before, 4)
+        page = dlq_pages.read_dead_letter_page(settings, engine, before, 4)
         assert len(page.letters) <= 4
         seen += [h.letter.key or "" for h in page.letters]
         pages += 1
@@ -58,9 +58,9 @@ def test_pages_show_every_letter_once_newest_first(settings: Settings,
 
 def test_one_letter_by_its_place_with_its_history(settings: Settings, engine: sa.Engine) -> None:
     write(settings, [(1, 5), (1, 6)])
-    found = redrive.read_dead_letter_at(settings, engine, 1, 1)
+    found = dlq_pages.read_dead_letter_at(settings, engine, 1, 1)
     assert found is not None
     assert found.letter.key == "k1-6" and found.letter.row_status is None
     assert found.errors == ("attempt=1 451 later", "attempt=2 550 gone 6 second line")
-    assert redrive.read_dead_letter_at(settings, engine, 1, 2) is None
-    assert redrive.read_dead_letter_at(settings, engine, 9, 0) is None
+    assert dlq_pages.read_dead_letter_at(settings, engine, 1, 2) is None
+    assert dlq_pages.read_dead_letter_at(settings, engine, 9, 0) is None

@@ -330,7 +330,8 @@ def test_a_failure_is_a_page_with_the_security_headers(caplog: pytest.LogCapture
 
 
 def letter(partition: int, offset: int, minute: int, row_status: str | None = "dead") -> Any:
-    from postroom.relay.redrive import DeadLetter, LetterHistory
+    from postroom.relay.dlq_pages import LetterHistory
+    from postroom.relay.redrive import DeadLetter
 
     key = f"report-2026-09|a{offset}@example.com"
     return LetterHistory(DeadLetter(
