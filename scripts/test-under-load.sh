@@ -28,27 +28,42 @@ if ! command -v stress-ng >/dev/null; then
     }
 fi
 
-# One CPU worker, no time limit: it runs until this script stops it.
-stress-ng --cpu 1 --timeout 0 --quiet &
+# One CPU worker, no time limit: it runs until this script stops it, or, should this script be
+# killed outright, until the kernel tells it its parent died (setpriv --pdeathsig).
+pdeathsig=()
+command -v setpriv >/dev/null && pdeathsig=(setpriv --pdeathsig TERM)
+"${pdeathsig[@]}" stress-ng --cpu 1 --timeout 0 --quiet &
 HOG=$!
-stop_hog() {
-    if kill -0 "$HOG" 2>/dev/null; then
-        # stress-ng's parent passes the TERM on to its worker and reaps it.
-        kill -TERM "$HOG" 2>/dev/null || true
-        wait "$HOG" 2>/dev/null || true
+RUN=
+stop() {
+    # The run's whole process group (make, pytest, its workers, the roles they started), then
+    # the hog, whose parent process passes the TERM on to its worker.
+    if [[ -n $RUN ]]; then
+        kill -TERM -- "-$RUN" 2>/dev/null || true
     fi
+    kill -TERM "$HOG" 2>/dev/null || true
+    wait 2>/dev/null || true
 }
-trap stop_hog EXIT
+trap stop EXIT
+# Each run goes in the background, so that a signal to this script is handled at once (bash runs
+# a trap only after a foreground command ends) and stops the run with it; with job control (set
+# -m) in a process group of its own, and without the SIGINT a script's background job ignores
+# (the suite sends SIGINT to commands it starts).
+set -m
 trap 'exit 130' INT
 trap 'exit 143' TERM
 say "stress-ng --cpu 1 keeps one core busy (pid $HOG); running '$*' $RUNS time(s)"
 
 for run in $(seq 1 "$RUNS"); do
     started=$SECONDS
-    if "$@"; then
+    "$@" &
+    RUN=$!
+    status=0
+    wait "$RUN" || status=$?
+    RUN=
+    if [[ $status -eq 0 ]]; then
         say "run $run of $RUNS passed in $((SECONDS - started)) s"
     else
-        status=$?
         say "run $run of $RUNS FAILED (exit $status) after $((SECONDS - started)) s"
         exit "$status"
     fi
