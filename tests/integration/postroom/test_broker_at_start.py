@@ -120,7 +120,9 @@ def test_ctrl_c_while_waiting_for_the_broker_stops_at_once_without_a_traceback(
     process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     _, err = process.communicate(timeout=BOUNDED_S)
-    assert time.monotonic() - interrupted < 3.0, err
+    # Before the broker wait would have ended by itself (and said so, exit 1, not 130): 3 s was
+    # short for a Python process's shutdown on a loaded machine.
+    assert time.monotonic() - interrupted < BROKER_WAIT_S, err
     assert process.returncode == 130, err
     assert [line for line in err.splitlines() if not line.startswith(PROGRESS)] == [
         f"postroom {argv[0]}: interrupted"]
