@@ -14,7 +14,7 @@ from typing import Any
 import postroom
 from postroom.bounces.service import _Handler as BounceHandler
 from postroom.bounces.session import BounceSession
-from postroom.devkit import devsmtp, histograms, otlp, processes, story
+from postroom.devkit import devsmtp, devsmtp_handler, histograms, otlp, processes, story
 from postroom.health import _BoundedHTTPServer
 from postroom.relay.suppression import Source
 from postroom.schemas import framing
@@ -43,11 +43,11 @@ BounceHandler.handle_exception
 # aiosmtpd's SMTP runs a command by its smtp_<VERB> method, found by name.
 BounceSession.smtp_AUTH
 BounceSession.smtp_DATA
-devsmtp._Handler.handle_EHLO
-devsmtp._Handler.handle_HELO
-devsmtp._Handler.handle_RCPT
-devsmtp._Handler.handle_DATA
-devsmtp._Handler.handle_exception
+devsmtp_handler.DevHandler.handle_EHLO
+devsmtp_handler.DevHandler.handle_HELO
+devsmtp_handler.DevHandler.handle_RCPT
+devsmtp_handler.DevHandler.handle_DATA
+devsmtp_handler.DevHandler.handle_exception
 # aiosmtpd's Session.host_name: a handler with its own handle_EHLO/HELO must set it (aiosmtpd
 # reads it to refuse MAIL before a greeting).
 _.host_name

@@ -24,8 +24,9 @@ from postroom.sender.claims import send_deadline_s
 from postroom.sender.errors import AttachmentError
 from postroom.sender.message import attachments_refusal, build_message, check_header_values
 from postroom.sender.outcome import Failure, SmtpReply, Stage
-from postroom.sender.render import Built, Payload, TemplateCache, Templated, TemplateError, plain_lines
+from postroom.sender.render import Built, Payload, TemplateCache, Templated, plain_lines
 from postroom.sender.smtp import SmtpSlot
+from postroom.sender.template import TemplateError
 from postroom.settings import Settings
 from postroom.verp import make_token, return_path
 

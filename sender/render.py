@@ -19,34 +19,30 @@ subject's pattern keep them to what the email package writes unchanged. Only wha
 package writes as it is goes into a hole (``Name: value`` of a short ASCII address, Message-ID
 or subject; a body as set_content encodes it); for anything else the caller builds the message
 in full, so the bytes are the same either way (tests/unit/sender/test_render.py compares them).
+The template's cut and fill and the cache bounded in bytes are sender/template.py's.
 
 Pure.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime as dt
 import email.contentmanager
 import email.policy
 import email.utils
 import functools
-import itertools
 import re
-import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from email.message import EmailMessage
-from typing import Generic, TypeVar
 
 from postroom.mime import check_serialized
 from postroom.schemas.codec import EmailRequested
 from postroom.sender.message import MESSAGE_POLICY, build_message, message_id_for, sender_domain
+from postroom.sender.template import LARGEST_SHARE, LINE_HOLES, BudgetedCache, Template, TemplateError
 
 MAX_LINE = 78  # the email package folds a longer header line
 TEMPLATE_CACHE_BYTES = 16 * 1024 * 1024
-# One template may take at most this share of the cache; a larger one is rendered, not kept.
-LARGEST_SHARE = 8
 # The addresses whose To line is "To: " + the address: a dot-atom of letters, digits and ._+-
 # (other atext characters, such as = and ?, the email package may quote or decode).
 _PLAIN_ADDRESS = re.compile(r"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*")
@@ -64,19 +60,10 @@ _BODY_HOLE_ENCODINGS = frozenset({"7bit", "quoted-printable", "base64"})
 # hole: it stays in a template keyed by it, encoded once (the latter remembered as such).
 ENCODED_BODIES_BYTES = 8 * 1024 * 1024
 ENCODED_BODY_MAX_CHARS = ENCODED_BODIES_BYTES // LARGEST_SHARE // 8
-_HOLES = (b"To: ", b"Date: ", b"Message-ID: ")
 ADDRESS_HEADERS = ("From", "Sender", "Reply-To", "To", "Cc", "Bcc")
 _PLACEHOLDER_RECIPIENT = "placeholder@example.invalid"
 _PLACEHOLDER_SUBJECT = "placeholder"
 _PLACEHOLDER_NOW = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
-
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class TemplateError(ValueError):
-    """The serialised message has no single, unfolded line for each of To, Date and Message-ID."""
 
 
 def flatten(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
@@ -94,134 +81,6 @@ def serialise(message: EmailMessage, *, utf8: bool, eight_bit: bool) -> bytes:
     content = flatten(message, utf8=utf8, eight_bit=eight_bit)
     check_serialized(message, content)
     return content
-
-
-@dataclasses.dataclass(frozen=True)
-class Template:
-    """A serialised message with its To, Date and Message-ID lines cut out, and for a template
-    of emails of their own its Subject line or its text and HTML bodies too."""
-
-    pieces: tuple[bytes, ...]  # one more than the lines and bodies cut out
-    lines: int = 3  # how many lines it takes; after them, bodies
-    boundary: bytes | None = None  # a multipart template's: no body it takes may hold it
-
-    @classmethod
-    def cut(cls, content: bytes, holes: tuple[bytes, ...] = _HOLES, *,
-            bodies: tuple[bytes, ...] = (), boundary: bytes | None = None) -> Template:
-        """The template of ``content``, whose header block must hold the line of each of
-        ``holes`` once, unfolded, in that order (:func:`build_message` writes them so), and
-        ``bodies`` after it as they are: a single part's whole body, or each body of a multipart
-        (``boundary``) right after its part's header block."""
-        end = content.find(b"\r\n\r\n")
-        if end < 0:
-            raise TemplateError("no end of the header block")
-        lines = content[:end].split(b"\r\n")
-        at_holes = []
-        for name in holes:
-            at = [i for i, line in enumerate(lines) if line.startswith(name)]
-            if len(at) != 1:
-                raise TemplateError(f"{len(at)} lines start with {name!r}")
-            folded = at[0] + 1 < len(lines) and lines[at[0] + 1][:1] in (b" ", b"\t")
-            if folded:
-                raise TemplateError(f"the {name!r} line is folded")
-            at_holes.append(at[0])
-        if at_holes != sorted(at_holes):
-            raise TemplateError(b", ".join(name.rstrip(b": ") for name in holes).decode()
-                                + " are out of order")
-        pieces = []
-        start = 0
-        for hole in at_holes:
-            pieces.append(b"".join(line + b"\r\n" for line in lines[start:hole]))
-            start = hole + 1
-        last = b"".join(line + b"\r\n" for line in lines[start:])
-        section, offset = content[end + 4:], 0
-        if not bodies:
-            pieces.append(last + content[end + 2:])
-            return cls(tuple(pieces), len(holes), boundary)
-        before = last + b"\r\n"
-        for body in bodies:
-            if boundary is None:
-                if len(bodies) != 1:
-                    raise TemplateError("more than one body needs a multipart template")
-                begins = 0
-            else:
-                part_end = section.find(b"\r\n\r\n", offset)
-                if part_end < 0:
-                    raise TemplateError("a part has no end of its header block")
-                begins = part_end + 4
-            if not section.startswith(body, begins):
-                raise TemplateError("a body is not where its part begins")
-            pieces.append(before + section[offset:begins])
-            before, offset = b"", begins + len(body)
-        pieces.append(section[offset:])
-        return cls(tuple(pieces), len(holes), boundary)
-
-    @property
-    def size(self) -> int:
-        return sum(map(len, self.pieces))
-
-    def fill(self, *lines: bytes, bodies: tuple[bytes, ...] = ()) -> bytes:
-        """The message with ``lines`` in the line holes and ``bodies`` in the body holes, in
-        order."""
-        if len(lines) != self.lines or len(lines) + len(bodies) != len(self.pieces) - 1:
-            raise ValueError(f"this template takes {self.lines} lines and "
-                             f"{len(self.pieces) - 1 - self.lines} bodies, not {len(lines)} and "
-                             f"{len(bodies)}")
-        parts = [self.pieces[0]]
-        for line, piece in zip(lines, self.pieces[1:], strict=False):
-            parts += (line, b"\r\n", piece)
-        parts += itertools.chain.from_iterable(zip(bodies, self.pieces[1 + self.lines:],
-                                                   strict=True))
-        return b"".join(parts)
-
-
-class BudgetedCache(Generic[K, V]):
-    """Values by key, least recently used first out, within ``max_bytes`` as their costs count
-    them; a value over its share (an eighth) is not kept. A lock makes it safe to share between
-    threads (the work that makes a value is done outside it)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: collections.OrderedDict[K, tuple[V, int]] = collections.OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: K) -> bool:
-        return key in self._entries
-
-    @property
-    def size(self) -> int:
-        """The bytes the cache holds, by its own count."""
-        return self._bytes
-
-    @property
-    def share(self) -> int:
-        """The most one value may cost and be kept."""
-        return self.max_bytes // LARGEST_SHARE
-
-    def find(self, key: K) -> tuple[V] | None:
-        """The value of ``key`` in a 1-tuple (so a kept None is found), or None."""
-        with self._lock:
-            found = self._entries.get(key)
-            if found is None:
-                return None
-            self._entries.move_to_end(key)
-            return (found[0],)
-
-    def keep(self, key: K, value: V, cost: int) -> None:
-        if cost > self.share:
-            return
-        with self._lock:
-            if key in self._entries:
-                return
-            self._entries[key] = (value, cost)
-            self._bytes += cost
-            while self._bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= dropped
 
 
 # Sender, subject (None: a hole), text body and HTML (None: holes), the bodies' transfer
@@ -275,7 +134,7 @@ def build_template(event: EmailRequested, *, utf8: bool, eight_bit: bool,
     stand_in = dataclasses.replace(event, recipient=_PLACEHOLDER_RECIPIENT,
                                    subject=_PLACEHOLDER_SUBJECT if subject_hole else event.subject)
     message = build_message(stand_in, attachments_root=None, now=_PLACEHOLDER_NOW)
-    holes = (_HOLES[0], _SUBJECT, *_HOLES[1:]) if subject_hole else _HOLES
+    holes = (LINE_HOLES[0], _SUBJECT, *LINE_HOLES[1:]) if subject_hole else LINE_HOLES
     content = serialise(message, utf8=utf8, eight_bit=eight_bit)
     boundary = message.get_boundary()  # set by the serialising, for a multipart
     return Template.cut(content, holes, bodies=bodies,
@@ -394,10 +253,10 @@ def plain_lines(event: EmailRequested, now: dt.datetime) -> Lines | None:
     """``event``'s own lines, when each is a short line of plain ASCII; None otherwise (the
     caller builds the message in full). ``event.sender`` is the sender that will be used."""
     recipient = event.recipient
-    if len(recipient) > MAX_LINE - len(_HOLES[0]) or not is_plain_address(recipient):
+    if len(recipient) > MAX_LINE - len(LINE_HOLES[0]) or not is_plain_address(recipient):
         return None
     message_id = message_id_for(event.idempotency_key, sender_domain(event.sender))
-    if len(message_id) > MAX_LINE - len(_HOLES[2]):
+    if len(message_id) > MAX_LINE - len(LINE_HOLES[2]):
         return None
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")

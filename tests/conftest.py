@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+import threading
 from collections.abc import Callable, Generator, Iterator
 
 import hypothesis
 import pytest
 import sqlalchemy as sa
 
-from postroom.devkit.scratch import scratch, unique_name
+from postroom.devkit.scratch import (
+    delete_kafka_state,
+    drop_schema,
+    scratch_settings,
+    unique_name,
+    wait_for_topics,
+)
+from postroom.kafka import create_topics
 from postroom.settings import Settings
 
 # `make fuzz` sets POSTROOM_FUZZ_EXAMPLES=<n>: every property test without a max_examples of its
@@ -37,16 +46,54 @@ def stack_settings() -> Settings:
     return settings
 
 
+class Cleaner:
+    """Removes what finished tests left (their schema, topics and groups) on a thread of its own,
+    while the next test runs; closed at the end of the session, it has removed everything."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], list[str]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="scratch-cleaner", daemon=True)
+        self._thread.start()
+        self.problems: list[str] = []
+
+    def put(self, job: Callable[[], list[str]]) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self.problems += job()
+            except Exception as exc:  # noqa: BLE001 - reported at the session's end
+                self.problems.append(f"{type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+@pytest.fixture(scope="session")
+def cleaner() -> Iterator[Cleaner]:
+    done = Cleaner()
+    yield done
+    done.close()
+    for problem in done.problems:
+        print(f"scratch clean-up: {problem}")
+
+
 @pytest.fixture
-def db_settings(stack_settings: Settings) -> Iterator[Settings]:
+def db_settings(stack_settings: Settings, cleaner: Cleaner) -> Iterator[Settings]:
     """Settings whose connections use a fresh schema, migrated to head and dropped afterwards."""
     from postroom.relay.db import make_engine, upgrade
 
-    with scratch(stack_settings, "t", kafka=False) as settings:
+    settings = scratch_settings(stack_settings, "t")
+    schema = settings.database_schema or ""
+    try:
         engine = make_engine(settings)
         upgrade(engine, settings.database_schema)
         engine.dispose()
         yield settings
+    finally:
+        cleaner.put(lambda: drop_schema(stack_settings, schema) or [])
 
 
 @pytest.fixture
@@ -59,12 +106,16 @@ def engine(db_settings: Settings) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture
-def kafka_settings(stack_settings: Settings) -> Iterator[Settings]:
-    """Settings with a topic prefix and consumer groups of this test's own, every topic created;
-    topics and groups deleted afterwards."""
+def kafka_settings(stack_settings: Settings, cleaner: Cleaner) -> Iterator[Settings]:
+    """Settings with a topic prefix and consumer groups of this test's own, every topic created
+    (and served by the broker); topics and groups deleted afterwards."""
     base = dataclasses.replace(stack_settings, retry_delays_s=(1.0, 2.0, 4.0, 8.0))
-    with scratch(base, "t", database=False) as settings:
+    settings = scratch_settings(base, "t")
+    try:
+        wait_for_topics(settings, list(create_topics(settings)))
         yield settings
+    finally:
+        cleaner.put(lambda: delete_kafka_state(settings))
 
 
 @pytest.fixture

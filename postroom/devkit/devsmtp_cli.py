@@ -17,14 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from postroom.devkit.devsmtp import (
-    DEFAULT_HOST,
+from postroom.devkit.devsmtp import DEFAULT_HOST, DEFAULT_PORT, DevSmtpServer
+from postroom.devkit.devsmtp_handler import (
     DEFAULT_MAX_KEPT,
-    DEFAULT_PORT,
     DEFER_REPLY,
     REJECT_REPLY,
     THROTTLE_REPLY,
-    DevSmtpServer,
     open_maildir,
 )
 from postroom.logs import configure_logging

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mailbox
 from pathlib import Path
 
-from postroom.devkit.devsmtp import ReceivedMessage, _message_id
+from postroom.devkit.devsmtp_handler import ReceivedMessage, message_id_of
 
 
 def read_maildir(path: Path) -> list[ReceivedMessage]:
@@ -19,5 +19,5 @@ def read_maildir(path: Path) -> list[ReceivedMessage]:
         rcpt_line, _, rest = body.partition(b"\n")  # Delivered-To
         mail_from = head.decode().removeprefix("Return-Path: <").rstrip("\r>")
         rcpt = rcpt_line.decode().removeprefix("Delivered-To: ").rstrip("\r")
-        found.append(ReceivedMessage(mail_from, rcpt, _message_id(rest), rest))
+        found.append(ReceivedMessage(mail_from, rcpt, message_id_of(rest), rest))
     return found

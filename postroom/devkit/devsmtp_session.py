@@ -2,7 +2,7 @@
 tells its handler when a connection comes and goes and takes RFC 3461's parameters when DSN is
 offered; the controller learns the port the OS picked for port 0.
 
-The handler (what the server answers and keeps) is postroom.devkit.devsmtp's.
+The handler (what the server answers and keeps) is postroom.devkit.devsmtp_handler's.
 """
 
 from __future__ import annotations

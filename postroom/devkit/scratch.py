@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 
+from postroom.devkit.wait import wait_until
 from postroom.kafka import KafkaError, KafkaException, create_topics, make_admin
 from postroom.settings import ENV_PREFIX, Settings
 
 ADMIN_TIMEOUT_S = 15.0
+TOPIC_METADATA_TIMEOUT_S = 60.0
 # Deleting what a run never created is no problem: the run may not have come that far.
 _ABSENT = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.GROUP_ID_NOT_FOUND}
 
@@ -54,7 +56,7 @@ def scratch(base: Settings, tag: str, *, database: bool = True, kafka: bool = Tr
     try:
         if kafka and create:
             say(f"creating topics {settings.topic_prefix}*")
-            create_topics(settings)
+            wait_for_topics(settings, list(create_topics(settings)))
         yield settings
     finally:
         if database:
@@ -65,6 +67,23 @@ def scratch(base: Settings, tag: str, *, database: bool = True, kafka: bool = Tr
                 f"{settings.recorder_group}")
             for problem in delete_kafka_state(settings):
                 say(problem)
+
+
+def wait_for_topics(settings: Settings, names: list[str],
+                    timeout_s: float = TOPIC_METADATA_TIMEOUT_S) -> None:
+    """Return once the broker's metadata has each of ``names`` with a leader for every partition:
+    the controller accepts a creation before the broker serves the topic, and a DescribeConfigs
+    or a produce meanwhile is refused with UNKNOWN_TOPIC_OR_PART."""
+    admin = make_admin(settings)
+
+    def ready() -> bool:
+        # All topics, never the named ones: a metadata request naming a topic may create it.
+        topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+        return all(name in topics and topics[name].error is None and topics[name].partitions
+                   and all(p.leader >= 0 for p in topics[name].partitions.values())
+                   for name in names)
+
+    wait_until(ready, timeout_s, f"the broker to serve {len(names)} new topics")
 
 
 def drop_schema(base: Settings, schema: str) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from postroom.devkit import devsmtp
+from postroom.devkit import devsmtp, devsmtp_handler
 from postroom.devkit.ports import free_port
 
 DEFER_REPLY = "451 4.3.0 try again later"
@@ -60,7 +60,7 @@ def planned_deferrals(rcpt: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-class _Handler(devsmtp._Handler):
+class _Handler(devsmtp_handler.DevHandler):
     """devsmtp's connection bookkeeping (a clean stop with clients connected), our own replies."""
 
     def __init__(self) -> None:
@@ -105,7 +105,7 @@ class _Handler(devsmtp._Handler):
             if isinstance(server.transport, asyncio.Transport):
                 server.transport.abort()
             await asyncio.Event().wait()  # aiosmtpd cancels the session on the lost connection
-        message_id = devsmtp._message_id(envelope.original_content or b"")
+        message_id = devsmtp_handler.message_id_of(envelope.original_content or b"")
         slow_s = self.slow_s
         received_at = time.time()
         if not slow_s:

@@ -21,7 +21,9 @@ from chaos.scenarios import FULL, POISON_STORM_SHORT, SHORT, Scenario, random_mi
 from postroom.settings import Settings
 from support.stack import dev_dir
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# The short scenarios share one pytest-xdist worker (make test's --dist loadgroup): each runs four
+# roles and a feed, and two at once on two cores would measure the machine, not postroom.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("chaos")]
 
 
 def log_dir() -> Path:

@@ -31,7 +31,9 @@ from postroom.topics import dead_letter_topic, priority_topic, value_subject
 from support.metrics import counter
 from support.pipeline import SenderThread
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Its proxy, not the registry, goes down; it shares a worker with the tests that start and stop
+# processes of a stack all the same (make test's --dist loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("stack-processes")]
 
 
 class TcpProxy:

@@ -21,7 +21,9 @@ from support.stack import REPO, dev_dir
 SERVICES = REPO / "scripts" / "services.sh"
 HOST = "127.0.0.1"
 
-pytestmark = pytest.mark.integration
+# One pytest-xdist worker runs these one after another (make test's --dist loadgroup): a second
+# stack's start and stop is the heaviest thing the suite does, and the other tests run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("stack-processes")]
 
 
 def run_services(command: str, env: dict[str, str] | None = None) -> str:

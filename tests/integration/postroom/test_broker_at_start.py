@@ -16,6 +16,7 @@ import pytest
 from postroom.devkit.ports import free_ports
 from postroom.devkit.processes import postroom_command
 from postroom.devkit.scratch import scratch_env, unique_name
+from postroom.devkit.wait import wait_until
 from postroom.kafka import BROKER_WAIT_S
 from postroom.settings import Settings
 
@@ -30,6 +31,25 @@ COMMANDS = {"check": ["check"], "relay": ["relay"], "sender": ["sender"],
             "purge": ["purge", "--older-than", "30d", "--dry-run"], "acls apply": ["acls", "apply"]}
 # The line a command prints before it waits on the broker.
 PROGRESS = ("creating topics with prefix ", "reading ", "applying ")
+# How long a command may take to start and make its Kafka client on a loaded machine.
+CLIENT_START_S = 60.0
+
+
+def kafka_client_made(pid: int) -> bool:
+    """Whether process ``pid`` runs librdkafka's threads (named ``rdk:...``): its imports are
+    done and its client tries the bootstrap addresses."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    names = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as comm:
+                names.append(comm.read())
+        except OSError:
+            continue  # the thread ended while we looked
+    return any(name.startswith("rdk:") for name in names)
 
 
 def run_all(commands: Mapping[str, list[str]], env: Mapping[str, str],
@@ -92,11 +112,17 @@ def test_ctrl_c_while_waiting_for_the_broker_stops_at_once_without_a_traceback(
     process = subprocess.Popen(postroom_command(*argv), env=closed_port_env, text=True,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
-    time.sleep(3.0)  # well into the wait: the imports are done, the client tries its addresses
+    # In the wait: the imports are done and the client tries its addresses (a fixed 3 s was not
+    # always that far on a loaded machine).
+    wait_until(lambda: kafka_client_made(process.pid) or process.poll() is not None,
+               CLIENT_START_S, f"postroom {argv[0]} to make its Kafka client")
+    assert process.poll() is None, process.communicate()[1]
     process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     _, err = process.communicate(timeout=BOUNDED_S)
-    assert time.monotonic() - interrupted < 3.0, err
+    # Before the broker wait would have ended by itself (and said so, exit 1, not 130): 3 s was
+    # short for a Python process's shutdown on a loaded machine.
+    assert time.monotonic() - interrupted < BROKER_WAIT_S, err
     assert process.returncode == 130, err
     assert [line for line in err.splitlines() if not line.startswith(PROGRESS)] == [
         f"postroom {argv[0]}: interrupted"]

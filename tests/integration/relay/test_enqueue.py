@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from postroom import Email, enqueue, enqueue_many
+from postroom.devkit.scratch import drop_schema, unique_name
 from postroom.relay.errors import InvalidAttachmentError, InvalidEmailError, SchemaNotReadyError
 from postroom.settings import Settings
 
@@ -426,18 +427,33 @@ def test_a_job_engine_enqueues_into_the_schema_it_names(
     assert count(engine) == queued(engine) == 5  # in the schema's outbox, and on its queue
 
 
+@pytest.fixture
+def bare_job_engine(db_settings: Settings) -> Iterator[sa.Engine]:
+    """A job's engine whose search path holds no outbox: an empty schema of this test's own, not
+    the database's default path, where README's by-hand steps create one."""
+    empty = unique_name("t_empty")
+    url = sa.make_url(db_settings.require("database_url"))
+    engine = sa.create_engine(url, connect_args={"options": f"-csearch_path={empty}"})
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{empty}"'))
+    yield engine
+    engine.dispose()
+    drop_schema(db_settings, empty)
+
+
 def test_a_job_engine_without_the_schema_is_told_how_to_name_it(
-        job_engine: sa.Engine, engine: sa.Engine) -> None:
+        bare_job_engine: sa.Engine, engine: sa.Engine) -> None:
     with pytest.raises(SchemaNotReadyError, match=r"there is no outbox table in the connection's "
                                                   r"search path: pass enqueue\(\.\.\., schema="
                                                   r"\.\.\.\) the POSTROOM_DATABASE_SCHEMA"), \
-            job_engine.begin() as conn:
+            bare_job_engine.begin() as conn:
         enqueue(conn, key="k", recipients=TEAM, subject="S", body="b")
-    with pytest.raises(SchemaNotReadyError, match="no outbox table in schema nosuch"), \
-            job_engine.begin() as conn:
-        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema="nosuch")
+    absent = unique_name("t_absent")  # a name no one else has created
+    with pytest.raises(SchemaNotReadyError, match=f"no outbox table in schema {absent}"), \
+            bare_job_engine.begin() as conn:
+        enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema=absent)
     with pytest.raises(InvalidEmailError, match="schema must be a schema name"), \
-            job_engine.begin() as conn:
+            bare_job_engine.begin() as conn:
         enqueue(conn, key="k", recipients=TEAM, subject="S", body="b", schema=5)  # type: ignore[arg-type]
     assert count(engine) == 0
 

@@ -286,8 +286,11 @@ def test_a_row_claimed_again_goes_out_as_the_attempt_it_was_queued_as(engine: sa
 # because their owner's session had ended.
 LONG_TTL_S = 3600.0
 BACKEND_PID = sa.text("SELECT pg_backend_pid()")
-TERMINATE = sa.text("SELECT pg_terminate_backend(:pid)")
-BACKEND_LIVES = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+# With a timeout, the server answers once the backend is gone (true) or the time has passed
+# (false). Polling pg_stat_activity instead read one snapshot per transaction: a backend still
+# there at the first read stayed there until the wait gave up.
+TERMINATE_AND_WAIT = sa.text("SELECT pg_terminate_backend(:pid, :timeout_ms)")
+BACKEND_EXIT_TIMEOUT_MS = 60_000
 CLAIM_OWNERS = sa.text("SELECT DISTINCT claimed_by FROM outbox_queue")
 
 
@@ -302,9 +305,9 @@ def _end_session(engine: sa.Engine, conn: sa.Connection) -> None:
     its backend is gone (with it, its locks)."""
     pid = conn.execute(BACKEND_PID).scalar_one()
     with engine.connect() as admin:
-        assert admin.execute(TERMINATE, {"pid": pid}).scalar_one()
-        wait_until(lambda: admin.execute(BACKEND_LIVES, {"pid": pid}).scalar_one() == 0, 10,
-                   f"backend {pid} to exit")
+        assert admin.execute(TERMINATE_AND_WAIT,
+                             {"pid": pid, "timeout_ms": BACKEND_EXIT_TIMEOUT_MS}).scalar_one(), \
+            f"backend {pid} still there after {BACKEND_EXIT_TIMEOUT_MS} ms"
 
 
 def test_rows_claimed_by_a_session_that_ended_are_claimed_again_at_once(

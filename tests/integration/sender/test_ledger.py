@@ -128,12 +128,16 @@ def test_marks_in_flight_do_not_wait_for_each_other(
 
 def test_an_expired_lease_can_be_taken_over(engine: sa.Engine, db_settings: Settings) -> None:
     async def scenario() -> None:
-        crashed = ledger(engine, db_settings, "crashed", lease_s=0.2)
+        crashed = ledger(engine, db_settings, "crashed", lease_s=300)
         heir = ledger(engine, db_settings, "heir")
         try:
             assert (await crashed.claim("k", 1)).claim is Claim.MINE
             assert (await heir.claim("k", 1)).claim is Claim.BUSY
-            await asyncio.sleep(0.4)
+            # The lease runs out (by SQL: a 0.2 s lease and a 0.4 s sleep had run out before
+            # the heir's first claim on a loaded machine).
+            with engine.begin() as conn:
+                conn.execute(sa.text("UPDATE sender_ledger SET lease_until = clock_timestamp() "
+                                     "- interval '1 second' WHERE idempotency_key = 'k'"))
             assert (await heir.claim("k", 1)).claim is Claim.MINE
         finally:
             await crashed.close()

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from postroom.devkit.devsmtp import DevSmtpServer, ReceivedMessage
+from postroom.devkit.devsmtp import DevSmtpServer
+from postroom.devkit.devsmtp_handler import ReceivedMessage
 from postroom.sender.pipelining import Pipeline
 from postroom.sender.smtp import SmtpPool
 from postroom.sender.smtp_config import SmtpConfig

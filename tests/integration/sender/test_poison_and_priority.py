@@ -186,6 +186,13 @@ def test_a_retry_kafka_refuses_as_too_large_ends_as_a_recorded_failure(
         "max.message.bytes", "1000", incremental_operation=AlterConfigOpType.SET)])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
+
+    def applied() -> bool:
+        # The broker serves the new limit a moment after the change returns.
+        described = admin.describe_configs([ConfigResource("topic", tier)], request_timeout=10)
+        return all(f.result()["max.message.bytes"].value == "1000" for f in described.values())
+
+    wait_until(applied, 30, f"the broker to apply max.message.bytes to {tier}")
     server = DevSmtpServer(port=0, defer={"late@example.com": 5})
     server.start()
     # Incompressible: the producer compresses, and a record is measured compressed.

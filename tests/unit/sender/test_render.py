@@ -1,5 +1,6 @@
-"""postroom.sender.render: an email filled into its report's template is byte for byte the email the email
-package builds in full; the template's cut, its cache and which recipients may take it."""
+"""postroom.sender.render and postroom.sender.template: an email filled into its report's template
+is byte for byte the email the email package builds in full; the template's cut, its cache and
+which recipients may take it."""
 
 from __future__ import annotations
 
@@ -19,15 +20,8 @@ from postroom.sender import render
 from postroom.sender.delivery import Delivery
 from postroom.sender.message import build_message
 from postroom.sender.outcome import Failure, Stage
-from postroom.sender.render import (
-    Built,
-    Template,
-    TemplateCache,
-    Templated,
-    TemplateError,
-    plain_lines,
-    serialise,
-)
+from postroom.sender.render import Built, TemplateCache, Templated, plain_lines, serialise
+from postroom.sender.template import Template, TemplateError
 from support.fuzz import examples
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, 5, 734512, tzinfo=dt.UTC)  # the Date line drops the fraction

@@ -9,8 +9,8 @@ import email.policy
 
 import pytest
 
-from postroom.devkit.devsmtp import _message_id
 from postroom.devkit.devsmtp_cli import parse_args, parse_defer
+from postroom.devkit.devsmtp_handler import message_id_of
 
 
 def test_defer_flag_syntax() -> None:
@@ -57,7 +57,7 @@ def test_bad_defer_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     (b"Message-ID: <only-headers@b>", "<only-headers@b>"),
 ])
 def test_the_message_id_is_read_from_the_header_block(raw: bytes, expected: str | None) -> None:
-    assert _message_id(raw) == expected
+    assert message_id_of(raw) == expected
 
 
 def test_the_message_id_is_what_the_email_package_reads() -> None:
@@ -67,7 +67,7 @@ def test_the_message_id_is_what_the_email_package_reads() -> None:
     message.set_content("Hallo")
     raw = message.as_bytes()
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
-    assert _message_id(raw) == str(parsed["Message-ID"]).strip()
+    assert message_id_of(raw) == str(parsed["Message-ID"]).strip()
 
 
 @pytest.mark.parametrize("port", ["-1", "65536", "99999"])
