@@ -51,7 +51,10 @@ async def read_data(reader: asyncio.StreamReader, pruner: Pruner, limit: int,
     Pieces come from StreamReader.readuntil's LimitOverrunError (how much is there without a
     ``.<CRLF>`` in it), so the reader never takes a byte past the end of the message."""
     received = 0
-    at_line_start = True  # DATA starts a line: an empty message is ".\r\n" alone
+    # The last bytes read before this piece: the CRLF that opens the final "." line may have
+    # come in the piece before (a LimitOverrunError's piece ends anywhere, "\r" or "\r\n"
+    # included). DATA starts a line: an empty message is ".\r\n" alone.
+    before = b"\r\n"
     while True:
         ends = False
         try:
@@ -59,7 +62,7 @@ async def read_data(reader: asyncio.StreamReader, pruner: Pruner, limit: int,
         except asyncio.LimitOverrunError as exc:
             piece = await reader.read(exc.consumed)
         else:
-            ends = (len(piece) == len(_DOT_LINE) and at_line_start) or piece.endswith(_END)
+            ends = (before + piece[-len(_END):]).endswith(_END)
             if ends:
                 piece = piece[:-len(_DOT_LINE)]
         if received <= limit and piece:
@@ -68,7 +71,7 @@ async def read_data(reader: asyncio.StreamReader, pruner: Pruner, limit: int,
         on_progress()
         if ends:
             return received
-        at_line_start = piece.endswith(b"\r\n")
+        before = (before + piece[-2:])[-2:]
 
 
 class BounceSession(SMTP):

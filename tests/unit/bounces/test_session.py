@@ -259,7 +259,30 @@ def test_the_data_reader_hands_over_the_message_and_reads_not_a_byte_past_its_en
     break its own) and leaves what follows the final "." line (a pipelined QUIT) unread."""
     # Dot-stuffed where SMTP lines start: at the start and after each CRLF (RFC 5321 4.5.2).
     body = re.sub(rb"(?:^|(?<=\r\n))\.", b"..", b"".join(line + b"\r\n" for line in lines))
+    data, received, rest = _read_data(body + b".\r\nQUIT\r\n", cuts)
+    assert data == body
+    assert received == len(body)
+    assert rest == b"QUIT\r\n"
+
+
+@pytest.mark.parametrize("back", range(1, 6))
+def test_the_data_reader_finds_the_end_when_a_long_message_arrives_cut_inside_it(
+        back: int) -> None:
+    """Bytes that arrive without a ".<CRLF>" past the reader's limit are handed over as they
+    are, cut anywhere: the end's CRLF may be in that piece and its ".<CRLF>" in the next (a
+    TCP segment ending in "<CRLF>." left the message unended, the next commands read as
+    data)."""
+    body = b"a" * 2500 + b"\r\n"
     wire = body + b".\r\nQUIT\r\n"
+    data, received, rest = _read_data(wire, [len(body) + 3 - back])
+    assert data == body
+    assert received == len(body)
+    assert rest == b"QUIT\r\n"
+
+
+def _read_data(wire: bytes, cuts: list[int]) -> tuple[bytes, int, bytes]:
+    """The message read_data hands over of ``wire`` arriving cut at ``cuts``, the bytes it
+    counts, and what it left unread; IncompleteReadError if it has not found the end."""
 
     async def run() -> tuple[bytes, int, bytes]:
         reader = asyncio.StreamReader(limit=1001)
@@ -271,13 +294,11 @@ def test_the_data_reader_hands_over_the_message_and_reads_not_a_byte_past_its_en
                 reader.feed_data(wire[start:cut])
                 start = cut
                 await asyncio.sleep(0)
+            reader.feed_eof()  # a reader that missed the end raises IncompleteReadError
 
         feeding = asyncio.ensure_future(arrive())
         received = await read_data(reader, collected, len(wire), lambda: None)
         await feeding
         return bytes(collected.data), received, await reader.read(len(wire))
 
-    data, received, rest = asyncio.run(run())
-    assert data == body
-    assert received == len(body)
-    assert rest == b"QUIT\r\n"
+    return asyncio.run(run())
