@@ -8,6 +8,18 @@ import enum
 
 from postroom.rules import SizeLimits
 
+# Recipients of one message: a report goes to the one return path of the email it is about
+# (Postfix's smtpd_recipient_limit is 1000 for any mail); 452 past it (RFC 5321 4.5.3.1.10).
+RECIPIENTS_MAX = 100
+# Replies of 4xx and 5xx in one session before 421 and the connection closed (Postfix's
+# smtpd_hard_error_limit): each refused RCPT is a log line, and nothing else bounded them.
+ERRORS_MAX = 20
+# Commands that change nothing, each resetting the idle timeout (Postfix's
+# smtpd_junk_command_limit), and all commands, per session: 421 past them.
+JUNK_COMMANDS = ("NOOP", "RSET", "VRFY", "HELP", "EHLO", "HELO")
+JUNK_COMMANDS_MAX = 100
+COMMANDS_MAX = 10_000
+
 # Room for what a report adds around the email it encloses: its own headers, the human-readable
 # and status parts (a delivery status of 100 recipients is about 50 KB), a provider's wrapping.
 REPORT_OVERHEAD_BYTES = 1024 * 1024

@@ -13,7 +13,15 @@ from typing import Any
 from aiosmtpd.smtp import SMTP, syntax
 
 from postroom.bounces.errors import Refusal
-from postroom.bounces.limits import Admission, SessionLimits
+from postroom.bounces.limits import (
+    COMMANDS_MAX,
+    ERRORS_MAX,
+    JUNK_COMMANDS,
+    JUNK_COMMANDS_MAX,
+    RECIPIENTS_MAX,
+    Admission,
+    SessionLimits,
+)
 from postroom.bounces.pruning import Kept, Pruner
 from postroom.metrics import (
     BOUNCE_REFUSED_TOTAL,
@@ -38,6 +46,10 @@ TOO_MANY_FROM_CLIENT_REPLY = (f"421 4.7.0 {SERVER_HOSTNAME} too many connections
                               "address, try again later")
 TOO_LARGE_REPLY = "552 5.3.4 message too big for the bounce intake"
 NO_AUTH_REPLY = "502 5.5.1 AUTH not available"
+TOO_MANY_RECIPIENTS_REPLY = "452 4.5.3 too many recipients"
+TOO_MANY_ERRORS_REPLY = f"421 4.7.0 {SERVER_HOSTNAME} too many errors"
+# aiosmtpd's per-session budget of each command: 421 and closed past it.
+_COMMAND_LIMITS = {"*": COMMANDS_MAX, **dict.fromkeys(JUNK_COMMANDS, JUNK_COMMANDS_MAX)}
 
 
 async def read_data(reader: asyncio.StreamReader, pruner: Pruner, limit: int,
@@ -83,7 +95,9 @@ class BounceSession(SMTP):
         # SMTPUTF8: the DSN of an email to a UTF-8 address needs it, or the MTA cannot send it.
         super().__init__(handler, data_size_limit=data_size_limit, hostname=SERVER_HOSTNAME,
                          ident="postroom bounces", timeout=SESSION_TIMEOUT_S,
-                         enable_SMTPUTF8=True, auth_exclude_mechanism=("LOGIN", "PLAIN"))
+                         enable_SMTPUTF8=True, auth_exclude_mechanism=("LOGIN", "PLAIN"),
+                         command_call_limit=_COMMAND_LIMITS)
+        self._errors = 0  # 4xx and 5xx replies given in this session
         self._metrics = metrics
         self._limits = limits
         self._client: str | None = None
@@ -132,6 +146,12 @@ class BounceSession(SMTP):
             log.warning("bounce refused (%s): over %d bytes", Refusal.TOO_LARGE.value,
                         self.data_size_limit)
         await super().push(status)
+        if reply[:1] in (b"4", b"5") and not reply.startswith(b"421"):
+            self._errors += 1
+            if self._errors >= ERRORS_MAX and self.transport is not None:
+                self._metrics.inc(BOUNCE_REPLIES_TOTAL, code="421")
+                await super().push(TOO_MANY_ERRORS_REPLY)
+                self.transport.close()
 
     async def handle_exception(self, error: Exception) -> str:
         # A fault of ours: the MTA tries again, and may do so on this connection with MAIL at
@@ -143,6 +163,15 @@ class BounceSession(SMTP):
     async def smtp_AUTH(self, arg: str) -> None:
         # No @syntax: HELP does not list it. Nobody logs in to the bounce intake.
         await self.push(NO_AUTH_REPLY)
+
+    @syntax("RCPT TO: <address>", extended=" [SP <mail-parameters>]")
+    async def smtp_RCPT(self, arg: str | None) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # pipelined after our 421: not read, nor logged
+        if self.envelope is not None and len(self.envelope.rcpt_tos) >= RECIPIENTS_MAX:
+            await self.push(TOO_MANY_RECIPIENTS_REPLY)
+            return
+        await super().smtp_RCPT(arg)
 
     @syntax("DATA")
     async def smtp_DATA(self, arg: str) -> None:

@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import re
 import smtplib
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from postroom.bounces.intake import BounceConfig, Intake
-from postroom.bounces.limits import SessionLimits
+from postroom.bounces.limits import (
+    ERRORS_MAX,
+    JUNK_COMMANDS_MAX,
+    RECIPIENTS_MAX,
+    SessionLimits,
+)
 from postroom.bounces.mapping import OutboxRow
 from postroom.bounces.reports import parse_report
 from postroom.bounces.service import _Handler
@@ -302,3 +308,84 @@ def _read_data(wire: bytes, cuts: list[int]) -> tuple[bytes, int, bytes]:
         return bytes(collected.data), received, await reader.read(len(wire))
 
     return asyncio.run(run())
+
+
+class Raw:
+    """A client on a plain socket: commands sent pipelined, replies read one by one (the last
+    line of each), b"" once the server has closed."""
+
+    def __init__(self, port: int) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        self._file = self._socket.makefile("rb")
+        self.greeting = self.reply()
+
+    def send(self, data: bytes) -> None:
+        self._socket.sendall(data)
+
+    def reply(self) -> bytes:
+        while True:
+            line = self._file.readline()
+            if line[3:4] != b"-":
+                return line
+
+    def replies(self) -> list[bytes]:
+        """Every reply until the server closes."""
+        found = []
+        while line := self.reply():
+            found.append(line)
+        return found
+
+    def close(self) -> None:
+        self._file.close()
+        self._socket.close()
+
+
+def test_recipients_past_the_cap_are_452_and_the_message_is_taken() -> None:
+    """A report goes to one return path: past RECIPIENTS_MAX a RCPT gets 452 (RFC 5321
+    4.5.3.1.10: the client sends the rest later), where each one grew the envelope (100,000
+    recipients: 19 MiB a session) and the intake's walk over them."""
+    results = Results()
+    with intake_listener(results, Metrics(), SessionLimits(5, 5)) as listener:
+        client = Raw(listener.port)
+        rcpt = return_path(BOUNCE, TOKEN)
+        client.send(b"EHLO mx.example.com\r\nMAIL FROM:<>\r\n"
+                    + f"RCPT TO:<{rcpt}>\r\n".encode() * (RECIPIENTS_MAX + 5))
+        assert client.reply()[:3] == client.reply()[:3] == b"250"
+        codes = [client.reply()[:3] for _ in range(RECIPIENTS_MAX + 5)]
+        assert codes == [b"250"] * RECIPIENTS_MAX + [b"452"] * 5
+        client.send(b"DATA\r\n")
+        assert client.reply()[:3] == b"354"
+        client.send(re.sub(rb"(?m)^\.", b"..", re.sub(rb"\r?\n", b"\r\n", dsn()))
+                    + b"\r\n.\r\nQUIT\r\n")
+        assert client.reply()[:3] == b"250"
+        client.close()
+    assert [r.outbox_id for r in results.published] == [ROW.outbox_id]
+
+
+def test_a_session_is_closed_past_its_errors_and_logs_no_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each refused RCPT is a log line: past ERRORS_MAX errors the session gets 421 and is
+    closed (20,000 refused RCPTs on one connection were 20,000 lines)."""
+    caplog.set_level(logging.INFO)
+    metrics = Metrics()
+    with intake_listener(Results(), metrics, SessionLimits(5, 5)) as listener:
+        client = Raw(listener.port)
+        client.send(b"EHLO mx.example.com\r\nMAIL FROM:<>\r\n"
+                    + b"RCPT TO:<someone@elsewhere.example>\r\n" * 1000)
+        replies = client.replies()
+        client.close()
+    assert [r[:3] for r in replies] == [b"250"] * 2 + [b"550"] * ERRORS_MAX + [b"421"]
+    assert b"too many errors" in replies[-1]
+    assert len(caplog.records) <= ERRORS_MAX
+    assert counter(metrics, "bounce_replies_total", code="421") == 1
+
+
+def test_commands_that_change_nothing_are_421_past_their_cap() -> None:
+    """Each NOOP reset the idle timeout: a session could be held for ever, and a hundred of
+    them fill the intake. Past JUNK_COMMANDS_MAX, 421 and closed."""
+    with intake_listener(Results(), Metrics(), SessionLimits(5, 5)) as listener:
+        client = Raw(listener.port)
+        client.send(b"NOOP\r\n" * (JUNK_COMMANDS_MAX + 50))
+        replies = client.replies()
+        client.close()
+    assert [r[:3] for r in replies] == [b"250"] * JUNK_COMMANDS_MAX + [b"421"]
