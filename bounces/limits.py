@@ -5,6 +5,7 @@ a report (what encloses the largest email postroom sends). Pure: counts and size
 from __future__ import annotations
 
 import enum
+import ipaddress
 
 from postroom.rules import SizeLimits
 
@@ -23,6 +24,9 @@ COMMANDS_MAX = 10_000
 # Room for what a report adds around the email it encloses: its own headers, the human-readable
 # and status parts (a delivery status of 100 recipients is about 50 KB), a provider's wrapping.
 REPORT_OVERHEAD_BYTES = 1024 * 1024
+# An IPv6 client is counted by its /64, the block one subscriber is given (RFC 6177): one host
+# picks any of 2**64 source addresses, each a client of its own if counted by address.
+IPV6_CLIENT_PREFIX = 64
 _BASE64_LINE = 76  # characters per base64 line (RFC 2045 6.8), then CRLF
 
 
@@ -34,15 +38,31 @@ class Admission(enum.StrEnum):
     TOO_MANY_FROM_CLIENT = "too_many_from_client"  # POSTROOM_BOUNCE_MAX_SESSIONS_PER_CLIENT
 
 
+def client_of(address: str) -> str:
+    """The client a peer ``address`` counts as: an IPv4 address (also when IPv4-mapped, as a
+    dual-stack socket gives it), an IPv6 address's /64 (its zone dropped), anything else as
+    is."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, IPV6_CLIENT_PREFIX), strict=False))
+    return str(ip)
+
+
 class SessionLimits:
-    """The sessions open now, in all and per client address. Not thread-safe: one event loop
-    admits and releases."""
+    """The sessions open now, in all and per client (client_of the peer's address). Not
+    thread-safe: one event loop admits and releases."""
 
     def __init__(self, max_sessions: int, max_per_client: int) -> None:
         self.max_sessions = max_sessions
         self.max_per_client = max_per_client
         self._open: dict[str, int] = {}
         self._total = 0
+        self.refused_in_a_row = 0  # refusals since the last admission (the log's first only)
 
     @property
     def open(self) -> int:
@@ -52,16 +72,21 @@ class SessionLimits:
     def admit(self, client: str) -> Admission:
         """Take a session for ``client`` (its address) if both caps allow; release() it once
         it ends, and only if ADMITTED."""
+        client = client_of(client)
         if self._total >= self.max_sessions:
+            self.refused_in_a_row += 1
             return Admission.TOO_MANY
         if self._open.get(client, 0) >= self.max_per_client:
+            self.refused_in_a_row += 1
             return Admission.TOO_MANY_FROM_CLIENT
         self._open[client] = self._open.get(client, 0) + 1
         self._total += 1
+        self.refused_in_a_row = 0
         return Admission.ADMITTED
 
     def release(self, client: str) -> None:
         """An admitted session of ``client`` ended."""
+        client = client_of(client)
         left = self._open.get(client, 0) - 1
         if left < 0:
             raise ValueError(f"no session of {client!r} is open")

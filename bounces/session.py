@@ -114,8 +114,12 @@ class BounceSession(SMTP):
                 reply = (TOO_MANY_REPLY if self._admission is Admission.TOO_MANY
                          else TOO_MANY_FROM_CLIENT_REPLY)
                 self._metrics.inc(BOUNCE_REPLIES_TOTAL, code="421")
-                log.warning("bounce session refused (%s): client %s", self._admission.value,
-                            self._client)
+                if self._limits.refused_in_a_row == 1:
+                    # Once until a session is admitted again: a refusal costs a client one
+                    # connect, and would cost us a line each. The metric counts them all.
+                    log.warning("bounce session refused (%s): client %s; further refusals "
+                                "until one is admitted counted in postroom_bounce_sessions_total",
+                                self._admission.value, self._client)
                 transport.write(reply.encode() + b"\r\n")  # type: ignore[attr-defined]
                 transport.close()
                 return

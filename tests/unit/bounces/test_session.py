@@ -389,3 +389,21 @@ def test_commands_that_change_nothing_are_421_past_their_cap() -> None:
         replies = client.replies()
         client.close()
     assert [r[:3] for r in replies] == [b"250"] * JUNK_COMMANDS_MAX + [b"421"]
+
+
+def test_sessions_refused_in_a_row_are_logged_once_and_all_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A refused connect costs a client nothing: it was a log line each (a connect loop, a
+    flood of lines). Logged once until a session is admitted again, each one counted."""
+    metrics = Metrics()
+    limits = SessionLimits(max_sessions=1, max_per_client=1)
+    with intake_listener(Results(), metrics, limits) as listener:
+        held = listener.client()
+        for _ in range(30):
+            refused = Raw(listener.port)
+            assert refused.greeting.startswith(b"421")
+            refused.close()
+        held.quit()
+    refusals = [r for r in caplog.records if "session refused" in r.getMessage()]
+    assert len(refusals) == 1
+    assert counter(metrics, "bounce_sessions_total", outcome="too_many") == 30
