@@ -39,6 +39,11 @@ logging.getLogger("mail.log").setLevel(logging.WARNING)
 # next hop that greets with its myhostname as a mail loop).
 SERVER_HOSTNAME = "postroom-bounces.invalid"
 SESSION_TIMEOUT_S = 300.0  # RFC 5321 4.5.3.2.7: the server's timeout is at least 5 minutes
+# A session's whole life: each command and each piece of DATA (a byte is one) resets the idle
+# timeout, so a client could hold a session, and a hundred the intake, for ever. A 38 MiB report
+# at 22 KiB/s fits; a relay reuses a connection 300 s at most (Postfix's
+# smtp_connection_reuse_time_limit). Past it, 421: the MTA tries again, nothing is lost.
+SESSION_MAX_S = 1800.0
 _DOT_LINE = b".\r\n"
 _END = b"\r\n.\r\n"  # RFC 5321 4.1.1.4: the end of the mail data
 TOO_MANY_REPLY = f"421 4.7.0 {SERVER_HOSTNAME} too many connections, try again later"
@@ -48,6 +53,7 @@ TOO_LARGE_REPLY = "552 5.3.4 message too big for the bounce intake"
 NO_AUTH_REPLY = "502 5.5.1 AUTH not available"
 TOO_MANY_RECIPIENTS_REPLY = "452 4.5.3 too many recipients"
 TOO_MANY_ERRORS_REPLY = f"421 4.7.0 {SERVER_HOSTNAME} too many errors"
+TOO_LONG_REPLY = f"421 4.4.2 {SERVER_HOSTNAME} session too long, try again later"
 # aiosmtpd's per-session budget of each command: 421 and closed past it.
 _COMMAND_LIMITS = {"*": COMMANDS_MAX, **dict.fromkeys(JUNK_COMMANDS, JUNK_COMMANDS_MAX)}
 
@@ -91,13 +97,15 @@ class BounceSession(SMTP):
     DATA: the DATA hook reads ``envelope.original_content``, the kept message)."""
 
     def __init__(self, handler: Any, metrics: Metrics, limits: SessionLimits,
-                 data_size_limit: int) -> None:
+                 data_size_limit: int, session_max_s: float = SESSION_MAX_S) -> None:
         # SMTPUTF8: the DSN of an email to a UTF-8 address needs it, or the MTA cannot send it.
         super().__init__(handler, data_size_limit=data_size_limit, hostname=SERVER_HOSTNAME,
                          ident="postroom bounces", timeout=SESSION_TIMEOUT_S,
                          enable_SMTPUTF8=True, auth_exclude_mechanism=("LOGIN", "PLAIN"),
                          command_call_limit=_COMMAND_LIMITS)
         self._errors = 0  # 4xx and 5xx replies given in this session
+        self._session_max_s = session_max_s
+        self._ends: asyncio.TimerHandle | None = None
         self._metrics = metrics
         self._limits = limits
         self._client: str | None = None
@@ -123,12 +131,23 @@ class BounceSession(SMTP):
                 transport.write(reply.encode() + b"\r\n")  # type: ignore[attr-defined]
                 transport.close()
                 return
+            self._ends = asyncio.get_running_loop().call_later(self._session_max_s,
+                                                               self._too_long)
         super().connection_made(transport)
+
+    def _too_long(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._metrics.inc(BOUNCE_REPLIES_TOTAL, code="421")
+        self.transport.write(TOO_LONG_REPLY.encode() + b"\r\n")  # type: ignore[attr-defined]
+        self.transport.close()
 
     def connection_lost(self, error: Exception | None) -> None:
         if self._admission is not Admission.ADMITTED:
             return
         self._admission = Admission.TOO_MANY  # released once, whatever calls follow
+        if self._ends is not None:
+            self._ends.cancel()
         if self._client is not None:
             self._limits.release(self._client)
         super().connection_lost(error)

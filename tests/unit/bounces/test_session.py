@@ -10,6 +10,7 @@ import asyncio
 import datetime as dt
 import logging
 import re
+import select
 import smtplib
 import socket
 import threading
@@ -33,7 +34,7 @@ from postroom.bounces.limits import (
 from postroom.bounces.mapping import OutboxRow
 from postroom.bounces.reports import parse_report
 from postroom.bounces.service import _Handler
-from postroom.bounces.session import BounceSession, read_data
+from postroom.bounces.session import SESSION_MAX_S, BounceSession, read_data
 from postroom.metrics import Metrics
 from postroom.schemas.codec import EmailResult
 from postroom.verp import make_token, return_path
@@ -99,14 +100,15 @@ class Listener:
 
 
 def intake_listener(results: Results, metrics: Metrics, limits: SessionLimits,
-                    size_limit: int = 64 * 1024 * 1024) -> Listener:
+                    size_limit: int = 64 * 1024 * 1024,
+                    session_max_s: float = SESSION_MAX_S) -> Listener:
     from concurrent.futures import ThreadPoolExecutor
 
     workers = ThreadPoolExecutor(2)
     intake = Intake(BounceConfig(BOUNCE, (SECRET,), dt.timedelta(days=60)), Rows(), results,
                     metrics)
     handler = _Handler(intake, workers, workers)
-    return Listener(lambda: BounceSession(handler, metrics, limits, size_limit))
+    return Listener(lambda: BounceSession(handler, metrics, limits, size_limit, session_max_s))
 
 
 def dsn() -> bytes:
@@ -328,6 +330,12 @@ class Raw:
             if line[3:4] != b"-":
                 return line
 
+    def trickle(self, data: bytes) -> bytes | None:
+        """Send ``data``, then the server's reply if one comes within 50 ms (the pace)."""
+        self._socket.sendall(data)
+        readable, _, _ = select.select([self._socket], [], [], 0.05)
+        return self.reply() if readable else None
+
     def replies(self) -> list[bytes]:
         """Every reply until the server closes."""
         found = []
@@ -407,3 +415,20 @@ def test_sessions_refused_in_a_row_are_logged_once_and_all_counted(
     refusals = [r for r in caplog.records if "session refused" in r.getMessage()]
     assert len(refusals) == 1
     assert counter(metrics, "bounce_sessions_total", outcome="too_many") == 30
+
+
+def test_a_session_that_trickles_its_data_ends_at_its_deadline() -> None:
+    """Each piece of DATA, a byte even, reset the idle timeout: a client trickling held its
+    session for ever. The session's whole life is bounded: 421 at its deadline."""
+    metrics = Metrics()
+    with intake_listener(Results(), metrics, SessionLimits(5, 5), session_max_s=0.5) as listener:
+        client = Raw(listener.port)
+        client.send(f"EHLO mx.example.com\r\nMAIL FROM:<>\r\nRCPT TO:<{BOUNCE}>\r\nDATA\r\n"
+                    .encode())
+        assert [client.reply()[:3] for _ in range(4)] == [b"250", b"250", b"250", b"354"]
+        deadline = time.monotonic() + WAIT_S
+        while (answer := client.trickle(b"x")) is None:
+            assert time.monotonic() < deadline, "the session outlived its deadline"
+        client.close()
+    assert answer.startswith(b"421 4.4.2")
+    assert counter(metrics, "bounce_replies_total", code="421") == 1
