@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+from collections.abc import Callable
 
 from postroom.rules import SizeLimits
 
@@ -36,6 +37,32 @@ class Admission(enum.StrEnum):
     ADMITTED = "admitted"
     TOO_MANY = "too_many"  # POSTROOM_BOUNCE_MAX_SESSIONS open
     TOO_MANY_FROM_CLIENT = "too_many_from_client"  # POSTROOM_BOUNCE_MAX_SESSIONS_PER_CLIENT
+
+
+class LogBudget:
+    """At most ``lines`` log lines each ``interval_s`` (a fixed window on ``clock``, seconds);
+    a line past them is left out and counted, and the next line let through says how many.
+    Not thread-safe: its user holds a lock."""
+
+    def __init__(self, lines: int, interval_s: float, clock: Callable[[], float]) -> None:
+        self._lines = lines
+        self._interval_s = interval_s
+        self._clock = clock
+        self._window_start = clock()
+        self._used = 0
+        self._left_out = 0
+
+    def take(self) -> int | None:
+        """None when this line is to be left out; otherwise the lines left out before it."""
+        now = self._clock()
+        if now - self._window_start >= self._interval_s:
+            self._window_start, self._used = now, 0
+        if self._used >= self._lines:
+            self._left_out += 1
+            return None
+        self._used += 1
+        left_out, self._left_out = self._left_out, 0
+        return left_out
 
 
 def client_of(address: str) -> str:

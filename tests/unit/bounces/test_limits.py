@@ -9,6 +9,7 @@ import pytest
 
 from postroom.bounces.limits import (
     Admission,
+    LogBudget,
     SessionLimits,
     base64_bytes,
     client_of,
@@ -87,3 +88,13 @@ def test_refusals_in_a_row_are_counted_from_the_last_admission() -> None:
     limits.release("192.0.2.1")
     limits.admit("192.0.2.2")
     assert limits.refused_in_a_row == 0
+
+
+def test_a_log_budget_lets_lines_through_per_window_and_counts_the_rest() -> None:
+    now = [0.0]
+    budget = LogBudget(2, 1.0, lambda: now[0])
+    assert [budget.take() for _ in range(5)] == [0, 0, None, None, None]
+    now[0] = 0.999
+    assert budget.take() is None
+    now[0] = 1.0
+    assert [budget.take() for _ in range(3)] == [4, 0, None]
