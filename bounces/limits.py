@@ -17,7 +17,8 @@ RECIPIENTS_MAX = 100
 # smtpd_hard_error_limit): each refused RCPT is a log line, and nothing else bounded them.
 ERRORS_MAX = 20
 # Commands that change nothing, each resetting the idle timeout (Postfix's
-# smtpd_junk_command_limit), and all commands, per session: 421 past them.
+# smtpd_junk_command_limit), and each other command, per session: 421 past them (aiosmtpd
+# counts each command apart).
 JUNK_COMMANDS = ("NOOP", "RSET", "VRFY", "HELP", "EHLO", "HELO")
 JUNK_COMMANDS_MAX = 100
 COMMANDS_MAX = 10_000
