@@ -260,14 +260,17 @@ _BODY_LINES = st.sampled_from([b"", b".", b"..", b"x.", b". ", b"text", b"-- ", 
 
 @settings(max_examples=examples(200), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(lines=st.lists(_BODY_LINES, max_size=30), cuts=st.lists(st.integers(1, 6000), max_size=10))
+@given(lines=st.lists(_BODY_LINES, max_size=30), cuts=st.lists(st.integers(1, 6000), max_size=10),
+       near_end=st.integers(0, 6))
 def test_the_data_reader_hands_over_the_message_and_reads_not_a_byte_past_its_end(
-        lines: list[bytes], cuts: list[int]) -> None:
+        lines: list[bytes], cuts: list[int], near_end: int) -> None:
     """However the bytes come, the reader gives the message as sent (dot-stuffed, its last line
     break its own) and leaves what follows the final "." line (a pipelined QUIT) unread."""
     # Dot-stuffed where SMTP lines start: at the start and after each CRLF (RFC 5321 4.5.2).
     body = re.sub(rb"(?:^|(?<=\r\n))\.", b"..", b"".join(line + b"\r\n" for line in lines))
-    data, received, rest = _read_data(body + b".\r\nQUIT\r\n", cuts)
+    # A cut inside the end's "<CRLF>.<CRLF>" too: the bytes before it arrive alone.
+    data, received, rest = _read_data(body + b".\r\nQUIT\r\n",
+                                      [*cuts, max(1, len(body) + 3 - near_end)])
     assert data == body
     assert received == len(body)
     assert rest == b"QUIT\r\n"
