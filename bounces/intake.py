@@ -8,10 +8,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from postroom.bounces.errors import BouncesError, Refusal, UnusableReportError
+from postroom.bounces.limits import LogBudget
 from postroom.bounces.mapping import OutboxRow, results_for
 from postroom.bounces.reports import Report, parse_report
 from postroom.metrics import BOUNCE_HELD_TOTAL, BOUNCE_REFUSED_TOTAL, BOUNCE_REPORTS_TOTAL, Metrics
@@ -28,6 +31,11 @@ NOT_OURS_REPLY = "550 5.1.1 no such address"
 FORGED_REPLY = "550 5.7.1 token not valid"
 EXPIRED_REPLY = "550 5.1.1 token expired"
 _TOKEN_REPLIES = {Refusal.FORGED_TOKEN: FORGED_REPLY, Refusal.EXPIRED_TOKEN: EXPIRED_REPLY}
+# Refusal lines logged at most, each REFUSAL_LOG_INTERVAL_S: anyone can send junk, a line each
+# (one connection's tiny messages were 150 lines a second); every refusal is counted
+# (postroom_bounce_refused_total{reason}), and a line says how many were left out before it.
+REFUSAL_LOG_LINES = 10
+REFUSAL_LOG_INTERVAL_S = 1.0
 
 
 class UnavailableError(BouncesError):
@@ -74,8 +82,11 @@ class Intake:
     """Decides the replies of one bounce listener; thread-safe (it keeps no session state)."""
 
     def __init__(self, config: BounceConfig, rows: Rows, results: Results, metrics: Metrics,
-                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._config = config
+        self._log_budget = LogBudget(REFUSAL_LOG_LINES, REFUSAL_LOG_INTERVAL_S, monotonic)
+        self._log_lock = threading.Lock()
         self._local, _, self._domain = config.address.rpartition("@")
         self._rows = rows
         self._results = results
@@ -84,7 +95,12 @@ class Intake:
 
     def _refuse(self, refusal: Refusal, detail: str) -> None:
         self._metrics.inc(BOUNCE_REFUSED_TOTAL, reason=refusal.value)
-        log.warning("bounce refused (%s): %s", refusal.value, detail)
+        with self._log_lock:
+            left_out = self._log_budget.take()
+        if left_out is None:
+            return
+        log.warning("bounce refused (%s): %s%s", refusal.value, detail,
+                    f" ({left_out} refusals before this one not logged)" if left_out else "")
 
     def _read(self, text: str) -> int:
         return read_token(text, self._config.address, self._config.secrets, self._clock(),

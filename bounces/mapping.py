@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Sequence
 
 from postroom.bounces.reports import Notice, Report
-from postroom.errors import printable
+from postroom.errors import InvalidContentError, printable
+from postroom.rules import canonical_domain
 from postroom.schemas.codec import EmailResult
+
+_XTEXT = re.compile(r"\+([0-9A-F]{2})")  # RFC 3461 4: ORCPT's encoding
+_UNITEXT = re.compile(r"\\x\{([0-9A-Fa-f]{1,6})\}")  # RFC 6533 3: utf-8-addr-xtext
+_MAX_CODE_POINT = 0x10FFFF
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +37,36 @@ class Mapped:
     mismatched: int
 
 
-def _same(a: str, b: str) -> bool:
-    return a.strip().casefold() == b.strip().casefold()
+def _mailbox(address: str) -> str:
+    """One spelling of a mailbox to compare: without blanks and angle brackets, its domain as
+    the row holds it (canonical_domain: an MTA may write the U-label), case-folded."""
+    address = address.strip().strip("<>").strip()
+    local, at, domain = address.rpartition("@")
+    if at:
+        try:
+            address = f"{local}@{canonical_domain(domain)}"
+        except InvalidContentError:
+            pass  # no domain a row holds: compared as written, and so never the row's
+    return address.casefold()
+
+
+def _unitext(match: re.Match[str]) -> str:
+    code = int(match.group(1), 16)
+    return chr(code) if code <= _MAX_CODE_POINT else match.group(0)
+
+
+def _spellings(named: str) -> set[str]:
+    """The mailboxes a report's address may stand for: as written, and decoded from the
+    encodings an MTA may leave on it (ORCPT's xtext, copied as sent; RFC 6533's ``\\x{HEX}``
+    in a utf-8 address)."""
+    decoded = _UNITEXT.sub(_unitext, named)
+    forms = {named, decoded, *(_XTEXT.sub(lambda m: chr(int(m.group(1), 16)), form)
+                                for form in (named, decoded))}
+    return {_mailbox(form) for form in forms}
+
+
+def _same(named: str, recipient: str) -> bool:
+    return _mailbox(recipient) in _spellings(named)
 
 
 def concerns(notice: Notice, row: OutboxRow, notices: int) -> bool:

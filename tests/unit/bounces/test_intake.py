@@ -19,6 +19,8 @@ from postroom.bounces.intake import (
     HELD_REPLY,
     IGNORED_REPLY,
     NOT_OURS_REPLY,
+    REFUSAL_LOG_INTERVAL_S,
+    REFUSAL_LOG_LINES,
     UNKNOWN_REPLY,
     Accepted,
     BounceConfig,
@@ -244,3 +246,23 @@ def test_no_address_or_message_ever_crashes_the_intake_or_changes_another_row(
     assert reply in {ACCEPTED_REPLY, IGNORED_REPLY, UNKNOWN_REPLY}
     assert {r.outbox_id for r in results.published} <= {ROW.outbox_id}
     assert all(r.recipient == ROW.recipient for r in results.published)
+
+
+def test_refusals_are_logged_at_most_ten_a_second_and_all_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone can send junk, and each refusal was a log line (one connection's tiny messages:
+    150 lines a second). Past REFUSAL_LOG_LINES a second they are counted only, and the next
+    line says how many were left out."""
+    now = [0.0]
+    metrics = Metrics()
+    intake = Intake(CONFIG, FakeRows(ROW), FakeResults(), metrics, clock=lambda: NOW,
+                    monotonic=lambda: now[0])
+    for _ in range(100):
+        assert intake.recipient("someone@elsewhere.example") == NOT_OURS_REPLY
+    assert len(caplog.records) == REFUSAL_LOG_LINES
+    now[0] += REFUSAL_LOG_INTERVAL_S
+    assert intake.message([Accepted(BOUNCE, None)], b"Subject: hi\r\n\r\nhello\r\n") == (
+        IGNORED_REPLY)
+    assert caplog.records[-1].getMessage().endswith(
+        f"({100 - REFUSAL_LOG_LINES} refusals before this one not logged)")
+    assert counter(metrics, "bounce_refused_total", reason="no_token") == 100

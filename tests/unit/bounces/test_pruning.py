@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -113,6 +114,37 @@ def test_parts_past_the_cap_are_dropped_and_the_message_stays_well_formed() -> N
     assert kept.message.endswith(b"--b--\r\n")
 
 
+@pytest.mark.parametrize("line", [b"-\r\n", b"-\n", b"--b-x\r\n", b"-: header\r\n"])
+@pytest.mark.parametrize("head", [
+    b"Content-Type: application/octet-stream\r\n\r\n",  # a body dropped
+    b"Content-Type: multipart/mixed; boundary=b\r\n\r\n",  # a preamble
+    b"Subject: s\r\n",  # a header block past its cap
+])
+def test_lines_that_may_be_delimiters_are_looked_at_one_by_one_up_to_a_cap(
+        head: bytes, line: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body of lines that start with "-" is looked at line by line, on the event loop: past
+    LINES_MAX the rest is read without looking (it was 1 s of CPU a MiB, 40 s a message)."""
+    looked_at = 0
+    end_line = Pruner._end_line
+
+    def counting(self: Pruner) -> None:
+        nonlocal looked_at
+        looked_at += 1
+        end_line(self)
+
+    monkeypatch.setattr(Pruner, "_end_line", counting)
+    pruner = Pruner()
+    pruner.feed(head)
+    junk = line * (65536 // len(line))
+    for _ in range(64):  # 4 MiB
+        pruner.feed(junk)
+    kept = pruner.close()
+    assert kept.pruned
+    assert kept.received == len(head) + 64 * len(junk)
+    assert looked_at <= pruning.LINES_MAX + 1
+    read(kept.message)
+
+
 _LINES = st.sampled_from([
     b"\r\n", b"\n", b"--b\r\n", b"--b--\r\n", b"--c\r\n", b"--c--  \r\n", b"--b-x\r\n", b"-\r\n",
     b"Content-Type: multipart/mixed; boundary=b\r\n",
@@ -126,10 +158,16 @@ _LINES = st.sampled_from([
 
 @settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(lines=st.lists(_LINES, max_size=60), cuts=st.lists(st.integers(0, 3000), max_size=8))
+@given(lines=st.lists(_LINES, max_size=60), cuts=st.lists(st.integers(0, 3000), max_size=8),
+       lines_max=st.sampled_from([pruning.LINES_MAX, 3, 20]))
 def test_what_is_kept_does_not_depend_on_how_the_data_is_split(
-        lines: list[bytes], cuts: list[int]) -> None:
+        lines: list[bytes], cuts: list[int], lines_max: int) -> None:
     data = b"".join(lines)
+    with mock.patch.object(pruning, "LINES_MAX", lines_max):
+        _kept_the_same_however_split(data, cuts)
+
+
+def _kept_the_same_however_split(data: bytes, cuts: list[int]) -> None:
     whole = Pruner()
     whole.feed(data)
     expected = whole.close()

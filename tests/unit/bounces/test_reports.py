@@ -189,3 +189,24 @@ def test_the_heuristics_read_a_bounded_message(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(UnusableReportError):
         parse_report(b"From: a@example.com\r\n\r\n" + (b"x" * 70 + b"\r\n") * 2000)
     assert seen == [reports.HEURISTIC_MAX_BYTES]
+
+
+def test_the_heuristics_read_a_bounded_number_of_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their cost goes with the lines: 16 KiB of two-byte lines (8,000 lines) cost 0.2 s of
+    CPU a message, anyone's to send. At most HEURISTIC_MAX_LINES reach them."""
+    from postroom.bounces import reports
+
+    seen: list[int] = []
+
+    def detectors(message: Message) -> tuple[frozenset[bytes], frozenset[bytes]]:
+        seen.append(sum(p.get_payload().count("\n") for p in message.walk()
+                        if isinstance(p.get_payload(), str)))
+        return frozenset(), frozenset()
+
+    monkeypatch.setattr(reports, "all_failures", detectors)
+    nested = (b"From: a@example.com\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n"
+              + b"--b\r\nContent-Type: text/plain\r\n\r\n" + b"x\r\n" * 300
+              + b"--b\r\nContent-Type: text/plain\r\n\r\n" + b"x\r\n" * 8000 + b"--b--\r\n")
+    with pytest.raises(UnusableReportError):
+        parse_report(nested)
+    assert seen == [reports.HEURISTIC_MAX_LINES]

@@ -10,7 +10,9 @@ import asyncio
 import datetime as dt
 import logging
 import re
+import select
 import smtplib
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,11 +25,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from postroom.bounces.intake import BounceConfig, Intake
-from postroom.bounces.limits import SessionLimits
+from postroom.bounces.limits import (
+    ERRORS_MAX,
+    JUNK_COMMANDS_MAX,
+    RECIPIENTS_MAX,
+    SessionLimits,
+)
 from postroom.bounces.mapping import OutboxRow
 from postroom.bounces.reports import parse_report
 from postroom.bounces.service import _Handler
-from postroom.bounces.session import BounceSession, read_data
+from postroom.bounces.session import SESSION_MAX_S, BounceSession, read_data
 from postroom.metrics import Metrics
 from postroom.schemas.codec import EmailResult
 from postroom.verp import make_token, return_path
@@ -93,14 +100,15 @@ class Listener:
 
 
 def intake_listener(results: Results, metrics: Metrics, limits: SessionLimits,
-                    size_limit: int = 64 * 1024 * 1024) -> Listener:
+                    size_limit: int = 64 * 1024 * 1024,
+                    session_max_s: float = SESSION_MAX_S) -> Listener:
     from concurrent.futures import ThreadPoolExecutor
 
     workers = ThreadPoolExecutor(2)
     intake = Intake(BounceConfig(BOUNCE, (SECRET,), dt.timedelta(days=60)), Rows(), results,
                     metrics)
     handler = _Handler(intake, workers, workers)
-    return Listener(lambda: BounceSession(handler, metrics, limits, size_limit))
+    return Listener(lambda: BounceSession(handler, metrics, limits, size_limit, session_max_s))
 
 
 def dsn() -> bytes:
@@ -252,14 +260,40 @@ _BODY_LINES = st.sampled_from([b"", b".", b"..", b"x.", b". ", b"text", b"-- ", 
 
 @settings(max_examples=examples(200), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(lines=st.lists(_BODY_LINES, max_size=30), cuts=st.lists(st.integers(1, 6000), max_size=10))
+@given(lines=st.lists(_BODY_LINES, max_size=30), cuts=st.lists(st.integers(1, 6000), max_size=10),
+       near_end=st.integers(0, 6))
 def test_the_data_reader_hands_over_the_message_and_reads_not_a_byte_past_its_end(
-        lines: list[bytes], cuts: list[int]) -> None:
+        lines: list[bytes], cuts: list[int], near_end: int) -> None:
     """However the bytes come, the reader gives the message as sent (dot-stuffed, its last line
     break its own) and leaves what follows the final "." line (a pipelined QUIT) unread."""
     # Dot-stuffed where SMTP lines start: at the start and after each CRLF (RFC 5321 4.5.2).
     body = re.sub(rb"(?:^|(?<=\r\n))\.", b"..", b"".join(line + b"\r\n" for line in lines))
+    # A cut inside the end's "<CRLF>.<CRLF>" too: the bytes before it arrive alone.
+    data, received, rest = _read_data(body + b".\r\nQUIT\r\n",
+                                      [*cuts, max(1, len(body) + 3 - near_end)])
+    assert data == body
+    assert received == len(body)
+    assert rest == b"QUIT\r\n"
+
+
+@pytest.mark.parametrize("back", range(1, 6))
+def test_the_data_reader_finds_the_end_when_a_long_message_arrives_cut_inside_it(
+        back: int) -> None:
+    """Bytes that arrive without a ".<CRLF>" past the reader's limit are handed over as they
+    are, cut anywhere: the end's CRLF may be in that piece and its ".<CRLF>" in the next (a
+    TCP segment ending in "<CRLF>." left the message unended, the next commands read as
+    data)."""
+    body = b"a" * 2500 + b"\r\n"
     wire = body + b".\r\nQUIT\r\n"
+    data, received, rest = _read_data(wire, [len(body) + 3 - back])
+    assert data == body
+    assert received == len(body)
+    assert rest == b"QUIT\r\n"
+
+
+def _read_data(wire: bytes, cuts: list[int]) -> tuple[bytes, int, bytes]:
+    """The message read_data hands over of ``wire`` arriving cut at ``cuts``, the bytes it
+    counts, and what it left unread; IncompleteReadError if it has not found the end."""
 
     async def run() -> tuple[bytes, int, bytes]:
         reader = asyncio.StreamReader(limit=1001)
@@ -271,13 +305,133 @@ def test_the_data_reader_hands_over_the_message_and_reads_not_a_byte_past_its_en
                 reader.feed_data(wire[start:cut])
                 start = cut
                 await asyncio.sleep(0)
+            reader.feed_eof()  # a reader that missed the end raises IncompleteReadError
 
         feeding = asyncio.ensure_future(arrive())
         received = await read_data(reader, collected, len(wire), lambda: None)
         await feeding
         return bytes(collected.data), received, await reader.read(len(wire))
 
-    data, received, rest = asyncio.run(run())
-    assert data == body
-    assert received == len(body)
-    assert rest == b"QUIT\r\n"
+    return asyncio.run(run())
+
+
+class Raw:
+    """A client on a plain socket: commands sent pipelined, replies read one by one (the last
+    line of each), b"" once the server has closed."""
+
+    def __init__(self, port: int) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        self._file = self._socket.makefile("rb")
+        self.greeting = self.reply()
+
+    def send(self, data: bytes) -> None:
+        self._socket.sendall(data)
+
+    def reply(self) -> bytes:
+        while True:
+            line = self._file.readline()
+            if line[3:4] != b"-":
+                return line
+
+    def trickle(self, data: bytes) -> bytes | None:
+        """Send ``data``, then the server's reply if one comes within 50 ms (the pace)."""
+        self._socket.sendall(data)
+        readable, _, _ = select.select([self._socket], [], [], 0.05)
+        return self.reply() if readable else None
+
+    def replies(self) -> list[bytes]:
+        """Every reply until the server closes."""
+        found = []
+        while line := self.reply():
+            found.append(line)
+        return found
+
+    def close(self) -> None:
+        self._file.close()
+        self._socket.close()
+
+
+def test_recipients_past_the_cap_are_452_and_the_message_is_taken() -> None:
+    """A report goes to one return path: past RECIPIENTS_MAX a RCPT gets 452 (RFC 5321
+    4.5.3.1.10: the client sends the rest later), where each one grew the envelope (100,000
+    recipients: 19 MiB a session) and the intake's walk over them."""
+    results = Results()
+    with intake_listener(results, Metrics(), SessionLimits(5, 5)) as listener:
+        client = Raw(listener.port)
+        rcpt = return_path(BOUNCE, TOKEN)
+        client.send(b"EHLO mx.example.com\r\nMAIL FROM:<>\r\n"
+                    + f"RCPT TO:<{rcpt}>\r\n".encode() * (RECIPIENTS_MAX + 5))
+        assert client.reply()[:3] == client.reply()[:3] == b"250"
+        codes = [client.reply()[:3] for _ in range(RECIPIENTS_MAX + 5)]
+        assert codes == [b"250"] * RECIPIENTS_MAX + [b"452"] * 5
+        client.send(b"DATA\r\n")
+        assert client.reply()[:3] == b"354"
+        client.send(re.sub(rb"(?m)^\.", b"..", re.sub(rb"\r?\n", b"\r\n", dsn()))
+                    + b"\r\n.\r\nQUIT\r\n")
+        assert client.reply()[:3] == b"250"
+        client.close()
+    assert [r.outbox_id for r in results.published] == [ROW.outbox_id]
+
+
+def test_a_session_is_closed_past_its_errors_and_logs_no_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each refused RCPT is a log line: past ERRORS_MAX errors the session gets 421 and is
+    closed (20,000 refused RCPTs on one connection were 20,000 lines)."""
+    caplog.set_level(logging.INFO)
+    metrics = Metrics()
+    with intake_listener(Results(), metrics, SessionLimits(5, 5)) as listener:
+        client = Raw(listener.port)
+        client.send(b"EHLO mx.example.com\r\nMAIL FROM:<>\r\n"
+                    + b"RCPT TO:<someone@elsewhere.example>\r\n" * 1000)
+        replies = client.replies()
+        client.close()
+    assert [r[:3] for r in replies] == [b"250"] * 2 + [b"550"] * ERRORS_MAX + [b"421"]
+    assert b"too many errors" in replies[-1]
+    assert len(caplog.records) <= ERRORS_MAX
+    assert counter(metrics, "bounce_replies_total", code="421") == 1
+
+
+def test_commands_that_change_nothing_are_421_past_their_cap() -> None:
+    """Each NOOP reset the idle timeout: a session could be held for ever, and a hundred of
+    them fill the intake. Past JUNK_COMMANDS_MAX, 421 and closed."""
+    with intake_listener(Results(), Metrics(), SessionLimits(5, 5)) as listener:
+        client = Raw(listener.port)
+        client.send(b"NOOP\r\n" * (JUNK_COMMANDS_MAX + 50))
+        replies = client.replies()
+        client.close()
+    assert [r[:3] for r in replies] == [b"250"] * JUNK_COMMANDS_MAX + [b"421"]
+
+
+def test_sessions_refused_in_a_row_are_logged_once_and_all_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A refused connect costs a client nothing: it was a log line each (a connect loop, a
+    flood of lines). Logged once until a session is admitted again, each one counted."""
+    metrics = Metrics()
+    limits = SessionLimits(max_sessions=1, max_per_client=1)
+    with intake_listener(Results(), metrics, limits) as listener:
+        held = listener.client()
+        for _ in range(30):
+            refused = Raw(listener.port)
+            assert refused.greeting.startswith(b"421")
+            refused.close()
+        held.quit()
+    refusals = [r for r in caplog.records if "session refused" in r.getMessage()]
+    assert len(refusals) == 1
+    assert counter(metrics, "bounce_sessions_total", outcome="too_many") == 30
+
+
+def test_a_session_that_trickles_its_data_ends_at_its_deadline() -> None:
+    """Each piece of DATA, a byte even, reset the idle timeout: a client trickling held its
+    session for ever. The session's whole life is bounded: 421 at its deadline."""
+    metrics = Metrics()
+    with intake_listener(Results(), metrics, SessionLimits(5, 5), session_max_s=0.5) as listener:
+        client = Raw(listener.port)
+        client.send(f"EHLO mx.example.com\r\nMAIL FROM:<>\r\nRCPT TO:<{BOUNCE}>\r\nDATA\r\n"
+                    .encode())
+        assert [client.reply()[:3] for _ in range(4)] == [b"250", b"250", b"250", b"354"]
+        deadline = time.monotonic() + WAIT_S
+        while (answer := client.trickle(b"x")) is None:
+            assert time.monotonic() < deadline, "the session outlived its deadline"
+        client.close()
+    assert answer.startswith(b"421 4.4.2")
+    assert counter(metrics, "bounce_replies_total", code="421") == 1
