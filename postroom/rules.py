@@ -15,8 +15,6 @@ import functools
 import re
 from pathlib import PurePosixPath
 
-import idna  # pure: UTS-46 and IDNA 2008 tables, no I/O
-
 from postroom.errors import InvalidContentError
 
 MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
@@ -86,6 +84,10 @@ def canonical_domain(domain: str) -> str:
     and 4th places beside a non-ASCII label, an empty label)."""
     if domain.isascii() and _A_LABEL.search(domain) is None:
         return domain.lower()
+    # Imported here: a job's `from postroom import enqueue` loads the standard library only, and
+    # most domains never need it.
+    import idna  # pure: UTS-46 and IDNA 2008 tables, no I/O
+
     try:
         return idna.encode(domain, uts46=True).decode("ascii")
     except UnicodeError as exc:  # idna.IDNAError and its kinds are UnicodeErrors
