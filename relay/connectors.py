@@ -17,7 +17,7 @@ from postroom.relay.errors import InvalidConnectionError, SchemaNotReadyError
 if TYPE_CHECKING:
     import psycopg
     import sqlalchemy as sa
-    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import Session, scoped_session
 
 UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
 # The libraries whose connections enqueue takes, by the top-level package that defines them.
@@ -34,7 +34,8 @@ class DjangoConnection(Protocol):
 
 
 # What enqueue, enqueue_many and Batch take as ``conn``.
-JobConnection: TypeAlias = "sa.Connection | Session | psycopg.Connection[Any] | DjangoConnection"
+JobConnection: TypeAlias = ("sa.Connection | Session | scoped_session[Any] | psycopg.Connection[Any]"
+                            " | DjangoConnection")
 
 
 class Inserts(Protocol):
@@ -89,20 +90,42 @@ def connector_for(conn: object, schema: str | None, *, fast: bool) -> Connector:
     FAST_PATH); the other kinds run on theirs always."""
     kind = kind_of(conn)
     if kind == "sqlalchemy":
-        from postroom.relay.inserts import SQLAlchemyConnector
+        from postroom.relay.inserts import SQLAlchemyConnector, job_connection
 
-        return SQLAlchemyConnector(conn, schema, fast=fast)  # type: ignore[arg-type]
+        return SQLAlchemyConnector(job_connection(conn), schema, fast=fast)
     if kind == "psycopg":
         from postroom.relay.pgdriver import psycopg_connector
 
         return psycopg_connector(conn, schema)
     if kind == "django":
-        from postroom.relay.pgdriver import django_connector
-
-        return django_connector(conn, schema)  # type: ignore[arg-type]
+        return django_connector(conn, schema)
+    cls = type(conn)
+    root = cls.__module__.partition(".")[0]
+    if root == "psycopg2":
+        raise InvalidConnectionError(
+            f"conn is a psycopg2 {cls.__name__}: enqueue takes psycopg 3's (pip install "
+            "'psycopg[binary]'; psycopg.connect(...)), or a SQLAlchemy Connection or Session")
+    if root == "psycopg_pool":
+        raise InvalidConnectionError(
+            f"conn is a psycopg_pool {cls.__name__}: take a connection from the pool "
+            "(with pool.connection() as conn: enqueue(conn, ...))")
     raise InvalidConnectionError(
         "conn must be a SQLAlchemy Connection or Session, a psycopg 3 Connection or Django's "
-        f"connection, not {type(conn).__module__}.{type(conn).__qualname__}")
+        f"connection, not {cls.__module__}.{cls.__qualname__}")
+
+
+def django_connector(conn: object, schema: str | None) -> Connector:
+    """The connector of Django's connection (``django.db.connection``, a proxy of it, or
+    ``connections[alias]``); InvalidConnectionError for another of Django's objects (the
+    ``connections`` handler, a cursor, an ``atomic()``)."""
+    if not (isinstance(getattr(conn, "vendor", None), str)
+            and callable(getattr(conn, "ensure_connection", None))):
+        raise InvalidConnectionError(
+            f"conn is Django's {type(conn).__qualname__}, not a connection: pass "
+            "django.db.connection (or django.db.connections[alias])")
+    from postroom.relay.pgdriver import django_connector as connector
+
+    return connector(conn, schema)  # type: ignore[arg-type]
 
 
 def sqlstate_of(exc: BaseException) -> str | None:

@@ -14,9 +14,10 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import tuple_row
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from postroom.relay.connectors import schema_ready
+from postroom.relay.errors import InvalidConnectionError
 from postroom.relay.pgdriver import binary_names, driver_sql, query_of
 
 # The key of a psycopg connection's cursor for one-row inserts (with the thread it serves), in the
@@ -24,6 +25,45 @@ from postroom.relay.pgdriver import binary_names, driver_sql, query_of
 KEPT_CURSOR = "postroom.enqueue.cursor"
 
 text_of = functools.cache(sa.text)  # a statement as SQLAlchemy runs it
+
+
+# What a job may hold instead of a Connection or Session, and what to pass instead.
+_ASYNC_ADVICE = ("enqueue is synchronous; call it on the sync side of an AsyncConnection or "
+                 "AsyncSession in the job's transaction: "
+                 "await conn.run_sync(lambda sync_conn: enqueue(sync_conn, ...))")
+_INSTEAD = (
+    (sa.Engine, "pass a Connection in the job's transaction "
+                "(with engine.begin() as conn: enqueue(conn, ...))"),
+    (sessionmaker, "pass a Session in the job's transaction "
+                   "(with Session() as session, session.begin(): enqueue(session, ...))"),
+)
+
+
+def job_connection(conn: object) -> sa.Connection | Session:
+    """The job's SQLAlchemy Connection or Session (a ``scoped_session``'s current Session, as
+    Flask-SQLAlchemy's ``db.session`` is); InvalidConnectionError, saying what to pass, for
+    another SQLAlchemy object (an Engine, an async object, ...) or a Session bound to no one
+    engine."""
+    if isinstance(conn, scoped_session):
+        conn = conn()
+    if isinstance(conn, sa.Connection):
+        return conn
+    if isinstance(conn, Session):
+        try:
+            conn.get_bind()
+        except sa.exc.UnboundExecutionError:
+            raise InvalidConnectionError(
+                "conn is a Session bound to no engine, or to one per mapper or table: pass the "
+                "connection the rows go through (session.connection(bind_arguments="
+                "{'mapper': Model}))") from None
+        return conn
+    cls = type(conn)
+    if cls.__module__.startswith("sqlalchemy.ext.asyncio"):
+        advice = _ASYNC_ADVICE
+    else:
+        advice = next((text for kind, text in _INSTEAD if isinstance(conn, kind)),
+                      "enqueue takes a SQLAlchemy Connection or Session")
+    raise InvalidConnectionError(f"conn is a SQLAlchemy {cls.__name__}: {advice}")
 
 
 class SQLAlchemyConnector:

@@ -284,3 +284,60 @@ def test_a_refused_batch_is_undone_and_the_job_s_transaction_goes_on(
         assert enqueue(conn, key="after", recipients=["c@example.com"], subject="s", body="b",
                        schema=schema) == 1
     assert [row[0] for row in rows(engine)] == ["after|c@example.com"]
+
+
+def test_a_scoped_session_enqueues_in_its_current_session(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """Flask-SQLAlchemy's ``db.session`` is a scoped_session: the rows are its current
+    Session's, committed or rolled back with it."""
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    scoped = scoped_session(sessionmaker(engine))
+    schema = db_settings.database_schema
+    try:
+        enqueue(scoped, key="gone", recipients=["a@example.com"], subject="s", body="b",
+                schema=schema)
+        scoped.rollback()
+        assert enqueue(scoped, key="kept", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert rows(engine) == []
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert [row[0] for row in rows(engine)] == ["kept|a@example.com", "kept|b@example.com"]
+
+
+@pytest.mark.parametrize("kind", ["connection", "session"])
+def test_an_async_job_enqueues_on_the_sync_side_of_its_connection(
+        kind: str, engine: sa.Engine, db_settings: Settings) -> None:
+    """What the refusal of an async object says to do (api.md): run_sync, in the async
+    transaction, which commits or rolls back the rows."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    schema = db_settings.database_schema
+
+    def job(conn: Any, key: str) -> int:
+        return enqueue(conn, key=key, recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema)
+
+    async def run() -> list[int]:
+        async_engine = create_async_engine(engine.url)
+        counts = []
+        try:
+            for key, commit in (("gone", False), ("kept", True)):
+                if kind == "connection":
+                    async with async_engine.connect() as conn:
+                        counts.append(await conn.run_sync(job, key))
+                        await (conn.commit() if commit else conn.rollback())
+                else:
+                    async with AsyncSession(async_engine) as session:
+                        counts.append(await session.run_sync(job, key))
+                        await (session.commit() if commit else session.rollback())
+        finally:
+            await async_engine.dispose()
+        return counts
+
+    assert asyncio.run(run()) == [2, 2]
+    assert [row[0] for row in rows(engine)] == ["kept|a@example.com", "kept|b@example.com"]
