@@ -13,12 +13,13 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg import pq
 from psycopg.rows import tuple_row
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from postroom.relay.connectors import schema_ready
 from postroom.relay.errors import InvalidConnectionError
-from postroom.relay.pgdriver import binary_names, driver_sql, query_of
+from postroom.relay.pgdriver import binary_names, driver_sql, query_of, savepoint
 
 # The key of a psycopg connection's cursor for one-row inserts (with the thread it serves), in the
 # info of the pooled connection that holds it (which lives and goes with the psycopg connection).
@@ -74,7 +75,10 @@ class SQLAlchemyConnector:
         self.conn, self.schema, self.fast = conn, schema, fast
 
     def savepoint(self) -> contextlib.AbstractContextManager[object]:
-        return self.conn.begin_nested()
+        driver = idle_autocommit_driver(self.conn)
+        if driver is None:
+            return self.conn.begin_nested()
+        return own_transaction(driver, sa_connection(self.conn).dialect)
 
     def scalar(self, statement: str, params: dict[str, Any]) -> Any:
         return self.conn.execute(text_of(statement), params).scalar_one()
@@ -87,6 +91,24 @@ class SQLAlchemyConnector:
 
     def inserts(self) -> Inserts:
         return Inserts(self.conn, self.schema, fast=self.fast)
+
+
+def idle_autocommit_driver(conn: sa.Connection | Session) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under the caller's when it is in autocommit mode outside a
+    transaction (``isolation_level="AUTOCOMMIT"``), where no savepoint can be; else None."""
+    driver = sa_connection(conn).connection.driver_connection
+    if (isinstance(driver, psycopg.Connection) and driver.autocommit
+            and driver.info.transaction_status == pq.TransactionStatus.IDLE):
+        return driver
+    return None
+
+
+@contextlib.contextmanager
+def own_transaction(driver: psycopg.Connection[Any], dialect: sa.Dialect) -> Iterator[None]:
+    """A transaction of the block's own on a connection in autocommit mode, as enqueue has on a
+    psycopg connection in that mode; its errors as SQLAlchemy's."""
+    with as_sqlalchemy_errors(None, None, dialect), savepoint(driver):
+        yield
 
 
 def sa_connection(conn: sa.Connection | Session) -> sa.Connection:

@@ -341,3 +341,45 @@ def test_an_async_job_enqueues_on_the_sync_side_of_its_connection(
 
     assert asyncio.run(run()) == [2, 2]
     assert [row[0] for row in rows(engine)] == ["kept|a@example.com", "kept|b@example.com"]
+
+
+@pytest.mark.parametrize("kind", ["connection", "session"])
+@pytest.mark.parametrize("fast", [True, False])
+def test_sqlalchemy_in_autocommit_mode_commits_each_call_whole(
+        kind: str, fast: bool, engine: sa.Engine, db_settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """isolation_level="AUTOCOMMIT", as psycopg's autocommit mode: a call or a Batch of several
+    statements is a transaction of its own, all its rows or none, and the connection stays in
+    autocommit mode."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    monkeypatch.setattr(outbox, "FAST_PATH", fast)
+    schema = db_settings.database_schema
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    with contextlib.ExitStack() as stack:
+        conn: Any = stack.enter_context(autocommit.connect() if kind == "connection"
+                                        else Session(autocommit))
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert len(rows(engine)) == 2  # seen by another connection: committed
+        with pytest.raises(InvalidEmailError):
+            enqueue(conn, key="bad", recipients=["c@example.com", "not an address"],
+                    subject="s", body="b", schema=schema)
+        with Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="b", recipients=["d@example.com", "e@example.com"], subject="s",
+                          body="b")
+        assert batch.new == 2
+        with pytest.raises(RuntimeError, match="left"), Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="gone", recipients=["f@example.com"], subject="s", body="b")
+            raise RuntimeError("left the block")
+        driver = sa_driver(conn)
+        assert driver.autocommit
+        assert driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert [row[0] for row in rows(engine)] == ["k|a@example.com", "k|b@example.com",
+                                                "b|d@example.com", "b|e@example.com"]
+
+
+def sa_driver(conn: sa.Connection | Session) -> psycopg.Connection[Any]:
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    return driver
