@@ -163,8 +163,7 @@ def trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
 
 def limits_of(limits: SizeLimits | None, attachment_max_bytes: int | None,
               schema: object) -> SizeLimits:
-    if schema is not None and not isinstance(schema, str):
-        raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
+    validation.check_schema(schema)
     limits = limits or env_size_limits()
     if attachment_max_bytes is not None:
         limits = dataclasses.replace(limits, attachment_max_bytes=attachment_max_bytes)

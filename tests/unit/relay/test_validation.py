@@ -9,8 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from postroom import Batch, enqueue, enqueue_many
 from postroom.relay import validation
-from postroom.relay.errors import EnqueueError
+from postroom.relay.errors import EnqueueError, InvalidEmailError
 from support.fuzz import examples
 
 # Text of any code point, lone surrogates too (st.text leaves them out unless asked).
@@ -106,3 +107,39 @@ def test_enqueue_says_what_is_wrong_with_the_subject(subject: str, said: str) ->
         validation.check_subject(subject)
     assert str(refused.value).startswith(said)
     assert "codec" not in str(refused.value)
+
+
+@pytest.mark.parametrize("schema", [None, "", "reports", "t_0123456789", "_x", "a" * 63])
+def test_a_schema_the_roles_take_is_kept(schema: str | None) -> None:
+    assert validation.check_schema(schema) == schema
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    (5, "schema must be a schema name, not int"),
+    ('we"ird', "schema 'we\"ird' is not one the roles take"),
+    ("Reports", "schema 'Reports' is not one the roles take"),
+    ("a" * 64, "is not one the roles take"),  # the server would cut it to another name
+    ("reports\x00x", r"schema 'reports\\x00x' is not one the roles take"),
+    ("\ud800", r"schema '\\ud800' is not one the roles take"),
+    ("public; DROP TABLE outbox", "is not one the roles take"),
+])
+def test_a_schema_the_roles_cannot_take_is_refused_before_any_statement(
+        schema: object, says: str) -> None:
+    with pytest.raises(InvalidEmailError, match=says):
+        validation.check_schema(schema)
+    conn = object()  # the refusal comes before the connection is looked at
+    for call in (lambda: enqueue(conn, recipients=["a@example.com"], subject="s", body="b",  # type: ignore[arg-type]
+                                 schema=schema),  # type: ignore[arg-type]
+                 lambda: enqueue_many(conn, [], schema=schema),  # type: ignore[arg-type]
+                 lambda: Batch(conn, schema=schema)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidEmailError, match=says):
+            call()
+
+
+@given(ANYTHING)
+@settings(max_examples=examples(200))
+def test_check_schema_answers_a_name_or_an_enqueue_error(value: Any) -> None:
+    try:
+        validation.check_schema(value)
+    except EnqueueError as exc:
+        assert "\n" not in str(exc)
