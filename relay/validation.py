@@ -219,6 +219,13 @@ def check_files(paths: Sequence[str | Path], max_bytes: int, total_max_bytes: in
             raise InvalidAttachmentError(
                 f"an attachment must be a path, not {type(raw).__name__}")
         shown = str(raw)  # errors show the path as given
+        if not shown.isascii():
+            try:
+                shown.encode("utf-8")
+            except UnicodeEncodeError:  # a name in another encoding, read with surrogates
+                raise InvalidAttachmentError(
+                    f"{what} path {shown!r} is not UTF-8 text (a file name in another "
+                    "encoding): rename the file") from None
         with _as_enqueue_error(InvalidAttachmentError):
             rules.check_attachment_path(shown)
         try:

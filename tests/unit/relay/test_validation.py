@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 
 from postroom import Batch, enqueue, enqueue_many
 from postroom.relay import validation
-from postroom.relay.errors import EnqueueError, InvalidEmailError
+from postroom.relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 from support.fuzz import examples
 
 # Text of any code point, lone surrogates too (st.text leaves them out unless asked).
@@ -143,3 +145,23 @@ def test_check_schema_answers_a_name_or_an_enqueue_error(value: Any) -> None:
         validation.check_schema(value)
     except EnqueueError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("what", ["attachment", "inline image"])
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_file_name_in_another_encoding_is_refused_in_a_line_that_prints(
+        what: str, exists: bool, tmp_path: Path) -> None:
+    """A Latin-1 file name reads on Linux as text with lone surrogates: no header and no event
+    can carry it, and a message holding it could not be printed or logged as UTF-8."""
+    path = os.fsdecode(bytes(tmp_path) + b"/r\xe9sum\xe9.png")
+    if exists:
+        Path(path).write_bytes(b"\x89PNG")
+    with pytest.raises(InvalidAttachmentError) as caught:
+        if what == "attachment":
+            validation.check_files([path], 1024)
+        else:
+            validation.check_inline([path], "<img src='cid:x'>", 1024)
+    line = str(caught.value)
+    line.encode("utf-8")  # printable and loggable as UTF-8
+    assert line == (f"{what} path {path!r} is not UTF-8 text (a file name in another encoding): "
+                    "rename the file")
