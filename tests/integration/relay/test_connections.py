@@ -383,3 +383,27 @@ def sa_driver(conn: sa.Connection | Session) -> psycopg.Connection[Any]:
     driver = connection.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     return driver
+
+
+def test_psycopg_in_autocommit_and_pipeline_mode_commits_each_call_whole(
+        engine: sa.Engine, db_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's own statement still in flight in its pipeline (the connection's transaction
+    status is then ACTIVE) does not make a call take a savepoint outside any transaction."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    with psycopg.connect(libpq_conninfo(engine), autocommit=True) as conn, conn.pipeline():
+        mine = conn.execute("SELECT 'the job''s own'")
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert mine.fetchone() == ("the job's own",)
+        conn.execute("SELECT 1")
+        with pytest.raises(InvalidEmailError):
+            enqueue(conn, key="bad", recipients=["c@example.com", "not an address"],
+                    subject="s", body="b", schema=schema)
+        conn.execute("SELECT 1")
+        with Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="b", recipients=["d@example.com"], subject="s", body="b")
+        assert batch.new == 1
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    assert [row[0] for row in rows(engine)] == ["k|a@example.com", "k|b@example.com",
+                                                "b|d@example.com"]
