@@ -407,3 +407,29 @@ def test_psycopg_in_autocommit_and_pipeline_mode_commits_each_call_whole(
         assert conn.execute("SELECT 2").fetchone() == (2,)
     assert [row[0] for row in rows(engine)] == ["k|a@example.com", "k|b@example.com",
                                                 "b|d@example.com"]
+
+
+def _savepoint(kind: str, conn: Any) -> contextlib.AbstractContextManager[Any]:
+    """A savepoint of the job's own, as api.md names them."""
+    if kind in ("sqlalchemy", "session"):
+        return conn.begin_nested()  # type: ignore[no-any-return]
+    if kind == "psycopg":
+        return conn.transaction()  # type: ignore[no-any-return]
+    from django.db import transaction
+
+    return transaction.atomic()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_one_statement_call_in_a_savepoint_of_the_job_s_own_keeps_its_transaction(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """A one-statement call takes no savepoint (api.md): the job's own keeps its transaction
+    going after a refusal."""
+    with job(kind) as conn:
+        with pytest.raises(SchemaNotReadyError), _savepoint(kind, conn):
+            enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b",
+                    schema=f"nowhere_{os.getpid()}")
+        assert enqueue(conn, key="after", recipients=["a@example.com"], subject="s", body="b",
+                       schema=db_settings.database_schema) == 1
+    assert [row[0] for row in rows(engine)] == ["after|a@example.com"]
