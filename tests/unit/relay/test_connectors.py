@@ -176,3 +176,23 @@ def test_neighbours_of_psycopg_are_refused_saying_what_to_pass(module: str, name
                                                                says: str) -> None:
     fake = type(name, (), {"__module__": module})()
     assert _refusal(fake) == says
+
+
+def _django_wrapper(vendor: str, driver: object) -> object:
+    """What enqueue uses of a Django DatabaseWrapper of ``vendor`` over ``driver``."""
+    return type("DatabaseWrapper", (), {
+        "__module__": f"django.db.backends.{vendor}.base", "vendor": vendor,
+        "connection": driver, "ensure_connection": lambda self: None,
+        "validate_no_broken_transaction": lambda self: None})()
+
+
+def test_django_on_another_database_is_refused() -> None:
+    assert _refusal(_django_wrapper("sqlite", None)) == (
+        "Django's connection is to sqlite: postroom's outbox is in PostgreSQL")
+
+
+def test_django_on_psycopg2_is_refused_saying_to_install_psycopg_3() -> None:
+    driver = type("connection", (), {"__module__": "psycopg2.extensions"})()
+    assert _refusal(_django_wrapper("postgresql", driver)) == (
+        "Django's connection uses psycopg2.extensions: postroom needs Django's psycopg 3 backend "
+        "(pip install 'psycopg[binary]', and uninstall psycopg2)")
