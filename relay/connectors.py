@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session, scoped_session
 
 UNDEFINED_TABLE = "42P01"  # SQLSTATE of a relation that does not exist
+UNDEFINED_COLUMN = "42703"  # SQLSTATE of a column that does not exist
 # The libraries whose connections enqueue takes, by the top-level package that defines them.
 KINDS = ("sqlalchemy", "psycopg", "django")
 
@@ -128,25 +129,37 @@ def django_connector(conn: object, schema: str | None) -> Connector:
     return connector(conn, schema)  # type: ignore[arg-type]
 
 
-def sqlstate_of(exc: BaseException) -> str | None:
-    """The SQLSTATE of a database error: psycopg's own, or the one under SQLAlchemy's (``orig``)
-    or Django's (``__cause__``)."""
+def driver_error_of(exc: BaseException) -> BaseException | None:
+    """The driver's error of a database error: psycopg's own, or the one under SQLAlchemy's
+    (``orig``) or Django's (``__cause__``); None for another error."""
     for error in (exc, getattr(exc, "orig", None), exc.__cause__):
-        state = getattr(error, "sqlstate", None)
-        if isinstance(state, str):
-            return state
+        if isinstance(getattr(error, "sqlstate", None), str):
+            return error
     return None
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (its driver's error's)."""
+    error = driver_error_of(exc)
+    return None if error is None else getattr(error, "sqlstate", None)
 
 
 @contextlib.contextmanager
 def schema_ready(schema: str | None) -> Iterator[None]:
-    """SchemaNotReadyError for the statement's error when there is no outbox table."""
+    """SchemaNotReadyError for the statement's error when there is no outbox table, or one
+    without postroom's columns (a job's own table named outbox, or one older than the release)."""
     try:
         yield
     except Exception as exc:
-        if sqlstate_of(exc) != UNDEFINED_TABLE:
+        state = sqlstate_of(exc)
+        if state not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
             raise
         where = f"schema {schema}" if schema else "the connection's search path"
-        raise SchemaNotReadyError(
-            f"there is no outbox table in {where}: pass enqueue(..., schema=...) the "
-            "POSTROOM_DATABASE_SCHEMA the roles use, or run `postroom db upgrade`") from None
+        advice = ("pass enqueue(..., schema=...) the POSTROOM_DATABASE_SCHEMA the roles use, or "
+                  "run `postroom db upgrade`")
+        if state == UNDEFINED_TABLE:
+            raise SchemaNotReadyError(f"there is no outbox table in {where}: {advice}") from None
+        diag = getattr(driver_error_of(exc), "diag", None)
+        said = getattr(diag, "message_primary", None) or "a column is missing"
+        raise SchemaNotReadyError(f"the outbox table in {where} is not postroom's, or is older "
+                                  f"than this release ({said}): {advice}") from None

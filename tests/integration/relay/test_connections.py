@@ -433,3 +433,29 @@ def test_a_refused_one_statement_call_in_a_savepoint_of_the_job_s_own_keeps_its_
         assert enqueue(conn, key="after", recipients=["a@example.com"], subject="s", body="b",
                        schema=db_settings.database_schema) == 1
     assert [row[0] for row in rows(engine)] == ["after|a@example.com"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_outbox_that_is_not_postroom_s_is_said_through_every_connection(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """A job's own table named outbox (the transactional outbox pattern's name), or one older
+    than the release: SchemaNotReadyError saying so, not the server's missing column."""
+    foreign = f"{db_settings.database_schema}_foreign"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {foreign}; CREATE TABLE {foreign}.outbox "
+                             "(id bigserial PRIMARY KEY, topic text, payload jsonb)"))
+    try:
+        for recipients in (["a@example.com"], ["a@example.com", "b@example.com"]):
+            with pytest.raises(SchemaNotReadyError, match=(
+                    rf"^the outbox table in schema {foreign} is not postroom's, or is older than "
+                    r"this release \(column \"idempotency_key\" of relation \"outbox\" does not "
+                    r"exist\): pass enqueue\(\.\.\., schema=\.\.\.\) the POSTROOM_DATABASE_SCHEMA "
+                    r"the roles use, or run `postroom db upgrade`$")), \
+                    contextlib.suppress(RuntimeError), job(kind) as conn:
+                enqueue(conn, key="k", recipients=recipients, subject="s", body="b",
+                        schema=foreign)
+                raise RuntimeError("not reached")
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {foreign} CASCADE"))
