@@ -459,3 +459,71 @@ def test_an_outbox_that_is_not_postroom_s_is_said_through_every_connection(
     finally:
         with engine.begin() as conn:
             conn.execute(sa.text(f"DROP SCHEMA {foreign} CASCADE"))
+
+
+@pytest.mark.parametrize("kind", ["sqlalchemy", "psycopg"])
+def test_the_job_s_connection_settings_are_left_as_they_were(
+        kind: str, engine: sa.Engine, db_settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A psycopg connection of client-side cursors, no prepared statements (what a pool in
+    transaction mode, pgbouncer's, asks for) and, on psycopg's own, dict rows (SQLAlchemy's
+    dialect reads tuples): each call, over a chunk, a Batch, leaves them so, prepares nothing on
+    the server and leaves no savepoint of its own open."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    settings: dict[str, Any] = {"cursor_factory": psycopg.ClientCursor,
+                                "prepare_threshold": None}
+    rows_as = psycopg.rows.dict_row if kind == "psycopg" else psycopg.rows.tuple_row
+    with contextlib.ExitStack() as stack:
+        if kind == "psycopg":
+            conn: Any = stack.enter_context(psycopg.connect(libpq_conninfo(engine),
+                                                            row_factory=rows_as, **settings))
+            driver = conn
+        else:
+            job_engine = sa.create_engine(engine.url, connect_args=settings,
+                                          poolclass=sa.pool.NullPool)
+            conn = stack.enter_context(job_engine.connect())
+            driver = sa_driver(conn)
+        for n in range(7):  # past psycopg's prepare_threshold default of 5
+            enqueue(conn, key=f"one-{n}", recipients=["a@example.com"], subject="s", body="b",
+                    schema=schema)
+            enqueue(conn, key=f"two-{n}", recipients=["a@example.com", "b@example.com"],
+                    subject="s", body="b", schema=schema)
+            with Batch(conn, schema=schema) as batch:
+                batch.enqueue(key=f"batch-{n}", recipients=["c@example.com"], subject="s",
+                              body="b")
+        assert (driver.row_factory, driver.cursor_factory, driver.prepare_threshold,
+                driver.autocommit) == (rows_as, psycopg.ClientCursor, None, False)
+        assert driver.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        check = psycopg.ClientCursor(driver, row_factory=psycopg.rows.tuple_row)
+        check.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert check.fetchone() == (0,)
+        # no savepoint of postroom's is open: the job's own rollback to one of its own works
+        check.execute("SAVEPOINT the_job_s; ROLLBACK TO SAVEPOINT the_job_s")
+        conn.commit()
+    assert len(rows(engine)) == 7 * 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_follow_a_savepoint_of_the_job_s_rolled_back(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested atomic() (a begin_nested(), a psycopg transaction()) rolled back takes back the
+    rows of the calls inside it, one statement or several, and only those."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    with job(kind) as conn:
+        enqueue(conn, key="outer", recipients=["a@example.com"], subject="s", body="b",
+                schema=schema)
+        with contextlib.suppress(RuntimeError), _savepoint(kind, conn):
+            enqueue(conn, key="inner", recipients=["a@example.com"], subject="s", body="b",
+                    schema=schema)
+            enqueue(conn, key="chunks", recipients=["a@example.com", "b@example.com"],
+                    subject="s", body="b", schema=schema)
+            with Batch(conn, schema=schema) as batch:
+                batch.enqueue(key="batch", recipients=["a@example.com"], subject="s", body="b")
+            raise RuntimeError("the inner block fails")
+        with _savepoint(kind, conn):
+            enqueue(conn, key="kept", recipients=["a@example.com"], subject="s", body="b",
+                    schema=schema)
+    assert [row[0] for row in rows(engine)] == ["outer|a@example.com", "kept|a@example.com"]
