@@ -79,10 +79,12 @@ def enqueue(
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
 
-    ``conn`` is the job's connection: a SQLAlchemy ``Connection`` or ``Session``, a psycopg 3
-    ``Connection``, or Django's ``connection``; the rows commit or roll back with its
-    transaction (a psycopg or Django connection in autocommit mode, outside a transaction: the
-    call commits its own rows). Database errors come as its library raises them.
+    ``conn`` is the job's connection: a SQLAlchemy ``Connection`` or ``Session`` (or
+    ``scoped_session``), a psycopg 3 ``Connection``, or Django's ``connection``; the rows commit
+    or roll back with its transaction (a connection in autocommit mode, outside a transaction:
+    the call commits its own rows). Anything else raises
+    :class:`~relay.errors.InvalidConnectionError` saying what to pass. Database errors come as
+    its library raises them.
 
     ``key`` names the message (e.g. ``sales-report-2026-09``); with the recipient it makes the
     idempotency key, so a rerun of the job queues nothing twice and returns 0. Without a key the
