@@ -15,7 +15,6 @@ import functools
 import re
 from pathlib import PurePosixPath
 
-
 from postroom.errors import InvalidContentError
 
 MAX_ADDRESS_LEN = 254  # RFC 5321 path limit less the angle brackets
@@ -85,11 +84,11 @@ def canonical_domain(domain: str) -> str:
     and 4th places beside a non-ASCII label, an empty label)."""
     if domain.isascii() and _A_LABEL.search(domain) is None:
         return domain.lower()
-    try:
-        # Imported at the first domain that needs it (pure: UTS-46 and IDNA 2008 tables, no I/O),
-        # so a job's `from postroom import enqueue` stays on the standard library.
-        import idna
+    # Imported here: a job's `from postroom import enqueue` loads the standard library only, and
+    # most domains never need it.
+    import idna  # pure: UTS-46 and IDNA 2008 tables, no I/O
 
+    try:
         return idna.encode(domain, uts46=True).decode("ascii")
     except UnicodeError as exc:  # idna.IDNAError and its kinds are UnicodeErrors
         raise InvalidContentError(f"{domain!r} is not a valid internationalised domain name "

@@ -13,17 +13,58 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg import pq
 from psycopg.rows import tuple_row
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from postroom.relay.connectors import schema_ready
-from postroom.relay.pgdriver import binary_names, driver_sql, query_of
+from postroom.relay.errors import InvalidConnectionError
+from postroom.relay.pgdriver import binary_names, driver_sql, query_of, savepoint
 
 # The key of a psycopg connection's cursor for one-row inserts (with the thread it serves), in the
 # info of the pooled connection that holds it (which lives and goes with the psycopg connection).
 KEPT_CURSOR = "postroom.enqueue.cursor"
 
 text_of = functools.cache(sa.text)  # a statement as SQLAlchemy runs it
+
+
+# What a job may hold instead of a Connection or Session, and what to pass instead.
+_ASYNC_ADVICE = ("enqueue is synchronous; call it on the sync side of an AsyncConnection or "
+                 "AsyncSession in the job's transaction: "
+                 "await conn.run_sync(lambda sync_conn: enqueue(sync_conn, ...))")
+_INSTEAD = (
+    (sa.Engine, "pass a Connection in the job's transaction "
+                "(with engine.begin() as conn: enqueue(conn, ...))"),
+    (sessionmaker, "pass a Session in the job's transaction "
+                   "(with Session() as session, session.begin(): enqueue(session, ...))"),
+)
+
+
+def job_connection(conn: object) -> sa.Connection | Session:
+    """The job's SQLAlchemy Connection or Session (a ``scoped_session``'s current Session, as
+    Flask-SQLAlchemy's ``db.session`` is); InvalidConnectionError, saying what to pass, for
+    another SQLAlchemy object (an Engine, an async object, ...) or a Session bound to no one
+    engine."""
+    if isinstance(conn, scoped_session):
+        conn = conn()
+    if isinstance(conn, sa.Connection):
+        return conn
+    if isinstance(conn, Session):
+        try:
+            conn.get_bind()
+        except sa.exc.UnboundExecutionError:
+            raise InvalidConnectionError(
+                "conn is a Session bound to no engine, or to one per mapper or table: pass the "
+                "connection the rows go through (session.connection(bind_arguments="
+                "{'mapper': Model}))") from None
+        return conn
+    cls = type(conn)
+    if cls.__module__.startswith("sqlalchemy.ext.asyncio"):
+        advice = _ASYNC_ADVICE
+    else:
+        advice = next((text for kind, text in _INSTEAD if isinstance(conn, kind)),
+                      "enqueue takes a SQLAlchemy Connection or Session")
+    raise InvalidConnectionError(f"conn is a SQLAlchemy {cls.__name__}: {advice}")
 
 
 class SQLAlchemyConnector:
@@ -34,7 +75,10 @@ class SQLAlchemyConnector:
         self.conn, self.schema, self.fast = conn, schema, fast
 
     def savepoint(self) -> contextlib.AbstractContextManager[object]:
-        return self.conn.begin_nested()
+        driver = idle_autocommit_driver(self.conn)
+        if driver is None:
+            return self.conn.begin_nested()
+        return own_transaction(driver, sa_connection(self.conn).dialect)
 
     def scalar(self, statement: str, params: dict[str, Any]) -> Any:
         return self.conn.execute(text_of(statement), params).scalar_one()
@@ -47,6 +91,24 @@ class SQLAlchemyConnector:
 
     def inserts(self) -> Inserts:
         return Inserts(self.conn, self.schema, fast=self.fast)
+
+
+def idle_autocommit_driver(conn: sa.Connection | Session) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under the caller's when it is in autocommit mode outside a
+    transaction (``isolation_level="AUTOCOMMIT"``), where no savepoint can be; else None."""
+    driver = sa_connection(conn).connection.driver_connection
+    if (isinstance(driver, psycopg.Connection) and driver.autocommit
+            and driver.info.transaction_status == pq.TransactionStatus.IDLE):
+        return driver
+    return None
+
+
+@contextlib.contextmanager
+def own_transaction(driver: psycopg.Connection[Any], dialect: sa.Dialect) -> Iterator[None]:
+    """A transaction of the block's own on a connection in autocommit mode, as enqueue has on a
+    psycopg connection in that mode; its errors as SQLAlchemy's."""
+    with as_sqlalchemy_errors(None, None, dialect), savepoint(driver):
+        yield
 
 
 def sa_connection(conn: sa.Connection | Session) -> sa.Connection:

@@ -79,10 +79,12 @@ def enqueue(
 ) -> int:
     """Queue one email per recipient in the caller's transaction; return how many rows are new.
 
-    ``conn`` is the job's connection: a SQLAlchemy ``Connection`` or ``Session``, a psycopg 3
-    ``Connection``, or Django's ``connection``; the rows commit or roll back with its
-    transaction (a psycopg or Django connection in autocommit mode, outside a transaction: the
-    call commits its own rows). Database errors come as its library raises them.
+    ``conn`` is the job's connection: a SQLAlchemy ``Connection`` or ``Session`` (or
+    ``scoped_session``), a psycopg 3 ``Connection``, or Django's ``connection``; the rows commit
+    or roll back with its transaction (a connection in autocommit mode, outside a transaction:
+    the call commits its own rows). Anything else raises
+    :class:`~relay.errors.InvalidConnectionError` saying what to pass. Database errors come as
+    its library raises them.
 
     ``key`` names the message (e.g. ``sales-report-2026-09``); with the recipient it makes the
     idempotency key, so a rerun of the job queues nothing twice and returns 0. Without a key the
@@ -163,8 +165,7 @@ def trace_params(trace: tracing.TraceContext | None) -> dict[str, str | None]:
 
 def limits_of(limits: SizeLimits | None, attachment_max_bytes: int | None,
               schema: object) -> SizeLimits:
-    if schema is not None and not isinstance(schema, str):
-        raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
+    validation.check_schema(schema)
     limits = limits or env_size_limits()
     if attachment_max_bytes is not None:
         limits = dataclasses.replace(limits, attachment_max_bytes=attachment_max_bytes)

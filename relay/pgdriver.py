@@ -60,6 +60,11 @@ def savepoint(driver: psycopg.Connection[Any]) -> Iterator[None]:
     """A savepoint in the connection's transaction (begun first if none is: psycopg begins one
     before a statement outside autocommit mode); in autocommit mode outside a transaction, a
     transaction of the block's own, committed when it ends well."""
+    if driver.autocommit and driver.info.transaction_status == pq.TransactionStatus.ACTIVE:
+        # the job's statements in flight in its pipeline: once they end, the status tells
+        # whether they left a transaction open
+        with driver.pipeline() as pipeline:
+            pipeline.sync()
     if driver.autocommit and driver.info.transaction_status == pq.TransactionStatus.IDLE:
         with driver.transaction():
             yield

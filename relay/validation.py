@@ -16,6 +16,7 @@ from postroom import rules
 from postroom.errors import InvalidContentError
 from postroom.mime import check_composable, check_recipient_composable
 from postroom.relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
+from postroom.settings_values import identifier
 from postroom.topics import Priority
 
 # Text and HTML travel inside the Kafka record, whose default limit (message.max.bytes) is 1 MB.
@@ -94,6 +95,22 @@ def _chunks(recipients: Iterable[str], size: int) -> Iterator[list[str]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def check_schema(schema: object) -> str | None:
+    """``schema=`` as given when it names a schema the roles take (POSTROOM_DATABASE_SCHEMA's
+    rule), or None or "" (the connection's search path). Any other name could hold no outbox the
+    roles use, and the server would refuse it (a NUL), fail to encode it (a lone surrogate) or cut
+    it to another schema's name (over 63 bytes)."""
+    if schema is None or schema == "":
+        return schema
+    if not isinstance(schema, str):
+        raise InvalidEmailError(f"schema must be a schema name, not {type(schema).__name__}")
+    try:
+        return identifier(schema)
+    except ValueError as exc:
+        raise InvalidEmailError(f"schema {schema!r} is not one the roles take "
+                                f"(POSTROOM_DATABASE_SCHEMA): {exc}, at most 63") from None
 
 
 def check_subject(subject: object) -> str:
@@ -202,6 +219,13 @@ def check_files(paths: Sequence[str | Path], max_bytes: int, total_max_bytes: in
             raise InvalidAttachmentError(
                 f"an attachment must be a path, not {type(raw).__name__}")
         shown = str(raw)  # errors show the path as given
+        if not shown.isascii():
+            try:
+                shown.encode("utf-8")
+            except UnicodeEncodeError:  # a name in another encoding, read with surrogates
+                raise InvalidAttachmentError(
+                    f"{what} path {shown!r} is not UTF-8 text (a file name in another "
+                    "encoding): rename the file") from None
         with _as_enqueue_error(InvalidAttachmentError):
             rules.check_attachment_path(shown)
         try:

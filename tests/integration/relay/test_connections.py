@@ -284,3 +284,246 @@ def test_a_refused_batch_is_undone_and_the_job_s_transaction_goes_on(
         assert enqueue(conn, key="after", recipients=["c@example.com"], subject="s", body="b",
                        schema=schema) == 1
     assert [row[0] for row in rows(engine)] == ["after|c@example.com"]
+
+
+def test_a_scoped_session_enqueues_in_its_current_session(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """Flask-SQLAlchemy's ``db.session`` is a scoped_session: the rows are its current
+    Session's, committed or rolled back with it."""
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    scoped = scoped_session(sessionmaker(engine))
+    schema = db_settings.database_schema
+    try:
+        enqueue(scoped, key="gone", recipients=["a@example.com"], subject="s", body="b",
+                schema=schema)
+        scoped.rollback()
+        assert enqueue(scoped, key="kept", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert rows(engine) == []
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert [row[0] for row in rows(engine)] == ["kept|a@example.com", "kept|b@example.com"]
+
+
+@pytest.mark.parametrize("kind", ["connection", "session"])
+def test_an_async_job_enqueues_on_the_sync_side_of_its_connection(
+        kind: str, engine: sa.Engine, db_settings: Settings) -> None:
+    """What the refusal of an async object says to do (api.md): run_sync, in the async
+    transaction, which commits or rolls back the rows."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    schema = db_settings.database_schema
+
+    def job(conn: Any, key: str) -> int:
+        return enqueue(conn, key=key, recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema)
+
+    async def run() -> list[int]:
+        async_engine = create_async_engine(engine.url)
+        counts = []
+        try:
+            for key, commit in (("gone", False), ("kept", True)):
+                if kind == "connection":
+                    async with async_engine.connect() as conn:
+                        counts.append(await conn.run_sync(job, key))
+                        await (conn.commit() if commit else conn.rollback())
+                else:
+                    async with AsyncSession(async_engine) as session:
+                        counts.append(await session.run_sync(job, key))
+                        await (session.commit() if commit else session.rollback())
+        finally:
+            await async_engine.dispose()
+        return counts
+
+    assert asyncio.run(run()) == [2, 2]
+    assert [row[0] for row in rows(engine)] == ["kept|a@example.com", "kept|b@example.com"]
+
+
+@pytest.mark.parametrize("kind", ["connection", "session"])
+@pytest.mark.parametrize("fast", [True, False])
+def test_sqlalchemy_in_autocommit_mode_commits_each_call_whole(
+        kind: str, fast: bool, engine: sa.Engine, db_settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """isolation_level="AUTOCOMMIT", as psycopg's autocommit mode: a call or a Batch of several
+    statements is a transaction of its own, all its rows or none, and the connection stays in
+    autocommit mode."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    monkeypatch.setattr(outbox, "FAST_PATH", fast)
+    schema = db_settings.database_schema
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    with contextlib.ExitStack() as stack:
+        conn: Any = stack.enter_context(autocommit.connect() if kind == "connection"
+                                        else Session(autocommit))
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert len(rows(engine)) == 2  # seen by another connection: committed
+        with pytest.raises(InvalidEmailError):
+            enqueue(conn, key="bad", recipients=["c@example.com", "not an address"],
+                    subject="s", body="b", schema=schema)
+        with Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="b", recipients=["d@example.com", "e@example.com"], subject="s",
+                          body="b")
+        assert batch.new == 2
+        with pytest.raises(RuntimeError, match="left"), Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="gone", recipients=["f@example.com"], subject="s", body="b")
+            raise RuntimeError("left the block")
+        driver = sa_driver(conn)
+        assert driver.autocommit
+        assert driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert [row[0] for row in rows(engine)] == ["k|a@example.com", "k|b@example.com",
+                                                "b|d@example.com", "b|e@example.com"]
+
+
+def sa_driver(conn: sa.Connection | Session) -> psycopg.Connection[Any]:
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    return driver
+
+
+def test_psycopg_in_autocommit_and_pipeline_mode_commits_each_call_whole(
+        engine: sa.Engine, db_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's own statement still in flight in its pipeline (the connection's transaction
+    status is then ACTIVE) does not make a call take a savepoint outside any transaction."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    with psycopg.connect(libpq_conninfo(engine), autocommit=True) as conn, conn.pipeline():
+        mine = conn.execute("SELECT 'the job''s own'")
+        assert enqueue(conn, key="k", recipients=["a@example.com", "b@example.com"],
+                       subject="s", body="b", schema=schema) == 2
+        assert mine.fetchone() == ("the job's own",)
+        conn.execute("SELECT 1")
+        with pytest.raises(InvalidEmailError):
+            enqueue(conn, key="bad", recipients=["c@example.com", "not an address"],
+                    subject="s", body="b", schema=schema)
+        conn.execute("SELECT 1")
+        with Batch(conn, schema=schema) as batch:
+            batch.enqueue(key="b", recipients=["d@example.com"], subject="s", body="b")
+        assert batch.new == 1
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    assert [row[0] for row in rows(engine)] == ["k|a@example.com", "k|b@example.com",
+                                                "b|d@example.com"]
+
+
+def _savepoint(kind: str, conn: Any) -> contextlib.AbstractContextManager[Any]:
+    """A savepoint of the job's own, as api.md names them."""
+    if kind in ("sqlalchemy", "session"):
+        return conn.begin_nested()  # type: ignore[no-any-return]
+    if kind == "psycopg":
+        return conn.transaction()  # type: ignore[no-any-return]
+    from django.db import transaction
+
+    return transaction.atomic()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_one_statement_call_in_a_savepoint_of_the_job_s_own_keeps_its_transaction(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """A one-statement call takes no savepoint (api.md): the job's own keeps its transaction
+    going after a refusal."""
+    with job(kind) as conn:
+        with pytest.raises(SchemaNotReadyError), _savepoint(kind, conn):
+            enqueue(conn, key="k", recipients=["a@example.com"], subject="s", body="b",
+                    schema=f"nowhere_{os.getpid()}")
+        assert enqueue(conn, key="after", recipients=["a@example.com"], subject="s", body="b",
+                       schema=db_settings.database_schema) == 1
+    assert [row[0] for row in rows(engine)] == ["after|a@example.com"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_outbox_that_is_not_postroom_s_is_said_through_every_connection(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings) -> None:
+    """A job's own table named outbox (the transactional outbox pattern's name), or one older
+    than the release: SchemaNotReadyError saying so, not the server's missing column."""
+    foreign = f"{db_settings.database_schema}_foreign"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {foreign}; CREATE TABLE {foreign}.outbox "
+                             "(id bigserial PRIMARY KEY, topic text, payload jsonb)"))
+    try:
+        for recipients in (["a@example.com"], ["a@example.com", "b@example.com"]):
+            with pytest.raises(SchemaNotReadyError, match=(
+                    rf"^the outbox table in schema {foreign} is not postroom's, or is older than "
+                    r"this release \(column \"idempotency_key\" of relation \"outbox\" does not "
+                    r"exist\): pass enqueue\(\.\.\., schema=\.\.\.\) the POSTROOM_DATABASE_SCHEMA "
+                    r"the roles use, or run `postroom db upgrade`$")), \
+                    contextlib.suppress(RuntimeError), job(kind) as conn:
+                enqueue(conn, key="k", recipients=recipients, subject="s", body="b",
+                        schema=foreign)
+                raise RuntimeError("not reached")
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {foreign} CASCADE"))
+
+
+@pytest.mark.parametrize("kind", ["sqlalchemy", "psycopg"])
+def test_the_job_s_connection_settings_are_left_as_they_were(
+        kind: str, engine: sa.Engine, db_settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A psycopg connection of client-side cursors, no prepared statements (what a pool in
+    transaction mode, pgbouncer's, asks for) and, on psycopg's own, dict rows (SQLAlchemy's
+    dialect reads tuples): each call, over a chunk, a Batch, leaves them so, prepares nothing on
+    the server and leaves no savepoint of its own open."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    settings: dict[str, Any] = {"cursor_factory": psycopg.ClientCursor,
+                                "prepare_threshold": None}
+    rows_as = psycopg.rows.dict_row if kind == "psycopg" else psycopg.rows.tuple_row
+    with contextlib.ExitStack() as stack:
+        if kind == "psycopg":
+            conn: Any = stack.enter_context(psycopg.connect(libpq_conninfo(engine),
+                                                            row_factory=rows_as, **settings))
+            driver = conn
+        else:
+            job_engine = sa.create_engine(engine.url, connect_args=settings,
+                                          poolclass=sa.pool.NullPool)
+            conn = stack.enter_context(job_engine.connect())
+            driver = sa_driver(conn)
+        for n in range(7):  # past psycopg's prepare_threshold default of 5
+            enqueue(conn, key=f"one-{n}", recipients=["a@example.com"], subject="s", body="b",
+                    schema=schema)
+            enqueue(conn, key=f"two-{n}", recipients=["a@example.com", "b@example.com"],
+                    subject="s", body="b", schema=schema)
+            with Batch(conn, schema=schema) as batch:
+                batch.enqueue(key=f"batch-{n}", recipients=["c@example.com"], subject="s",
+                              body="b")
+        assert (driver.row_factory, driver.cursor_factory, driver.prepare_threshold,
+                driver.autocommit) == (rows_as, psycopg.ClientCursor, None, False)
+        assert driver.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        check = psycopg.ClientCursor(driver, row_factory=psycopg.rows.tuple_row)
+        check.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert check.fetchone() == (0,)
+        # no savepoint of postroom's is open: the job's own rollback to one of its own works
+        check.execute("SAVEPOINT the_job_s; ROLLBACK TO SAVEPOINT the_job_s")
+        conn.commit()
+    assert len(rows(engine)) == 7 * 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_follow_a_savepoint_of_the_job_s_rolled_back(
+        kind: str, job: Callable[[str], contextlib.AbstractContextManager[Any]],
+        engine: sa.Engine, db_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested atomic() (a begin_nested(), a psycopg transaction()) rolled back takes back the
+    rows of the calls inside it, one statement or several, and only those."""
+    monkeypatch.setattr(outbox, "INSERT_CHUNK_ROWS", 1)
+    schema = db_settings.database_schema
+    with job(kind) as conn:
+        enqueue(conn, key="outer", recipients=["a@example.com"], subject="s", body="b",
+                schema=schema)
+        with contextlib.suppress(RuntimeError), _savepoint(kind, conn):
+            enqueue(conn, key="inner", recipients=["a@example.com"], subject="s", body="b",
+                    schema=schema)
+            enqueue(conn, key="chunks", recipients=["a@example.com", "b@example.com"],
+                    subject="s", body="b", schema=schema)
+            with Batch(conn, schema=schema) as batch:
+                batch.enqueue(key="batch", recipients=["a@example.com"], subject="s", body="b")
+            raise RuntimeError("the inner block fails")
+        with _savepoint(kind, conn):
+            enqueue(conn, key="kept", recipients=["a@example.com"], subject="s", body="b",
+                    schema=schema)
+    assert [row[0] for row in rows(engine)] == ["outer|a@example.com", "kept|a@example.com"]

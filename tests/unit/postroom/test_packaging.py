@@ -21,7 +21,8 @@ def project() -> dict[str, object]:
 def test_the_core_dependencies_are_what_enqueue_needs() -> None:
     core = project()["dependencies"]
     assert isinstance(core, list)
-    assert sorted(d.split(">")[0].split("[")[0] for d in core) == ["idna", "psycopg", "sqlalchemy"]
+    assert sorted(d.split(">")[0].split("[")[0] for d in core) == ["idna", "psycopg",
+                                                                   "sqlalchemy"]
 
 
 def test_the_roles_extra_has_every_role_s_library() -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from postroom import Batch, enqueue, enqueue_many
 from postroom.relay import validation
-from postroom.relay.errors import EnqueueError
+from postroom.relay.errors import EnqueueError, InvalidAttachmentError, InvalidEmailError
 from support.fuzz import examples
 
 # Text of any code point, lone surrogates too (st.text leaves them out unless asked).
@@ -106,3 +109,59 @@ def test_enqueue_says_what_is_wrong_with_the_subject(subject: str, said: str) ->
         validation.check_subject(subject)
     assert str(refused.value).startswith(said)
     assert "codec" not in str(refused.value)
+
+
+@pytest.mark.parametrize("schema", [None, "", "reports", "t_0123456789", "_x", "a" * 63])
+def test_a_schema_the_roles_take_is_kept(schema: str | None) -> None:
+    assert validation.check_schema(schema) == schema
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    (5, "schema must be a schema name, not int"),
+    ('we"ird', "schema 'we\"ird' is not one the roles take"),
+    ("Reports", "schema 'Reports' is not one the roles take"),
+    ("a" * 64, "is not one the roles take"),  # the server would cut it to another name
+    ("reports\x00x", r"schema 'reports\\x00x' is not one the roles take"),
+    ("\ud800", r"schema '\\ud800' is not one the roles take"),
+    ("public; DROP TABLE outbox", "is not one the roles take"),
+])
+def test_a_schema_the_roles_cannot_take_is_refused_before_any_statement(
+        schema: object, says: str) -> None:
+    with pytest.raises(InvalidEmailError, match=says):
+        validation.check_schema(schema)
+    conn = object()  # the refusal comes before the connection is looked at
+    for call in (lambda: enqueue(conn, recipients=["a@example.com"], subject="s", body="b",  # type: ignore[arg-type]
+                                 schema=schema),  # type: ignore[arg-type]
+                 lambda: enqueue_many(conn, [], schema=schema),  # type: ignore[arg-type]
+                 lambda: Batch(conn, schema=schema)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidEmailError, match=says):
+            call()
+
+
+@given(ANYTHING)
+@settings(max_examples=examples(200))
+def test_check_schema_answers_a_name_or_an_enqueue_error(value: Any) -> None:
+    try:
+        validation.check_schema(value)
+    except EnqueueError as exc:
+        assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("what", ["attachment", "inline image"])
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_file_name_in_another_encoding_is_refused_in_a_line_that_prints(
+        what: str, exists: bool, tmp_path: Path) -> None:
+    """A Latin-1 file name reads on Linux as text with lone surrogates: no header and no event
+    can carry it, and a message holding it could not be printed or logged as UTF-8."""
+    path = os.fsdecode(bytes(tmp_path) + b"/r\xe9sum\xe9.png")
+    if exists:
+        Path(path).write_bytes(b"\x89PNG")
+    with pytest.raises(InvalidAttachmentError) as caught:
+        if what == "attachment":
+            validation.check_files([path], 1024)
+        else:
+            validation.check_inline([path], "<img src='cid:x'>", 1024)
+    line = str(caught.value)
+    line.encode("utf-8")  # printable and loggable as UTF-8
+    assert line == (f"{what} path {path!r} is not UTF-8 text (a file name in another encoding): "
+                    "rename the file")
