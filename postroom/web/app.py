@@ -17,6 +17,7 @@ from sqlalchemy import exc as sa_errors
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
@@ -47,6 +48,9 @@ SESSION_MAX_AGE_S = 8 * 3600
 DLQ_PAGE_LETTERS = 50
 AUDIT_PAGE_ENTRIES = 100
 SUPPRESSION_SHOWN_MAX = 500
+# The largest form any page posts is a few hundred bytes: a body beyond this is refused before
+# it is read (an outsider's sign-in POST would otherwise be held in memory whole).
+FORM_MAX_BYTES = 64 * 1024
 # No inline script or style anywhere: the pages load /static/console.js and console.css only.
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -89,6 +93,34 @@ class Refused(Exception):
         self.status = status
 
 
+class LimitedBody:
+    """Refuses a request body over FORM_MAX_BYTES (Refused 413 from the handler's first read),
+    by its Content-Length or, chunked, as it arrives: nothing past the limit is read."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        too_large = Refused(413, f"refused: a request body larger than {FORM_MAX_BYTES} bytes")
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            if not declared.isdigit() or int(declared) > FORM_MAX_BYTES:
+                raise too_large
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > FORM_MAX_BYTES:
+                raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
 Handler = Callable[["Console", Request, Identity], Awaitable[Response]]
 OpenHandler = Callable[["Console", Request], Awaitable[Response]]
 
@@ -103,6 +135,8 @@ def answered(handler: OpenHandler) -> Any:
             return await handler(self, request)
         except Refused as exc:
             return self.refusal(request, exc.status, str(exc))
+        except HTTPException as exc:  # Starlette's own refusal of a form (too many fields)
+            return self.refusal(request, exc.status_code, printable(first_line(exc.detail)))
         except forms.FormError as exc:
             return self.refusal(request, 400, str(exc))
         except (InvalidContentError, NotSuppressedError) as exc:
@@ -425,6 +459,7 @@ def make_app(settings: Settings, store: ConsoleStore, session_secret: str | None
     console = Console(settings, store)
     return Starlette(routes=console.routes(), middleware=[
         Middleware(SecurityHeaders),
+        Middleware(LimitedBody),
         Middleware(SessionMiddleware, secret_key=session_secret or secrets.token_urlsafe(32),
                    session_cookie=SESSION_COOKIE, max_age=SESSION_MAX_AGE_S, same_site="strict",
                    https_only=settings.web_secure_cookie),
