@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -185,6 +186,9 @@ class Console:
             autoescape=True,  # every value a job, a server or a person wrote is escaped
             undefined=jinja2.StrictUndefined)
         self.templates.filters["utc"] = _utc
+        # The sessions signed in by this process and not signed out, by id, with when each was
+        # last seen: a cookie is signed, so without this a copy of it would outlive a sign-out.
+        self.sessions: dict[str, float] = {}
 
     # --- who is asking -------------------------------------------------------------------
     def identity(self, request: Request) -> Identity | None:
@@ -195,15 +199,30 @@ class Console:
         if proxied is not None:
             return proxied
         session = request.session
-        if session.get("who") and session.get("role") in {r.value for r in Role}:
+        if (session.get("who") and session.get("role") in {r.value for r in Role}
+                and self._live(session.get("sid"))):
             return Identity(str(session["who"]), Role(session["role"]), "token")
         return None
+
+    def _live(self, sid: object) -> bool:
+        now = time.monotonic()
+        for stale in [s for s, seen in self.sessions.items() if now - seen > SESSION_MAX_AGE_S]:
+            del self.sessions[stale]
+        if not isinstance(sid, str) or sid not in self.sessions:
+            return False
+        self.sessions[sid] = now
+        return True
 
     async def admit(self, request: Request, needed: Role, *, redirect: bool) -> Identity | Response:
         """Who may go on (Refused otherwise): a POST's CSRF token first, then the identity and
         its role; a GET page without one is sent to sign in."""
         if request.method == "POST":
-            await self.check_csrf(request)
+            try:
+                await self.check_csrf(request)
+            except Refused as exc:
+                if exc.status == 403 and (forger := self.identity(request)) is not None:
+                    await self.audit_refusal(request, forger, "CSRF token missing or wrong")
+                raise
         who = self.identity(request)
         if who is None:
             if request.method == "GET" and redirect:
@@ -213,9 +232,16 @@ class Console:
                                         status_code=303)
             raise Refused(401, "sign in first")
         if not who.role.may(needed):
+            await self.audit_refusal(request, who, f"needs the {needed.value} role")
             raise Refused(403, f"this needs the {needed.value} role; you are signed in as "
                                f"{who.who} with the {who.role.value} role")
         return who
+
+    async def audit_refusal(self, request: Request, who: Identity, why: str) -> None:
+        """A signed-in user's refused action, in the audit as a row of its own (an anonymous
+        one is not: it names no one, and would let anyone fill the table)."""
+        await run_in_threadpool(self.store.record, Action(
+            who, f"refused: {request.method} {request.url.path}", why))
 
     @staticmethod
     def csrf_token(request: Request) -> str:
@@ -266,13 +292,16 @@ class Console:
         # Audited first: a sign-in the audit cannot record does not happen.
         await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
         request.session.clear()  # a fresh session: nothing from before the sign-in carries over
-        request.session.update({"who": who.who, "role": who.role.value,
+        sid = secrets.token_urlsafe(16)
+        self.sessions[sid] = time.monotonic()
+        request.session.update({"who": who.who, "role": who.role.value, "sid": sid,
                                 "csrf": auth.new_csrf_token()})
         return RedirectResponse(_local(form.get("next")) or "/search", status_code=303)
 
     @answered
     async def signout(self, request: Request) -> Response:
         await self.check_csrf(request)
+        self.sessions.pop(str(request.session.get("sid")), None)
         request.session.clear()
         return RedirectResponse("/signin", status_code=303)
 
