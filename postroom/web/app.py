@@ -194,8 +194,8 @@ class Console:
     def identity(self, request: Request) -> Identity | None:
         """The trusted proxy's header first (it signs every request), then the session."""
         peer = request.client.host if request.client else None
-        header = request.headers.get(auth.PROXY_EMAIL_HEADER)
-        proxied = auth.by_proxy(peer, header, self.settings)
+        proxied = auth.by_proxy(peer, request.headers.getlist(auth.PROXY_EMAIL_HEADER),
+                                self.settings)
         if proxied is not None:
             return proxied
         session = request.session

@@ -8,7 +8,7 @@ import enum
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from postroom.errors import ConfigError
 from postroom.settings import Settings
@@ -78,15 +78,22 @@ def is_trusted(peer: str | None, networks: Iterable[str]) -> bool:
         address = ipaddress.ip_address(peer)
     except ValueError:
         return False
-    return any(address in ipaddress.ip_network(net) for net in networks)
+    # A listener on [::] sees an IPv4 proxy as ::ffff:a.b.c.d.
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return any(address in ipaddress.ip_network(net) or (mapped is not None and mapped in
+                                                         ipaddress.ip_network(net))
+               for net in networks)
 
 
-def by_proxy(peer: str | None, header: str | None, settings: Settings) -> Identity | None:
-    """The identity a trusted proxy's X-Forwarded-Email gives, or None: the header counts only
-    on a connection from POSTROOM_WEB_TRUSTED_PROXIES, and only as one plain address."""
-    if header is None or not is_trusted(peer, settings.web_trusted_proxies):
+def by_proxy(peer: str | None, headers: Sequence[str],
+             settings: Settings) -> Identity | None:
+    """The identity a trusted proxy's X-Forwarded-Email gives (``headers``: each of its values),
+    or None: the header counts only on a connection from POSTROOM_WEB_TRUSTED_PROXIES, and only
+    once, as one plain address (a proxy that appends its own after a client's would otherwise
+    let the client's win)."""
+    if len(headers) != 1 or not is_trusted(peer, settings.web_trusted_proxies):
         return None
-    email = header.strip().lower()
+    email = headers[0].strip().lower()
     if not email or len(email) > EMAIL_MAX_CHARS or "@" not in email or not email.isprintable() \
             or any(ch.isspace() or ch in "<>,;\"" for ch in email):
         return None

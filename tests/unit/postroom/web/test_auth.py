@@ -22,7 +22,8 @@ def test_tokens(given: str, expected: tuple[str, Role] | None) -> None:
 
 @pytest.mark.parametrize("peer, trusted", [
     ("10.1.2.3", True), ("10.2.0.1", False), ("::1", True), ("fe80::1", False),
-    ("testclient", False), (None, False), ("", False)])
+    ("testclient", False), (None, False), ("", False), ("::ffff:10.1.2.3", True),
+    ("::ffff:10.2.0.1", False)])
 def test_trusted_peers(peer: str | None, trusted: bool) -> None:
     assert auth.is_trusted(peer, ("10.1.0.0/16", "::1/128")) is trusted
 
@@ -32,13 +33,16 @@ def test_trusted_peers(peer: str | None, trusted: bool) -> None:
     ("support@example.com", ("support@example.com", Role.READER)),
     ("a@example.com, ops@example.com", None), ("<ops@example.com>", None),
     ("no-at-sign", None), ("ops@example.com\r\nx", None), ("x" * 300 + "@example.com", None),
-    (None, None)])
-def test_the_proxy_header(header: str | None, expected: tuple[str, Role] | None) -> None:
+    (None, None), (["support@example.com", "ops@example.com"], None),
+    (["ops@example.com", "ops@example.com"], None)])
+def test_the_proxy_header(header: str | list[str] | None,
+                          expected: tuple[str, Role] | None) -> None:
     settings = Settings.from_env({"POSTROOM_WEB_TRUSTED_PROXIES": "10.0.0.5",
                                   "POSTROOM_WEB_OPERATORS": "ops@example.com"})
-    who = auth.by_proxy("10.0.0.5", header, settings)
+    values = [] if header is None else [header] if isinstance(header, str) else header
+    who = auth.by_proxy("10.0.0.5", values, settings)
     assert (None if who is None else (who.who, who.role)) == expected
-    assert auth.by_proxy("10.0.0.6", header, settings) is None
+    assert auth.by_proxy("10.0.0.6", values, settings) is None
 
 
 @pytest.mark.parametrize("env, message", [
