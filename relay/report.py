@@ -117,14 +117,25 @@ def report_body(failures: Sequence[Failure], since: dt.datetime, limits: SizeLim
     return "\n".join([head, *listed, *middle, *tail]) + "\n", len(listed)
 
 
+# A cell a spreadsheet would read as a formula (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(text: str) -> str:
+    """``text`` as a spreadsheet shows it and never runs it: one starting a formula gets a
+    leading ``'`` (a job's subject or a server's reply may start with ``=``). Pure."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
 def render_csv(failures: Sequence[Failure]) -> str:
-    """Every failure as CSV with a header row (spreadsheets read it). Pure."""
+    """Every failure as CSV with a header row (spreadsheets read it, no cell a formula). Pure."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_FIELDS)
     for f in failures:
-        writer.writerow([f.recipient, f.message_key, f.idempotency_key, f.subject, f.status,
-                         f.attempts, f.last_error or "", f.updated_at.isoformat()])
+        writer.writerow([*map(csv_cell, (f.recipient, f.message_key, f.idempotency_key,
+                                         f.subject, f.status)),
+                         f.attempts, csv_cell(f.last_error or ""), f.updated_at.isoformat()])
     return out.getvalue()
 
 
