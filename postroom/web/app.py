@@ -325,7 +325,8 @@ class Console:
     @page()
     async def email(self, request: Request, who: Identity) -> Response:
         row_id = int(request.path_params["row_id"])
-        found = await run_in_threadpool(self.store.email, row_id)
+        found = (await run_in_threadpool(self.store.email, row_id)
+                 if row_id <= forms.ROW_ID_MAX else None)
         if found is None:
             raise Refused(404, f"no outbox row {row_id}")
         events = timeline.events(found.row, found.ledger, found.suppression,
@@ -405,8 +406,7 @@ class Console:
 
     @page()
     async def audit(self, request: Request, who: Identity) -> Response:
-        before = request.query_params.get("before")
-        before_id = int(before) if before and before.isdigit() else None
+        before_id = forms.audit_cursor(request.query_params.get("before"))
         entries = await run_in_threadpool(self.store.audit, before_id, AUDIT_PAGE_ENTRIES + 1)
         more = len(entries) > AUDIT_PAGE_ENTRIES
         entries = entries[:AUDIT_PAGE_ENTRIES]
