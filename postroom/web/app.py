@@ -49,6 +49,7 @@ SESSION_MAX_AGE_S = 8 * 3600
 DLQ_PAGE_LETTERS = 50
 AUDIT_PAGE_ENTRIES = 100
 SUPPRESSION_SHOWN_MAX = 500
+REPORT_FAILURES_SHOWN = 500
 # The largest form any page posts is a few hundred bytes: a body beyond this is refused before
 # it is read (an outsider's sign-in POST would otherwise be held in memory whole).
 FORM_MAX_BYTES = 64 * 1024
@@ -339,8 +340,13 @@ class Console:
     @page()
     async def report(self, request: Request, who: Identity) -> Response:
         key = forms.text_field(request.query_params, "key", forms.KEY_MAX_CHARS, "message key")
-        run = await run_in_threadpool(self.store.report_run, key) if key else None
+        # The page shows the first failures (a run of a million would be a page of 100 MB); the
+        # CSV has every one.
+        run = (await run_in_threadpool(self.store.report_run, key, REPORT_FAILURES_SHOWN)
+               if key else None)
         return self.render(request, "report.html", who=who, key=key, run=run,
+                           failed=sum(n for s, n in run.counts if s in timeline.FINAL_BAD)
+                           if run else 0, shown_max=REPORT_FAILURES_SHOWN,
                            csv_link="/report.csv?" + urllib.parse.urlencode({"key": key})
                            if key else None,
                            total=sum(n for _, n in run.counts) if run else 0)

@@ -66,7 +66,7 @@ class ReportRun:
 class ConsoleStore(Protocol):
     def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]: ...
     def email(self, row_id: int) -> Email | None: ...
-    def report_run(self, message_key: str) -> ReportRun: ...
+    def report_run(self, message_key: str, limit: int | None = None) -> ReportRun: ...
     def suppressed(self) -> list[Entry]: ...
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry: ...
@@ -126,12 +126,13 @@ class DatabaseStore:
             entry = conn.execute(sql.SUPPRESSION_OF, {"address": row["recipient"]}).mappings().first()
         return Email(dict(row), dict(ledger) if ledger else None, dict(entry) if entry else None)
 
-    def report_run(self, message_key: str) -> ReportRun:
+    def report_run(self, message_key: str, limit: int | None = None) -> ReportRun:
+        """The run's counts by state and its first ``limit`` failures (None: every one)."""
         with self._engine.connect() as conn:
             counts = tuple((str(s), int(n)) for s, n in conn.execute(sql.COUNTS_OF_KEY,
                                                                       {"key": message_key}))
             failures = tuple(Failure(**row._mapping) for row in conn.execute(
-                sql.FAILURES_OF_KEY, {"key": message_key}))
+                sql.FAILURES_OF_KEY, {"key": message_key, "limit": limit}))
         return ReportRun(counts, failures)
 
     def suppressed(self) -> list[Entry]:

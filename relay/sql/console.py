@@ -92,13 +92,14 @@ COUNTS_OF_KEY = sa.text("""
     GROUP BY status ORDER BY status
 """)
 
-# One message's rows that did not reach their recipient, as `report failures` lists them.
+# One message's rows that did not reach their recipient, as `report failures` lists them; the
+# first :limit (NULL: all, for the CSV).
 FAILURES_OF_KEY = sa.text(f"""
     SELECT id, recipient, message_key, idempotency_key, subject, status, attempts, last_error,
            LEAST(COALESCE(updated_at, created_at), {READABLE_UNTIL_SQL}) AS updated_at
     FROM outbox
     WHERE message_key = :key AND status IN ('failed', 'dead', 'bounced', 'suppressed')
-    ORDER BY id
+    ORDER BY id LIMIT :limit
 """)
 
 AUDIT_INSERT = sa.text("""

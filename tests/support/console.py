@@ -62,7 +62,7 @@ class MemoryStore:
                     **dataclasses.asdict(entry), "source": entry.source.value, "active": True})
         return None
 
-    def report_run(self, message_key: str) -> ReportRun:
+    def report_run(self, message_key: str, limit: int | None = None) -> ReportRun:
         rows = [r for r in self.rows if r["message_key"] == message_key]
         states = sorted({r["status"] for r in rows})
         return ReportRun(tuple((s, sum(1 for r in rows if r["status"] == s)) for s in states),
@@ -70,7 +70,7 @@ class MemoryStore:
                                        r["idempotency_key"], r["subject"], r["status"],
                                        r["attempts"], r["last_error"], r["updated_at"])
                                for r in rows if r["status"] in ("failed", "dead", "bounced",
-                                                                "suppressed")))
+                                                                "suppressed"))[:limit])
 
     def suppressed(self) -> list[Entry]:
         return sorted(self.entries.values(), key=lambda e: e.address)

@@ -309,7 +309,7 @@ class FailingStore(MemoryStore):
     def search(self, wanted: Any, limit: int) -> list[dict[str, Any]]:
         raise RuntimeError("a bug with a <tag> in it")
 
-    def report_run(self, message_key: str) -> Any:
+    def report_run(self, message_key: str, limit: int | None = None) -> Any:
         import sqlalchemy as sa
 
         raise sa.exc.OperationalError("SELECT", {}, Exception("connection refused\nmore"))

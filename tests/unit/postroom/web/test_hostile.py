@@ -194,3 +194,19 @@ def test_a_malformed_field_is_a_400_or_404_with_one_line(store: MemoryStore, pat
     answer = web.get(path)
     assert answer.status_code in (400, 404), (path, answer.status_code, refusal(answer.text))
     assert says in refusal(answer.text)
+
+
+# --- a report run's page is bounded; its CSV has every failure -----------------------------------
+def test_a_report_page_shows_its_first_failures_and_counts_the_rest() -> None:
+    from postroom.web.app import REPORT_FAILURES_SHOWN
+
+    many = REPORT_FAILURES_SHOWN + 7
+    store = MemoryStore(rows=[outbox_row(n, status="failed", last_error="550 no")
+                              for n in range(1, many + 1)])
+    web = client(store)
+    sign_in(web, READER_TOKEN)
+    page = web.get("/report", params={"key": "report-2026-09"}).text
+    assert len(re.findall(r'href="/email/\d+"', page)) == REPORT_FAILURES_SHOWN
+    assert f"the first {REPORT_FAILURES_SHOWN} of {many} shown" in page
+    csv_lines = web.get("/report.csv", params={"key": "report-2026-09"}).text.splitlines()
+    assert len(csv_lines) == many + 1
