@@ -346,7 +346,7 @@ class Console:
                if key else None)
         return self.render(request, "report.html", who=who, key=key, run=run,
                            failed=sum(n for s, n in run.counts if s in timeline.FINAL_BAD)
-                           if run else 0, shown_max=REPORT_FAILURES_SHOWN,
+                           if run else 0,
                            csv_link="/report.csv?" + urllib.parse.urlencode({"key": key})
                            if key else None,
                            total=sum(n for _, n in run.counts) if run else 0)
@@ -363,13 +363,12 @@ class Console:
     @page()
     async def suppression(self, request: Request, who: Identity) -> Response:
         wanted = forms.text_field(request.query_params, "q", 320, "search")
-        entries = await run_in_threadpool(self.store.suppressed)
-        if wanted:
-            entries = [e for e in entries if wanted.lower() in e.address
-                       or wanted.lower() in e.reason.lower()]
+        # One page of the list, searched by the database: it may hold a million addresses.
+        entries = await run_in_threadpool(self.store.suppressed, wanted,
+                                          SUPPRESSION_SHOWN_MAX + 1)
         return self.render(request, "suppression.html", who=who, q=wanted or "",
-                           entries=entries[:SUPPRESSION_SHOWN_MAX], total=len(entries),
-                           shown_max=SUPPRESSION_SHOWN_MAX,
+                           entries=entries[:SUPPRESSION_SHOWN_MAX],
+                           more=len(entries) > SUPPRESSION_SHOWN_MAX,
                            default_expiry=_days(self.settings.suppression_expiry_s))
 
     @page()

@@ -67,7 +67,7 @@ class ConsoleStore(Protocol):
     def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]: ...
     def email(self, row_id: int) -> Email | None: ...
     def report_run(self, message_key: str, limit: int | None = None) -> ReportRun: ...
-    def suppressed(self) -> list[Entry]: ...
+    def suppressed(self, contains: str | None, limit: int) -> list[Entry]: ...
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry: ...
     def unsuppress(self, address: str, action: Action) -> str: ...
@@ -135,9 +135,12 @@ class DatabaseStore:
                 sql.FAILURES_OF_KEY, {"key": message_key, "limit": limit}))
         return ReportRun(counts, failures)
 
-    def suppressed(self) -> list[Entry]:
+    def suppressed(self, contains: str | None, limit: int) -> list[Entry]:
+        """The first ``limit`` entries in force whose address or reason holds ``contains``
+        (any case), by address."""
         with self._engine.connect() as conn:
-            return suppression.entries(conn)
+            return [Entry.from_row(row) for row in conn.execute(
+                sql.SUPPRESSION_PAGE, {"contains": contains, "limit": limit})]
 
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry:

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from postroom.relay.sql.reads import READABLE_UNTIL_SQL, readable_time
+from postroom.relay.sql.reads import READABLE_FROM_SQL, READABLE_UNTIL_SQL, readable_time
 from postroom.relay.sql.tables import metadata, outbox
 
 console_audit = sa.Table(
@@ -100,6 +100,20 @@ FAILURES_OF_KEY = sa.text(f"""
     FROM outbox
     WHERE message_key = :key AND status IN ('failed', 'dead', 'bounced', 'suppressed')
     ORDER BY id LIMIT :limit
+""")
+
+# The suppression page: addresses suppressed now whose address or reason holds :contains (any
+# case; NULL: every one), by address, the first :limit. A page, never the whole list.
+SUPPRESSION_PAGE = sa.text(f"""
+    SELECT address, reason, source,
+           LEAST(GREATEST(created_at, {READABLE_FROM_SQL}), {READABLE_UNTIL_SQL}) AS created_at,
+           LEAST(expires_at, {READABLE_UNTIL_SQL}) AS expires_at
+    FROM suppression
+    WHERE expires_at > now()
+      AND (CAST(:contains AS text) IS NULL
+           OR strpos(address, lower(CAST(:contains AS text))) > 0
+           OR strpos(lower(reason), lower(CAST(:contains AS text))) > 0)
+    ORDER BY address LIMIT :limit
 """)
 
 AUDIT_INSERT = sa.text("""

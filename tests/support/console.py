@@ -72,8 +72,11 @@ class MemoryStore:
                                for r in rows if r["status"] in ("failed", "dead", "bounced",
                                                                 "suppressed"))[:limit])
 
-    def suppressed(self) -> list[Entry]:
-        return sorted(self.entries.values(), key=lambda e: e.address)
+    def suppressed(self, contains: str | None, limit: int) -> list[Entry]:
+        wanted = (contains or "").lower()
+        return sorted((e for e in self.entries.values()
+                       if wanted in e.address or wanted in e.reason.lower()),
+                      key=lambda e: e.address)[:limit]
 
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry:

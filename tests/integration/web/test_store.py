@@ -133,3 +133,15 @@ def test_a_redrive_the_audit_cannot_record_does_not_happen(store: DatabaseStore,
     assert [row.id for row in moved] == dead
     [entry] = store.audit(None, 10)
     assert (entry.action, entry.row_ids) == ("requeue", tuple(dead))
+
+
+def test_the_suppression_page_is_searched_and_cut_by_the_database(store: DatabaseStore) -> None:
+    for n, reason in enumerate(("asked by phone", "hard bounce", "Asked twice")):
+        store.suppress(f"User{n}@Example.com", reason, 3600,
+                       Action(OPERATOR, "suppression add", f"user{n}@example.com"))
+    assert [e.address for e in store.suppressed(None, 2)] == ["user0@example.com",
+                                                              "user1@example.com"]
+    assert [e.address for e in store.suppressed("ASKED", 10)] == ["user0@example.com",
+                                                                  "user2@example.com"]
+    assert [e.address for e in store.suppressed("USER1@", 10)] == ["user1@example.com"]
+    assert store.suppressed("100%_", 10) == []  # the search is text, not a LIKE pattern

@@ -210,3 +210,39 @@ def test_a_report_page_shows_its_first_failures_and_counts_the_rest() -> None:
     assert f"the first {REPORT_FAILURES_SHOWN} of {many} shown" in page
     csv_lines = web.get("/report.csv", params={"key": "report-2026-09"}).text.splitlines()
     assert len(csv_lines) == many + 1
+
+
+# --- the suppression page asks the store for one page, not the whole list -----------------------
+class CountingStore(MemoryStore):
+    handed_out = 0
+
+    def suppressed(self, *args: Any, **kwargs: Any) -> Any:
+        entries = super().suppressed(*args, **kwargs)
+        self.handed_out += len(entries)
+        return entries
+
+
+def test_the_suppression_page_reads_one_page_of_the_list() -> None:
+    import datetime as dt
+
+    from postroom.relay.suppression import Entry, Source
+    from postroom.web.app import SUPPRESSION_SHOWN_MAX
+    from support.console import NOW
+
+    many = SUPPRESSION_SHOWN_MAX + 100
+    store = CountingStore()
+    for n in range(many):
+        address = f"user{n:04d}@example.com"
+        store.entries[address] = Entry(address, "hard bounce" if n % 2 else "asked", Source.BOUNCE,
+                                       NOW, NOW + dt.timedelta(days=30))
+    web = client(store)
+    sign_in(web, READER_TOKEN)
+    page = web.get("/suppression").text
+    assert store.handed_out <= SUPPRESSION_SHOWN_MAX + 1
+    assert len(re.findall(r'aria-label="Remove ', page)) == SUPPRESSION_SHOWN_MAX
+    assert f"the first {SUPPRESSION_SHOWN_MAX} shown" in page
+    store.handed_out = 0
+    found = web.get("/suppression", params={"q": "USER0042@"}).text
+    assert re.findall(r'aria-label="Remove ([^"]+)"', found) == ["user0042@example.com"]
+    assert web.get("/suppression", params={"q": "Asked"}).text.count('aria-label="Remove ') \
+        == many // 2
