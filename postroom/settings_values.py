@@ -334,6 +334,18 @@ def proxy_networks(text: str) -> tuple[str, ...]:
     return tuple(networks)
 
 
+def host_names(text: str) -> tuple[str, ...]:
+    """Comma-separated host names (``console.example.com,*.example.com,127.0.0.1``), without a
+    port, in lower case."""
+    names = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    for name in names:
+        if not re.fullmatch(r"(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\]", name):
+            raise ValueError(f"not a host name (no port, no scheme): {shown(name)}")
+    if not names:
+        raise ValueError("expected host names such as console.example.com")
+    return names
+
+
 def address_list(text: str) -> frozenset[str]:
     """Comma-separated bare addresses, in lower case (as a proxy's header is compared)."""
     addresses = set()

@@ -21,6 +21,7 @@ from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -493,6 +494,8 @@ def make_app(settings: Settings, store: ConsoleStore, session_secret: str | None
     console = Console(settings, store)
     return Starlette(routes=console.routes(), middleware=[
         Middleware(SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.web_hosts or ["*"]),
+                   www_redirect=False),
         Middleware(LimitedBody),
         Middleware(SessionMiddleware, secret_key=session_secret or secrets.token_urlsafe(32),
                    session_cookie=SESSION_COOKIE, max_age=SESSION_MAX_AGE_S, same_site="strict",

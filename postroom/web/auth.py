@@ -18,6 +18,8 @@ PROXY_EMAIL_HEADER = "X-Forwarded-Email"
 CSRF_FIELD = "csrf"
 CSRF_TOKEN_BYTES = 32
 EMAIL_MAX_CHARS = 254
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"),
+            ipaddress.ip_network("::ffff:127.0.0.0/104"))
 
 
 class Role(enum.StrEnum):
@@ -48,6 +50,13 @@ def check_configured(settings: Settings) -> None:
             and _same(settings.web_operator_token.reveal(), settings.web_reader_token.reveal())):
         raise ConfigError("POSTROOM_WEB_READER_TOKEN",
                           "is the operator's token: a reader would sign in as an operator")
+    if any(ipaddress.ip_network(net).overlaps(loopback) for net in settings.web_trusted_proxies
+           for loopback in LOOPBACK if ipaddress.ip_network(net).version == loopback.version) \
+            and not settings.web_hosts:
+        raise ConfigError("POSTROOM_WEB_HOSTS", "is needed when POSTROOM_WEB_TRUSTED_PROXIES "
+                          "holds a loopback address: name the hosts the proxy forwards (a "
+                          "browser on this host could otherwise reach the console through a "
+                          "name rebound to loopback, and send the header itself)")
     if settings.web_operators and not settings.web_trusted_proxies:
         raise ConfigError("POSTROOM_WEB_OPERATORS", "names the operators a proxy signs in: it "
                           "needs POSTROOM_WEB_TRUSTED_PROXIES")

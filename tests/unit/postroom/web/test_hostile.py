@@ -246,3 +246,22 @@ def test_the_suppression_page_reads_one_page_of_the_list() -> None:
     assert re.findall(r'aria-label="Remove ([^"]+)"', found) == ["user0042@example.com"]
     assert web.get("/suppression", params={"q": "Asked"}).text.count('aria-label="Remove ') \
         == many // 2
+
+
+# --- the Host header: a page an attacker's name points at the console (DNS rebinding) ----------
+def test_a_host_not_listed_in_web_hosts_is_refused(store: MemoryStore) -> None:
+    web = client(store, PROXY, POSTROOM_WEB_HOSTS="console.example.com,localhost", **PROXIED)
+    who = {"X-Forwarded-Email": "ops@example.com"}
+    rebound = web.get("/search", headers={**who, "Host": "evil.example:8480"})
+    assert rebound.status_code == 400
+    assert rebound.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    for host in ("console.example.com", "Console.Example.com:443", "localhost:8480"):
+        assert web.get("/search", headers={**who, "Host": host}).status_code == 200, host
+
+
+def test_a_loopback_proxy_needs_web_hosts() -> None:
+    """Trusting 127.0.0.1 trusts every browser on the host too, through a name rebound to it."""
+    env = {"POSTROOM_WEB_TRUSTED_PROXIES": "127.0.0.1", "POSTROOM_WEB_OPERATORS": "o@example.com"}
+    with pytest.raises(ConfigError, match="POSTROOM_WEB_HOSTS: .*loopback"):
+        make_app(Settings.from_env(env), MemoryStore())
+    make_app(Settings.from_env({**env, "POSTROOM_WEB_HOSTS": "console.example.com"}), MemoryStore())
