@@ -161,7 +161,8 @@ def answered(handler: OpenHandler) -> Any:
 
 def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Handler], Any]:
     """A route handler that needs a signed-in identity with ``needed``; a POST also needs the
-    session's CSRF token in its form, checked before anything else is read or done."""
+    session's CSRF token in its form, checked before anything else is read or done, and one
+    refused (a field, a row that is not there) is audited with why."""
 
     def wrap(handler: Handler) -> Any:
         @functools.wraps(handler)
@@ -169,7 +170,13 @@ def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Han
             who = await self.admit(request, needed, redirect=signed_in)
             if isinstance(who, Response):
                 return who
-            return await handler(self, request, who)
+            if request.method != "POST":
+                return await handler(self, request, who)
+            try:
+                return await handler(self, request, who)
+            except (Refused, forms.FormError, InvalidContentError, NotSuppressedError) as exc:
+                await self.audit_refusal(request, who, printable(first_line(str(exc))))
+                raise
 
         return answered(admitted)
 

@@ -265,3 +265,22 @@ def test_a_loopback_proxy_needs_web_hosts() -> None:
     with pytest.raises(ConfigError, match="POSTROOM_WEB_HOSTS: .*loopback"):
         make_app(Settings.from_env(env), MemoryStore())
     make_app(Settings.from_env({**env, "POSTROOM_WEB_HOSTS": "console.example.com"}), MemoryStore())
+
+
+def test_an_operators_refused_action_is_audited_with_why(store: MemoryStore) -> None:
+    web = client(store)
+    sign_in(web, OPERATOR_TOKEN)
+    token = csrf_of(web.get("/suppression").text)
+    store.audited.clear()
+    assert web.post("/suppression/add", data={"csrf": token,
+                                              "address": "not an address"}).status_code == 400
+    assert web.post("/suppression/remove", data={"csrf": token,
+                                                 "address": "never@example.com"}).status_code == 400
+    assert web.post("/redrive", data={"csrf": token, "kind": "replay", "key": "0@999",
+                                      "confirm": "yes"}).status_code == 404
+    assert [(a.action, a.who.who) for a in store.audited] == [
+        ("refused: POST /suppression/add", "operator token"),
+        ("refused: POST /suppression/remove", "operator token"),
+        ("refused: POST /redrive", "operator token")]
+    assert "not of the form local@domain" in store.audited[0].target
+    assert "0@999" in store.audited[2].target
