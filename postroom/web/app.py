@@ -198,6 +198,7 @@ class Console:
         # The sessions signed in by this process and not signed out, by id, with when each was
         # last seen: a cookie is signed, so without this a copy of it would outlive a sign-out.
         self.sessions: dict[str, float] = {}
+        self.throttle = auth.SignInThrottle()
 
     # --- who is asking -------------------------------------------------------------------
     def identity(self, request: Request) -> Identity | None:
@@ -290,10 +291,15 @@ class Console:
     @answered
     async def signin(self, request: Request) -> Response:
         form = await self.check_csrf(request)
+        peer = request.client.host if request.client else "?"
+        if self.throttle.blocked(peer):  # not audited: its refusals are, up to the limit
+            return self.render(request, "signin.html", 429, next=_local(form.get("next")),
+                               tokens=True, error=f"sign-in refused: too many refused sign-ins "
+                               f"from {peer}; wait a minute")
         token = form.get("token")
         who = auth.by_token(token if isinstance(token, str) else "", self.settings)
-        peer = request.client.host if request.client else "?"
         if who is None:
+            self.throttle.refused(peer)
             await run_in_threadpool(self.store.record, Action(
                 Identity(f"anonymous ({peer})", Role.READER, "token"), "sign-in refused", "-"))
             return self.render(request, "signin.html", 401, next=_local(form.get("next")),

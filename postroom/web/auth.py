@@ -8,7 +8,8 @@ import enum
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from postroom.errors import ConfigError
 from postroom.settings import Settings
@@ -108,6 +109,45 @@ def by_proxy(peer: str | None, headers: Sequence[str],
         return None
     role = Role.OPERATOR if email in settings.web_operators else Role.READER
     return Identity(email, role, "proxy")
+
+
+# Refused sign-ins a peer may have in a window before it must wait: a person mistyping is not
+# stopped, a guesser (and the audit rows each guess writes) is.
+SIGNIN_REFUSALS_MAX = 10
+SIGNIN_WINDOW_S = 60.0
+
+
+class SignInThrottle:
+    """Refused sign-ins per peer address over the last ``window_s`` seconds (``clock``'s)."""
+
+    def __init__(self, max_refusals: int = SIGNIN_REFUSALS_MAX,
+                 window_s: float = SIGNIN_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._max = max_refusals
+        self._window_s = window_s
+        self._clock = clock
+        self._refused: dict[str, list[float]] = {}
+
+    def _recent(self) -> dict[str, list[float]]:
+        since = self._clock() - self._window_s
+        for peer in list(self._refused):
+            kept = [at for at in self._refused[peer] if at > since]
+            if kept:
+                self._refused[peer] = kept
+            else:
+                del self._refused[peer]
+        return self._refused
+
+    def blocked(self, peer: str) -> bool:
+        """Whether ``peer`` has had its refusals in the window: it may not try now."""
+        return len(self._recent().get(peer, ())) >= self._max
+
+    def refused(self, peer: str) -> None:
+        self._recent().setdefault(peer, []).append(self._clock())
+
+    def peers(self) -> int:
+        """Peers with a refusal in the window (what the throttle holds)."""
+        return len(self._recent())
 
 
 def new_csrf_token() -> str:

@@ -85,3 +85,18 @@ def test_csrf_comparison(expected: str | None, posted: object, matches: bool) ->
 def test_roles() -> None:
     assert Role.OPERATOR.may(Role.READER) and Role.OPERATOR.may(Role.OPERATOR)
     assert Role.READER.may(Role.READER) and not Role.READER.may(Role.OPERATOR)
+
+
+def test_the_sign_in_throttle_refuses_a_peer_after_its_refusals_until_the_window_passes() -> None:
+    now = [1000.0]
+    throttle = auth.SignInThrottle(max_refusals=3, window_s=60.0, clock=lambda: now[0])
+    for _ in range(3):
+        assert not throttle.blocked("10.0.0.9")
+        throttle.refused("10.0.0.9")
+    assert throttle.blocked("10.0.0.9")
+    assert not throttle.blocked("10.0.0.8")  # per peer
+    now[0] += 59.0
+    assert throttle.blocked("10.0.0.9")
+    now[0] += 2.0
+    assert not throttle.blocked("10.0.0.9")
+    assert throttle.peers() == 0  # nothing kept of a peer whose refusals are all past

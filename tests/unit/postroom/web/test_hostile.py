@@ -284,3 +284,19 @@ def test_an_operators_refused_action_is_audited_with_why(store: MemoryStore) -> 
         ("refused: POST /redrive", "operator token")]
     assert "not of the form local@domain" in store.audited[0].target
     assert "0@999" in store.audited[2].target
+
+
+# --- guessing tokens: a peer's refused sign-ins are throttled (and so are their audit rows) ------
+def test_refused_sign_ins_are_throttled_per_peer(store: MemoryStore) -> None:
+    from postroom.web.auth import SIGNIN_REFUSALS_MAX
+
+    app = make_app(settings(), store)
+    web = TestClient(app, client=("192.0.2.9", 1), follow_redirects=False)
+    for _ in range(SIGNIN_REFUSALS_MAX):
+        assert sign_in(web, "guess-guess-guess-guess").status_code == 401
+    answer = sign_in(web, OPERATOR_TOKEN)
+    assert answer.status_code == 429
+    assert "too many refused sign-ins from 192.0.2.9" in answer.text
+    assert [a.action for a in store.audited] == ["sign-in refused"] * SIGNIN_REFUSALS_MAX
+    other = TestClient(app, client=("192.0.2.10", 1), follow_redirects=False)
+    assert sign_in(other, OPERATOR_TOKEN).status_code == 303
