@@ -315,7 +315,7 @@ def proxy_networks(text: str) -> tuple[str, ...]:
     ipaddress."""
     import ipaddress
 
-    every_mapped_ipv4 = ipaddress.ip_network("::ffff:0:0/96")
+    every_mapped_ipv4 = ipaddress.IPv6Network("::ffff:0:0/96")
     networks = []
     for part in (p.strip() for p in text.split(",")):
         if not part:

@@ -139,7 +139,8 @@ def answered(handler: OpenHandler) -> Any:
         except Refused as exc:
             return self.refusal(request, exc.status, str(exc))
         except HTTPException as exc:  # Starlette's own refusal of a form (too many fields)
-            return self.refusal(request, exc.status_code, printable(first_line(exc.detail)))
+            return self.refusal(request, exc.status_code,
+                                printable((str(exc.detail).splitlines() or [""])[0]))
         except forms.FormError as exc:
             return self.refusal(request, 400, str(exc))
         except (InvalidContentError, NotSuppressedError) as exc:
@@ -175,7 +176,7 @@ def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Han
             try:
                 return await handler(self, request, who)
             except (Refused, forms.FormError, InvalidContentError, NotSuppressedError) as exc:
-                await self.audit_refusal(request, who, printable(first_line(str(exc))))
+                await self.audit_refusal(request, who, printable(first_line(exc)))
                 raise
 
         return answered(admitted)

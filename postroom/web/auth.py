@@ -145,7 +145,7 @@ class SignInThrottle:
     def refused(self, peer: str) -> None:
         self._recent().setdefault(peer, []).append(self._clock())
 
-    def peers(self) -> int:
+    def __len__(self) -> int:
         """Peers with a refusal in the window (what the throttle holds)."""
         return len(self._recent())
 

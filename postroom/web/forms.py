@@ -90,11 +90,12 @@ def keyset(text: str | None) -> tuple[dt.datetime, int] | None:
     micros, _, row_id = text.partition("_")
     try:
         at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=int(micros))
-        if not 0 <= int(row_id) <= ROW_ID_MAX:
-            raise ValueError(row_id)
-        return at, int(row_id)
+        last_id = int(row_id)
     except (ValueError, OverflowError):
-        raise FormError(f"page: not a page of this search: {text[:40]!r}") from None
+        last_id = -1
+    if not 0 <= last_id <= ROW_ID_MAX:
+        raise FormError(f"page: not a page of this search: {text[:40]!r}")
+    return at, last_id
 
 
 def audit_cursor(text: str | None) -> int | None:

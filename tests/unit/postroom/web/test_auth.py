@@ -99,4 +99,4 @@ def test_the_sign_in_throttle_refuses_a_peer_after_its_refusals_until_the_window
     assert throttle.blocked("10.0.0.9")
     now[0] += 2.0
     assert not throttle.blocked("10.0.0.9")
-    assert throttle.peers() == 0  # nothing kept of a peer whose refusals are all past
+    assert len(throttle) == 0  # nothing kept of a peer whose refusals are all past

@@ -93,10 +93,10 @@ def test_a_cookie_kept_from_before_sign_out_no_longer_signs_in(store: MemoryStor
 
 def test_a_session_from_another_process_is_not_signed_in(store: MemoryStore) -> None:
     """The same secret (a deploy that fixes it) but not a sign-in of this process."""
-    first = TestClient(make_app(settings(), store, session_secret="s" * 32),  # noqa: S106
+    first = TestClient(make_app(settings(), store, session_secret="s" * 32),
                        client=("127.0.0.1", 1), follow_redirects=False)
     sign_in(first, READER_TOKEN)
-    other = TestClient(make_app(settings(), store, session_secret="s" * 32),  # noqa: S106
+    other = TestClient(make_app(settings(), store, session_secret="s" * 32),
                        client=("127.0.0.1", 1), follow_redirects=False)
     other.cookies[SESSION_COOKIE] = first.cookies[SESSION_COOKIE]
     assert other.get("/search").status_code == 303
@@ -154,7 +154,7 @@ def test_a_proxy_seen_as_an_ipv4_mapped_ipv6_peer_is_trusted(store: MemoryStore)
 
 @pytest.mark.parametrize("networks", ["0.0.0.0/0", "10.0.0.5,::/0", "::ffff:0.0.0.0/96"])
 def test_trusting_every_address_is_a_configuration_error(networks: str) -> None:
-    with pytest.raises(ConfigError, match="POSTROOM_WEB_TRUSTED_PROXIES: .*every address"):
+    with pytest.raises(ConfigError, match=r"POSTROOM_WEB_TRUSTED_PROXIES: .*every address"):
         Settings.from_env({"POSTROOM_WEB_TRUSTED_PROXIES": networks})
 
 
@@ -262,7 +262,7 @@ def test_a_host_not_listed_in_web_hosts_is_refused(store: MemoryStore) -> None:
 def test_a_loopback_proxy_needs_web_hosts() -> None:
     """Trusting 127.0.0.1 trusts every browser on the host too, through a name rebound to it."""
     env = {"POSTROOM_WEB_TRUSTED_PROXIES": "127.0.0.1", "POSTROOM_WEB_OPERATORS": "o@example.com"}
-    with pytest.raises(ConfigError, match="POSTROOM_WEB_HOSTS: .*loopback"):
+    with pytest.raises(ConfigError, match=r"POSTROOM_WEB_HOSTS: .*loopback"):
         make_app(Settings.from_env(env), MemoryStore())
     make_app(Settings.from_env({**env, "POSTROOM_WEB_HOSTS": "console.example.com"}), MemoryStore())
 
