@@ -250,12 +250,14 @@ def test_the_suppression_page_reads_one_page_of_the_list() -> None:
 
 # --- the Host header: a page an attacker's name points at the console (DNS rebinding) ----------
 def test_a_host_not_listed_in_web_hosts_is_refused(store: MemoryStore) -> None:
-    web = client(store, PROXY, POSTROOM_WEB_HOSTS="console.example.com,localhost", **PROXIED)
+    web = client(store, PROXY, POSTROOM_WEB_HOSTS="console.example.com,localhost,[::1]",
+                 **PROXIED)
     who = {"X-Forwarded-Email": "ops@example.com"}
     rebound = web.get("/search", headers={**who, "Host": "evil.example:8480"})
     assert rebound.status_code == 400
     assert rebound.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
-    for host in ("console.example.com", "Console.Example.com:443", "localhost:8480"):
+    for host in ("console.example.com", "Console.Example.com:443", "localhost:8480",
+                 "[::1]:8480"):
         assert web.get("/search", headers={**who, "Host": host}).status_code == 200, host
 
 
