@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +129,16 @@ def csv_cell(text: str) -> str:
 
 def render_csv(failures: Sequence[Failure]) -> str:
     """Every failure as CSV with a header row (spreadsheets read it, no cell a formula). Pure."""
+    return csv_lines((), header=True) + csv_lines(failures)
+
+
+def csv_lines(failures: Iterable[Failure], *, header: bool = False) -> str:
+    """The CSV lines of ``failures`` (after the header row when ``header``): render_csv in
+    pieces, for a stream. Pure."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(CSV_FIELDS)
+    if header:
+        writer.writerow(CSV_FIELDS)
     for f in failures:
         writer.writerow([*map(csv_cell, (f.recipient, f.message_key, f.idempotency_key,
                                          f.subject, f.status)),

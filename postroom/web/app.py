@@ -9,7 +9,7 @@ import logging
 import secrets
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,13 @@ from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,7 +41,6 @@ from postroom.errors import (
     first_line,
     printable,
 )
-from postroom.relay.report import render_csv
 from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
 from postroom.web import auth, forms, timeline
@@ -369,11 +374,14 @@ class Console:
     @page()
     async def report_csv(self, request: Request, who: Identity) -> Response:
         key = forms.required_key(request.query_params)
-        run = await run_in_threadpool(self.store.report_run, key)
+        pieces = self.store.failures_csv(key)
+        # The first piece (the header row) runs the query: a database that does not answer is
+        # still a 503 page, not a download cut short.
+        first = await run_in_threadpool(next, pieces)
         name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)[:80]
-        return Response(render_csv(run.failures), media_type="text/csv; charset=utf-8",
-                        headers={"content-disposition":
-                                 f'attachment; filename="failures-{name}.csv"'})
+        return StreamingResponse(_then(first, pieces), media_type="text/csv; charset=utf-8",
+                                 headers={"content-disposition":
+                                          f'attachment; filename="failures-{name}.csv"'})
 
     @page()
     async def suppression(self, request: Request, who: Identity) -> Response:
@@ -523,6 +531,11 @@ def _redrive_fields(source: Any) -> tuple[str, str, str | None]:
         raise forms.FormError("kind: replay or requeue")
     recipient = forms.text_field(source, "recipient", 320, "recipient")
     return kind, forms.required_key(source), recipient if kind == "requeue" else None
+
+
+def _then(first: str, rest: Iterator[str]) -> Iterator[str]:
+    yield first
+    yield from rest
 
 
 def _local(target: object) -> str | None:

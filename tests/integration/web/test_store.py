@@ -145,3 +145,21 @@ def test_the_suppression_page_is_searched_and_cut_by_the_database(store: Databas
                                                                   "user2@example.com"]
     assert [e.address for e in store.suppressed("USER1@", 10)] == ["user1@example.com"]
     assert store.suppressed("100%_", 10) == []  # the search is text, not a LIKE pattern
+
+
+def test_the_csv_export_streams_what_render_csv_writes(store: DatabaseStore,
+                                                       engine: sa.Engine) -> None:
+    from postroom.relay.report import render_csv
+    from postroom.web.store import CSV_BATCH_ROWS
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("""
+            INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
+                                status, attempts, last_error)
+            SELECT 'big|a' || n || '@example.com', 'big', 'a' || n || '@example.com', '=s', 'b',
+                   'normal', 'failed', 2, '-550 no'
+            FROM generate_series(1, :rows) AS n"""), {"rows": CSV_BATCH_ROWS * 2 + 5})
+    pieces = list(store.failures_csv("big"))
+    assert len(pieces) == 1 + 3  # the header row, then a piece per batch
+    assert "".join(pieces) == render_csv(store.report_run("big").failures)
+

@@ -302,3 +302,38 @@ def test_refused_sign_ins_are_throttled_per_peer(store: MemoryStore) -> None:
     assert [a.action for a in store.audited] == ["sign-in refused"] * SIGNIN_REFUSALS_MAX
     other = TestClient(app, client=("192.0.2.10", 1), follow_redirects=False)
     assert sign_in(other, OPERATOR_TOKEN).status_code == 303
+
+
+def test_the_csv_export_is_streamed_not_built_whole(store: MemoryStore) -> None:
+    """A run of a million failures would otherwise be held in memory whole, for any reader."""
+    from postroom.relay.report import Failure
+
+    store.rows[:] = [outbox_row(n, status="failed", last_error="=550 no") for n in range(1, 2500)]
+    web = client(store)
+    sign_in(web, READER_TOKEN)
+    with web.stream("GET", "/report.csv", params={"key": "report-2026-09"}) as answer:
+        assert answer.status_code == 200
+        assert "content-length" not in answer.headers  # sent as it is read
+        assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        text = "".join(answer.iter_text())
+    failures = [Failure(r["id"], r["recipient"], r["message_key"], r["idempotency_key"],
+                        r["subject"], r["status"], r["attempts"], r["last_error"],
+                        r["updated_at"]) for r in store.rows]
+    assert text == render_csv(failures)
+
+
+class CsvDownStore(MemoryStore):
+    def failures_csv(self, message_key: str) -> Any:
+        import sqlalchemy as sa
+
+        raise sa.exc.OperationalError("SELECT", {}, Exception("connection refused"))
+        yield ""  # a generator, as the database store's
+
+
+def test_a_csv_export_the_database_cannot_start_is_a_503_page() -> None:
+    web = TestClient(make_app(settings(), CsvDownStore()), client=("127.0.0.1", 1),
+                     follow_redirects=False)
+    sign_in(web, READER_TOKEN)
+    answer = web.get("/report.csv", params={"key": "k"})
+    assert answer.status_code == 503
+    assert "the database does not answer: connection refused" in refusal(answer.text)
