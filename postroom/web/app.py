@@ -41,6 +41,7 @@ from postroom.errors import (
     first_line,
     printable,
 )
+from postroom.relay.report import Failure, csv_lines
 from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
 from postroom.web import auth, forms, timeline
@@ -374,12 +375,13 @@ class Console:
     @page()
     async def report_csv(self, request: Request, who: Identity) -> Response:
         key = forms.required_key(request.query_params)
-        pieces = self.store.failures_csv(key)
-        # The first piece (the header row) runs the query: a database that does not answer is
-        # still a 503 page, not a download cut short.
-        first = await run_in_threadpool(next, pieces)
+        batches = self.store.failure_batches(key)
+        # The first batch runs the query: a database that does not answer is still a 503 page,
+        # not a download cut short.
+        first = await run_in_threadpool(next, batches, None)
         name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)[:80]
-        return StreamingResponse(_then(first, pieces), media_type="text/csv; charset=utf-8",
+        return StreamingResponse(_csv_pieces(first, batches),
+                                 media_type="text/csv; charset=utf-8",
                                  headers={"content-disposition":
                                           f'attachment; filename="failures-{name}.csv"'})
 
@@ -533,9 +535,12 @@ def _redrive_fields(source: Any) -> tuple[str, str, str | None]:
     return kind, forms.required_key(source), recipient if kind == "requeue" else None
 
 
-def _then(first: str, rest: Iterator[str]) -> Iterator[str]:
-    yield first
-    yield from rest
+def _csv_pieces(first: list[Failure] | None, rest: Iterator[list[Failure]]) -> Iterator[str]:
+    """The CSV render_csv writes, a batch of failures a piece (the header row first)."""
+    yield csv_lines((), header=True)
+    if first is not None:
+        yield csv_lines(first)
+        yield from (csv_lines(batch) for batch in rest)
 
 
 def _local(target: object) -> str | None:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from postroom.relay import redrive, suppression
 from postroom.relay.redrive import DeadLetterPage, LetterHistory, RedrivePlan, RedriveRow
-from postroom.relay.report import Failure, csv_lines
+from postroom.relay.report import Failure
 from postroom.relay.sql import console as sql
 from postroom.relay.sql import operators, outbox_backlog
 from postroom.relay.suppression import Entry
@@ -68,7 +68,7 @@ class ConsoleStore(Protocol):
     def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]: ...
     def email(self, row_id: int) -> Email | None: ...
     def report_run(self, message_key: str, limit: int | None = None) -> ReportRun: ...
-    def failures_csv(self, message_key: str) -> Iterator[str]: ...
+    def failure_batches(self, message_key: str) -> Iterator[list[Failure]]: ...
     def suppressed(self, contains: str | None, limit: int) -> list[Entry]: ...
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry: ...
@@ -137,16 +137,14 @@ class DatabaseStore:
                 sql.FAILURES_OF_KEY, {"key": message_key, "limit": limit}))
         return ReportRun(counts, failures)
 
-    def failures_csv(self, message_key: str) -> Iterator[str]:
-        """The run's failures as CSV (render_csv's text), in pieces of CSV_BATCH_ROWS rows read
-        from a server-side cursor: the export of a run of a million failures is never whole in
-        memory. The query runs before the first piece (its header row) is given."""
+    def failure_batches(self, message_key: str) -> Iterator[list[Failure]]:
+        """Every failure of the run, CSV_BATCH_ROWS at a time from a server-side cursor: the
+        export of a run of a million failures is never whole in memory."""
         with self._engine.connect() as conn:
-            result = conn.execution_options(stream_results=True, yield_per=CSV_BATCH_ROWS).execute(
+            result = conn.execution_options(stream_results=True).execute(
                 sql.FAILURES_OF_KEY, {"key": message_key, "limit": None})
-            yield csv_lines((), header=True)
             for rows in result.partitions(CSV_BATCH_ROWS):
-                yield csv_lines(Failure(**row._mapping) for row in rows)
+                yield [Failure(**row._mapping) for row in rows]
 
     def suppressed(self, contains: str | None, limit: int) -> list[Entry]:
         """The first ``limit`` entries in force whose address or reason holds ``contains``

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 from postroom.relay.redrive import (
@@ -16,7 +15,7 @@ from postroom.relay.redrive import (
     merge_newest,
     skip_reason,
 )
-from postroom.relay.report import Failure, csv_lines
+from postroom.relay.report import Failure
 from postroom.relay.suppression import Entry, NotSuppressedError, Source, checked, reason_of
 from postroom.web.forms import SearchFilter
 from postroom.web.store import Action, AuditEntry, Email, ReportRun
@@ -73,11 +72,10 @@ class MemoryStore:
                                for r in rows if r["status"] in ("failed", "dead", "bounced",
                                                                 "suppressed"))[:limit])
 
-    def failures_csv(self, message_key: str) -> Iterator[str]:
-        failures = self.report_run(message_key).failures
-        yield csv_lines((), header=True)
+    def failure_batches(self, message_key: str) -> Any:
+        failures = list(self.report_run(message_key).failures)
         for start in range(0, len(failures), 1000):
-            yield csv_lines(failures[start:start + 1000])
+            yield failures[start:start + 1000]
 
     def suppressed(self, contains: str | None, limit: int) -> list[Entry]:
         wanted = (contains or "").lower()

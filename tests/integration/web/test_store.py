@@ -147,9 +147,10 @@ def test_the_suppression_page_is_searched_and_cut_by_the_database(store: Databas
     assert store.suppressed("100%_", 10) == []  # the search is text, not a LIKE pattern
 
 
-def test_the_csv_export_streams_what_render_csv_writes(store: DatabaseStore,
+def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseStore,
                                                        engine: sa.Engine) -> None:
     from postroom.relay.report import render_csv
+    from postroom.web.app import _csv_pieces
     from postroom.web.store import CSV_BATCH_ROWS
 
     with engine.begin() as conn:
@@ -159,7 +160,9 @@ def test_the_csv_export_streams_what_render_csv_writes(store: DatabaseStore,
             SELECT 'big|a' || n || '@example.com', 'big', 'a' || n || '@example.com', '=s', 'b',
                    'normal', 'failed', 2, '-550 no'
             FROM generate_series(1, :rows) AS n"""), {"rows": CSV_BATCH_ROWS * 2 + 5})
-    pieces = list(store.failures_csv("big"))
-    assert len(pieces) == 1 + 3  # the header row, then a piece per batch
-    assert "".join(pieces) == render_csv(store.report_run("big").failures)
+    batches = list(store.failure_batches("big"))
+    assert [len(b) for b in batches] == [CSV_BATCH_ROWS, CSV_BATCH_ROWS, 5]
+    assert [f for b in batches for f in b] == list(store.report_run("big").failures)
+    assert "".join(_csv_pieces(batches[0], iter(batches[1:]))) == render_csv(
+        store.report_run("big").failures)
 

@@ -323,11 +323,11 @@ def test_the_csv_export_is_streamed_not_built_whole(store: MemoryStore) -> None:
 
 
 class CsvDownStore(MemoryStore):
-    def failures_csv(self, message_key: str) -> Any:
+    def failure_batches(self, message_key: str) -> Any:
         import sqlalchemy as sa
 
         raise sa.exc.OperationalError("SELECT", {}, Exception("connection refused"))
-        yield ""  # a generator, as the database store's
+        yield []  # a generator, as the database store's
 
 
 def test_a_csv_export_the_database_cannot_start_is_a_503_page() -> None:
