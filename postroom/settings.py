@@ -318,6 +318,12 @@ class Settings:
         meaning="addresses or networks (`10.0.0.5,10.1.0.0/16`) of single-sign-on proxies "
                 "(oauth2-proxy) whose `X-Forwarded-Email` header signs a request in; the header "
                 "from any other address is ignored")
+    web_hosts: tuple[str, ...] = setting(
+        "WEB_HOSTS", v.host_names, (), shown="(none: any)",
+        meaning="the host names (`Host` header, no port) the console answers to, e.g. the "
+                "proxy's public name; any other is refused (400), so a name an attacker points "
+                "at the console (DNS rebinding) reaches nothing; needed when "
+                "`POSTROOM_WEB_TRUSTED_PROXIES` holds a loopback address")
     web_operators: frozenset[str] = setting(
         "WEB_OPERATORS", v.address_list, frozenset(), shown="(none)",
         meaning="addresses that a trusted proxy's `X-Forwarded-Email` gives the operator role; "

@@ -315,17 +315,35 @@ def proxy_networks(text: str) -> tuple[str, ...]:
     ipaddress."""
     import ipaddress
 
+    every_mapped_ipv4 = ipaddress.IPv6Network("::ffff:0:0/96")
     networks = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         try:
-            networks.append(str(ipaddress.ip_network(part, strict=False)))
+            network = ipaddress.ip_network(part, strict=False)
         except ValueError:
             raise ValueError(f"not an IP address or network: {shown(part)}") from None
+        if network.prefixlen == 0 or (isinstance(network, ipaddress.IPv6Network)
+                                      and network.supernet_of(every_mapped_ipv4)):
+            raise ValueError(f"{shown(part)} trusts every address: anyone could sign in as anyone "
+                             "with the header; name the proxies")
+        networks.append(str(network))
     if not networks:
         raise ValueError("expected addresses such as 127.0.0.1 or 10.0.0.0/8")
     return tuple(networks)
+
+
+def host_names(text: str) -> tuple[str, ...]:
+    """Comma-separated host names (``console.example.com,*.example.com,127.0.0.1``), without a
+    port, in lower case."""
+    names = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    for name in names:
+        if not re.fullmatch(r"(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\]", name):
+            raise ValueError(f"not a host name (no port, no scheme): {shown(name)}")
+    if not names:
+        raise ValueError("expected host names such as console.example.com")
+    return names
 
 
 def address_list(text: str) -> frozenset[str]:

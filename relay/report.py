@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +117,32 @@ def report_body(failures: Sequence[Failure], since: dt.datetime, limits: SizeLim
     return "\n".join([head, *listed, *middle, *tail]) + "\n", len(listed)
 
 
+# A cell a spreadsheet would read as a formula (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(text: str) -> str:
+    """``text`` as a spreadsheet shows it and never runs it: one starting a formula gets a
+    leading ``'`` (a job's subject or a server's reply may start with ``=``). Pure."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
 def render_csv(failures: Sequence[Failure]) -> str:
-    """Every failure as CSV with a header row (spreadsheets read it). Pure."""
+    """Every failure as CSV with a header row (spreadsheets read it, no cell a formula). Pure."""
+    return csv_lines((), header=True) + csv_lines(failures)
+
+
+def csv_lines(failures: Iterable[Failure], *, header: bool = False) -> str:
+    """The CSV lines of ``failures`` (after the header row when ``header``): render_csv in
+    pieces, for a stream. Pure."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(CSV_FIELDS)
+    if header:
+        writer.writerow(CSV_FIELDS)
     for f in failures:
-        writer.writerow([f.recipient, f.message_key, f.idempotency_key, f.subject, f.status,
-                         f.attempts, f.last_error or "", f.updated_at.isoformat()])
+        writer.writerow([*map(csv_cell, (f.recipient, f.message_key, f.idempotency_key,
+                                         f.subject, f.status)),
+                         f.attempts, csv_cell(f.last_error or ""), f.updated_at.isoformat()])
     return out.getvalue()
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,18 @@ from sqlalchemy import exc as sa_errors
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,7 +41,7 @@ from postroom.errors import (
     first_line,
     printable,
 )
-from postroom.relay.report import render_csv
+from postroom.relay.report import Failure, csv_lines
 from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
 from postroom.web import auth, forms, timeline
@@ -47,6 +56,10 @@ SESSION_MAX_AGE_S = 8 * 3600
 DLQ_PAGE_LETTERS = 50
 AUDIT_PAGE_ENTRIES = 100
 SUPPRESSION_SHOWN_MAX = 500
+REPORT_FAILURES_SHOWN = 500
+# The largest form any page posts is a few hundred bytes: a body beyond this is refused before
+# it is read (an outsider's sign-in POST would otherwise be held in memory whole).
+FORM_MAX_BYTES = 64 * 1024
 # No inline script or style anywhere: the pages load /static/console.js and console.css only.
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -89,6 +102,34 @@ class Refused(Exception):
         self.status = status
 
 
+class LimitedBody:
+    """Refuses a request body over FORM_MAX_BYTES (Refused 413 from the handler's first read),
+    by its Content-Length or, chunked, as it arrives: nothing past the limit is read."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        too_large = Refused(413, f"refused: a request body larger than {FORM_MAX_BYTES} bytes")
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            if not declared.isdigit() or int(declared) > FORM_MAX_BYTES:
+                raise too_large
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > FORM_MAX_BYTES:
+                raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
 Handler = Callable[["Console", Request, Identity], Awaitable[Response]]
 OpenHandler = Callable[["Console", Request], Awaitable[Response]]
 
@@ -103,6 +144,9 @@ def answered(handler: OpenHandler) -> Any:
             return await handler(self, request)
         except Refused as exc:
             return self.refusal(request, exc.status, str(exc))
+        except HTTPException as exc:  # Starlette's own refusal of a form (too many fields)
+            return self.refusal(request, exc.status_code,
+                                printable((str(exc.detail).splitlines() or [""])[0]))
         except forms.FormError as exc:
             return self.refusal(request, 400, str(exc))
         except (InvalidContentError, NotSuppressedError) as exc:
@@ -124,7 +168,8 @@ def answered(handler: OpenHandler) -> Any:
 
 def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Handler], Any]:
     """A route handler that needs a signed-in identity with ``needed``; a POST also needs the
-    session's CSRF token in its form, checked before anything else is read or done."""
+    session's CSRF token in its form, checked before anything else is read or done, and one
+    refused (a field, a row that is not there) is audited with why."""
 
     def wrap(handler: Handler) -> Any:
         @functools.wraps(handler)
@@ -132,7 +177,13 @@ def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Han
             who = await self.admit(request, needed, redirect=signed_in)
             if isinstance(who, Response):
                 return who
-            return await handler(self, request, who)
+            if request.method != "POST":
+                return await handler(self, request, who)
+            try:
+                return await handler(self, request, who)
+            except (Refused, forms.FormError, InvalidContentError, NotSuppressedError) as exc:
+                await self.audit_refusal(request, who, printable(first_line(exc)))
+                raise
 
         return answered(admitted)
 
@@ -151,25 +202,44 @@ class Console:
             autoescape=True,  # every value a job, a server or a person wrote is escaped
             undefined=jinja2.StrictUndefined)
         self.templates.filters["utc"] = _utc
+        # The sessions signed in by this process and not signed out, by id, with when each was
+        # last seen: a cookie is signed, so without this a copy of it would outlive a sign-out.
+        self.sessions: dict[str, float] = {}
+        self.throttle = auth.SignInThrottle()
 
     # --- who is asking -------------------------------------------------------------------
     def identity(self, request: Request) -> Identity | None:
         """The trusted proxy's header first (it signs every request), then the session."""
         peer = request.client.host if request.client else None
-        header = request.headers.get(auth.PROXY_EMAIL_HEADER)
-        proxied = auth.by_proxy(peer, header, self.settings)
+        proxied = auth.by_proxy(peer, request.headers.getlist(auth.PROXY_EMAIL_HEADER),
+                                self.settings)
         if proxied is not None:
             return proxied
         session = request.session
-        if session.get("who") and session.get("role") in {r.value for r in Role}:
+        if (session.get("who") and session.get("role") in {r.value for r in Role}
+                and self._live(session.get("sid"))):
             return Identity(str(session["who"]), Role(session["role"]), "token")
         return None
+
+    def _live(self, sid: object) -> bool:
+        now = time.monotonic()
+        for stale in [s for s, seen in self.sessions.items() if now - seen > SESSION_MAX_AGE_S]:
+            del self.sessions[stale]
+        if not isinstance(sid, str) or sid not in self.sessions:
+            return False
+        self.sessions[sid] = now
+        return True
 
     async def admit(self, request: Request, needed: Role, *, redirect: bool) -> Identity | Response:
         """Who may go on (Refused otherwise): a POST's CSRF token first, then the identity and
         its role; a GET page without one is sent to sign in."""
         if request.method == "POST":
-            await self.check_csrf(request)
+            try:
+                await self.check_csrf(request)
+            except Refused as exc:
+                if exc.status == 403 and (forger := self.identity(request)) is not None:
+                    await self.audit_refusal(request, forger, "CSRF token missing or wrong")
+                raise
         who = self.identity(request)
         if who is None:
             if request.method == "GET" and redirect:
@@ -179,9 +249,16 @@ class Console:
                                         status_code=303)
             raise Refused(401, "sign in first")
         if not who.role.may(needed):
+            await self.audit_refusal(request, who, f"needs the {needed.value} role")
             raise Refused(403, f"this needs the {needed.value} role; you are signed in as "
                                f"{who.who} with the {who.role.value} role")
         return who
+
+    async def audit_refusal(self, request: Request, who: Identity, why: str) -> None:
+        """A signed-in user's refused action, in the audit as a row of its own (an anonymous
+        one is not: it names no one, and would let anyone fill the table)."""
+        await run_in_threadpool(self.store.record, Action(
+            who, f"refused: {request.method} {request.url.path}", why))
 
     @staticmethod
     def csrf_token(request: Request) -> str:
@@ -221,10 +298,15 @@ class Console:
     @answered
     async def signin(self, request: Request) -> Response:
         form = await self.check_csrf(request)
+        peer = request.client.host if request.client else "?"
+        if self.throttle.blocked(peer):  # not audited: its refusals are, up to the limit
+            return self.render(request, "signin.html", 429, next=_local(form.get("next")),
+                               tokens=True, error=f"sign-in refused: too many refused sign-ins "
+                               f"from {peer}; wait a minute")
         token = form.get("token")
         who = auth.by_token(token if isinstance(token, str) else "", self.settings)
-        peer = request.client.host if request.client else "?"
         if who is None:
+            self.throttle.refused(peer)
             await run_in_threadpool(self.store.record, Action(
                 Identity(f"anonymous ({peer})", Role.READER, "token"), "sign-in refused", "-"))
             return self.render(request, "signin.html", 401, next=_local(form.get("next")),
@@ -232,13 +314,16 @@ class Console:
         # Audited first: a sign-in the audit cannot record does not happen.
         await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
         request.session.clear()  # a fresh session: nothing from before the sign-in carries over
-        request.session.update({"who": who.who, "role": who.role.value,
+        sid = secrets.token_urlsafe(16)
+        self.sessions[sid] = time.monotonic()
+        request.session.update({"who": who.who, "role": who.role.value, "sid": sid,
                                 "csrf": auth.new_csrf_token()})
         return RedirectResponse(_local(form.get("next")) or "/search", status_code=303)
 
     @answered
     async def signout(self, request: Request) -> Response:
         await self.check_csrf(request)
+        self.sessions.pop(str(request.session.get("sid")), None)
         request.session.clear()
         return RedirectResponse("/signin", status_code=303)
 
@@ -262,7 +347,8 @@ class Console:
     @page()
     async def email(self, request: Request, who: Identity) -> Response:
         row_id = int(request.path_params["row_id"])
-        found = await run_in_threadpool(self.store.email, row_id)
+        found = (await run_in_threadpool(self.store.email, row_id)
+                 if row_id <= forms.ROW_ID_MAX else None)
         if found is None:
             raise Refused(404, f"no outbox row {row_id}")
         events = timeline.events(found.row, found.ledger, found.suppression,
@@ -275,8 +361,13 @@ class Console:
     @page()
     async def report(self, request: Request, who: Identity) -> Response:
         key = forms.text_field(request.query_params, "key", forms.KEY_MAX_CHARS, "message key")
-        run = await run_in_threadpool(self.store.report_run, key) if key else None
+        # The page shows the first failures (a run of a million would be a page of 100 MB); the
+        # CSV has every one.
+        run = (await run_in_threadpool(self.store.report_run, key, REPORT_FAILURES_SHOWN)
+               if key else None)
         return self.render(request, "report.html", who=who, key=key, run=run,
+                           failed=sum(n for s, n in run.counts if s in timeline.FINAL_BAD)
+                           if run else 0,
                            csv_link="/report.csv?" + urllib.parse.urlencode({"key": key})
                            if key else None,
                            total=sum(n for _, n in run.counts) if run else 0)
@@ -284,22 +375,25 @@ class Console:
     @page()
     async def report_csv(self, request: Request, who: Identity) -> Response:
         key = forms.required_key(request.query_params)
-        run = await run_in_threadpool(self.store.report_run, key)
+        batches = self.store.failure_batches(key)
+        # The first batch runs the query: a database that does not answer is still a 503 page,
+        # not a download cut short.
+        first = await run_in_threadpool(next, batches, None)
         name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)[:80]
-        return Response(render_csv(run.failures), media_type="text/csv; charset=utf-8",
-                        headers={"content-disposition":
-                                 f'attachment; filename="failures-{name}.csv"'})
+        return StreamingResponse(_csv_pieces(first, batches),
+                                 media_type="text/csv; charset=utf-8",
+                                 headers={"content-disposition":
+                                          f'attachment; filename="failures-{name}.csv"'})
 
     @page()
     async def suppression(self, request: Request, who: Identity) -> Response:
         wanted = forms.text_field(request.query_params, "q", 320, "search")
-        entries = await run_in_threadpool(self.store.suppressed)
-        if wanted:
-            entries = [e for e in entries if wanted.lower() in e.address
-                       or wanted.lower() in e.reason.lower()]
+        # One page of the list, searched by the database: it may hold a million addresses.
+        entries = await run_in_threadpool(self.store.suppressed, wanted,
+                                          SUPPRESSION_SHOWN_MAX + 1)
         return self.render(request, "suppression.html", who=who, q=wanted or "",
-                           entries=entries[:SUPPRESSION_SHOWN_MAX], total=len(entries),
-                           shown_max=SUPPRESSION_SHOWN_MAX,
+                           entries=entries[:SUPPRESSION_SHOWN_MAX],
+                           more=len(entries) > SUPPRESSION_SHOWN_MAX,
                            default_expiry=_days(self.settings.suppression_expiry_s))
 
     @page()
@@ -342,8 +436,7 @@ class Console:
 
     @page()
     async def audit(self, request: Request, who: Identity) -> Response:
-        before = request.query_params.get("before")
-        before_id = int(before) if before and before.isdigit() else None
+        before_id = forms.audit_cursor(request.query_params.get("before"))
         entries = await run_in_threadpool(self.store.audit, before_id, AUDIT_PAGE_ENTRIES + 1)
         more = len(entries) > AUDIT_PAGE_ENTRIES
         entries = entries[:AUDIT_PAGE_ENTRIES]
@@ -425,6 +518,9 @@ def make_app(settings: Settings, store: ConsoleStore, session_secret: str | None
     console = Console(settings, store)
     return Starlette(routes=console.routes(), middleware=[
         Middleware(SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.web_hosts or ["*"]),
+                   www_redirect=False),
+        Middleware(LimitedBody),
         Middleware(SessionMiddleware, secret_key=session_secret or secrets.token_urlsafe(32),
                    session_cookie=SESSION_COOKIE, max_age=SESSION_MAX_AGE_S, same_site="strict",
                    https_only=settings.web_secure_cookie),
@@ -437,6 +533,14 @@ def _redrive_fields(source: Any) -> tuple[str, str, str | None]:
         raise forms.FormError("kind: replay or requeue")
     recipient = forms.text_field(source, "recipient", 320, "recipient")
     return kind, forms.required_key(source), recipient if kind == "requeue" else None
+
+
+def _csv_pieces(first: list[Failure] | None, rest: Iterator[list[Failure]]) -> Iterator[str]:
+    """The CSV render_csv writes, a batch of failures a piece (the header row first)."""
+    yield csv_lines((), header=True)
+    if first is not None:
+        yield csv_lines(first)
+        yield from (csv_lines(batch) for batch in rest)
 
 
 def _local(target: object) -> str | None:

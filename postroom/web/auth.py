@@ -8,7 +8,8 @@ import enum
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from postroom.errors import ConfigError
 from postroom.settings import Settings
@@ -18,6 +19,8 @@ PROXY_EMAIL_HEADER = "X-Forwarded-Email"
 CSRF_FIELD = "csrf"
 CSRF_TOKEN_BYTES = 32
 EMAIL_MAX_CHARS = 254
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"),
+            ipaddress.ip_network("::ffff:127.0.0.0/104"))
 
 
 class Role(enum.StrEnum):
@@ -48,6 +51,13 @@ def check_configured(settings: Settings) -> None:
             and _same(settings.web_operator_token.reveal(), settings.web_reader_token.reveal())):
         raise ConfigError("POSTROOM_WEB_READER_TOKEN",
                           "is the operator's token: a reader would sign in as an operator")
+    if any(ipaddress.ip_network(net).overlaps(loopback) for net in settings.web_trusted_proxies
+           for loopback in LOOPBACK if ipaddress.ip_network(net).version == loopback.version) \
+            and not settings.web_hosts:
+        raise ConfigError("POSTROOM_WEB_HOSTS", "is needed when POSTROOM_WEB_TRUSTED_PROXIES "
+                          "holds a loopback address: name the hosts the proxy forwards (a "
+                          "browser on this host could otherwise reach the console through a "
+                          "name rebound to loopback, and send the header itself)")
     if settings.web_operators and not settings.web_trusted_proxies:
         raise ConfigError("POSTROOM_WEB_OPERATORS", "names the operators a proxy signs in: it "
                           "needs POSTROOM_WEB_TRUSTED_PROXIES")
@@ -78,20 +88,66 @@ def is_trusted(peer: str | None, networks: Iterable[str]) -> bool:
         address = ipaddress.ip_address(peer)
     except ValueError:
         return False
-    return any(address in ipaddress.ip_network(net) for net in networks)
+    # A listener on [::] sees an IPv4 proxy as ::ffff:a.b.c.d.
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return any(address in ipaddress.ip_network(net) or (mapped is not None and mapped in
+                                                         ipaddress.ip_network(net))
+               for net in networks)
 
 
-def by_proxy(peer: str | None, header: str | None, settings: Settings) -> Identity | None:
-    """The identity a trusted proxy's X-Forwarded-Email gives, or None: the header counts only
-    on a connection from POSTROOM_WEB_TRUSTED_PROXIES, and only as one plain address."""
-    if header is None or not is_trusted(peer, settings.web_trusted_proxies):
+def by_proxy(peer: str | None, headers: Sequence[str],
+             settings: Settings) -> Identity | None:
+    """The identity a trusted proxy's X-Forwarded-Email gives (``headers``: each of its values),
+    or None: the header counts only on a connection from POSTROOM_WEB_TRUSTED_PROXIES, and only
+    once, as one plain address (a proxy that appends its own after a client's would otherwise
+    let the client's win)."""
+    if len(headers) != 1 or not is_trusted(peer, settings.web_trusted_proxies):
         return None
-    email = header.strip().lower()
+    email = headers[0].strip().lower()
     if not email or len(email) > EMAIL_MAX_CHARS or "@" not in email or not email.isprintable() \
             or any(ch.isspace() or ch in "<>,;\"" for ch in email):
         return None
     role = Role.OPERATOR if email in settings.web_operators else Role.READER
     return Identity(email, role, "proxy")
+
+
+# Refused sign-ins a peer may have in a window before it must wait: a person mistyping is not
+# stopped, a guesser (and the audit rows each guess writes) is.
+SIGNIN_REFUSALS_MAX = 10
+SIGNIN_WINDOW_S = 60.0
+
+
+class SignInThrottle:
+    """Refused sign-ins per peer address over the last ``window_s`` seconds (``clock``'s)."""
+
+    def __init__(self, max_refusals: int = SIGNIN_REFUSALS_MAX,
+                 window_s: float = SIGNIN_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._max = max_refusals
+        self._window_s = window_s
+        self._clock = clock
+        self._refused: dict[str, list[float]] = {}
+
+    def _recent(self) -> dict[str, list[float]]:
+        since = self._clock() - self._window_s
+        for peer in list(self._refused):
+            kept = [at for at in self._refused[peer] if at > since]
+            if kept:
+                self._refused[peer] = kept
+            else:
+                del self._refused[peer]
+        return self._refused
+
+    def blocked(self, peer: str) -> bool:
+        """Whether ``peer`` has had its refusals in the window: it may not try now."""
+        return len(self._recent().get(peer, ())) >= self._max
+
+    def refused(self, peer: str) -> None:
+        self._recent().setdefault(peer, []).append(self._clock())
+
+    def __len__(self) -> int:
+        """Peers with a refusal in the window (what the throttle holds)."""
+        return len(self._recent())
 
 
 def new_csrf_token() -> str:

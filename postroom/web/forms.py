@@ -11,6 +11,8 @@ from postroom.errors import PostroomError
 from postroom.settings import parse_period_s
 
 PAGE_ROWS = 50
+# The outbox's and the audit's ids are PostgreSQL bigints: a larger one is no row, not a query.
+ROW_ID_MAX = 2**63 - 1
 KEY_MAX_CHARS = 1000
 TEXT_MAX_CHARS = 500
 # The outbox's states (relay/migrations/versions/0009_suppression.py's check).
@@ -73,7 +75,12 @@ def time_field(form: Mapping[str, object], name: str, label: str) -> dt.datetime
     except ValueError:
         raise FormError(f"{label}: not a date or time such as 2026-09-30T14:05 "
                         f"(UTC): {text!r}") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    try:
+        moment.astimezone(dt.UTC)  # 0001-01-01T00:00+14:00 is before the first UTC moment
+    except OverflowError:
+        raise FormError(f"{label}: out of range: {text!r}") from None
+    return moment
 
 
 def keyset(text: str | None) -> tuple[dt.datetime, int] | None:
@@ -83,9 +90,21 @@ def keyset(text: str | None) -> tuple[dt.datetime, int] | None:
     micros, _, row_id = text.partition("_")
     try:
         at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=int(micros))
-        return at, int(row_id)
+        last_id = int(row_id)
     except (ValueError, OverflowError):
-        raise FormError(f"page: not a page of this search: {text[:40]!r}") from None
+        last_id = -1
+    if not 0 <= last_id <= ROW_ID_MAX:
+        raise FormError(f"page: not a page of this search: {text[:40]!r}")
+    return at, last_id
+
+
+def audit_cursor(text: str | None) -> int | None:
+    """The audit page's cursor: the id of the last entry of the page before."""
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) > ROW_ID_MAX:
+        raise FormError(f"before: not a page of the audit: {text[:40]!r}")
+    return int(text)
 
 
 def cursor(at: dt.datetime, row_id: int) -> str:

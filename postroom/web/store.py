@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -26,6 +26,7 @@ from postroom.web.forms import SearchFilter
 
 # How long one reading of the lag serves the glance page's polls (every viewer's).
 GLANCE_CACHE_S = 5.0
+CSV_BATCH_ROWS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +68,9 @@ class ReportRun:
 class ConsoleStore(Protocol):
     def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]: ...
     def email(self, row_id: int) -> Email | None: ...
-    def report_run(self, message_key: str) -> ReportRun: ...
-    def suppressed(self) -> list[Entry]: ...
+    def report_run(self, message_key: str, limit: int | None = None) -> ReportRun: ...
+    def failure_batches(self, message_key: str) -> Iterator[list[Failure]]: ...
+    def suppressed(self, contains: str | None, limit: int) -> list[Entry]: ...
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry: ...
     def unsuppress(self, address: str, action: Action) -> str: ...
@@ -127,17 +129,30 @@ class DatabaseStore:
             entry = conn.execute(sql.SUPPRESSION_OF, {"address": row["recipient"]}).mappings().first()
         return Email(dict(row), dict(ledger) if ledger else None, dict(entry) if entry else None)
 
-    def report_run(self, message_key: str) -> ReportRun:
+    def report_run(self, message_key: str, limit: int | None = None) -> ReportRun:
+        """The run's counts by state and its first ``limit`` failures (None: every one)."""
         with self._engine.connect() as conn:
             counts = tuple((str(s), int(n)) for s, n in conn.execute(sql.COUNTS_OF_KEY,
                                                                       {"key": message_key}))
             failures = tuple(Failure(**row._mapping) for row in conn.execute(
-                sql.FAILURES_OF_KEY, {"key": message_key}))
+                sql.FAILURES_OF_KEY, {"key": message_key, "limit": limit}))
         return ReportRun(counts, failures)
 
-    def suppressed(self) -> list[Entry]:
+    def failure_batches(self, message_key: str) -> Iterator[list[Failure]]:
+        """Every failure of the run, CSV_BATCH_ROWS at a time from a server-side cursor: the
+        export of a run of a million failures is never whole in memory."""
         with self._engine.connect() as conn:
-            return suppression.entries(conn)
+            result = conn.execution_options(stream_results=True).execute(
+                sql.FAILURES_OF_KEY, {"key": message_key, "limit": None})
+            for rows in result.partitions(CSV_BATCH_ROWS):
+                yield [Failure(**row._mapping) for row in rows]
+
+    def suppressed(self, contains: str | None, limit: int) -> list[Entry]:
+        """The first ``limit`` entries in force whose address or reason holds ``contains``
+        (any case), by address."""
+        with self._engine.connect() as conn:
+            return [Entry.from_row(row) for row in conn.execute(
+                sql.SUPPRESSION_PAGE, {"contains": contains, "limit": limit})]
 
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry:

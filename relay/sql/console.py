@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from postroom.relay.sql.reads import READABLE_UNTIL_SQL, readable_time
+from postroom.relay.sql.reads import READABLE_FROM_SQL, READABLE_UNTIL_SQL, readable_time
 from postroom.relay.sql.tables import metadata, outbox
 
 console_audit = sa.Table(
@@ -92,13 +92,28 @@ COUNTS_OF_KEY = sa.text("""
     GROUP BY status ORDER BY status
 """)
 
-# One message's rows that did not reach their recipient, as `report failures` lists them.
+# One message's rows that did not reach their recipient, as `report failures` lists them; the
+# first :limit (NULL: all, for the CSV).
 FAILURES_OF_KEY = sa.text(f"""
     SELECT id, recipient, message_key, idempotency_key, subject, status, attempts, last_error,
            LEAST(COALESCE(updated_at, created_at), {READABLE_UNTIL_SQL}) AS updated_at
     FROM outbox
     WHERE message_key = :key AND status IN ('failed', 'dead', 'bounced', 'suppressed')
-    ORDER BY id
+    ORDER BY id LIMIT :limit
+""")
+
+# The suppression page: addresses suppressed now whose address or reason holds :contains (any
+# case; NULL: every one), by address, the first :limit. A page, never the whole list.
+SUPPRESSION_PAGE = sa.text(f"""
+    SELECT address, reason, source,
+           LEAST(GREATEST(created_at, {READABLE_FROM_SQL}), {READABLE_UNTIL_SQL}) AS created_at,
+           LEAST(expires_at, {READABLE_UNTIL_SQL}) AS expires_at
+    FROM suppression
+    WHERE expires_at > now()
+      AND (CAST(:contains AS text) IS NULL
+           OR strpos(address, lower(CAST(:contains AS text))) > 0
+           OR strpos(lower(reason), lower(CAST(:contains AS text))) > 0)
+    ORDER BY address LIMIT :limit
 """)
 
 AUDIT_INSERT = sa.text("""

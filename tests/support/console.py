@@ -56,7 +56,7 @@ class MemoryStore:
                     **dataclasses.asdict(entry), "source": entry.source.value, "active": True})
         return None
 
-    def report_run(self, message_key: str) -> ReportRun:
+    def report_run(self, message_key: str, limit: int | None = None) -> ReportRun:
         rows = [r for r in self.rows if r["message_key"] == message_key]
         states = sorted({r["status"] for r in rows})
         return ReportRun(tuple((s, sum(1 for r in rows if r["status"] == s)) for s in states),
@@ -64,10 +64,18 @@ class MemoryStore:
                                        r["idempotency_key"], r["subject"], r["status"],
                                        r["attempts"], r["last_error"], r["updated_at"])
                                for r in rows if r["status"] in ("failed", "dead", "bounced",
-                                                                "suppressed")))
+                                                                "suppressed"))[:limit])
 
-    def suppressed(self) -> list[Entry]:
-        return sorted(self.entries.values(), key=lambda e: e.address)
+    def failure_batches(self, message_key: str) -> Any:
+        failures = list(self.report_run(message_key).failures)
+        for start in range(0, len(failures), 1000):
+            yield failures[start:start + 1000]
+
+    def suppressed(self, contains: str | None, limit: int) -> list[Entry]:
+        wanted = (contains or "").lower()
+        return sorted((e for e in self.entries.values()
+                       if wanted in e.address or wanted in e.reason.lower()),
+                      key=lambda e: e.address)[:limit]
 
     def suppress(self, address: str, reason: str | None, expiry_s: float,
                  action: Action) -> Entry:

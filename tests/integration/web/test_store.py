@@ -133,3 +133,36 @@ def test_a_redrive_the_audit_cannot_record_does_not_happen(store: DatabaseStore,
     assert [row.id for row in moved] == dead
     [entry] = store.audit(None, 10)
     assert (entry.action, entry.row_ids) == ("requeue", tuple(dead))
+
+
+def test_the_suppression_page_is_searched_and_cut_by_the_database(store: DatabaseStore) -> None:
+    for n, reason in enumerate(("asked by phone", "hard bounce", "Asked twice")):
+        store.suppress(f"User{n}@Example.com", reason, 3600,
+                       Action(OPERATOR, "suppression add", f"user{n}@example.com"))
+    assert [e.address for e in store.suppressed(None, 2)] == ["user0@example.com",
+                                                              "user1@example.com"]
+    assert [e.address for e in store.suppressed("ASKED", 10)] == ["user0@example.com",
+                                                                  "user2@example.com"]
+    assert [e.address for e in store.suppressed("USER1@", 10)] == ["user1@example.com"]
+    assert store.suppressed("100%_", 10) == []  # the search is text, not a LIKE pattern
+
+
+def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseStore,
+                                                       engine: sa.Engine) -> None:
+    from postroom.relay.report import render_csv
+    from postroom.web.app import _csv_pieces
+    from postroom.web.store import CSV_BATCH_ROWS
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("""
+            INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
+                                status, attempts, last_error)
+            SELECT 'big|a' || n || '@example.com', 'big', 'a' || n || '@example.com', '=s', 'b',
+                   'normal', 'failed', 2, '-550 no'
+            FROM generate_series(1, :rows) AS n"""), {"rows": CSV_BATCH_ROWS * 2 + 5})
+    batches = list(store.failure_batches("big"))
+    assert [len(b) for b in batches] == [CSV_BATCH_ROWS, CSV_BATCH_ROWS, 5]
+    assert [f for b in batches for f in b] == list(store.report_run("big").failures)
+    assert "".join(_csv_pieces(batches[0], iter(batches[1:]))) == render_csv(
+        store.report_run("big").failures)
+

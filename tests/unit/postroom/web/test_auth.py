@@ -22,7 +22,8 @@ def test_tokens(given: str, expected: tuple[str, Role] | None) -> None:
 
 @pytest.mark.parametrize("peer, trusted", [
     ("10.1.2.3", True), ("10.2.0.1", False), ("::1", True), ("fe80::1", False),
-    ("testclient", False), (None, False), ("", False)])
+    ("testclient", False), (None, False), ("", False), ("::ffff:10.1.2.3", True),
+    ("::ffff:10.2.0.1", False)])
 def test_trusted_peers(peer: str | None, trusted: bool) -> None:
     assert auth.is_trusted(peer, ("10.1.0.0/16", "::1/128")) is trusted
 
@@ -32,13 +33,16 @@ def test_trusted_peers(peer: str | None, trusted: bool) -> None:
     ("support@example.com", ("support@example.com", Role.READER)),
     ("a@example.com, ops@example.com", None), ("<ops@example.com>", None),
     ("no-at-sign", None), ("ops@example.com\r\nx", None), ("x" * 300 + "@example.com", None),
-    (None, None)])
-def test_the_proxy_header(header: str | None, expected: tuple[str, Role] | None) -> None:
+    (None, None), (["support@example.com", "ops@example.com"], None),
+    (["ops@example.com", "ops@example.com"], None)])
+def test_the_proxy_header(header: str | list[str] | None,
+                          expected: tuple[str, Role] | None) -> None:
     settings = Settings.from_env({"POSTROOM_WEB_TRUSTED_PROXIES": "10.0.0.5",
                                   "POSTROOM_WEB_OPERATORS": "ops@example.com"})
-    who = auth.by_proxy("10.0.0.5", header, settings)
+    values = [] if header is None else [header] if isinstance(header, str) else header
+    who = auth.by_proxy("10.0.0.5", values, settings)
     assert (None if who is None else (who.who, who.role)) == expected
-    assert auth.by_proxy("10.0.0.6", header, settings) is None
+    assert auth.by_proxy("10.0.0.6", values, settings) is None
 
 
 @pytest.mark.parametrize("env, message", [
@@ -81,3 +85,18 @@ def test_csrf_comparison(expected: str | None, posted: object, matches: bool) ->
 def test_roles() -> None:
     assert Role.OPERATOR.may(Role.READER) and Role.OPERATOR.may(Role.OPERATOR)
     assert Role.READER.may(Role.READER) and not Role.READER.may(Role.OPERATOR)
+
+
+def test_the_sign_in_throttle_refuses_a_peer_after_its_refusals_until_the_window_passes() -> None:
+    now = [1000.0]
+    throttle = auth.SignInThrottle(max_refusals=3, window_s=60.0, clock=lambda: now[0])
+    for _ in range(3):
+        assert not throttle.blocked("10.0.0.9")
+        throttle.refused("10.0.0.9")
+    assert throttle.blocked("10.0.0.9")
+    assert not throttle.blocked("10.0.0.8")  # per peer
+    now[0] += 59.0
+    assert throttle.blocked("10.0.0.9")
+    now[0] += 2.0
+    assert not throttle.blocked("10.0.0.9")
+    assert len(throttle) == 0  # nothing kept of a peer whose refusals are all past
