@@ -92,6 +92,23 @@ def test_readmes_quick_start_by_hand_runs_as_written(env: dict[str, str], tmp_pa
         shown = wait_until(final, 90, "you@ sent and old.manager@ failed")
         assert shown[0] == "message hello, subject 'Hello': 2 recipient(s)"
         assert shown[-1].endswith("550 5.1.1 User unknown")
+
+        # README's job example in this pipeline (issue 45): an attachment below the root it
+        # exports goes out; without the export it waited for ever.
+        attachment = Path(env["POSTROOM_ATTACHMENTS_ROOT"]) / f"report-{port}.csv"
+        attachment.write_text("day,sent\n", encoding="utf-8")
+        try:
+            queued = run_postroom("enqueue", "--key", "report", "--to", "you@example.com",
+                                  "--subject", "Report", "--body", "Attached.", "--attach",
+                                  str(attachment), env=env, timeout_s=60)
+            assert queued.returncode == 0, queued.stderr
+
+            def attached_sent() -> bool:
+                out = run_postroom("status", "--key", "report", env=env, timeout_s=60).stdout
+                return out.splitlines()[2:3] != [] and out.splitlines()[2].split()[1] == "sent"
+            wait_until(attached_sent, 90, "the email with an attachment to be sent")
+        finally:
+            attachment.unlink()
     finally:
         codes = {}
         for name, process, log in reversed(background):
