@@ -174,9 +174,12 @@ def test_enqueue_queues_one_row_per_recipient_once(
             "--to", "ben@example.com", "--subject", "Bericht September", "--body", "Hallo",
             "--attach", str(report), "--priority", "high", "--json"]
     first = json.loads(cli.ok(*args).stdout)
-    assert first == {"queued": 2, "recipients": 2, "key": "report-2026-09"}
+    assert first == {"queued": 2, "recipients": 2, "key": "report-2026-09",
+                     "queued_before": None}
     again = json.loads(cli.ok(*args).stdout)
-    assert again == {"queued": 0, "recipients": 2, "key": "report-2026-09"}
+    assert {k: again[k] for k in ("queued", "recipients", "key")} == {
+        "queued": 0, "recipients": 2, "key": "report-2026-09"}
+    assert dt.datetime.fromisoformat(again["queued_before"]).tzinfo is not None
 
     rows = outbox(db_settings, "report-2026-09")
     assert [r["recipient"] for r in rows] == ["anna@example.com", "ben@example.com"]
@@ -186,11 +189,55 @@ def test_enqueue_queues_one_row_per_recipient_once(
             "high", "pending", "Bericht September", "Hallo")
 
 
-def test_enqueue_without_json_says_how_many_were_new(cli: Cli) -> None:
-    args = ["enqueue", "--to", "a@example.com", "--subject", "Hello", "--body", "b"]
+def test_enqueue_without_json_says_how_many_were_new_and_why_a_rerun_queued_none(
+        cli: Cli) -> None:
+    args = ["enqueue", "--key", "hello", "--to", "a@example.com", "--subject", "Hello",
+            "--body", "b"]
     assert cli.ok(*args).stdout == "queued 1 new of 1 recipient(s)\n"
-    assert cli.ok(*args).stdout == "queued 0 new of 1 recipient(s)\n"
-    assert [r["message_key"] for r in cli.status("Hello")] == ["Hello"]  # the subject is the key
+    again = cli.ok(*args).stdout.splitlines()
+    assert again[0] == "queued 0 new of 1 recipient(s)"
+    assert re.fullmatch(r"not queued again: 1 recipient\(s\) already had message key 'hello', "
+                        r"queued \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(pending 1\); a different "
+                        r"email needs another --key", again[1]), again
+
+
+def test_enqueue_without_a_key_never_drops_a_different_email(
+        cli: Cli, tmp_path: Path) -> None:
+    """Issue 45 item 2: a nightly cron job without --key sent day 1's report and then queued
+    nothing for ever (the subject was the key). The key is now the subject and a digest of the
+    content: day 2's report is new, day 2 run again queues nothing and says since when."""
+    day1, day2 = tmp_path / "day1.txt", tmp_path / "day2.txt"
+    day1.write_text("sent: 10\n", encoding="utf-8")
+    day2.write_text("sent: 12\n", encoding="utf-8")
+
+    def nightly(body: Path) -> dict[str, Any]:
+        return dict(json.loads(cli.ok("enqueue", "--to", "ops@example.com", "--subject",
+                                      "Nightly report", "--body-file", str(body),
+                                      "--json").stdout))
+
+    first, second = nightly(day1), nightly(day2)
+    assert (first["queued"], second["queued"]) == (1, 1)
+    assert first["key"] != second["key"]
+    assert all(re.fullmatch(r"Nightly report #[0-9a-f]{12}", k) for k in (first["key"],
+                                                                           second["key"]))
+    rerun = nightly(day2)
+    assert (rerun["queued"], rerun["key"]) == (0, second["key"])
+    assert rerun["queued_before"] is not None and second["queued_before"] is None
+    said = cli.ok("enqueue", "--to", "ops@example.com", "--subject", "Nightly report",
+                  "--body-file", str(day2)).stdout.splitlines()
+    assert said[0] == f"queued 0 new of 1 recipient(s) as message {second['key']}"
+    assert said[1].startswith("not queued again: 1 recipient(s) already had the same subject, "
+                              "bodies and files, queued ")
+    assert said[1].endswith("UTC (pending 1); --key K queues it again under a key of its own")
+    # A file's bytes are the content too: the same path with new numbers is a new email.
+    report = tmp_path / "report.csv"
+    report.write_text("a,1\n", encoding="utf-8")
+    args = ["enqueue", "--to", "ops@example.com", "--subject", "CSV", "--body", "attached",
+            "--attach", str(report), "--json"]
+    assert json.loads(cli.ok(*args).stdout)["queued"] == 1
+    report.write_text("a,2\n", encoding="utf-8")
+    assert json.loads(cli.ok(*args).stdout)["queued"] == 1
+    assert [r["status"] for r in cli.status(second["key"])] == ["pending"]
 
 
 def test_enqueue_reads_the_body_from_a_file(cli: Cli, db_settings: Settings,
