@@ -405,6 +405,37 @@ def test_a_bad_setting_exits_2_naming_the_variable(cli: Cli, variable: str, valu
     assert error_line(proc).startswith(f"postroom status: configuration error: {variable}: ")
 
 
+KAFKA_MISTAKES = [
+    # The usual mount-path mistake, and a typo in a key (issue 45 item 4: both were tracebacks).
+    ("security.protocol=SSL;ssl.ca.location=/nonexistent/ca.pem",
+     "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE: ssl.ca.location=/nonexistent/ca.pem: "
+     "no such file or directory"),
+    ("security.protocl=SSL",
+     "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE: security.protocl: librdkafka has no "
+     "such setting (a typo?)"),
+]
+
+
+@pytest.mark.parametrize(("config", "said"), KAFKA_MISTAKES)
+@pytest.mark.parametrize("role", ["relay", "sender", "recorder", "bounces", "lag"])
+def test_a_wrong_kafka_setting_stops_a_role_in_one_line_naming_the_variable(
+        cli: Cli, role: str, config: str, said: str) -> None:
+    bounces = {"POSTROOM_BOUNCE_ADDRESS": "bounces@b.example", "POSTROOM_BOUNCES_PORT": "0",
+               "POSTROOM_BOUNCE_SECRET": "x" * 32}  # what `postroom bounces` needs to start
+    proc = cli(role, POSTROOM_KAFKA_CONFIG=config, **bounces)
+    assert (proc.returncode, error_line(proc)) == (
+        2, f"postroom {role}: configuration error: {said}")
+
+
+@pytest.mark.parametrize(("config", "said"), KAFKA_MISTAKES)
+def test_check_says_a_wrong_kafka_setting_in_one_line_naming_the_variable(
+        cli: Cli, config: str, said: str) -> None:
+    proc = cli("check", POSTROOM_KAFKA_CONFIG=config)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"FAIL  kafka: {said}" in proc.stdout.splitlines(), proc.stdout
+
+
 def test_a_claim_ttl_within_the_producer_timeout_stops_the_relay_with_the_usual_message(
         cli: Cli) -> None:
     proc = cli("relay", POSTROOM_RELAY_CLAIM_TTL="20s")
