@@ -48,7 +48,8 @@ def _topic_verdict(settings: Settings, role: Role | None, timeout_s: float,
         raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
                                           *(f"      {p}" for p in problems)]))
     if role is not None:
-        return (f"broker answers; the {role.value} may use all {len(topics)} of its topics",
+        its = "its one topic" if len(topics) == 1 else f"all {len(topics)} of its topics"
+        return (f"broker answers; the {role.value} role may use {its}",
                 topic_warnings(access, needed))
     return f"broker answers; all {len(topics)} topics exist", []
 

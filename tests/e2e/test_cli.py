@@ -626,6 +626,27 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
     assert lines[3].startswith(f"      {env['POSTROOM_RECORDER_GROUP']} joins with the classic")
 
 
+@pytest.mark.parametrize(("role", "checked"), [
+    ("relay", ["database", "kafka", "registry"]),
+    ("recorder", ["database", "kafka", "groups", "registry"]),
+    ("bounces", ["database", "kafka", "registry"]),
+    ("admin", ["database", "kafka", "registry"]),
+    ("sender", ["database", "kafka", "groups", "registry", "smtp", "attachments"]),
+])
+def test_check_for_a_role_checks_only_what_it_uses(stack_cli: Cli, role: str,
+                                                   checked: list[str]) -> None:
+    """Issue 45 item 3: `check --role relay` FAILed on SMTP, which only the sender uses. No
+    SMTP server listens on POSTROOM_SMTP_HOST's port 25 here."""
+    proc = stack_cli("check", "--role", role)
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith(" ")]
+    assert [line[6:].split(":")[0] for line in lines] == checked, proc.stdout
+    assert proc.returncode == (1 if role == "sender" else 0), proc.stdout
+    kafka = next(line for line in lines if line.startswith("ok    kafka: "))
+    its = {"relay": "all 3 of its topics", "recorder": "its one topic", "bounces": "its one topic",
+           "admin": "all 9 of its topics", "sender": "all 9 of its topics"}[role]
+    assert kafka.startswith(f"ok    kafka: broker answers; the {role} role may use {its};"), kafka
+
+
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
     proc = cli_for(new_schema, unique_name("e2e_none") + ".")(
         "check", POSTROOM_SMTP_HOST="127.0.0.1", POSTROOM_SMTP_PORT="1")
