@@ -27,6 +27,7 @@ from postroom.devkit.processes import (
     stop_process,
 )
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
+from postroom.devkit.wait import wait_until
 from postroom.kafka import make_admin
 from postroom.relay.db import make_engine
 from postroom.relay.outbox import enqueue
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.e2e
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
 LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_seconds", "verdict",
-              "group_state", "group_members", "group_verdict"}
+              "group_state", "group_members", "group_idle_members", "group_verdict"}
 RETRY_FIELDS = {"waiting", "overdue", "overdue_seconds"}
 RUN_TIMEOUT_S = 60
 STOP_WITHIN_S = 5.0
@@ -604,6 +605,56 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
     assert "'nobody' is not one of postroom's groups" in error_line(proc)
 
 
+def test_a_sender_beyond_the_partition_count_is_named_idle_by_lag_and_check(
+        stack_cli: Cli, settings: Settings) -> None:
+    """Issue 45 item 5: a fourth sender on three partitions sat idle and nothing said so, and
+    `lag` listed every member as `postroom-postroom.sender@/127.0.0.1`. Four members of the
+    sender group (range assignment, as the sender asks), one process: alike client ids."""
+    import threading
+
+    from postroom.kafka import make_consumer
+
+    partitions = int(stack_cli.env["POSTROOM_TOPIC_PARTITIONS"])
+    topics = [priority_topic(settings.topic_prefix, p) for p in Priority]
+    members = [make_consumer(settings, settings.sender_group,
+                             **{"partition.assignment.strategy": "range",
+                                "group.protocol": "classic"})
+               for _ in range(partitions + 1)]
+    stop = threading.Event()
+
+    def keep_polling() -> None:
+        while not stop.is_set():
+            for member in members:
+                member.poll(0.05)
+
+    for member in members:
+        member.subscribe(topics)
+    poller = threading.Thread(target=keep_polling, daemon=True)
+    poller.start()
+    try:
+        def settled() -> list[str] | None:
+            text = stack_cli.ok("lag", "--group", settings.sender_group).stdout.splitlines()
+            return text if "state stable" in text[0] and "IDLE" in text[0] else None
+        lines = wait_until(settled, 60, "the group to settle with a member standing by")
+        assert lines[0].count(" partitions, IDLE)") == 1, lines[0]
+        assert lines[0].count("[member ") == partitions + 1, lines[0]  # all apart
+        assert f"postroom-{settings.sender_group}-" in lines[0]
+        assert lines[1] == (f"  WARN 1 of {partitions + 1} members own no partition and stand "
+                            "by: the group has more members than its topics have partitions "
+                            "(POSTROOM_TOPIC_PARTITIONS)")
+        check = stack_cli("check", "--role", "sender")
+        groups = [line for line in check.stdout.splitlines()
+                  if "owns no partition and stands by" in line]
+        assert len(groups) == 1 and groups[0].startswith(
+            f"      WARN postroom-{settings.sender_group}-"), check.stdout
+        assert any(line.startswith("WARN  groups: ") for line in check.stdout.splitlines())
+    finally:
+        stop.set()
+        poller.join()
+        for member in members:
+            member.close()
+
+
 def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
     from postroom.devkit.devsmtp import DevSmtpServer
 
@@ -722,6 +773,33 @@ def test_every_role_serves_metrics_healthz_and_readyz(
         assert 'postroom_ready{check="database"} 1.0' in text
     finally:
         assert stop_process(proc) == 0, log.read_text()
+
+
+def test_a_second_sender_on_a_taken_metrics_port_stops_in_one_line_and_port_0_takes_any(
+        stack_cli: Cli, tmp_path: Path) -> None:
+    """Issue 45 item 5: a second sender on one host with the same POSTROOM_METRICS_PORT died
+    with an OSError traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = stack_cli("sender", POSTROOM_METRICS_PORT=str(port))
+    assert (proc.returncode, error_line(proc)) == (
+        2, f"postroom sender: configuration error: POSTROOM_METRICS_PORT: 127.0.0.1:{port} is "
+           "taken (another postroom process on this host?): give each process a port of its "
+           "own, or 0 for any free one")
+    log = tmp_path / "sender.log"
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "POSTROOM_METRICS_PORT": "0"})
+    started = cli.start("sender", log=log)
+    try:
+        found = wait_until(lambda: re.search(r"/readyz on http://127\.0\.0\.1:(\d+)",
+                                             log.read_text(errors="replace")), 30,
+                           "the sender to log the port it serves on")
+        assert _wait_until_served(f"http://127.0.0.1:{found[1]}/healthz", started, log) == "ok\n"
+    finally:
+        assert stop_process(started) == 0, log.read_text()
 
 
 def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(
