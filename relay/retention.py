@@ -33,6 +33,10 @@ LATER_FINAL_STATES = ("bounced", "suppressed")
 MAX_AGE_S = 100 * 365 * 86_400.0  # older than any row; and a cutoff datetime can hold it
 
 AGE_FORMS = "30d or 30days (days), 12h (hours), 90m (minutes), 2w (weeks)"
+# Units that read as a month or a year, which have no fixed length: refused, never guessed (`m`
+# is minutes only, `M` is refused for reading as either).
+_CALENDAR_UNITS = frozenset({"mo", "mon", "mons", "month", "months", "y", "yr", "yrs", "year",
+                             "years"})
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
 _AGE_UNIT_S = {
     **dict.fromkeys(("w", "week", "weeks"), 7 * 86_400.0),
@@ -44,15 +48,24 @@ _AGE_UNIT_S = {
 
 
 def parse_age_s(text: str) -> float:
-    """``"30d"``, ``"30days"``, ``"30 days"`` -> seconds. A number without a unit is refused: a
-    retention command must never guess (a bare ``30`` once meant 30 seconds). Pure."""
+    """``"30d"``, ``"30days"``, ``"30 days"`` -> seconds: the one duration syntax of the
+    operators' commands (`purge --older-than`, `suppression add --expires`). A number without a
+    unit is refused: such a command must never guess (a bare ``30`` once meant 30 seconds, and
+    ``--expires 90`` 90 seconds); so are months and years, and ``M``. Pure."""
     match = _AGE.fullmatch(text)
     shown = repr(text.strip()[:40])
     if match is None:
         if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
             raise ValueError(f"{shown} has no unit; write it as {AGE_FORMS}")
         raise ValueError(f"not an age: {shown}; write it as {AGE_FORMS}")
-    unit_s = _AGE_UNIT_S.get(match.group(2).lower())
+    unit = match.group(2)
+    if unit.lower() in _CALENDAR_UNITS:
+        raise ValueError(f"{shown}: months and years have no fixed length; write days, e.g. "
+                         f"90d (or {AGE_FORMS})")
+    if unit == "M":
+        raise ValueError(f"{shown}: 'M' reads as minutes or months; write 90m or 90min for "
+                         f"minutes, 30d for about a month (or {AGE_FORMS})")
+    unit_s = _AGE_UNIT_S.get(unit.lower())
     if unit_s is None:
         raise ValueError(f"unknown unit {match.group(2)[:20]!r} in {shown}; write it as "
                          f"{AGE_FORMS}")

@@ -70,7 +70,7 @@ def aged_rows(engine: sa.Engine) -> None:
 
 
 @pytest.mark.usefixtures("aged_rows")
-@pytest.mark.parametrize("age", ["30", "30.5", " 30 ", "30x", "thirty days", "-30d", "0d"])
+@pytest.mark.parametrize("age", ["30", "30.5", " 30 ", "30x", "thirty days", "-30d", "0d", "1mo", "1M"])
 def test_an_age_without_a_unit_or_with_a_bad_one_is_refused_and_deletes_nothing(
         settings: Settings, engine: sa.Engine, age: str) -> None:
     proc = purge(settings, f"--older-than={age}")
