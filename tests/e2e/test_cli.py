@@ -44,6 +44,9 @@ LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_sec
               "group_state", "group_members", "group_idle_members", "group_verdict"}
 RETRY_FIELDS = {"waiting", "overdue", "overdue_seconds"}
 RUN_TIMEOUT_S = 60
+# The newest migration of this release (its files are numbered 0001, 0002, ...).
+HEAD = max(path.name[:4] for path in (
+    Path(__file__).resolve().parents[2] / "relay" / "migrations" / "versions").glob("0*.py"))
 STOP_WITHIN_S = 5.0
 
 
@@ -130,17 +133,68 @@ def outbox(db_settings: Settings, key: str) -> list[sa.RowMapping]:
 
 # -- db upgrade and topics create ----------------------------------------------------------------
 
-def test_db_upgrade_creates_the_schema_and_is_idempotent(
+def test_db_upgrade_says_what_it_did_and_db_current_and_history_say_where_it_is(
         new_schema: str, stack_settings: Settings) -> None:
+    """Issue 45 item 8: `db upgrade` printed `outbox schema is at revision 0014` whether it
+    created the schema, migrated it or did nothing; there was no current, history or dry run."""
+    from postroom.relay.db import downgrade
+
     cli = cli_for(new_schema, unique_name("e2e_none") + ".")
-    first = cli.ok("db", "upgrade")
-    second = cli.ok("db", "upgrade")
+    assert cli.ok("db", "current").stdout == (
+        f"no outbox schema yet: `postroom db upgrade` creates it at revision {HEAD}\n")
+    dry = cli.ok("db", "upgrade", "--dry-run").stdout.splitlines()
+    assert dry[0] == f"would create the outbox schema at revision {HEAD} ({int(HEAD)} migrations)"
+    assert dry[1:3] == ["  0001 outbox", "  0002 sender ledger"]
+    assert re.fullmatch(r"dry run: \d+ SQL statements rolled back, nothing changed \(--sql "
+                        r"prints them\)", dry[-1]), dry
+    sql = cli.ok("db", "upgrade", "--sql").stdout
+    assert "CREATE TABLE outbox (" in sql and "UPDATE alembic_version SET version_num='0014'" in sql
+    assert cli.ok("db", "current").stdout.startswith("no outbox schema yet")  # nothing left
+
+    first = cli.ok("db", "upgrade").stdout.splitlines()
+    assert first[0] == f"created the outbox schema at revision {HEAD} ({int(HEAD)} migrations)"
+    assert cli.ok("db", "upgrade").stdout == (
+        f"outbox schema is at revision {HEAD}, the newest: nothing to do\n")
+    assert cli.ok("db", "current").stdout == f"outbox schema is at revision {HEAD}, the newest\n"
     engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
-    with engine.connect() as conn:
-        revision = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
-    engine.dispose()
-    assert first.stdout == second.stdout == f"outbox schema is at revision {revision}\n"
+    try:
+        downgrade(engine, "0008")
+    finally:
+        engine.dispose()
+    assert cli.ok("db", "current").stdout == (
+        f"outbox schema is at revision 0008; the newest is {HEAD}: `postroom db upgrade` runs "
+        f"{int(HEAD) - 8} migrations\n")
+    history = cli.ok("db", "history").stdout.splitlines()
+    assert [line.split()[-1] for line in history] == (
+        ["applied"] * 7 + ["current"] + ["pending"] * (int(HEAD) - 8))
+    assert history[8].startswith("0009 suppression ")
+    migrated = cli.ok("db", "upgrade").stdout.splitlines()
+    assert migrated[0] == (f"migrated the outbox schema from revision 0008 to {HEAD} "
+                           f"({int(HEAD) - 8} migrations)")
+    assert migrated[1] == "  0009 suppression"
     assert cli.ok("status").stdout == "no outbox rows\n"
+
+
+def test_db_upgrade_says_that_it_waits_for_another_migration(
+        new_schema: str, stack_settings: Settings, tmp_path: Path) -> None:
+    from postroom.relay.db import lock_migrations
+
+    cli = cli_for(new_schema, unique_name("e2e_none") + ".")
+    engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
+    log = tmp_path / "upgrade.log"
+    try:
+        with engine.begin() as holder:
+            lock_migrations(holder)  # another migration of this schema, under way
+            proc = cli.start("db", "upgrade", log=log)
+            wait_until(lambda: "waiting for another migration of this schema to finish (0s so "
+                               "far; it holds the migration lock)" in log.read_text(), 30,
+                       "db upgrade to say that it waits")
+            assert proc.poll() is None
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        engine.dispose()
+    assert log.read_text().splitlines()[-1 - int(HEAD)].startswith(
+        "created the outbox schema at revision")
 
 
 def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
