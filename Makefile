@@ -41,13 +41,22 @@ chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays
 	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m 'chaos and not failover' -s $(PYTEST_ARGS)
 
 # The three-node cluster of the failover suite: a stack of its own (state dir and ports), so its
-# faults never touch the default stack's single broker.
+# faults never touch the default stack's single broker. Its ports are its own variables, not
+# POSTROOM_DEV_*, which move the single stack (and would put both on the same ports): move them
+# with `make services-cluster CLUSTER_KAFKA_PORT=39192 ...` or the same in the environment.
 CLUSTER_DEV_DIR ?= .dev-cluster
 # Apart from docker-compose.yml's default host ports (25432, 29092, 28081) and below 32768, Linux's
 # ephemeral ports (tests/unit/test_stack_ports.py).
+CLUSTER_KAFKA_PORT ?= 29192
+CLUSTER_KAFKA_CONTROLLER_PORT ?= 29193
+CLUSTER_KAFKA_SECURE_PORT ?= 29194
+CLUSTER_PG_PORT ?= 25532
+CLUSTER_REGISTRY_PORT ?= 28181
 CLUSTER_ENV := POSTROOM_DEV_DIR=$(CLUSTER_DEV_DIR) POSTROOM_DEV_BROKERS=3 \
-	POSTROOM_DEV_KAFKA_PORT=29192 POSTROOM_DEV_KAFKA_CONTROLLER_PORT=29193 \
-	POSTROOM_DEV_KAFKA_SECURE_PORT=29194 POSTROOM_DEV_PG_PORT=25532 POSTROOM_DEV_REGISTRY_PORT=28181
+	POSTROOM_DEV_KAFKA_PORT=$(CLUSTER_KAFKA_PORT) \
+	POSTROOM_DEV_KAFKA_CONTROLLER_PORT=$(CLUSTER_KAFKA_CONTROLLER_PORT) \
+	POSTROOM_DEV_KAFKA_SECURE_PORT=$(CLUSTER_KAFKA_SECURE_PORT) \
+	POSTROOM_DEV_PG_PORT=$(CLUSTER_PG_PORT) POSTROOM_DEV_REGISTRY_PORT=$(CLUSTER_REGISTRY_PORT)
 
 services-cluster: venv ## start the three-node Kafka cluster stack (.dev-cluster, ports 29192...)
 	@$(CLUSTER_ENV) scripts/services.sh up

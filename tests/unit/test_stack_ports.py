@@ -21,7 +21,7 @@ EPHEMERAL_FROM = 32768  # Linux's default ip_local_port_range starts here
 def _services_defaults() -> dict[str, int]:
     text = (ROOT / "scripts" / "services.sh").read_text()
     found = {name: int(port) for name, port in re.findall(
-        r"^(KAFKA_PORT|CONTROLLER_PORT|PG_PORT|REGISTRY_PORT)=\$\{POSTROOM_DEV_\w+:-(\d+)\}$",
+        r"^(KAFKA_PORT|CONTROLLER_PORT|PG_PORT|REGISTRY_PORT)=\$\{\1:-(\d+)\}$",
         text, re.MULTILINE)}
     assert found.keys() == {"KAFKA_PORT", "CONTROLLER_PORT", "PG_PORT", "REGISTRY_PORT"}
     assert "SECURE_PORT=$((10#$KAFKA_PORT + 2))" in text  # the secure listener's default
@@ -34,9 +34,8 @@ def dev_stack_ports() -> set[int]:
 
 
 def cluster_ports() -> set[int]:
-    (block,) = re.findall(r"^CLUSTER_ENV :=((?:.*\\\n)*.*)$", (ROOT / "Makefile").read_text(),
-                          re.MULTILINE)
-    ports = {name: int(port) for name, port in re.findall(r"POSTROOM_DEV_(\w+)_PORT=(\d+)", block)}
+    ports = {name: int(port) for name, port in re.findall(
+        r"^CLUSTER_(\w+)_PORT \?= (\d+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)}
     assert ports.keys() == {"KAFKA", "KAFKA_CONTROLLER", "KAFKA_SECURE", "PG", "REGISTRY"}
     nodes = {ports[name] + NODE_PORT_STRIDE * n for n in range(CLUSTER_NODES)
              for name in ("KAFKA", "KAFKA_CONTROLLER", "KAFKA_SECURE")}
