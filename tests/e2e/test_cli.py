@@ -799,6 +799,38 @@ def _wait_until_served(url: str, proc: subprocess.Popen[bytes], log: Path,
         time.sleep(0.2)
 
 
+def test_a_trace_is_seen_without_a_collector_with_the_console_exporter(
+        stack_cli: Cli, tmp_path: Path) -> None:
+    """Issue 45 item 9: OTEL_TRACES_EXPORTER=console was refused ("OTLP only"): seeing a trace
+    needed a collector. The relay prints each row's span on stdout as JSON."""
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "OTEL_TRACES_EXPORTER": "console",
+                                              "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    log = tmp_path / "relay.log"
+    relay = cli.start("relay", log=log)
+    try:
+        cli.ok("enqueue", "--key", "traced", "--to", "a@example.com", "--subject", "S",
+               "--body", "b")
+        wait_until(lambda: '"name": "send ' in log.read_text(errors="replace"), 30,
+                   "the relay to print its span")
+    finally:
+        assert stop_process(relay) == 0, log.read_text()
+    text = log.read_text(errors="replace")
+    assert "spans printed on stdout as JSON (OTEL_TRACES_EXPORTER=console)" in text
+    assert '"postroom.outbox_id"' in text and "Traceback" not in text
+    quiet = dataclasses.replace(stack_cli, env={**stack_cli.env, "OTEL_TRACES_EXPORTER": "none",
+                                                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"})
+    log = tmp_path / "quiet.log"
+    relay = quiet.start("relay", log=log)
+    try:
+        quiet.ok("enqueue", "--key", "untraced", "--to", "a@example.com", "--subject", "S",
+                 "--body", "b")
+        wait_until(lambda: [r["published_at"] is not None for r in quiet.status("untraced")]
+                   == [True], 30, "the relay to publish the row")
+    finally:
+        assert stop_process(relay) == 0, log.read_text()
+    assert "tracing:" not in log.read_text() and '"name"' not in log.read_text()
+
+
 @pytest.mark.parametrize("role", ["relay", "recorder", "sender"])
 def test_every_role_serves_metrics_healthz_and_readyz(
         stack_cli: Cli, role: str, tmp_path: Path) -> None:
