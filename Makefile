@@ -15,9 +15,11 @@ PYTEST_ARGS ?=
 .PHONY: help venv services services-down services-status services-clean test chaos fuzz demo lint bench check-alerts compose-test \
 	services-cluster services-cluster-down chaos-cluster cluster-test
 
+# The descriptions in one column, as wide as the longest target's name.
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
-		| awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
+		| awk -F':.*## ' '{ name[NR] = $$1; what[NR] = $$2; if (length($$1) > w) w = length($$1) } \
+			END { for (i = 1; i <= NR; i++) printf "  make %-" w "s  %s\n", name[i], what[i] }'
 
 venv: ## create .venv and install postroom with its test, lint and demo extras
 	@scripts/bootstrap.sh

@@ -122,11 +122,13 @@ def ledger_cutoff(outbox_cutoff: dt.datetime, now: dt.datetime,
                       "kept, so a replayed topic finds every key it already sent")
     by_retention = now - dt.timedelta(seconds=retention_s)
     if by_retention < outbox_cutoff:
-        return by_retention, (f"ledger rows younger than the topics' retention "
+        # Not "the topics' retention", which is retention.ms alone (minimum_age_s): one dry
+        # run named two different retentions.
+        return by_retention, (f"ledger rows younger than the longest a topic may keep a record "
                               f"({_days(retention_s)}{KEPT}) are kept: a consumer group reset "
                               "to the beginning must find each key it already sent")
-    return outbox_cutoff, (f"the topics' retention ({_days(retention_s)}{KEPT}) is shorter than "
-                           "the cutoff")
+    return outbox_cutoff, (f"the longest a topic may keep a record ({_days(retention_s)}{KEPT}) "
+                           "is shorter than the cutoff")
 
 
 def plan(engine: sa.Engine, older_than_s: float, now: dt.datetime,

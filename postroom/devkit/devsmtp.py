@@ -26,7 +26,7 @@ from postroom.devkit.devsmtp_session import DevController
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8025
+DEFAULT_PORT = 1025  # the usual port of a dev SMTP server; not Mailpit's published 8025 (its web UI)
 SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DNS lookup
 REJECT_REPLY = "550 5.1.1 User unknown"
 DEFER_REPLY = "451 4.3.0 try again later"

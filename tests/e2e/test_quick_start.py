@@ -1,7 +1,7 @@
 """README's pipeline by hand (beside its two-command Quick start), run as written: its fenced
 `sh` block, line by line, as a shell would (`export`, `&` for the long-running commands),
 against a schema and a topic prefix of this test's own. One substitution: the dev SMTP server's
-port 8025 becomes a free one, since other runs share this machine. `make services && . .dev/env`
+port 1025 becomes a free one, since other runs share this machine. `make services && . .dev/env`
 is the stack the tests already run on."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-DOCUMENTED_PORT = "8025"
+DOCUMENTED_PORT = "1025"
 
 
 def quick_start_lines() -> list[str]:

@@ -74,3 +74,15 @@ def test_no_two_stacks_share_a_port(one: str, other: str) -> None:
 def test_every_port_is_below_the_ephemeral_range(stack: str) -> None:
     # A port the kernel hands out to outgoing connections may be taken by one when the stack starts.
     assert {port for port in STACKS[stack]() if port >= EPHEMERAL_FROM} == set()
+
+
+def test_readmes_pipeline_by_hand_runs_its_smtp_server_apart_from_the_compose_files_ports() -> None:
+    """Issue 45 item 12: README's by-hand devsmtp listened on 8025, Mailpit's published port in
+    docker-compose.yml: the two could not run side by side."""
+    from postroom.devkit.devsmtp import DEFAULT_PORT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## The pipeline by hand\n", 1)[1].split("\n## ", 1)[0]
+    ports = {int(p) for p in re.findall(r"(?:--port |SMTP_PORT=)(\d+)", section)}
+    assert ports == {DEFAULT_PORT}  # the server's and the sender's, devsmtp's default
+    assert DEFAULT_PORT not in compose_ports() | dev_stack_ports() | cluster_ports()
