@@ -312,11 +312,6 @@ def exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
     return ("otlp",) if endpoint else ()
 
 
-def configured(environ: Mapping[str, str]) -> bool:
-    """Whether the ``OTEL_*`` variables ask for traces (:func:`exporters`)."""
-    return bool(exporters(environ))
-
-
 def setup(role: str, environ: Mapping[str, str] | None = None) -> Tracing:
     """The role's tracing from the ``OTEL_*`` variables: OFF unless they ask for traces; then a
     TracerProvider of its own (service.name ``postroom-<role>`` unless OTEL_SERVICE_NAME says
