@@ -73,8 +73,9 @@ def parse_age_s(text: str) -> float:
     if value <= 0:
         raise ValueError(f"an age must be more than 0: {shown}")
     if value > MAX_AGE_S:
-        raise ValueError(f"an age of more than {MAX_AGE_S / 86_400 / 365:g} years deletes "
-                         f"nothing: {shown}")
+        years = f"{MAX_AGE_S / 86_400 / 365:g} years"
+        raise ValueError(f"at most {years} ({MAX_AGE_S / 86_400:.0f}d): more than {years} is "
+                         f"past any row's age or expiry, got {shown}")
     return value
 
 

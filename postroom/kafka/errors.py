@@ -46,22 +46,21 @@ def creation_error(exc: KafkaException, settings: Settings, kind: str,
                    message: str) -> PostroomError:
     """Our error for a client librdkafka would not create: a ConfigError naming the variable
     that holds the key it refused (a typo'd key, a CA file that is not there), in one line;
-    else :func:`translate`'s. ``kind``: producer, consumer or admin (whose own settings
-    variable may hold the key)."""
+    else (a key of postroom's own) :func:`translate`'s. ``kind``: producer, consumer or admin
+    (whose own settings variable may hold the key)."""
     err = exc.args[0] if exc.args else None
     if not isinstance(err, KafkaError) or err.code() != KafkaError._INVALID_ARG:
         return translate(exc, message)
     text = err.str()
     found = _NO_SUCH_KEY.search(text) or _BAD_VALUE.search(text) or _KEY_FAILED.search(text)
-    if found is None:
-        return ConfigError(_CONFIG_VARS, f"librdkafka refused the config: {text}")
-    key = found["key"]
-    variable = _CONFIG_VARS
     own = _OWN_CONFIG.get(kind)
-    if own is not None and key in getattr(settings, own[1]):
+    if own is not None and found is not None and found["key"] in getattr(settings, own[1]):
         variable = own[0]
-    elif key not in settings.kafka_config:
-        variable = f"{_CONFIG_VARS} (or postroom's own librdkafka settings)"
+    elif found is not None and found["key"] in settings.kafka_config:
+        variable = _CONFIG_VARS
+    else:  # a key of postroom's own, not the settings': ours to fix, with its code
+        return translate(exc, message)
+    key = found["key"]
     value = {**settings.kafka_config, **(getattr(settings, own[1]) if own else {})}.get(key)
     shown = "" if value is None or is_secret_key(key) else f"={value}"
     if found.re is _NO_SUCH_KEY:
