@@ -23,9 +23,11 @@ UNSET_USER_SETTINGS := unset $$(compgen -e | grep '^POSTROOM_' | grep -v '^POSTR
 	check-alerts compose-test \
 	services-cluster services-cluster-down chaos-cluster cluster-test
 
+# The descriptions in one column, as wide as the longest target's name.
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
-		| awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
+		| awk -F':.*## ' '{ name[NR] = $$1; what[NR] = $$2; if (length($$1) > w) w = length($$1) } \
+			END { for (i = 1; i <= NR; i++) printf "  make %-" w "s  %s\n", name[i], what[i] }'
 
 venv: ## create .venv and install postroom with its roles, test, lint and demo extras
 	@scripts/bootstrap.sh
@@ -63,13 +65,22 @@ chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays
 	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m 'chaos and not failover' -s $(PYTEST_ARGS)
 
 # The three-node cluster of the failover suite: a stack of its own (state dir and ports), so its
-# faults never touch the default stack's single broker.
+# faults never touch the default stack's single broker. Its ports are its own variables, not
+# POSTROOM_DEV_*, which move the single stack (and would put both on the same ports): move them
+# with `make services-cluster CLUSTER_KAFKA_PORT=39192 ...` or the same in the environment.
 CLUSTER_DEV_DIR ?= .dev-cluster
 # Apart from docker-compose.yml's default host ports (25432, 29092, 28081) and below 32768, Linux's
 # ephemeral ports (tests/unit/test_stack_ports.py).
+CLUSTER_KAFKA_PORT ?= 29192
+CLUSTER_KAFKA_CONTROLLER_PORT ?= 29193
+CLUSTER_KAFKA_SECURE_PORT ?= 29194
+CLUSTER_PG_PORT ?= 25532
+CLUSTER_REGISTRY_PORT ?= 28181
 CLUSTER_ENV := POSTROOM_DEV_DIR=$(CLUSTER_DEV_DIR) POSTROOM_DEV_BROKERS=3 \
-	POSTROOM_DEV_KAFKA_PORT=29192 POSTROOM_DEV_KAFKA_CONTROLLER_PORT=29193 \
-	POSTROOM_DEV_KAFKA_SECURE_PORT=29194 POSTROOM_DEV_PG_PORT=25532 POSTROOM_DEV_REGISTRY_PORT=28181
+	POSTROOM_DEV_KAFKA_PORT=$(CLUSTER_KAFKA_PORT) \
+	POSTROOM_DEV_KAFKA_CONTROLLER_PORT=$(CLUSTER_KAFKA_CONTROLLER_PORT) \
+	POSTROOM_DEV_KAFKA_SECURE_PORT=$(CLUSTER_KAFKA_SECURE_PORT) \
+	POSTROOM_DEV_PG_PORT=$(CLUSTER_PG_PORT) POSTROOM_DEV_REGISTRY_PORT=$(CLUSTER_REGISTRY_PORT)
 
 services-cluster: venv ## start the three-node Kafka cluster stack (.dev-cluster, ports 29192...)
 	@$(CLUSTER_ENV) scripts/services.sh up

@@ -22,7 +22,7 @@ import socket
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +114,6 @@ def wait(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
         raise SystemExit(f"demo: {exc}") from None
 
 
-def print_table(rows: Sequence[dict[str, Any]]) -> None:
-    print(f"   {'recipient':<26} {'status':<9} {'attempts':<9} last error")
-    for row in rows:
-        print(f"   {row['recipient']:<26} {row['status']:<9} {row['attempts']:<9} "
-              f"{row['last_error'] or ''}")
-
-
 def enqueue_args(report: Report, attachment: Path, html: Path | None = None) -> list[str]:
     """`postroom enqueue` as the report job calls it for ``report`` (with an HTML summary)."""
     return ["enqueue", "--key", report.key, "--subject", report.subject, "--body", report.body,
@@ -181,12 +174,13 @@ class CompanyRelay:
         wait(lambda: "bounce intake listening" in self.demo.processes.log("bounces"), 30,
              "postroom bounces to listen")
         self.demo.postroom(*enqueue_args(NOVEMBER, workbook))
-        rows = wait(lambda: (r := self.demo.status(NOVEMBER.key))
+        wait(lambda: (r := self.demo.status(NOVEMBER.key))
                     and {x["recipient"]: x["status"] for x in r} == NOVEMBER_ENDS and r, 60,
                     "old.manager@'s bounce to come back through the smarthost")
         say("November: the relay accepted all four (sent); old.manager@'s DSN came back to its "
             "return path bounces+<token>@bounce.example.com, and the row is bounced")
-        print_table(rows)
+        # The table as `postroom status` prints it: its columns, "(earlier attempt)" marks.
+        self.demo.postroom("status", "--key", NOVEMBER.key)
         for line in self.demo.processes.log("bounces").splitlines():
             if "bounce report" in line:
                 print(f"   postroom bounces: {line.split(' ', 3)[-1]}")
@@ -261,26 +255,25 @@ def run() -> int:
             demo.postroom(*enqueue)
 
             say("Delivery: finance@ and ceo@ at once, old.manager@ refused, ops@ after two deferrals")
-            rows = wait(lambda: (r := demo.status(SEPTEMBER.key))
+            wait(lambda: (r := demo.status(SEPTEMBER.key))
                         and all(x["status"] in FINAL_STATUSES for x in r) and r, 90,
                         "every September recipient to reach a final state")
             say("Who received the September report, after how many attempts, and why not")
-            print_table(rows)
             demo.postroom("status", "--key", SEPTEMBER.key)
 
             say("The mail server goes down; the October report is queued meanwhile")
             demo.processes.stop("devsmtp")
             demo.postroom(*enqueue_args(OCTOBER, workbook))
-            rows = wait(lambda: [r for r in demo.status(OCTOBER.key)
+            wait(lambda: [r for r in demo.status(OCTOBER.key)
                                  if r["status"] == "retrying"], 60,
                         "the October email to fail and be scheduled for a retry")
-            print_table(rows)
+            demo.postroom("status", "--key", OCTOBER.key)
 
             say("The mail server is back; the retry delivers October")
             demo.start_smtp()
-            rows = wait(lambda: [r for r in demo.status(OCTOBER.key)
+            wait(lambda: [r for r in demo.status(OCTOBER.key)
                                  if r["status"] == "sent"], 90, "October to be delivered")
-            print_table(rows)
+            demo.postroom("status", "--key", OCTOBER.key)
 
             say("What the mail server received (Maildir), and the consumer groups' lag")
             messages = read_maildir(workdir / "maildir")

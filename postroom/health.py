@@ -193,5 +193,6 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1",
     server = _BoundedHTTPServer((host, port), Handler, max_connections)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
-    log.info("metrics, /healthz and /readyz on http://%s:%d", host, port)
+    # The port bound, which port 0 leaves to the system.
+    log.info("metrics, /healthz and /readyz on http://%s:%d", host, server.server_address[1])
     return server

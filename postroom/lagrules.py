@@ -113,3 +113,10 @@ class CommitWindows:
     def seen(self, key: tuple[str, str, int]) -> Sequence[Observation]:
         """The window as it is, for a sample that could not judge the partition."""
         return tuple(self._windows.get(key, ()))
+
+
+def standing_by(state: str, owned: Sequence[int]) -> list[int]:
+    """Which members of a group (by index; ``owned``: the partitions each owns) own none while
+    the group is settled (``stable``): more members than its topics have partitions, idle until
+    one leaves. While a group rebalances every member may own none for a moment."""
+    return [n for n, count in enumerate(owned) if count == 0] if state == "stable" else []

@@ -242,10 +242,11 @@ class Settings:
         meaning="how long a throttled email is deferred without counting an attempt; after that "
                 "the reply counts as a transient failure (retry tiers)")
     metrics_port: int | None = setting(
-        "METRICS_PORT", v.tcp_port, shown="(off)",
+        "METRICS_PORT", v.listen_port, shown="(off)",
         meaning="serve Prometheus metrics on `127.0.0.1:PORT/metrics`, and `/healthz` and "
                 "`/readyz` (`/metrics` never waits on the readiness checks; `/readyz` says `FAIL` "
-                "for a check with no answer after 0.8 s)")
+                "for a check with no answer after 0.8 s); one port per process on a host (a "
+                "port taken stops the role in one line), or `0` for any free one, logged at start")
     log_level: str = setting(
         "LOG_LEVEL", v.log_level, "INFO",
         meaning="`DEBUG`, `INFO`, `WARNING`, `ERROR`: what the roles (relay, sender, recorder) "

@@ -126,6 +126,14 @@ def tcp_port(text: str) -> int:
     return value
 
 
+def listen_port(text: str) -> int:
+    """A TCP port to listen on: 1 to 65535, or 0 for any free one (the role logs which)."""
+    value = whole_number(text, "9108 (a TCP port, 1 to 65535, or 0 for any free one)")
+    if not 0 <= value < 65536:
+        raise ValueError(f"not a TCP port (1 to 65535, or 0 for any free one): {value}")
+    return value
+
+
 def http_url(text: str) -> str:
     text = text.strip().rstrip("/")
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):

@@ -3,8 +3,8 @@
 The context travels as the ``traceparent`` and ``tracestate`` Kafka headers on every record
 postroom writes for an email (and in the outbox row's columns of the same names, from enqueue to
 the relay). Each role parses it strictly: a malformed, oversized or hostile header is no context,
-never a failure. Spans are made only when a role's environment configures an OTLP exporter
-(:func:`setup`, the standard ``OTEL_*`` variables, the ``postroom[otel]`` extra); otherwise
+never a failure. Spans are made only when a role's environment configures an exporter, OTLP or
+the console (:func:`setup`, the standard ``OTEL_*`` variables, the ``postroom[otel]`` extra); otherwise
 nothing of OpenTelemetry is imported and :class:`Tracing` hands the parent's context on as it came.
 
 Attribute names follow OpenTelemetry's messaging conventions for Kafka (semantic conventions
@@ -286,45 +286,59 @@ def _parent_context(parent: TraceContext | None) -> Any:
         trace_flags=TraceFlags(parent.flags), trace_state=state)))
 
 
-def configured(environ: Mapping[str, str]) -> bool:
-    """Whether the ``OTEL_*`` variables ask for OTLP traces: an OTLP endpoint set (or
-    OTEL_TRACES_EXPORTER=otlp), the SDK not disabled and the traces exporter not ``none``."""
+# The exporters of OTEL_TRACES_EXPORTER postroom has (the OpenTelemetry convention's names);
+# "none" turns tracing off.
+EXPORTERS = ("otlp", "console")
+
+
+def exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The traces exporters the ``OTEL_*`` variables ask for, of EXPORTERS: those
+    OTEL_TRACES_EXPORTER lists (``otlp``, ``console``: spans printed on stdout, no collector
+    needed), or ``otlp`` when it is unset and an OTLP endpoint is; none when the SDK is disabled
+    or the list says ``none``. Others (zipkin, jaeger) are named in a warning, not used."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    exporters = {e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").lower().split(",")
-                 if e.strip()}
-    if "none" in exporters:
-        return False
-    if exporters - {"otlp"}:
-        # A shared environment's console or zipkin must not stop the role: said, not used.
-        log.warning("OTEL_TRACES_EXPORTER: postroom exports traces over OTLP only; ignoring %s",
-                    ", ".join(sorted(exporters - {"otlp"})))
-    if exporters and "otlp" not in exporters:
-        return False
-    return "otlp" in exporters or any(environ.get(name, "").strip() for name in (
+        return ()
+    listed = {e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").lower().split(",")
+              if e.strip()}
+    if "none" in listed:
+        return ()
+    if listed - {*EXPORTERS}:
+        # A shared environment's zipkin must not stop the role: said, not used.
+        log.warning("OTEL_TRACES_EXPORTER: postroom exports traces over OTLP or to the console "
+                    "only; ignoring %s", ", ".join(sorted(listed - {*EXPORTERS})))
+    if listed:
+        return tuple(e for e in EXPORTERS if e in listed)
+    endpoint = any(environ.get(name, "").strip() for name in (
         "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return ("otlp",) if endpoint else ()
 
 
 def setup(role: str, environ: Mapping[str, str] | None = None) -> Tracing:
-    """The role's tracing from the ``OTEL_*`` variables: OFF unless they ask for OTLP traces;
-    then a TracerProvider of its own (service.name ``postroom-<role>`` unless OTEL_SERVICE_NAME
-    says otherwise) exporting in batches over OTLP/HTTP (protobuf) as the variables say.
-    ConfigError when they ask for it and the ``postroom[otel]`` extra is not installed."""
+    """The role's tracing from the ``OTEL_*`` variables: OFF unless they ask for traces; then a
+    TracerProvider of its own (service.name ``postroom-<role>`` unless OTEL_SERVICE_NAME says
+    otherwise) exporting in batches to each exporter asked for: over OTLP/HTTP (protobuf) as the
+    variables say, or as JSON on stdout (``console``). ConfigError when they ask for it and the
+    ``postroom[otel]`` extra is not installed."""
     environ = os.environ if environ is None else environ
-    if not configured(environ):
+    chosen = exporters(environ)
+    if not chosen:
         return OFF
-    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                           environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")).strip()
-    if protocol != "http/protobuf":
-        raise ConfigError("OTEL_EXPORTER_OTLP_PROTOCOL", f"{protocol!r}: postroom exports over "
-                          "http/protobuf (the OTLP/HTTP exporter of postroom[otel])")
+    if "otlp" in chosen:
+        protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                               environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")).strip()
+        if protocol != "http/protobuf":
+            raise ConfigError("OTEL_EXPORTER_OTLP_PROTOCOL", f"{protocol!r}: postroom exports "
+                              "over http/protobuf (the OTLP/HTTP exporter of postroom[otel])")
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+        if "otlp" in chosen:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
-        raise ConfigError("OTEL_EXPORTER_OTLP_ENDPOINT", "asks for traces, but OpenTelemetry "
+        variable = ("OTEL_EXPORTER_OTLP_ENDPOINT" if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                    else "OTEL_TRACES_EXPORTER")
+        raise ConfigError(variable, "asks for traces, but OpenTelemetry "
                           f"is not installed ({exc.name}): pip install 'postroom[otel]', or "
                           "unset it") from None
     # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME from os.environ; a
@@ -333,11 +347,16 @@ def setup(role: str, environ: Mapping[str, str] | None = None) -> Tracing:
     defaults = {} if SERVICE_NAME in given else {SERVICE_NAME: f"postroom-{role}"}
     # Not shut down at exit by the SDK: Tracing.shutdown bounds how long the exit waits.
     provider = TracerProvider(resource=Resource.create(defaults), shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    # Credentials may be written into the endpoint (https://user:token@collector).
-    log.info("tracing: %s spans exported over OTLP/HTTP to %s", role,
-             mask_url(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                      or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "the default endpoint"))
+    if "otlp" in chosen:
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        log.info("tracing: %s spans exported over OTLP/HTTP to %s", role,
+                 # Credentials may be written into the endpoint (https://user:token@collector).
+                 mask_url(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                          or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "the default endpoint"))
+    if "console" in chosen:
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        log.info("tracing: %s spans printed on stdout as JSON (OTEL_TRACES_EXPORTER=console)",
+                 role)
     return Tracing.from_provider(provider)
 
 

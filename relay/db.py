@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 
 import alembic.util
 import psycopg
@@ -14,7 +17,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from alembic.script import Script, ScriptDirectory
 from psycopg.conninfo import make_conninfo
 
 from postroom.errors import first_line
@@ -110,27 +113,107 @@ MIGRATION_LOCK = sa.text(
     "SELECT pg_advisory_xact_lock(:lock_class, hashtext(current_setting('search_path')))")
 
 
-def lock_migrations(conn: sa.Connection) -> None:
+TRY_MIGRATION_LOCK = sa.text(
+    "SELECT pg_try_advisory_xact_lock(:lock_class, hashtext(current_setting('search_path')))")
+LOCK_WAIT_SAID_EVERY_S = 10.0
+
+
+def lock_migrations(conn: sa.Connection, on_wait: Callable[[float], None] | None = None,
+                    *, clock: Callable[[], float] = time.monotonic) -> None:
     """Wait until no other migration of the connection's schema runs, and keep others waiting
-    until the caller's transaction ends."""
-    conn.execute(MIGRATION_LOCK, {"lock_class": MIGRATION_LOCK_CLASS})
+    until the caller's transaction ends. ``on_wait(seconds)`` is told, when the lock is held
+    elsewhere, at once and every LOCK_WAIT_SAID_EVERY_S while this waits in the lock's queue."""
+    params = {"lock_class": MIGRATION_LOCK_CLASS}
+    if on_wait is None or conn.execute(TRY_MIGRATION_LOCK, params).scalar_one():
+        if on_wait is None:
+            conn.execute(MIGRATION_LOCK, params)
+        return
+    started = clock()
+    acquired = threading.Event()
+
+    def say() -> None:
+        while True:
+            on_wait(clock() - started)
+            if acquired.wait(LOCK_WAIT_SAID_EVERY_S):
+                return
+
+    teller = threading.Thread(target=say, name="migration-lock-wait", daemon=True)
+    teller.start()
+    try:
+        conn.execute(MIGRATION_LOCK, params)  # in the lock's queue, first come first served
+    finally:
+        acquired.set()
+        teller.join()
 
 
-def upgrade(engine: sa.Engine, schema: str | None = None, revision: str = "head") -> str:
-    """Create or migrate the outbox schema to ``revision`` (the newest); safe to run again, and
-    at the same time from several processes (they take turns; the later ones find it done)."""
-    with engine.begin() as conn:
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """What `db upgrade` did (or, dry, would do): the revision before (None: no schema yet),
+    the one after, the migrations run in order, and in a dry run the SQL they ran."""
+
+    before: str | None
+    after: str
+    steps: tuple[str, ...]  # "0009 suppression", oldest first
+    statements: tuple[str, ...] = ()
+
+
+def revision_names(scripts: ScriptDirectory, since: str | None,
+                   until: str = "head") -> tuple[str, ...]:
+    """The migrations after ``since`` (None: all) up to ``until``, oldest first, each as
+    ``<revision> <its file's name>``."""
+    walked = list(scripts.iterate_revisions(until, since or "base"))
+    return tuple(_named(script) for script in reversed(walked) if script is not None)
+
+
+def _named(script: Script) -> str:
+    name = Path(script.path).stem.partition("_")[2].replace("_", " ")
+    return f"{script.revision} {name}".strip()
+
+
+def migrate(engine: sa.Engine, schema: str | None = None, *, dry_run: bool = False,
+            on_wait: Callable[[float], None] | None = None) -> Migration:
+    """Create or migrate the outbox schema to the newest revision, and say what was done; safe
+    to run again, and at the same time from several processes (they take turns; the later ones
+    find it done). ``dry_run``: the same in a transaction rolled back, keeping the SQL that ran
+    (PostgreSQL's DDL is transactional: nothing is left of it)."""
+    statements: list[str] = []
+    with engine.connect() as conn, conn.begin() as transaction:
         check_server_version(conn.dialect.server_version_info)
-        lock_migrations(conn)
+        lock_migrations(conn, on_wait)
+        if dry_run:
+            # What changes the schema: alembic's and the migrations' lookups (SELECT) are not.
+            sa.event.listen(conn, "before_cursor_execute", lambda _c, _cur, statement, *_: (
+                None if statement.lstrip().upper().startswith("SELECT")
+                else statements.append(statement)))
         if schema:
             conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
         config = _alembic_config(conn)
-        _refuse_unknown_revision(MigrationContext.configure(conn).get_current_revision(),
-                                 ScriptDirectory.from_config(config))
-        command.upgrade(config, revision)
+        scripts = ScriptDirectory.from_config(config)
+        before = MigrationContext.configure(conn).get_current_revision()
+        _refuse_unknown_revision(before, scripts)
+        steps = revision_names(scripts, before)
+        command.upgrade(config, "head")
+        after = MigrationContext.configure(conn).get_current_revision() or ""
+        if dry_run:
+            transaction.rollback()
+    if not dry_run:
+        log.info("outbox schema at revision %s", after)
+    return Migration(before, after, steps if before != after else (), tuple(statements))
+
+
+def upgrade(engine: sa.Engine, schema: str | None = None) -> str:
+    """:func:`migrate`, returning the revision the schema is at."""
+    return migrate(engine, schema).after
+
+
+def history(engine: sa.Engine) -> tuple[str | None, tuple[str, ...]]:
+    """The revision the outbox schema is at (None: not created) and every migration this
+    release has, oldest first (see :func:`revision_names`)."""
+    with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-    log.info("outbox schema at revision %s", current)
-    return current or ""
+        scripts = ScriptDirectory.from_config(_alembic_config(conn))
+    _refuse_unknown_revision(current, scripts)
+    return current, revision_names(scripts, None)
 
 
 def downgrade(engine: sa.Engine, revision: str) -> str:

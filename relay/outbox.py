@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import itertools
 import logging
+import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -51,6 +54,36 @@ class Email:
     sender: str | None = None
     html: str | None = None
     inline: Sequence[str | Path] = ()
+
+
+# What of the subject a content key keeps, before its digest.
+CONTENT_KEY_SUBJECT_CHARS = 200
+CONTENT_KEY_DIGEST_CHARS = 12
+CONTENT_KEY_FILE_MAX_BYTES = 64 * 1024 * 1024  # beyond any attachment cap: named, not read
+
+
+def content_key(email: Email) -> str:
+    """A message key named by what ``email`` says: its subject and a digest of its subject,
+    bodies, From address and files (each attachment's and inline image's path and bytes), e.g.
+    ``Nightly report #3f2a9c1b04de``. The same email queued twice gets the same key (a rerun
+    queues nothing twice); any difference, a file's bytes included, makes another. A file that
+    cannot be read is named by its path alone: enqueue refuses it with its own error."""
+    digest = hashlib.sha256()
+    for part in (email.subject, email.body, email.html or "", email.sender or ""):
+        data = part.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "big") + data)
+    for kind, paths in ((b"A", email.attachments), (b"I", email.inline)):
+        for path in paths:
+            name = str(path).encode("utf-8", "surrogateescape")
+            digest.update(kind + len(name).to_bytes(8, "big") + name)
+            with contextlib.suppress(OSError):
+                # A regular file only: a FIFO or /dev/zero would never end (enqueue refuses
+                # them, and files over its caps, after this).
+                found = os.stat(path)
+                if stat.S_ISREG(found.st_mode) and found.st_size <= CONTENT_KEY_FILE_MAX_BYTES:
+                    digest.update(hashlib.sha256(Path(path).read_bytes()).digest())
+    subject = " ".join(email.subject.split())[:CONTENT_KEY_SUBJECT_CHARS] or "email"
+    return f"{subject} #{digest.hexdigest()[:CONTENT_KEY_DIGEST_CHARS]}"
 
 
 class _Message(NamedTuple):

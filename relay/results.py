@@ -68,8 +68,11 @@ def result_problem(result: EmailResult, now: dt.datetime | None = None) -> str |
     for name, text in (("key", result.idempotency_key), ("recipient", result.recipient)):
         if _NUL in text or _SURROGATE.search(text):
             return f"its {name} holds a NUL or a lone surrogate: it names no row"
-    if result.attempt < 1:
-        return f"attempt {result.attempt} is below 1"
+    # A 'retrying' result of attempt 0: an email that waits on the sender's configuration
+    # before its first attempt (a wait is no attempt).
+    lowest = 0 if result.status is DeliveryStatus.RETRYING else 1
+    if result.attempt < lowest:
+        return f"attempt {result.attempt} is below {lowest}"
     latest = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(seconds=RESULT_MAX_AHEAD_S)
     if result.occurred_at > latest:
         return (f"it occurred at {result.occurred_at.isoformat()}, more than "

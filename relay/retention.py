@@ -33,6 +33,10 @@ LATER_FINAL_STATES = ("bounced", "suppressed")
 MAX_AGE_S = 100 * 365 * 86_400.0  # older than any row; and a cutoff datetime can hold it
 
 AGE_FORMS = "30d or 30days (days), 12h (hours), 90m (minutes), 2w (weeks)"
+# Units that read as a month or a year, which have no fixed length: refused, never guessed (`m`
+# is minutes only, `M` is refused for reading as either).
+_CALENDAR_UNITS = frozenset({"mo", "mon", "mons", "month", "months", "y", "yr", "yrs", "year",
+                             "years"})
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
 _AGE_UNIT_S = {
     **dict.fromkeys(("w", "week", "weeks"), 7 * 86_400.0),
@@ -44,15 +48,24 @@ _AGE_UNIT_S = {
 
 
 def parse_age_s(text: str) -> float:
-    """``"30d"``, ``"30days"``, ``"30 days"`` -> seconds. A number without a unit is refused: a
-    retention command must never guess (a bare ``30`` once meant 30 seconds). Pure."""
+    """``"30d"``, ``"30days"``, ``"30 days"`` -> seconds: the one duration syntax of the
+    operators' commands (`purge --older-than`, `suppression add --expires`). A number without a
+    unit is refused: such a command must never guess (a bare ``30`` once meant 30 seconds, and
+    ``--expires 90`` 90 seconds); so are months and years, and ``M``. Pure."""
     match = _AGE.fullmatch(text)
     shown = repr(text.strip()[:40])
     if match is None:
         if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
             raise ValueError(f"{shown} has no unit; write it as {AGE_FORMS}")
         raise ValueError(f"not an age: {shown}; write it as {AGE_FORMS}")
-    unit_s = _AGE_UNIT_S.get(match.group(2).lower())
+    unit = match.group(2)
+    if unit.lower() in _CALENDAR_UNITS:
+        raise ValueError(f"{shown}: months and years have no fixed length; write days, e.g. "
+                         f"90d (or {AGE_FORMS})")
+    if unit == "M":
+        raise ValueError(f"{shown}: 'M' reads as minutes or months; write 90m or 90min for "
+                         f"minutes, 30d for about a month (or {AGE_FORMS})")
+    unit_s = _AGE_UNIT_S.get(unit.lower())
     if unit_s is None:
         raise ValueError(f"unknown unit {match.group(2)[:20]!r} in {shown}; write it as "
                          f"{AGE_FORMS}")
@@ -60,8 +73,9 @@ def parse_age_s(text: str) -> float:
     if value <= 0:
         raise ValueError(f"an age must be more than 0: {shown}")
     if value > MAX_AGE_S:
-        raise ValueError(f"an age of more than {MAX_AGE_S / 86_400 / 365:g} years deletes "
-                         f"nothing: {shown}")
+        years = f"{MAX_AGE_S / 86_400 / 365:g} years"
+        raise ValueError(f"at most {years} ({MAX_AGE_S / 86_400:.0f}d): more than {years} is "
+                         f"past any row's age or expiry, got {shown}")
     return value
 
 
@@ -109,11 +123,13 @@ def ledger_cutoff(outbox_cutoff: dt.datetime, now: dt.datetime,
                       "kept, so a replayed topic finds every key it already sent")
     by_retention = now - dt.timedelta(seconds=retention_s)
     if by_retention < outbox_cutoff:
-        return by_retention, (f"ledger rows younger than the topics' retention "
+        # Not "the topics' retention", which is retention.ms alone (minimum_age_s): one dry
+        # run named two different retentions.
+        return by_retention, (f"ledger rows younger than the longest a topic may keep a record "
                               f"({_days(retention_s)}{KEPT}) are kept: a consumer group reset "
                               "to the beginning must find each key it already sent")
-    return outbox_cutoff, (f"the topics' retention ({_days(retention_s)}{KEPT}) is shorter than "
-                           "the cutoff")
+    return outbox_cutoff, (f"the longest a topic may keep a record ({_days(retention_s)}{KEPT}) "
+                           "is shorter than the cutoff")
 
 
 def plan(engine: sa.Engine, older_than_s: float, now: dt.datetime,

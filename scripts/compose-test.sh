@@ -40,6 +40,19 @@ VENV_PY="$REPO/.venv/bin/python"
 T0=$SECONDS
 
 say() { printf 'compose-test [%3ds]: %s\n' $((SECONDS - T0)) "$*"; }
+# shell_words WORD...: the words as a shell line that gives them back, each quoted as it needs
+# (a subject with spaces or a dash of its own), so a command said can be pasted and run.
+shell_words() {
+    local word out=()
+    for word in "$@"; do
+        if [[ $word =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
+            out+=("$word")
+        else
+            out+=("'${word//\'/\'\\\'\'}'")
+        fi
+    done
+    printf '%s\n' "${out[*]}"
+}
 die() {
     printf 'compose-test: %s\n' "$1" >&2
     [[ -n ${2:-} && -f $2 ]] && tail -n 20 "$2" | sed 's/^/    /' >&2
@@ -298,10 +311,11 @@ EOF
     for recipient in "${story[@]:4}"; do args+=(--to "$recipient"); done
     # Through the stack's cli service, as docs/docker.md says: an attachment is stored as a path,
     # which must exist where enqueue runs and where the sender reads it (/attachments in both).
-    say "enqueueing $REPORT_KEY: docker compose run --rm cli enqueue --to ${story[*]:4} (workbook attached, HTML summary)"
-    compose run --rm -T cli enqueue --key "$REPORT_KEY" --subject "${story[0]}" \
-        --body "${story[1]}" --attach "/attachments/compose-test/${story[2]}" \
-        --html-file "/attachments/compose-test/${story[3]}" "${args[@]}" \
+    local enqueue=(enqueue --key "$REPORT_KEY" --subject "${story[0]}" --body "${story[1]}"
+        --attach "/attachments/compose-test/${story[2]}"
+        --html-file "/attachments/compose-test/${story[3]}" "${args[@]}")
+    say "enqueueing $REPORT_KEY (workbook attached, HTML summary): $(shell_words docker compose run --rm cli "${enqueue[@]}")"
+    compose run --rm -T cli "${enqueue[@]}" \
         2>"$WORK/compose-run.log" || die "docker compose run cli enqueue failed" "$WORK/compose-run.log"
 }
 

@@ -37,22 +37,35 @@
 #   POSTROOM_DEV_PG_BIN                 folder holding pg_ctl/initdb (default: found)
 #   POSTROOM_DEV_REGISTRY_PORT          Schema Registry HTTP (default 18081)
 #   POSTROOM_DEV_REGISTRY_JAVA          a java 21+ for the registry (default: found)
+# `up` keeps the ports in $POSTROOM_DEV_DIR/ports: later commands on that state dir (status, down,
+# ...) use them where the variables are not set, so a new shell finds the stack it started.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV_DIR=$(realpath -m "${POSTROOM_DEV_DIR:-$REPO/.dev}")
-KAFKA_PORT=${POSTROOM_DEV_KAFKA_PORT:-19092}
-CONTROLLER_PORT=${POSTROOM_DEV_KAFKA_CONTROLLER_PORT:-19093}
+# The ports the last `up` in this state dir started the stack with: a later command from a new
+# shell (status, down, ...) finds the same stack without the POSTROOM_DEV_*_PORT variables. A
+# variable that is set wins.
+PORTS_FILE="$DEV_DIR/ports"
+remembered_port() {
+    [[ -f $PORTS_FILE ]] || return 0
+    sed -n "s/^$1=\([0-9]*\)\$/\1/p" "$PORTS_FILE" | tail -n 1
+}
+KAFKA_PORT=${POSTROOM_DEV_KAFKA_PORT:-$(remembered_port POSTROOM_DEV_KAFKA_PORT)}
+KAFKA_PORT=${KAFKA_PORT:-19092}
+CONTROLLER_PORT=${POSTROOM_DEV_KAFKA_CONTROLLER_PORT:-$(remembered_port POSTROOM_DEV_KAFKA_CONTROLLER_PORT)}
+CONTROLLER_PORT=${CONTROLLER_PORT:-19093}
 # Beside the PLAINTEXT port by default, so stacks started with distinct ports stay distinct.
-if [[ -n ${POSTROOM_DEV_KAFKA_SECURE_PORT:-} ]]; then
-    SECURE_PORT=$POSTROOM_DEV_KAFKA_SECURE_PORT
-elif [[ $KAFKA_PORT =~ ^[0-9]+$ ]]; then
+SECURE_PORT=${POSTROOM_DEV_KAFKA_SECURE_PORT:-$(remembered_port POSTROOM_DEV_KAFKA_SECURE_PORT)}
+if [[ -z $SECURE_PORT && $KAFKA_PORT =~ ^[0-9]+$ ]]; then
     SECURE_PORT=$((10#$KAFKA_PORT + 2))
-else
+elif [[ -z $SECURE_PORT ]]; then
     SECURE_PORT=$KAFKA_PORT # refused by check_port in main, naming POSTROOM_DEV_KAFKA_PORT
 fi
-PG_PORT=${POSTROOM_DEV_PG_PORT:-15432}
-REGISTRY_PORT=${POSTROOM_DEV_REGISTRY_PORT:-18081}
+PG_PORT=${POSTROOM_DEV_PG_PORT:-$(remembered_port POSTROOM_DEV_PG_PORT)}
+PG_PORT=${PG_PORT:-15432}
+REGISTRY_PORT=${POSTROOM_DEV_REGISTRY_PORT:-$(remembered_port POSTROOM_DEV_REGISTRY_PORT)}
+REGISTRY_PORT=${REGISTRY_PORT:-18081}
 HOST=127.0.0.1
 
 KAFKA_POM="$REPO/dev/kafka/pom.xml"
@@ -1026,9 +1039,12 @@ fetch_registry() {
 registry_pid() {
     local pid
     pid=$(cat "$REGISTRY_PIDFILE" 2>/dev/null) || return 1
-    # A recycled pid would belong to some other program: check it is our registry.
-    pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
-        | grep -qF -- "-Dquarkus.http.port=$REGISTRY_PORT " && echo "$pid"
+    # A recycled pid would belong to some other program: check it is our registry, by the jar
+    # it runs and the folder it runs in, whatever its port (a shell that does not know the port
+    # must still find it, or `down` would leave the JVM running with no pid file).
+    pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "quarkus-run.jar" \
+        && [[ $(realpath "/proc/$pid/cwd" 2>/dev/null) == "$(realpath -m "$REGISTRY_DIR")" ]] \
+        && echo "$pid"
 }
 
 registry_url() { echo "http://$HOST:$REGISTRY_PORT/apis/ccompat/v7"; }
@@ -1140,8 +1156,23 @@ take_lock() {
     flock -w 300 9 || die "another scripts/services.sh holds $DEV_DIR/services.lock"
 }
 
+# The ports this stack is started with, for the commands of later shells (PORTS_FILE).
+write_ports_file() {
+    mkdir -p "$DEV_DIR"
+    cat >"$PORTS_FILE" <<EOF
+# Written by scripts/services.sh up: the ports of the stack in this state dir, read by its
+# later commands when the POSTROOM_DEV_*_PORT variables are not set.
+POSTROOM_DEV_KAFKA_PORT=$KAFKA_PORT
+POSTROOM_DEV_KAFKA_CONTROLLER_PORT=$CONTROLLER_PORT
+POSTROOM_DEV_KAFKA_SECURE_PORT=$SECURE_PORT
+POSTROOM_DEV_PG_PORT=$PG_PORT
+POSTROOM_DEV_REGISTRY_PORT=$REGISTRY_PORT
+EOF
+}
+
 cmd_up() {
     take_lock
+    write_ports_file
     ensure_venv
     ensure_smtp_sink
     pg_up
@@ -1283,7 +1314,8 @@ cmd_clean() {
     say "clean: removing ${kafka_dirs[*]}, $REGISTRY_DIR, $PG_ROOT and $ENV_FILE"
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
     rm -rf "$PG_ROOT" "${kafka_dirs[@]}" "$SECURE_DIR" "$REGISTRY_DIR"
-    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock" "$BROKERS_FILE" "$CLUSTER_ID_FILE"
+    rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock" "$BROKERS_FILE" "$CLUSTER_ID_FILE" \
+        "$PORTS_FILE"
     rmdir "$DEV_DIR" 2>/dev/null || true
 }
 

@@ -155,8 +155,11 @@ def refuse_event(event: EmailRequested, *, tier: int | None, now: dt.datetime,
     high = max(admission.max_attempt, (tier or 0) + 1) + attempt_base
     if not low <= event.attempt <= high:
         return f"attempt {event.attempt} is outside {low}..{high}"
-    if tier is not None and event.attempt < low + 1:
-        return f"attempt {event.attempt} on a retry topic, where attempts start at {low + 1}"
+    # Tier 1 also holds a first attempt our configuration kept back (a wait is no attempt:
+    # RetryPolicy.wait); the later tiers hold attempts from the second on.
+    first = low if tier == 1 else low + 1
+    if tier is not None and event.attempt < first:
+        return f"attempt {event.attempt} on retry tier {tier}, where attempts start at {first}"
     try:
         _check_content(event, admission.limits)
     except InvalidContentError as exc:

@@ -304,7 +304,8 @@ class Attempts:
         done = None
         if routing.status is not DeliveryStatus.SENT:
             done = await self._release_after(event, routing)
-        self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
+        if not routing.waited:
+            self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
         if routing.status is DeliveryStatus.SENT:
             return _KnownSent(routing.result.message_id)
         return _DONE if done is not None else None
@@ -337,8 +338,9 @@ class Attempts:
         find it not done, or the next read of the wait would be taken for a repeat. The attempt
         released as done, or None."""
         started = self._clock.monotonic()
-        waited = (routing.status is DeliveryStatus.RETRYING and routing.forward is not None
-                  and routing.forward.event.attempt == event.attempt)
+        waited = routing.waited or (
+            routing.status is DeliveryStatus.RETRYING and routing.forward is not None
+            and routing.forward.event.attempt == event.attempt)
         done = None if waited else event.attempt
         await self._ledger_call("release", partial(self._ledger.release, event.idempotency_key,
                                                    done))
@@ -494,16 +496,17 @@ class Attempts:
         reply, message_id = sent.reply, sent.message_id
         event = admitted.event
         outcome = classify_reply(reply)
-        self._metrics.inc(ATTEMPTS_TOTAL, verdict=outcome.verdict.value)
-        if outcome.server_fault and outcome.verdict is not Verdict.SENT:
-            self._metrics.inc(SERVER_FAULTS_TOTAL, stage=reply.stage.value)
         now = self._clock.utcnow()
         # A redriven email has a fresh budget: its retry tiers count from the redrive.
         in_round = event.attempt - admitted.attempt_base
         if waits_for_configuration(reply):
+            # No attempt was made: counted as a wait, neither an attempt nor an outcome.
             self._metrics.inc(ATTACHMENTS_WAITING_TOTAL)
             decision = self._rules.policy.wait(in_round, now)
         else:
+            self._metrics.inc(ATTEMPTS_TOTAL, verdict=outcome.verdict.value)
+            if outcome.server_fault and outcome.verdict is not Verdict.SENT:
+                self._metrics.inc(SERVER_FAULTS_TOTAL, stage=reply.stage.value)
             decision = self._rules.policy.decide(outcome, in_round, now)
         if decision.action is Action.DONE_SENT:
             # The duplicate window, from the reply read to the mark's commit: a crash before the

@@ -113,7 +113,8 @@ def attachments_refusal(event: EmailRequested, root: Path | None) -> str | None:
     """Why ``event``'s attachments may not be read at all, or None. Reading whatever path the
     process can read is not on: without a root chosen by the operator, no attachment is sent."""
     if (event.attachments or event.inline) and root is None:
-        return "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"
+        # The setting first: `postroom status` cuts a long error at its column's width.
+        return "POSTROOM_ATTACHMENTS_ROOT is not set: attachments are off"
     return None
 
 

@@ -76,19 +76,16 @@ class RetryPolicy:
 
     def wait(self, attempt: int, now: dt.datetime) -> RetryDecision:
         """Where attempt ``attempt`` waits when our configuration kept it from being made (no
-        POSTROOM_ATTACHMENTS_ROOT): the first goes to tier 1 like any transient failure; a
-        later one (read from tier ``attempt - 1``) goes back to that tier with its number kept,
-        waiting that tier's delay (the last tier's, for a tier removed since), so it never
-        walks the tiers to dead. With no tiers there is nowhere to wait: dead."""
+        POSTROOM_ATTACHMENTS_ROOT): back on the tier it was read from with its number kept (the
+        first attempt, read from a priority topic, on tier 1), waiting that tier's delay (the
+        last tier's, for a tier removed since). A wait is no attempt: it never uses up a tier,
+        so it never walks the tiers to dead. With no tiers there is nowhere to wait: dead."""
         if attempt < 1:
             raise ValueError(f"attempt is 1-based, got {attempt}")
         _require_aware(now, "now")
         if not self.tiers:
             return RetryDecision(Action.DEAD)
-        if attempt == 1:
-            return RetryDecision(Action.RETRY, tier=1,
-                                 not_before=now + dt.timedelta(seconds=self.delays_s[0]))
-        tier = attempt - 1
+        tier = max(attempt - 1, 1)
         delay_s = self.delays_s[min(tier, self.tiers) - 1]
         return RetryDecision(Action.RETRY, tier=tier, counted=False,
                              not_before=now + dt.timedelta(seconds=delay_s))

@@ -61,6 +61,7 @@ class Routing:
     status: DeliveryStatus
     result: EmailResult
     forward: Forward | None = None
+    waited: bool = False  # our configuration kept the attempt back: no attempt, no outcome
 
 
 def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
@@ -68,15 +69,19 @@ def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
     """What to publish after ``event``, read at ``origin``, ended with ``outcome`` at ``now``."""
     status = STATUS_OF[decision.action]
     failed = outcome.verdict is not Verdict.SENT
+    waited = failed and not decision.counted
     result = EmailResult(
         idempotency_key=event.idempotency_key, outbox_id=event.outbox_id,
-        recipient=event.recipient, status=status, attempt=event.attempt, occurred_at=now,
+        recipient=event.recipient, status=status,
+        # A wait (our configuration kept the attempt back) is no attempt: its result counts
+        # the attempts made before it, 0 for an email never attempted.
+        attempt=event.attempt - 1 if waited else event.attempt, occurred_at=now,
         smtp_code=outcome.code, enhanced_code=outcome.enhanced_code,
         error=outcome.reason if failed else None, next_attempt_at=decision.not_before,
         message_id=message_id if decision.action is Action.DONE_SENT else None)
     earlier = errors_of(origin.headers)
-    if failed and not decision.counted:
-        # A wait (our configuration kept the attempt back) keeps its number: its line replaces
+    if waited:
+        # A wait keeps its attempt's number: its line replaces
         # the line its last wait wrote, or a record waiting for days would grow by a line a
         # round until it was too large to read (dead-lettered as poison after about a week).
         mark = f"attempt={event.attempt} "
@@ -94,7 +99,7 @@ def route(prefix: str, origin: Origin, event: EmailRequested, outcome: Outcome,
         forward = Forward(dead_letter_topic(prefix), event, (
             *history, *dead_letter_headers(origin, CLASSIFICATION_OF[decision.action],
                                            outcome.reason)))
-    return Routing(status, result, forward)
+    return Routing(status, result, forward, waited)
 
 
 def too_large_to_forward(event: EmailRequested, topic: str, now: dt.datetime) -> EmailResult:
@@ -118,6 +123,11 @@ def outcome_line(event: EmailRequested, decision: RetryDecision,
                  reason: str) -> tuple[int, str]:
     """The log level and line that say what became of an attempt (failures name the domain)."""
     key, attempt = event.idempotency_key, event.attempt
+    if decision.action is Action.RETRY and not decision.counted:
+        # The wait was said once at ERROR (Delivery.send); a line per email per tier delay
+        # would repeat it for as long as the setting is missing.
+        return logging.DEBUG, (f"key={key} attempt={attempt} waits ({reason}): retry tier "
+                               f"{decision.tier} at {decision.not_before}, not an attempt")
     if decision.action is Action.RETRY:
         return logging.INFO, (f"key={key} attempt={attempt} transient ({reason}): retry tier "
                               f"{decision.tier} at {decision.not_before}")

@@ -14,11 +14,75 @@ from postroom.settings import Settings, mask_url
 
 
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
-    from postroom.relay.db import make_engine, upgrade
+    from postroom.relay.db import make_engine, migrate
+
+    def waiting(seconds: float) -> None:
+        print(f"waiting for another migration of this schema to finish ({seconds:.0f}s so "
+              "far; it holds the migration lock)", file=sys.stderr, flush=True)
 
     engine = make_engine(settings)
-    revision = upgrade(engine, settings.database_schema)
-    print(f"outbox schema is at revision {revision}")
+    try:
+        done = migrate(engine, settings.database_schema, dry_run=args.dry_run or args.sql,
+                       on_wait=waiting)
+    finally:
+        engine.dispose()
+    dry = args.dry_run or args.sql
+    if args.sql:
+        for statement in done.statements:
+            print(statement.strip().rstrip(";") + ";")
+        return EXIT_OK
+    verb = {"created": "would create" if dry else "created",
+            "migrated": "would migrate" if dry else "migrated"}
+    if done.before is None:
+        print(f"{verb['created']} the outbox schema at revision {done.after} "
+              f"({len(done.steps)} migrations)")
+    elif done.before != done.after:
+        print(f"{verb['migrated']} the outbox schema from revision {done.before} to "
+              f"{done.after} ({len(done.steps)} migrations)")
+    else:
+        print(f"outbox schema is at revision {done.after}, the newest: nothing to do")
+    for step in done.steps:
+        print(f"  {step}")
+    if dry:
+        print(f"dry run: {len(done.statements)} SQL statements rolled back, nothing changed "
+              "(--sql prints them)")
+    return EXIT_OK
+
+
+def cmd_db_current(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.relay.db import history, make_engine
+
+    engine = make_engine(settings)
+    try:
+        current, revisions = history(engine)
+    finally:
+        engine.dispose()
+    newest = revisions[-1].split()[0]
+    if current is None:
+        print(f"no outbox schema yet: `postroom db upgrade` creates it at revision {newest}")
+    elif current == newest:
+        print(f"outbox schema is at revision {current}, the newest")
+    else:
+        behind = len(revisions) - 1 - [r.split()[0] for r in revisions].index(current)
+        print(f"outbox schema is at revision {current}; the newest is {newest}: "
+              f"`postroom db upgrade` runs {behind} migrations")
+    return EXIT_OK
+
+
+def cmd_db_history(settings: Settings, args: argparse.Namespace) -> int:
+    from postroom.relay.db import history, make_engine
+
+    engine = make_engine(settings)
+    try:
+        current, revisions = history(engine)
+    finally:
+        engine.dispose()
+    applied = True if current is not None else False
+    for revision in revisions:
+        mark = "applied" if applied else "pending"
+        if revision.split()[0] == current:
+            mark, applied = "applied, current", False
+        print(f"{revision:40} {mark}")
     return EXIT_OK
 
 
@@ -79,11 +143,26 @@ def cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def add_commands(commands: Commands) -> None:
-    """Add `db upgrade`, `topics create`, `schemas register` and `acls`."""
+    """Add `db upgrade`, `db current`, `db history`, `topics create`, `schemas register` and `acls`."""
     db = commands.add_parser("db", help="manage the outbox schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="SUBCOMMAND")
-    db_commands.add_parser("upgrade", help="create or migrate the outbox schema (idempotent)"
-                           ).set_defaults(handler=cmd_db_upgrade)
+    db_upgrade = db_commands.add_parser(
+        "upgrade", help="create or migrate the outbox schema (idempotent): says whether it "
+                        "created it, migrated it from one revision to another (listing the "
+                        "migrations) or found nothing to do; waits its turn behind another "
+                        "migration of the schema, saying so every 10 s")
+    db_upgrade.add_argument("--dry-run", action="store_true",
+                            help="run the migrations in a transaction rolled back: what would "
+                                 "be done, and nothing changed")
+    db_upgrade.add_argument("--sql", action="store_true",
+                            help="a dry run that prints the SQL the migrations run")
+    db_upgrade.set_defaults(handler=cmd_db_upgrade)
+    db_commands.add_parser(
+        "current", help="the revision the outbox schema is at, and whether it is the newest"
+    ).set_defaults(handler=cmd_db_current)
+    db_commands.add_parser(
+        "history", help="every migration of this release, oldest first: applied or pending"
+    ).set_defaults(handler=cmd_db_history)
 
     topics = commands.add_parser("topics", help="manage Kafka topics")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True,

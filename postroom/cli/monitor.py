@@ -39,9 +39,11 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     kafka_failed = False
     # The groups' protocol is asked of the brokers: not when they do not answer.
     joins = (("groups", groups),) if role in (None, Role.SENDER, Role.RECORDER) else ()
-    sender = (("attachments", check_attachments),) if role in (None, Role.SENDER) else ()
+    # Only the sender talks to the SMTP server and reads attachments.
+    sender = (("smtp", check_smtp), ("attachments", check_attachments)) \
+        if role in (None, Role.SENDER) else ()
     for name, check in (("database", check_database), ("kafka", kafka), *joins,
-                        ("registry", check_registry), ("smtp", check_smtp), *sender):
+                        ("registry", check_registry), *sender):
         if name == "groups" and kafka_failed:
             continue
         try:
@@ -124,8 +126,9 @@ def add_commands(commands: Commands) -> None:
                       "min.insync.replicas), the schema registry's subjects (when one is set), "
                       "SMTP server (exit code 0 when all are)")
     check.add_argument("--role", choices=[r.value for r in Role],
-                       help="also check that this client's principal may do on each topic what "
-                            "this role needs (its ACLs, see `postroom acls`)")
+                       help="check what this role uses (the SMTP server and the attachments "
+                            "root for the sender only) and that this client's principal may do "
+                            "on each topic what the role needs (its ACLs, see `postroom acls`)")
     check.set_defaults(handler=cmd_check)
     lag = commands.add_parser(
         "lag", help="consumer-group lag of the sender and the recorder, in records and seconds, "

@@ -4,6 +4,7 @@ and topics waited for, and metrics with /healthz and /readyz."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
 import signal
@@ -13,6 +14,7 @@ from types import FrameType
 import sqlalchemy as sa
 
 from postroom import logs
+from postroom.errors import ConfigError
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 
@@ -104,7 +106,7 @@ def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metri
     from postroom.kafka import check_topics, fatal_check
 
     metrics = Metrics(process=True)
-    if not settings.metrics_port:
+    if settings.metrics_port is None:
         yield metrics
         return
     checks: list[Check] = [("kafka", lambda: check_topics(settings))]
@@ -116,8 +118,18 @@ def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metri
         from postroom.sender.smtp import check_smtp
 
         checks.append(("smtp", lambda: check_smtp(settings)))
-    server = serve(metrics, settings.metrics_port, readiness=Readiness(
-        checks, metrics, live=[("kafka clients", fatal_check)]))
+    try:
+        server = serve(metrics, settings.metrics_port, readiness=Readiness(
+            checks, metrics, live=[("kafka clients", fatal_check)]))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise ConfigError("POSTROOM_METRICS_PORT",
+                              f"cannot listen on 127.0.0.1:{settings.metrics_port}: "
+                              f"{exc.strerror}") from exc
+        raise ConfigError("POSTROOM_METRICS_PORT",
+                          f"127.0.0.1:{settings.metrics_port} is taken (another postroom process "
+                          "on this host?): give each process a port of its own, or 0 for any "
+                          "free one") from exc
     try:
         yield metrics
     finally:

@@ -40,7 +40,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     rows = rows[:limit]
     if args.key and not rows:
         print(f"postroom status: no outbox rows for key {args.key!r} (a message key as "
-              "enqueue was given it, or the subject when it was given none)", file=sys.stderr)
+              "enqueue was given it: `postroom enqueue` prints it)", file=sys.stderr)
         return EXIT_FAILURE
     cut = f"showing the newest {len(rows)} of {total} rows (--limit N for more)" \
         if total > len(rows) else None

@@ -52,10 +52,11 @@ def cmd_suppression_remove(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _expiry(text: str) -> float:
-    from postroom.settings import parse_period_s
+    # purge's --older-than syntax: a unit always (a bare 90 was 90 seconds), m is minutes.
+    from postroom.relay.retention import parse_age_s
 
     try:
-        return parse_period_s(text)
+        return parse_age_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -80,7 +81,9 @@ def add_commands(commands: Commands) -> None:
     adding.add_argument("address", metavar="ADDRESS", help="one bare address, local@domain")
     adding.add_argument("--reason", metavar="R", help="why (shown by list and on each row)")
     adding.add_argument("--expires", type=_expiry, metavar="D",
-                        help="how long, e.g. 90d or 12h (default POSTROOM_SUPPRESSION_EXPIRY, 30d)")
+                        help="how long, with its unit: 90d or 90days, 12h, 30m (minutes), 2w; "
+                             "a bare number and months are refused (default "
+                             "POSTROOM_SUPPRESSION_EXPIRY, 30d)")
     adding.set_defaults(handler=cmd_suppression_add)
     removing = suppression_commands.add_parser(
         "remove", help="take an address off the list (exit 1 when it is not on it)")

@@ -22,7 +22,7 @@ from postroom.devkit.devsmtp_handler import (
 from postroom.devkit.devsmtp_session import DevController
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8025
+DEFAULT_PORT = 1025  # the usual port of a dev SMTP server; not Mailpit's published 8025 (its web UI)
 SERVER_HOSTNAME = "devsmtp.localhost"  # fixed, so aiosmtpd skips its reverse DNS lookup
 STOP_TIMEOUT_S = 2.0
 

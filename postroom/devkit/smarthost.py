@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -230,34 +231,59 @@ def smarthost(directory: Path, port: int, routes: Mapping[str, tuple[str, int]],
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _route(text: str) -> tuple[str, tuple[str, int]]:
+    domain, _, hop = text.partition("=")
+    host, _, port = hop.rpartition(":")
+    if not (domain and host and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(f"not DOMAIN=HOST:PORT: {text!r}")
+    return domain, (host.strip("[]"), int(port))
+
+
+class _Stopped(Exception):
+    """SIGTERM: stop as Ctrl-C does."""
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise _Stopped
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m postroom.devkit.smarthost DIR --port P --route DOMAIN=HOST:PORT ...``: run a
-    smarthost until Ctrl-C, for trying a relay by hand."""
-    parser = argparse.ArgumentParser(prog="python -m postroom.devkit.smarthost",
-                                     description=main.__doc__)
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("--port", type=int, default=2525)
-    parser.add_argument("--route", action="append", default=[], metavar="DOMAIN=HOST:PORT")
+    smarthost until Ctrl-C or SIGTERM (both stop Postfix), for trying a relay by hand."""
+    parser = argparse.ArgumentParser(
+        prog="python -m postroom.devkit.smarthost",
+        description="Run a throwaway Postfix smarthost until Ctrl-C or SIGTERM (either stops "
+                    "Postfix), for trying a relay by hand.",
+        epilog="Postfix runs as root; every parent of DIR must be reachable by the postfix user. "
+               "Mail to a domain with no --route is bounced to its envelope sender.")
+    parser.add_argument("directory", type=Path, metavar="DIR",
+                        help="the instance's own directory: its config (etc), queue, data and "
+                             "log (log/postfix.log); made if missing")
+    parser.add_argument("--port", type=int, default=2525,
+                        help="listen on 127.0.0.1:PORT for the mail to relay (default 2525)")
+    parser.add_argument("--route", action="append", default=[], type=_route,
+                        metavar="DOMAIN=HOST:PORT",
+                        help="relay mail for DOMAIN to HOST:PORT (the devsmtp server, say), "
+                             "turning its refusals into DSNs; repeat for several domains")
     args = parser.parse_args(argv)
-    routes = {}
-    for route in args.route:
-        domain, _, hop = route.partition("=")
-        host, _, port = hop.rpartition(":")
-        routes[domain] = (host, int(port))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    host = Smarthost(args.directory, args.port, routes)
+    host = Smarthost(args.directory, args.port, dict(args.route))
+    # Python's default SIGTERM ends the process without its finally: Postfix would run on.
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         host.start()
-        log.info("running; Ctrl-C stops it (log: %s)", host.log_path)
+        log.info("running; Ctrl-C or SIGTERM stops it (log: %s)", host.log_path)
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped):
         return 0
     except SmarthostError as exc:
         log.error("smarthost: %s", exc)  # noqa: TRY400 - one line, no traceback
         return 1
     finally:
         host.stop()
+        signal.signal(signal.SIGTERM, previous)
+        log.info("stopped")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,16 @@ replicated."""
 
 from __future__ import annotations
 
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
 from postroom.acls import Operation, Role, needed_on_topics, role_acls, topic_problems, topic_warnings
 from postroom.errors import KafkaClientError
 from postroom.kafka.clients import make_admin
 from postroom.kafka.group_protocol import group_protocol
 from postroom.kafka.probe import check_reachable
 from postroom.kafka.topics import min_insync_replicas, topic_access, topic_replicas
+from postroom.lagrules import standing_by
 from postroom.replication import Severity, replication_findings, summary
 from postroom.settings import Settings
 from postroom.topics import all_topics
@@ -48,7 +52,8 @@ def _topic_verdict(settings: Settings, role: Role | None, timeout_s: float,
         raise KafkaClientError("\n".join([f"{len(problems)} of {len(topics)} topics not usable{by}",
                                           *(f"      {p}" for p in problems)]))
     if role is not None:
-        return (f"broker answers; the {role.value} may use all {len(topics)} of its topics",
+        its = "its one topic" if len(topics) == 1 else f"all {len(topics)} of its topics"
+        return (f"broker answers; the {role.value} role may use {its}",
                 topic_warnings(access, needed))
     return f"broker answers; all {len(topics)} topics exist", []
 
@@ -92,8 +97,27 @@ def check_groups(settings: Settings, role: Role | None = None) -> str:
     joins with the classic protocol, and its line says so; only an admin client that cannot be
     made fails it."""
     admin = make_admin(settings)
-    lines = []
+    lines, idle = [], []
     for group in role_groups(settings, role):
         choice = group_protocol(settings, group, admin)
         lines.append(f"{group} joins with the {choice.protocol} protocol ({choice.reason})")
+        idle.extend(_standing_by(admin, group))
+    if idle:
+        raise KafkaDegraded("\n      ".join([*lines, *idle]))
     return "\n      ".join(lines)
+
+
+def _standing_by(admin: AdminClient, group: str, timeout_s: float = 10.0) -> list[str]:
+    """A line per member of ``group`` that owns no partition of the settled group (more
+    members than partitions); none when the group cannot be described (said by `lag`)."""
+    try:
+        description = admin.describe_consumer_groups(
+            [group], request_timeout=timeout_s)[group].result()
+    except KafkaException:
+        return []
+    state = getattr(description.state, "name", str(description.state)).lower()
+    members = list(description.members)
+    return [f"WARN {members[n].client_id}@{members[n].host.lstrip('/')} in {group} owns no "
+            f"partition and stands by: {len(members)} members, more than the partitions of "
+            "its topics (POSTROOM_TOPIC_PARTITIONS)"
+            for n in standing_by(state, [len(m.assignment.topic_partitions) for m in members])]

@@ -17,7 +17,7 @@ from postroom.kafka.config import (
     producer_config,
     reader_config,
 )
-from postroom.kafka.errors import translate
+from postroom.kafka.errors import creation_error
 from postroom.kafka.fatal import WatchedConsumer, WatchedProducer
 from postroom.kafka.group_protocol import group_protocol
 from postroom.settings import Settings, mask_kafka_config
@@ -31,7 +31,7 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
     try:
         return WatchedProducer(config)
     except KafkaException as exc:
-        raise translate(exc, "cannot create Kafka producer") from exc
+        raise creation_error(exc, settings, "producer", "cannot create Kafka producer") from exc
 
 
 def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
@@ -48,7 +48,7 @@ def make_consumer(settings: Settings, group_id: str, **overrides: Any) -> Consum
     try:
         return WatchedConsumer(config)
     except KafkaException as exc:
-        raise translate(exc, "cannot create Kafka consumer") from exc
+        raise creation_error(exc, settings, "consumer", "cannot create Kafka consumer") from exc
 
 
 def make_reader(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
@@ -59,11 +59,11 @@ def make_reader(settings: Settings, group_id: str, **overrides: Any) -> Consumer
     try:
         return Consumer(config)
     except KafkaException as exc:
-        raise translate(exc, "cannot create Kafka consumer") from exc
+        raise creation_error(exc, settings, "consumer", "cannot create Kafka consumer") from exc
 
 
 def make_admin(settings: Settings) -> AdminClient:
     try:
         return AdminClient(client_config(settings))
     except KafkaException as exc:
-        raise translate(exc, "cannot create Kafka admin client") from exc
+        raise creation_error(exc, settings, "admin", "cannot create Kafka admin client") from exc

@@ -4,7 +4,9 @@ handling (librdkafka's repeating lines summarised), producer and consumer tuning
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -107,6 +109,13 @@ def _log_error(err: KafkaError) -> None:
         log.warning("%s", line)
 
 
+def member_client_id(group_id: str) -> str:
+    """``postroom-<group>-<host>-<pid>``: which process a group member is, where the broker
+    shows only an address (alike for every sender on one host)."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:63] or "host"
+    return f"postroom-{group_id}-{host}-{os.getpid()}"
+
+
 def client_config(settings: Settings) -> dict[str, Any]:
     """The settings' librdkafka config with postroom's error and log handling; every client
     postroom makes starts from it."""
@@ -168,8 +177,9 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         # made retries fire late. POSTROOM_KAFKA_CONSUMER_CONFIG may change it.
         "fetch.wait.max.ms": CONSUMER_FETCH_WAIT_MS,
         **timing,
-        # Names the member in `postroom lag` and the broker's tools; the settings may rename it.
-        "client.id": f"postroom-{group_id}",
+        # Names the member in `postroom lag` and the broker's tools, this host and process
+        # apart from the group's other members; the settings may rename it.
+        "client.id": member_client_id(group_id),
         **client_config(settings),
         **settings.kafka_consumer_config,
         "group.id": group_id,

@@ -3,12 +3,15 @@ passing error) and explained (refused credentials, failed TLS)."""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from postroom.errors import KafkaClientError
+from postroom.errors import ConfigError, KafkaClientError, PostroomError
+from postroom.settings import Settings, is_secret_key
 
 
 def is_too_large(err: object) -> bool:
@@ -30,6 +33,42 @@ def translate(exc: KafkaException | KafkaError, message: str) -> KafkaClientErro
 
 
 _CONFIG_VARS = "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE"
+# Where a client's own settings come from, beside _CONFIG_VARS, by the kind of client.
+_OWN_CONFIG = {"producer": ("POSTROOM_KAFKA_PRODUCER_CONFIG", "kafka_producer_config"),
+               "consumer": ("POSTROOM_KAFKA_CONSUMER_CONFIG", "kafka_consumer_config")}
+# librdkafka's refusals of a config at a client's creation, each naming its key.
+_NO_SUCH_KEY = re.compile(r'No such configuration property: "(?P<key>[^"]+)"')
+_KEY_FAILED = re.compile(r'(?P<key>[a-z][a-z0-9_.-]*) failed: ')
+_BAD_VALUE = re.compile(r'for configuration property "(?P<key>[^"]+)"')
+
+
+def creation_error(exc: KafkaException, settings: Settings, kind: str,
+                   message: str) -> PostroomError:
+    """Our error for a client librdkafka would not create: a ConfigError naming the variable
+    that holds the key it refused (a typo'd key, a CA file that is not there), in one line;
+    else (a key of postroom's own) :func:`translate`'s. ``kind``: producer, consumer or admin
+    (whose own settings variable may hold the key)."""
+    err = exc.args[0] if exc.args else None
+    if not isinstance(err, KafkaError) or err.code() != KafkaError._INVALID_ARG:
+        return translate(exc, message)
+    text = err.str()
+    found = _NO_SUCH_KEY.search(text) or _BAD_VALUE.search(text) or _KEY_FAILED.search(text)
+    own = _OWN_CONFIG.get(kind)
+    if own is not None and found is not None and found["key"] in getattr(settings, own[1]):
+        variable = own[0]
+    elif found is not None and found["key"] in settings.kafka_config:
+        variable = _CONFIG_VARS
+    else:  # a key of postroom's own, not the settings': ours to fix, with its code
+        return translate(exc, message)
+    key = found["key"]
+    value = {**settings.kafka_config, **(getattr(settings, own[1]) if own else {})}.get(key)
+    shown = "" if value is None or is_secret_key(key) else f"={value}"
+    if found.re is _NO_SUCH_KEY:
+        return ConfigError(variable, f"{key}: librdkafka has no such setting (a typo?)")
+    if found.re is _KEY_FAILED and key.endswith(".location") and value is not None \
+            and not os.path.exists(value):
+        return ConfigError(variable, f"{key}{shown}: no such file or directory")
+    return ConfigError(variable, f"{key}{shown}: {text}")
 
 
 def explain_refusal(err: KafkaError, config: Mapping[str, Any]) -> str | None:

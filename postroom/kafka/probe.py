@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 from postroom.errors import KafkaClientError
 from postroom.kafka import config
 from postroom.kafka.config import BROKER_WAIT_S
-from postroom.kafka.errors import explain_refusal
+from postroom.kafka.errors import creation_error, explain_refusal
 from postroom.settings import Settings
 
 _BROKER_FAILURE = re.compile(
@@ -65,7 +65,10 @@ def check_reachable(settings: Settings, timeout_s: float = BROKER_WAIT_S) -> Non
             refusals.append(explained)
 
     probe: dict[str, Any] = {**config, "error_cb": on_error, "logger": _ProbeLog()}
-    admin = AdminClient(probe)
+    try:
+        admin = AdminClient(probe)
+    except KafkaException as exc:
+        raise creation_error(exc, settings, "admin", "cannot create Kafka admin client") from exc
     servers = f"{settings.kafka_bootstrap_servers} (POSTROOM_KAFKA_BOOTSTRAP_SERVERS)"
     deadline = time.monotonic() + timeout_s
     while True:

@@ -233,7 +233,8 @@ class LagReader:
         except KafkaException as exc:
             raise self._failed(exc, f"cannot describe group {group}") from exc
         state = getattr(description.state, "name", str(description.state)).lower()
-        members = tuple(Member(m.client_id, m.host, len(m.assignment.topic_partitions))
+        members = tuple(Member(m.client_id, m.host, len(m.assignment.topic_partitions),
+                               m.member_id or "")
                         for m in description.members)
         return state, members
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from postroom.lag.report import GroupReport, LagReport
+from postroom.lag.report import GroupReport, LagReport, Member
 
 
 def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> list[str]:
@@ -13,8 +13,8 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
     lines = []
     for group in report.groups:
         role = (roles or {}).get(group.group, "consumer of this group")
-        members = ", ".join(f"{m.client_id}@{m.host} ({m.partitions} partitions)"
-                            for m in group.members) or f"none (no {role} is running)"
+        members = ", ".join(_member(m, group.members) for m in group.members) \
+            or f"none (no {role} is running)"
         if not group.members_known:
             members = "unknown"
         partial = (f" (PARTIAL: {group.unavailable} of {len(group.partitions)} partitions "
@@ -22,6 +22,10 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
         lines.append(f"{group.group}: {_group_verdict(group)}, state {group.state}, "
                      f"members {members}; total lag {group.sum_lag}, "
                      f"max {group.max_lag_seconds:.1f}s behind{partial}")
+        if group.idle:
+            lines.append(f"  WARN {len(group.idle)} of {len(group.members)} members own no "
+                         "partition and stand by: the group has more members than its topics "
+                         "have partitions (POSTROOM_TOPIC_PARTITIONS)")
         said = None
         for p in group.partitions:
             if p.unavailable is not None:
@@ -48,6 +52,15 @@ def render_text(report: LagReport, roles: Mapping[str, str] | None = None) -> li
     return lines
 
 
+def _member(member: Member, members: tuple[Member, ...]) -> str:
+    """A member as `lag` lists it: its client id (postroom's names the host and process) at its
+    address, and the broker's member id when another member has the same client id."""
+    name = f"{member.client_id}@{member.host.lstrip('/')}"
+    if member.member_id and sum(m.client_id == member.client_id for m in members) > 1:
+        name += f" [member {member.member_id[-12:]}]"
+    return f"{name} ({member.partitions} partitions{', IDLE' if member.partitions == 0 else ''})"
+
+
 def _known(value: int | None) -> str:
     return "unknown" if value is None else str(value)
 
@@ -71,6 +84,7 @@ def _replication_lines(report: LagReport) -> list[str]:
 def render_json(report: LagReport) -> list[str]:
     lines = [json.dumps({**p.as_json(), "group_state": g.state,
                          "group_members": len(g.members) if g.members_known else None,
+                         "group_idle_members": len(g.idle) if g.members_known else None,
                          "group_verdict": _group_verdict(g)})
              for g in report.groups for p in g.partitions]
     # Only topics with a problem (or none read): a healthy cluster adds no line.

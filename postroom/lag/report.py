@@ -10,6 +10,7 @@ from typing import Any
 
 from postroom.lagrules import (
     Verdict,
+    standing_by,
 )
 from postroom.replication import TopicHealth
 
@@ -19,6 +20,7 @@ class Member:
     client_id: str
     host: str
     partitions: int
+    member_id: str = ""  # the broker's name for this member: unique when client ids are alike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +71,12 @@ class GroupReport:
     # False when the group could not be described (its coordinator moving): ``members`` is
     # then empty for want of an answer, not because no consumer runs.
     members_known: bool = True
+
+    @property
+    def idle(self) -> tuple[Member, ...]:
+        """Members that own no partition of a settled group: standing by."""
+        return tuple(self.members[n] for n in standing_by(
+            self.state, [m.partitions for m in self.members]))
 
     @property
     def known(self) -> tuple[PartitionReport, ...]:

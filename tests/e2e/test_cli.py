@@ -28,6 +28,7 @@ from postroom.devkit.processes import (
     stop_process,
 )
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
+from postroom.devkit.wait import wait_until
 from postroom.kafka import make_admin
 from postroom.relay.db import make_engine
 from postroom.relay.outbox import enqueue
@@ -41,12 +42,16 @@ pytestmark = pytest.mark.e2e
 STATUS_FIELDS = {"message_key", "recipient", "subject", "priority", "status", "attempts",
                  "last_error", "created_at", "published_at", "sent_at"}
 LAG_FIELDS = {"group", "topic", "partition", "committed", "end", "lag", "lag_seconds", "verdict",
-              "group_state", "group_members", "group_verdict"}
+              "group_state", "group_members", "group_idle_members", "group_verdict"}
 RETRY_FIELDS = {"waiting", "overdue", "overdue_seconds"}
 RUN_TIMEOUT_S = 60
 # A role's start on a loaded machine (its imports, its database and broker checks) until its
 # metrics port answers ready: waited for, so only a role that never gets there takes this long.
 SERVED_WITHIN_S = 90.0
+
+# The newest migration of this release (its files are numbered 0001, 0002, ...).
+HEAD = max(path.name[:4] for path in (
+    Path(__file__).resolve().parents[2] / "relay" / "migrations" / "versions").glob("0*.py"))
 STOP_WITHIN_S = 5.0
 
 
@@ -157,17 +162,68 @@ def outbox(db_settings: Settings, key: str) -> list[sa.RowMapping]:
 
 # -- db upgrade and topics create ----------------------------------------------------------------
 
-def test_db_upgrade_creates_the_schema_and_is_idempotent(
+def test_db_upgrade_says_what_it_did_and_db_current_and_history_say_where_it_is(
         new_schema: str, stack_settings: Settings) -> None:
+    """Issue 45 item 8: `db upgrade` printed `outbox schema is at revision 0014` whether it
+    created the schema, migrated it or did nothing; there was no current, history or dry run."""
+    from postroom.relay.db import downgrade
+
     cli = cli_for(new_schema, unique_name("e2e_none") + ".")
-    first = cli.ok("db", "upgrade")
-    second = cli.ok("db", "upgrade")
+    assert cli.ok("db", "current").stdout == (
+        f"no outbox schema yet: `postroom db upgrade` creates it at revision {HEAD}\n")
+    dry = cli.ok("db", "upgrade", "--dry-run").stdout.splitlines()
+    assert dry[0] == f"would create the outbox schema at revision {HEAD} ({int(HEAD)} migrations)"
+    assert dry[1:3] == ["  0001 outbox", "  0002 sender ledger"]
+    assert re.fullmatch(r"dry run: \d+ SQL statements rolled back, nothing changed \(--sql "
+                        r"prints them\)", dry[-1]), dry
+    sql = cli.ok("db", "upgrade", "--sql").stdout
+    assert "CREATE TABLE outbox (" in sql and "UPDATE alembic_version SET version_num='0014'" in sql
+    assert cli.ok("db", "current").stdout.startswith("no outbox schema yet")  # nothing left
+
+    first = cli.ok("db", "upgrade").stdout.splitlines()
+    assert first[0] == f"created the outbox schema at revision {HEAD} ({int(HEAD)} migrations)"
+    assert cli.ok("db", "upgrade").stdout == (
+        f"outbox schema is at revision {HEAD}, the newest: nothing to do\n")
+    assert cli.ok("db", "current").stdout == f"outbox schema is at revision {HEAD}, the newest\n"
     engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
-    with engine.connect() as conn:
-        revision = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
-    engine.dispose()
-    assert first.stdout == second.stdout == f"outbox schema is at revision {revision}\n"
+    try:
+        downgrade(engine, "0008")
+    finally:
+        engine.dispose()
+    assert cli.ok("db", "current").stdout == (
+        f"outbox schema is at revision 0008; the newest is {HEAD}: `postroom db upgrade` runs "
+        f"{int(HEAD) - 8} migrations\n")
+    history = cli.ok("db", "history").stdout.splitlines()
+    assert [line.split()[-1] for line in history] == (
+        ["applied"] * 7 + ["current"] + ["pending"] * (int(HEAD) - 8))
+    assert history[8].startswith("0009 suppression ")
+    migrated = cli.ok("db", "upgrade").stdout.splitlines()
+    assert migrated[0] == (f"migrated the outbox schema from revision 0008 to {HEAD} "
+                           f"({int(HEAD) - 8} migrations)")
+    assert migrated[1] == "  0009 suppression"
     assert cli.ok("status").stdout == "no outbox rows\n"
+
+
+def test_db_upgrade_says_that_it_waits_for_another_migration(
+        new_schema: str, stack_settings: Settings, tmp_path: Path) -> None:
+    from postroom.relay.db import lock_migrations
+
+    cli = cli_for(new_schema, unique_name("e2e_none") + ".")
+    engine = make_engine(dataclasses.replace(stack_settings, database_schema=new_schema))
+    log = tmp_path / "upgrade.log"
+    try:
+        with engine.begin() as holder:
+            lock_migrations(holder)  # another migration of this schema, under way
+            proc = cli.start("db", "upgrade", log=log)
+            wait_until(lambda: "waiting for another migration of this schema to finish (0s so "
+                               "far; it holds the migration lock)" in log.read_text(), 30,
+                       "db upgrade to say that it waits")
+            assert proc.poll() is None
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        engine.dispose()
+    assert log.read_text().splitlines()[-1 - int(HEAD)].startswith(
+        "created the outbox schema at revision")
 
 
 def test_topics_create_then_exists_for_every_topic(new_prefix: str) -> None:
@@ -202,9 +258,12 @@ def test_enqueue_queues_one_row_per_recipient_once(
             "--to", "ben@example.com", "--subject", "Bericht September", "--body", "Hallo",
             "--attach", str(report), "--priority", "high", "--json"]
     first = json.loads(cli.ok(*args).stdout)
-    assert first == {"queued": 2, "recipients": 2, "key": "report-2026-09"}
+    assert first == {"queued": 2, "recipients": 2, "key": "report-2026-09",
+                     "queued_before": None}
     again = json.loads(cli.ok(*args).stdout)
-    assert again == {"queued": 0, "recipients": 2, "key": "report-2026-09"}
+    assert {k: again[k] for k in ("queued", "recipients", "key")} == {
+        "queued": 0, "recipients": 2, "key": "report-2026-09"}
+    assert dt.datetime.fromisoformat(again["queued_before"]).tzinfo is not None
 
     rows = outbox(db_settings, "report-2026-09")
     assert [r["recipient"] for r in rows] == ["anna@example.com", "ben@example.com"]
@@ -214,11 +273,55 @@ def test_enqueue_queues_one_row_per_recipient_once(
             "high", "pending", "Bericht September", "Hallo")
 
 
-def test_enqueue_without_json_says_how_many_were_new(cli: Cli) -> None:
-    args = ["enqueue", "--to", "a@example.com", "--subject", "Hello", "--body", "b"]
+def test_enqueue_without_json_says_how_many_were_new_and_why_a_rerun_queued_none(
+        cli: Cli) -> None:
+    args = ["enqueue", "--key", "hello", "--to", "a@example.com", "--subject", "Hello",
+            "--body", "b"]
     assert cli.ok(*args).stdout == "queued 1 new of 1 recipient(s)\n"
-    assert cli.ok(*args).stdout == "queued 0 new of 1 recipient(s)\n"
-    assert [r["message_key"] for r in cli.status("Hello")] == ["Hello"]  # the subject is the key
+    again = cli.ok(*args).stdout.splitlines()
+    assert again[0] == "queued 0 new of 1 recipient(s)"
+    assert re.fullmatch(r"not queued again: 1 recipient\(s\) already had message key 'hello', "
+                        r"queued \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(pending 1\); a different "
+                        r"email needs another --key", again[1]), again
+
+
+def test_enqueue_without_a_key_never_drops_a_different_email(
+        cli: Cli, tmp_path: Path) -> None:
+    """Issue 45 item 2: a nightly cron job without --key sent day 1's report and then queued
+    nothing for ever (the subject was the key). The key is now the subject and a digest of the
+    content: day 2's report is new, day 2 run again queues nothing and says since when."""
+    day1, day2 = tmp_path / "day1.txt", tmp_path / "day2.txt"
+    day1.write_text("sent: 10\n", encoding="utf-8")
+    day2.write_text("sent: 12\n", encoding="utf-8")
+
+    def nightly(body: Path) -> dict[str, Any]:
+        return dict(json.loads(cli.ok("enqueue", "--to", "ops@example.com", "--subject",
+                                      "Nightly report", "--body-file", str(body),
+                                      "--json").stdout))
+
+    first, second = nightly(day1), nightly(day2)
+    assert (first["queued"], second["queued"]) == (1, 1)
+    assert first["key"] != second["key"]
+    assert all(re.fullmatch(r"Nightly report #[0-9a-f]{12}", k) for k in (first["key"],
+                                                                           second["key"]))
+    rerun = nightly(day2)
+    assert (rerun["queued"], rerun["key"]) == (0, second["key"])
+    assert rerun["queued_before"] is not None and second["queued_before"] is None
+    said = cli.ok("enqueue", "--to", "ops@example.com", "--subject", "Nightly report",
+                  "--body-file", str(day2)).stdout.splitlines()
+    assert said[0] == f"queued 0 new of 1 recipient(s) as message {second['key']}"
+    assert said[1].startswith("not queued again: 1 recipient(s) already had the same subject, "
+                              "bodies and files, queued ")
+    assert said[1].endswith("UTC (pending 1); --key K queues it again under a key of its own")
+    # A file's bytes are the content too: the same path with new numbers is a new email.
+    report = tmp_path / "report.csv"
+    report.write_text("a,1\n", encoding="utf-8")
+    args = ["enqueue", "--to", "ops@example.com", "--subject", "CSV", "--body", "attached",
+            "--attach", str(report), "--json"]
+    assert json.loads(cli.ok(*args).stdout)["queued"] == 1
+    report.write_text("a,2\n", encoding="utf-8")
+    assert json.loads(cli.ok(*args).stdout)["queued"] == 1
+    assert [r["status"] for r in cli.status(second["key"])] == ["pending"]
 
 
 def test_enqueue_reads_the_body_from_a_file(cli: Cli, db_settings: Settings,
@@ -384,6 +487,37 @@ def test_a_bad_setting_exits_2_naming_the_variable(cli: Cli, variable: str, valu
     proc = cli("status", **{variable: value})
     assert proc.returncode == 2
     assert error_line(proc).startswith(f"postroom status: configuration error: {variable}: ")
+
+
+KAFKA_MISTAKES = [
+    # The usual mount-path mistake, and a typo in a key (issue 45 item 4: both were tracebacks).
+    ("security.protocol=SSL;ssl.ca.location=/nonexistent/ca.pem",
+     "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE: ssl.ca.location=/nonexistent/ca.pem: "
+     "no such file or directory"),
+    ("security.protocl=SSL",
+     "POSTROOM_KAFKA_CONFIG / POSTROOM_KAFKA_CONFIG_FILE: security.protocl: librdkafka has no "
+     "such setting (a typo?)"),
+]
+
+
+@pytest.mark.parametrize(("config", "said"), KAFKA_MISTAKES)
+@pytest.mark.parametrize("role", ["relay", "sender", "recorder", "bounces", "lag"])
+def test_a_wrong_kafka_setting_stops_a_role_in_one_line_naming_the_variable(
+        cli: Cli, role: str, config: str, said: str) -> None:
+    bounces = {"POSTROOM_BOUNCE_ADDRESS": "bounces@b.example", "POSTROOM_BOUNCES_PORT": "0",
+               "POSTROOM_BOUNCE_SECRET": "x" * 32}  # what `postroom bounces` needs to start
+    proc = cli(role, POSTROOM_KAFKA_CONFIG=config, **bounces)
+    assert (proc.returncode, error_line(proc)) == (
+        2, f"postroom {role}: configuration error: {said}")
+
+
+@pytest.mark.parametrize(("config", "said"), KAFKA_MISTAKES)
+def test_check_says_a_wrong_kafka_setting_in_one_line_naming_the_variable(
+        cli: Cli, config: str, said: str) -> None:
+    proc = cli("check", POSTROOM_KAFKA_CONFIG=config)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"FAIL  kafka: {said}" in proc.stdout.splitlines(), proc.stdout
 
 
 def test_a_claim_ttl_within_the_producer_timeout_stops_the_relay_with_the_usual_message(
@@ -553,6 +687,56 @@ def test_lag_prints_one_row_per_partition_of_both_groups(
     assert "'nobody' is not one of postroom's groups" in error_line(proc)
 
 
+def test_a_sender_beyond_the_partition_count_is_named_idle_by_lag_and_check(
+        stack_cli: Cli, settings: Settings) -> None:
+    """Issue 45 item 5: a fourth sender on three partitions sat idle and nothing said so, and
+    `lag` listed every member as `postroom-postroom.sender@/127.0.0.1`. Four members of the
+    sender group (range assignment, as the sender asks), one process: alike client ids."""
+    import threading
+
+    from postroom.kafka import make_consumer
+
+    partitions = int(stack_cli.env["POSTROOM_TOPIC_PARTITIONS"])
+    topics = [priority_topic(settings.topic_prefix, p) for p in Priority]
+    members = [make_consumer(settings, settings.sender_group,
+                             **{"partition.assignment.strategy": "range",
+                                "group.protocol": "classic"})
+               for _ in range(partitions + 1)]
+    stop = threading.Event()
+
+    def keep_polling() -> None:
+        while not stop.is_set():
+            for member in members:
+                member.poll(0.05)
+
+    for member in members:
+        member.subscribe(topics)
+    poller = threading.Thread(target=keep_polling, daemon=True)
+    poller.start()
+    try:
+        def settled() -> list[str] | None:
+            text = stack_cli.ok("lag", "--group", settings.sender_group).stdout.splitlines()
+            return text if "state stable" in text[0] and "IDLE" in text[0] else None
+        lines = wait_until(settled, 60, "the group to settle with a member standing by")
+        assert lines[0].count(" partitions, IDLE)") == 1, lines[0]
+        assert lines[0].count("[member ") == partitions + 1, lines[0]  # all apart
+        assert f"postroom-{settings.sender_group}-" in lines[0]
+        assert lines[1] == (f"  WARN 1 of {partitions + 1} members own no partition and stand "
+                            "by: the group has more members than its topics have partitions "
+                            "(POSTROOM_TOPIC_PARTITIONS)")
+        check = stack_cli("check", "--role", "sender")
+        groups = [line for line in check.stdout.splitlines()
+                  if "owns no partition and stands by" in line]
+        assert len(groups) == 1 and groups[0].startswith(
+            f"      WARN postroom-{settings.sender_group}-"), check.stdout
+        assert any(line.startswith("WARN  groups: ") for line in check.stdout.splitlines())
+    finally:
+        stop.set()
+        poller.join()
+        for member in members:
+            member.close()
+
+
 def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
     from postroom.devkit.devsmtp import DevSmtpServer
 
@@ -573,6 +757,27 @@ def test_check_passes_when_everything_is_ready(stack_cli: Cli) -> None:
     assert lines[2].startswith(f"ok    groups: {env['POSTROOM_SENDER_GROUP']} joins with the "
                                "classic protocol (under KIP-848 the group's session would be 45 s")
     assert lines[3].startswith(f"      {env['POSTROOM_RECORDER_GROUP']} joins with the classic")
+
+
+@pytest.mark.parametrize(("role", "checked"), [
+    ("relay", ["database", "kafka", "registry"]),
+    ("recorder", ["database", "kafka", "groups", "registry"]),
+    ("bounces", ["database", "kafka", "registry"]),
+    ("admin", ["database", "kafka", "registry"]),
+    ("sender", ["database", "kafka", "groups", "registry", "smtp", "attachments"]),
+])
+def test_check_for_a_role_checks_only_what_it_uses(stack_cli: Cli, role: str,
+                                                   checked: list[str]) -> None:
+    """Issue 45 item 3: `check --role relay` FAILed on SMTP, which only the sender uses. No
+    SMTP server listens on POSTROOM_SMTP_HOST's port 25 here."""
+    proc = stack_cli("check", "--role", role)
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith(" ")]
+    assert [line[6:].split(":")[0] for line in lines] == checked, proc.stdout
+    assert proc.returncode == (1 if role == "sender" else 0), proc.stdout
+    kafka = next(line for line in lines if line.startswith("ok    kafka: "))
+    its = {"relay": "all 3 of its topics", "recorder": "its one topic", "bounces": "its one topic",
+           "admin": "all 9 of its topics", "sender": "all 9 of its topics"}[role]
+    assert kafka.startswith(f"ok    kafka: broker answers; the {role} role may use {its};"), kafka
 
 
 def test_check_names_each_thing_that_is_not_ready(new_schema: str) -> None:
@@ -622,6 +827,38 @@ def _wait_until_served(url: str, proc: subprocess.Popen[bytes], log: Path,
         time.sleep(0.2)
 
 
+def test_a_trace_is_seen_without_a_collector_with_the_console_exporter(
+        stack_cli: Cli, tmp_path: Path) -> None:
+    """Issue 45 item 9: OTEL_TRACES_EXPORTER=console was refused ("OTLP only"): seeing a trace
+    needed a collector. The relay prints each row's span on stdout as JSON."""
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "OTEL_TRACES_EXPORTER": "console",
+                                              "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    log = tmp_path / "relay.log"
+    relay = cli.start("relay", log=log)
+    try:
+        cli.ok("enqueue", "--key", "traced", "--to", "a@example.com", "--subject", "S",
+               "--body", "b")
+        wait_until(lambda: '"name": "send ' in log.read_text(errors="replace"), 30,
+                   "the relay to print its span")
+    finally:
+        assert stop_process(relay) == 0, log.read_text()
+    text = log.read_text(errors="replace")
+    assert "spans printed on stdout as JSON (OTEL_TRACES_EXPORTER=console)" in text
+    assert '"postroom.outbox_id"' in text and "Traceback" not in text
+    quiet = dataclasses.replace(stack_cli, env={**stack_cli.env, "OTEL_TRACES_EXPORTER": "none",
+                                                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"})
+    log = tmp_path / "quiet.log"
+    relay = quiet.start("relay", log=log)
+    try:
+        quiet.ok("enqueue", "--key", "untraced", "--to", "a@example.com", "--subject", "S",
+                 "--body", "b")
+        wait_until(lambda: [r["published_at"] is not None for r in quiet.status("untraced")]
+                   == [True], 30, "the relay to publish the row")
+    finally:
+        assert stop_process(relay) == 0, log.read_text()
+    assert "tracing:" not in log.read_text() and '"name"' not in log.read_text()
+
+
 @pytest.mark.parametrize("role", ["relay", "recorder", "sender"])
 def test_every_role_serves_metrics_healthz_and_readyz(
         stack_cli: Cli, role: str, tmp_path: Path) -> None:
@@ -651,6 +888,33 @@ def test_every_role_serves_metrics_healthz_and_readyz(
         assert 'postroom_ready{check="database"} 1.0' in text
     finally:
         assert stop_process(proc) == 0, log.read_text()
+
+
+def test_a_second_sender_on_a_taken_metrics_port_stops_in_one_line_and_port_0_takes_any(
+        stack_cli: Cli, tmp_path: Path) -> None:
+    """Issue 45 item 5: a second sender on one host with the same POSTROOM_METRICS_PORT died
+    with an OSError traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = stack_cli("sender", POSTROOM_METRICS_PORT=str(port))
+    assert (proc.returncode, error_line(proc)) == (
+        2, f"postroom sender: configuration error: POSTROOM_METRICS_PORT: 127.0.0.1:{port} is "
+           "taken (another postroom process on this host?): give each process a port of its "
+           "own, or 0 for any free one")
+    log = tmp_path / "sender.log"
+    cli = dataclasses.replace(stack_cli, env={**stack_cli.env, "POSTROOM_METRICS_PORT": "0"})
+    started = cli.start("sender", log=log)
+    try:
+        found = wait_until(lambda: re.search(r"/readyz on http://127\.0\.0\.1:(\d+)",
+                                             log.read_text(errors="replace")), 30,
+                           "the sender to log the port it serves on")
+        assert _wait_until_served(f"http://127.0.0.1:{found[1]}/healthz", started, log) == "ok\n"
+    finally:
+        assert stop_process(started) == 0, log.read_text()
 
 
 def test_lag_watch_serves_the_lag_metrics_under_kafka_lag_exporters_names(

@@ -272,8 +272,9 @@ def test_purge_deletes_final_rows_in_batches_and_keeps_what_is_still_needed(
     assert dry[1] == "outbox: 3 row(s) to delete (3 sent, 0 failed, 0 dead)"
     # The local broker keeps records 7 days and rolls segments weekly (its defaults): a record
     # may stay 14 days, and r2's ledger row, 3 days old, stays.
-    assert dry[2] == ("ledger: 2 row(s) to delete; ledger rows younger than the topics' "
-                      "retention (14 days: retention.ms + segment.ms) are kept: a consumer "
+    assert dry[2] == ("ledger: 2 row(s) to delete; ledger rows younger than the longest a "
+                      "topic may keep a record (14 days: retention.ms + segment.ms) are kept: "
+                      "a consumer "
                       "group reset to the beginning "
                       "must find each key it already sent")
     assert dry[3] == "dry run: nothing deleted"

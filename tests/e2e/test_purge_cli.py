@@ -70,7 +70,7 @@ def aged_rows(engine: sa.Engine) -> None:
 
 
 @pytest.mark.usefixtures("aged_rows")
-@pytest.mark.parametrize("age", ["30", "30.5", " 30 ", "30x", "thirty days", "-30d", "0d"])
+@pytest.mark.parametrize("age", ["30", "30.5", " 30 ", "30x", "thirty days", "-30d", "0d", "1mo", "1M"])
 def test_an_age_without_a_unit_or_with_a_bad_one_is_refused_and_deletes_nothing(
         settings: Settings, engine: sa.Engine, age: str) -> None:
     proc = purge(settings, f"--older-than={age}")
@@ -124,6 +124,9 @@ def test_a_cutoff_younger_than_the_retention_is_refused_without_force(
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines()[1] == "outbox: 4 row(s) to delete (2 sent, 1 failed, 1 dead)"
     assert dry.stdout.splitlines()[-1].startswith("dry run: nothing deleted; --older-than 30m ")
+    # One thing is called the topics' retention (retention.ms), once: the ledger's line named
+    # retention.ms + segment.ms so too (issue 45 item 12: "14 days" and "7 days").
+    assert len(set(re.findall(r"the topics' retention \(([^):]+)", dry.stdout))) == 1, dry.stdout
     assert left(engine) == set(ROWS)
 
     forced = purge(settings, "--older-than", "30m", "--force")

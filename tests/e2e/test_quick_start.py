@@ -1,7 +1,7 @@
 """README's pipeline by hand (beside its two-command Quick start), run as written: its fenced
 `sh` block, line by line, as a shell would (`export`, `&` for the long-running commands),
 against a schema and a topic prefix of this test's own. One substitution: the dev SMTP server's
-port 8025 becomes a free one, since other runs share this machine. `make services && . .dev/env`
+port 1025 becomes a free one, since other runs share this machine. `make services && . .dev/env`
 is the stack the tests already run on."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-DOCUMENTED_PORT = "8025"
+DOCUMENTED_PORT = "1025"
 
 
 def quick_start_lines() -> list[str]:
@@ -92,6 +92,23 @@ def test_readmes_quick_start_by_hand_runs_as_written(env: dict[str, str], tmp_pa
         shown = wait_until(final, 90, "you@ sent and old.manager@ failed")
         assert shown[0] == "message hello, subject 'Hello': 2 recipient(s)"
         assert shown[-1].endswith("550 5.1.1 User unknown")
+
+        # README's job example in this pipeline (issue 45): an attachment below the root it
+        # exports goes out; without the export it waited for ever.
+        attachment = Path(env["POSTROOM_ATTACHMENTS_ROOT"]) / f"report-{port}.csv"
+        attachment.write_text("day,sent\n", encoding="utf-8")
+        try:
+            queued = run_postroom("enqueue", "--key", "report", "--to", "you@example.com",
+                                  "--subject", "Report", "--body", "Attached.", "--attach",
+                                  str(attachment), env=env, timeout_s=60)
+            assert queued.returncode == 0, queued.stderr
+
+            def attached_sent() -> bool:
+                out = run_postroom("status", "--key", "report", env=env, timeout_s=60).stdout
+                return out.splitlines()[2:3] != [] and out.splitlines()[2].split()[1] == "sent"
+            wait_until(attached_sent, 90, "the email with an attachment to be sent")
+        finally:
+            attachment.unlink()
     finally:
         codes = {}
         for name, process, log in reversed(background):

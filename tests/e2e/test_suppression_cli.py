@@ -87,8 +87,15 @@ def test_the_expiry_follows_the_setting(settings: Settings) -> None:
     (["add", "not-an-address"], 1, "postroom suppression: error: address 'not-an-address' is "
                                    "not of the form local@domain"),
     (["add", "Name <a@example.com>"], 1, "has an invalid local part"),
-    (["add", "a@example.com", "--expires", "soon"], 2, "--expires: not a duration: 'soon'"),
-    (["add", "a@example.com", "--expires", "0d"], 2, "--expires: a duration must be positive"),
+    (["add", "a@example.com", "--expires", "soon"], 2, "--expires: not an age: 'soon'"),
+    (["add", "a@example.com", "--expires", "0d"], 2, "--expires: an age must be more than 0"),
+    # Issue 45 item 7: a bare 90 suppressed for 90 seconds; purge --older-than refused it.
+    (["add", "a@example.com", "--expires", "90"], 2, "--expires: '90' has no unit; write it as "
+                                                     "30d or 30days (days), 12h (hours), 90m "
+                                                     "(minutes), 2w (weeks)"),
+    (["add", "a@example.com", "--expires", "1mo"], 2, "--expires: '1mo': months and years have "
+                                                      "no fixed length; write days, e.g. 90d"),
+    (["add", "a@example.com", "--expires", "1M"], 2, "'M' reads as minutes or months"),
     (["remove", "a@@example"], 1, "postroom suppression: error: address"),
     (["remove", "nobody@example.com"], 1, "nobody@example.com is not on the suppression list"),
 ])

@@ -223,8 +223,8 @@ def test_the_bounce_intake_publishes_results_on_its_own_credentials_and_nothing_
     env = {**secured.env, **role_env("bounces")}
     as_bounces, as_recorder = postroom((env, ["check", "--role", "bounces"]),
                                        (env, ["check", "--role", "recorder"]))
-    assert any(line.startswith("ok    kafka: broker answers; the bounces may use all 1 of its "
-                               "topics") for line in as_bounces.stdout.splitlines()), (
+    assert any(line.startswith("ok    kafka: broker answers; the bounces role may use its one "
+                               "topic") for line in as_bounces.stdout.splitlines()), (
         as_bounces.stdout)
     assert as_recorder.returncode == 1
     assert (f"      {bounces.topic_prefix}email.results: not authorized to READ (authorized: "
@@ -288,8 +288,8 @@ def test_check_reports_authorization_per_topic_and_help_shows_no_secret(
     for priority in ("high", "normal", "low"):
         assert (f"      {prefix}email.{priority}: not authorized (TOPIC_AUTHORIZATION_FAILED: "
                 "this principal may not even describe it)") in lines
-    assert any(line.startswith("ok    kafka: broker answers; the recorder may use all 1 of its "
-                               "topics; all ") and line.endswith("every replica in sync")
+    assert any(line.startswith("ok    kafka: broker answers; the recorder role may use its one "
+                               "topic; all ") and line.endswith("every replica in sync")
                for line in as_recorder.stdout.splitlines()), as_recorder.stdout
     assert all(h.returncode == 0 for h in helps)
     said = "".join(p.stdout + p.stderr for p in (as_relay, as_recorder, *helps))

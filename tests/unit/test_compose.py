@@ -318,3 +318,27 @@ time.sleep(30)
         assert sid != os.getsid(0) and pgrp != os.getpgrp()
     finally:
         os.kill(pid, signal.SIGTERM)
+
+
+COMPOSE_TEST = Path(__file__).resolve().parents[2] / "scripts" / "compose-test.sh"
+
+
+@pytest.mark.parametrize("words", [
+    ["docker", "compose", "run", "--rm", "cli", "enqueue", "--to", "a@example.com", "--to",
+     "b@example.com", "--subject", "Sales report — September 2026"],
+    ["--body", "it's\ntwo lines", "--attach", "/attachments/compose-test/x y.xlsx", "$HOME", ""],
+])
+def test_the_enqueue_compose_test_says_is_a_line_that_runs_as_said(words: list[str]) -> None:
+    """Issue 45 item 12: it printed `enqueue --to a@ b@ c@ d@`, which is no valid command. The
+    line is now made from the words it runs (shell_words), quoted for a shell."""
+    import shlex
+
+    function = re.search(r"^shell_words\(\) \{$.*?^\}$", COMPOSE_TEST.read_text(),
+                         re.MULTILINE | re.DOTALL)
+    assert function is not None
+    said = subprocess.run(["bash", "-c", f'{function[0]}\nshell_words "$@"', "_", *words],
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+    assert shlex.split(said) == words
+    script = COMPOSE_TEST.read_text()
+    assert '$(shell_words docker compose run --rm cli "${enqueue[@]}")' in script
+    assert 'compose run --rm -T cli "${enqueue[@]}"' in script

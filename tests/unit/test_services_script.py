@@ -4,10 +4,15 @@ no JVM that `down` cannot see."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from postroom.devkit.wait import wait_until
 
 SERVICES = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
 
@@ -54,3 +59,71 @@ def test_the_single_broker_starts_as_before(tmp_path: Path, before: str | None) 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["start 1 broker, count file: 1", "wait 1 broker"]
     assert (tmp_path / "kafka-brokers").read_text() == "1\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_a_new_shell_finds_the_stack_by_the_ports_it_was_started_with_and_down_stops_it(
+        tmp_path: Path) -> None:
+    """Issue 45 item 6: started with POSTROOM_DEV_* ports, a new shell's status called the
+    registry stopped (it looked for the default port), and its `down` deleted the registry's
+    pid file and left the JVM running. The state dir as `up` leaves it (its ports file) and a
+    stand-in for the registry (a process running 'quarkus-run.jar' in the registry's folder,
+    listening on its port) instead of the JVMs."""
+    dev = tmp_path / "dev"
+    registry = dev / "registry"
+    registry.mkdir(parents=True)
+    port = _free_port()
+    (dev / "ports").write_text(
+        f"POSTROOM_DEV_KAFKA_PORT={_free_port()}\n"
+        f"POSTROOM_DEV_KAFKA_CONTROLLER_PORT={_free_port()}\n"
+        f"POSTROOM_DEV_KAFKA_SECURE_PORT={_free_port()}\n"
+        f"POSTROOM_DEV_PG_PORT={_free_port()}\nPOSTROOM_DEV_REGISTRY_PORT={port}\n")
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import http.server, sys; http.server.HTTPServer(('127.0.0.1', "
+         "int(sys.argv[1])), http.server.BaseHTTPRequestHandler).serve_forever()", str(port),
+         "-jar", "quarkus-run.jar"], cwd=registry)
+    try:
+        (registry / "registry.pid").write_text(f"{stand_in.pid}\n")
+        wait_until(lambda: _answers(port), 30, "the stand-in registry to listen")
+        # A new shell: only the state dir, none of the ports.
+        new_shell = {k: v for k, v in os.environ.items() if not k.startswith("POSTROOM_DEV_")}
+        new_shell["POSTROOM_DEV_DIR"] = str(dev)
+        status = subprocess.run([str(SERVICES), "status"], env=new_shell, capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert (f"services: registry: running (pid {stand_in.pid}, http://127.0.0.1:{port}/"
+                "apis/ccompat/v7, in-memory storage)") in status.stdout.splitlines(), status
+        assert status.returncode == 3  # Kafka and PostgreSQL do not run
+        down = subprocess.run([str(SERVICES), "down"], env=new_shell, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert f"services: registry: stopping pid {stand_in.pid}" in down.stdout.splitlines()
+        assert stand_in.wait(timeout=10) is not None  # stopped, not orphaned
+    finally:
+        if stand_in.poll() is None:
+            stand_in.kill()
+            stand_in.wait()
+
+
+@pytest.mark.parametrize("target", ["services-cluster", "services-cluster-down", "cluster-test"])
+def test_the_cluster_targets_move_to_the_ports_they_are_given(target: str) -> None:
+    """Issue 45 item 6: the cluster's ports were fixed in the Makefile."""
+    made = subprocess.run(["make", "-n", target, "CLUSTER_KAFKA_PORT=39192", "CLUSTER_PG_PORT=35532"],
+                          cwd=SERVICES.parents[1], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert made.returncode == 0, made.stderr
+    [line] = [line for line in made.stdout.splitlines() if "scripts/services.sh" in line]
+    assert "POSTROOM_DEV_KAFKA_PORT=39192 " in line and "POSTROOM_DEV_PG_PORT=35532 " in line
+    assert "POSTROOM_DEV_DIR=.dev-cluster " in line

@@ -21,7 +21,7 @@ EPHEMERAL_FROM = 32768  # Linux's default ip_local_port_range starts here
 def _services_defaults() -> dict[str, int]:
     text = (ROOT / "scripts" / "services.sh").read_text()
     found = {name: int(port) for name, port in re.findall(
-        r"^(KAFKA_PORT|CONTROLLER_PORT|PG_PORT|REGISTRY_PORT)=\$\{POSTROOM_DEV_\w+:-(\d+)\}$",
+        r"^(KAFKA_PORT|CONTROLLER_PORT|PG_PORT|REGISTRY_PORT)=\$\{\1:-(\d+)\}$",
         text, re.MULTILINE)}
     assert found.keys() == {"KAFKA_PORT", "CONTROLLER_PORT", "PG_PORT", "REGISTRY_PORT"}
     assert "SECURE_PORT=$((10#$KAFKA_PORT + 2))" in text  # the secure listener's default
@@ -34,9 +34,8 @@ def dev_stack_ports() -> set[int]:
 
 
 def cluster_ports() -> set[int]:
-    (block,) = re.findall(r"^CLUSTER_ENV :=((?:.*\\\n)*.*)$", (ROOT / "Makefile").read_text(),
-                          re.MULTILINE)
-    ports = {name: int(port) for name, port in re.findall(r"POSTROOM_DEV_(\w+)_PORT=(\d+)", block)}
+    ports = {name: int(port) for name, port in re.findall(
+        r"^CLUSTER_(\w+)_PORT \?= (\d+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)}
     assert ports.keys() == {"KAFKA", "KAFKA_CONTROLLER", "KAFKA_SECURE", "PG", "REGISTRY"}
     nodes = {ports[name] + NODE_PORT_STRIDE * n for n in range(CLUSTER_NODES)
              for name in ("KAFKA", "KAFKA_CONTROLLER", "KAFKA_SECURE")}
@@ -75,3 +74,15 @@ def test_no_two_stacks_share_a_port(one: str, other: str) -> None:
 def test_every_port_is_below_the_ephemeral_range(stack: str) -> None:
     # A port the kernel hands out to outgoing connections may be taken by one when the stack starts.
     assert {port for port in STACKS[stack]() if port >= EPHEMERAL_FROM} == set()
+
+
+def test_readmes_pipeline_by_hand_runs_its_smtp_server_apart_from_the_compose_files_ports() -> None:
+    """Issue 45 item 12: README's by-hand devsmtp listened on 8025, Mailpit's published port in
+    docker-compose.yml: the two could not run side by side."""
+    from postroom.devkit.devsmtp import DEFAULT_PORT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## The pipeline by hand\n", 1)[1].split("\n## ", 1)[0]
+    ports = {int(p) for p in re.findall(r"(?:--port |SMTP_PORT=)(\d+)", section)}
+    assert ports == {DEFAULT_PORT}  # the server's and the sender's, devsmtp's default
+    assert DEFAULT_PORT not in compose_ports() | dev_stack_ports() | cluster_ports()

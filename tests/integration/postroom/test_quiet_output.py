@@ -34,8 +34,8 @@ def registry_env(env: dict[str, str], settings: Settings) -> Iterator[dict[str, 
 
 
 def test_enqueue_prints_its_result_and_no_log_line(env: dict[str, str]) -> None:
-    proc = run_postroom("enqueue", "--to", "a@example.com", "--subject", "S", "--body", "b",
-                        env=env, timeout_s=60)
+    proc = run_postroom("enqueue", "--key", "k", "--to", "a@example.com", "--subject", "S",
+                        "--body", "b", env=env, timeout_s=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0, "queued 1 new of 1 recipient(s)\n", "")
 

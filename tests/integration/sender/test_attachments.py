@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
+from postroom.devkit.processes import run_postroom
+from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
@@ -84,8 +87,19 @@ def test_without_a_root_they_wait_uncounted_and_go_once_the_sender_has_one(
         rows = outbox_rows(engine, "k")
     finally:
         pipeline.stop()
-    assert [(r.status, r.attempts) for r in rows] == [("retrying", 2)] * 2
+    # A wait is no attempt (issue 45): TRIES 0, no attempt or outcome counted, and
+    # `postroom status` names the setting whole within its column.
+    assert [(r.status, r.attempts) for r in rows] == [("retrying", 0)] * 2
     assert all("POSTROOM_ATTACHMENTS_ROOT is not set" in r.last_error for r in rows)
+    assert counter(metrics, "attempts_total", verdict="transient") == 0
+    assert counter(metrics, "outcomes_total", status="retrying") == 0
+    shown = run_postroom("status", "--key", "k", env={**os.environ, **scratch_env(settings)},
+                         timeout_s=60)
+    assert shown.returncode == 0, shown.stderr
+    for line in shown.stdout.splitlines()[2:]:
+        cells = line.split(None, 6)  # recipient, state, tries, created (2), sent, error
+        assert cells[1:3] == ["retrying", "0"], line
+        assert "POSTROOM_ATTACHMENTS_ROOT is not set" in cells[6], line
     said = [r for r in caplog.records if "POSTROOM_ATTACHMENTS_ROOT is not set" in r.getMessage()
             and r.levelno >= logging.ERROR]
     assert len(said) == 1 and "restart the sender" in said[0].getMessage()

@@ -78,6 +78,7 @@ def test_the_alerts_cover_what_operations_asked_for() -> None:
         "postroom_topic_partitions_below_min_insync_replicas",  # writes refused
         "postroom_topic_partitions_under_replicated",  # a broker down or behind
         "postroom_lag_partitions_unavailable",        # lag read only in part
+        "postroom_attachments_waiting_total",         # emails waiting on a setting
     } <= by_metric
 
 

@@ -53,7 +53,8 @@ def test_an_unavailable_partition_is_labelled_and_left_out_of_the_totals() -> No
     assert rows[1] == {"group": "g", "topic": T, "partition": 1, "committed": None, "end": None,
                        "lag": None, "lag_seconds": None, "verdict": "UNKNOWN",
                        "unavailable": "offline: the partition has no leader",
-                       "group_state": "stable", "group_members": 0, "group_verdict": "WARN"}
+                       "group_state": "stable", "group_members": 0, "group_idle_members": 0,
+                       "group_verdict": "WARN"}
 
 
 def test_a_whole_report_adds_no_line() -> None:

@@ -12,6 +12,7 @@ from postroom.lagrules import (
     group_verdict,
     lag_seconds,
     partition_verdict,
+    standing_by,
 )
 
 
@@ -103,3 +104,16 @@ def test_windows_add_a_live_groups_unchanged_offset_but_not_an_empty_groups() ->
     assert partition_verdict(stopped, 4, 2.0) is Verdict.STOP
     moved = windows.add(gone, 11, 3, 3.0, alive=False)
     assert [o.offset for o in moved] == [10, 11]
+
+
+@pytest.mark.parametrize(("state", "owned", "idle"), [
+    ("stable", [3, 3, 2, 0], [3]),        # a fourth member on a group of three partitions
+    ("stable", [1, 1, 1], []),
+    ("stable", [0], [0]),                 # one member, no partition to own
+    ("preparingrebalance", [0, 0], []),   # every member owns none while the group rebalances
+    ("completingrebalance", [0, 2], []),
+    ("empty", [], []),
+])
+def test_a_member_of_a_settled_group_without_a_partition_stands_by(
+        state: str, owned: list[int], idle: list[int]) -> None:
+    assert standing_by(state, owned) == idle

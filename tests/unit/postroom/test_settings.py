@@ -59,6 +59,7 @@ ROUND_TRIPS = [
     ("SMTP_TIMEOUT", "1.5m", "smtp_timeout_s", 90.0),
     ("SMTP_CONCURRENCY", "4", "smtp_concurrency", 4),
     ("METRICS_PORT", "9108", "metrics_port", 9108),
+    ("METRICS_PORT", "0", "metrics_port", 0),  # any free port, logged
     ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
     ("EVENT_LOOP", " UVloop", "event_loop", "uvloop"),
     ("EVENT_LOOP", "asyncio", "event_loop", "asyncio"),
@@ -153,7 +154,7 @@ def test_unrelated_variables_are_ignored() -> None:
     ("SMTP_PORT", "65536", "not a TCP port"),
     ("SMTP_PORT", "smtp", r"expected a whole number such as 25 \(a TCP port, 1 to 65535\), got 'smtp'"),
     ("SMTP_PORT", "abc", r"expected a whole number such as 25 \(a TCP port, 1 to 65535\), got 'abc'"),
-    ("METRICS_PORT", "9464.0", "expected a whole number such as 25"),
+    ("METRICS_PORT", "9464.0", "expected a whole number such as 9108"),
     ("TOPIC_REPLICATION_FACTOR", "three", "expected a whole number such as 3, or -1"),
     ("RELAY_BATCH_SIZE", "1k", "expected a whole number"),
     ("DESTINATION_RATE", "fast/s", "expected a rate such as 2/s or 30/m, got 'fast/s'"),

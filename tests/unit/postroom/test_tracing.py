@@ -216,18 +216,28 @@ def test_a_global_provider_that_makes_no_spans_keeps_the_callers_context() -> No
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
-    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, True),  # the spec's list: console is ignored
-    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
+    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, True),  # the spec's list, both used
+    # Issue 45 item 9: console was refused ("OTLP only"); a trace needed a collector.
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, True),
+    ({"OTEL_TRACES_EXPORTER": "console"}, True),
     ({"OTEL_TRACES_EXPORTER": "zipkin"}, False),
 ])
 def test_configured(environ: dict[str, str], expected: bool) -> None:
-    assert tracing.configured(environ) is expected
+    assert bool(tracing.exporters(environ)) is expected
+
+
+@pytest.mark.parametrize(("listed", "chosen"), [
+    ("console", ("console",)), ("otlp,console", ("otlp", "console")), (" Console ", ("console",)),
+    ("none", ()), ("console,none", ()), ("zipkin,console", ("console",)),
+])
+def test_the_exporters_the_convention_names(listed: str, chosen: tuple[str, ...]) -> None:
+    assert tracing.exporters({"OTEL_TRACES_EXPORTER": listed}) == chosen
 
 
 def test_setup_refuses_what_it_cannot_export(caplog: pytest.LogCaptureFixture) -> None:
     assert tracing.setup("relay", {}) is OFF
     assert tracing.setup("relay", {"OTEL_TRACES_EXPORTER": "zipkin"}) is OFF
-    assert "OTLP only; ignoring zipkin" in caplog.text  # said, and the role still starts
+    assert "OTLP or to the console only; ignoring zipkin" in caplog.text  # said; it starts
     with pytest.raises(ConfigError, match="http/protobuf"):
         tracing.setup("relay", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x",
                                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})

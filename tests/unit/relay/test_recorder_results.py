@@ -77,20 +77,31 @@ def test_a_result_keeps_what_fits_and_escapes_the_rest() -> None:
     assert MESSAGE_ID_MAX_CHARS >= 998
 
 
+NOW = dt.datetime(2026, 12, 3, 7, 0, tzinfo=dt.UTC)
+
+
+def test_a_wait_before_the_first_attempt_is_recorded_as_no_attempt() -> None:
+    """The sender's result for an email that waits on its configuration (no attachments root)
+    before any attempt: 'retrying' with attempt 0, so the row's TRIES stays 0."""
+    waited = dataclasses.replace(RESULT, attempt=0, status=DeliveryStatus.RETRYING,
+                                 next_attempt_at=NOW, message_id=None,
+                                 error="POSTROOM_ATTACHMENTS_ROOT is not set")
+    assert result_problem(waited, NOW) is None
+
+
 @pytest.mark.parametrize(("changes", "problem"), [
     ({"idempotency_key": "k\x00|a@example.com"}, "its key holds a NUL"),
     ({"recipient": "a\x00@example.com"}, "its recipient holds a NUL"),
     ({"recipient": "\udc80@example.com"}, "lone surrogate"),
     ({"attempt": 0}, "attempt 0 is below 1"),
+    ({"attempt": -1, "status": DeliveryStatus.RETRYING, "next_attempt_at": NOW},
+     "attempt -1 is below 0"),
     ({"occurred_at": dt.datetime(9999, 12, 31, tzinfo=dt.UTC)}, "more than 24 h ahead"),
 ])
 def test_a_result_that_can_name_no_row_is_refused(changes: dict[str, object],
                                                   problem: str) -> None:
     found = result_problem(dataclasses.replace(RESULT, **changes))  # type: ignore[arg-type]
     assert found is not None and problem in found
-
-
-NOW = dt.datetime(2026, 12, 3, 7, 0, tzinfo=dt.UTC)
 
 
 @pytest.mark.parametrize(("ahead", "refused"), [(dt.timedelta(hours=23), False),

@@ -57,6 +57,9 @@ def test_an_age_with_a_unit(text: str, seconds: float) -> None:
     ("30x", "unknown unit 'x'"), ("30 fortnights", "unknown unit"), ("d", "not an age"),
     ("", "not an age"), ("-30d", "not an age"), ("0d", "more than 0"), ("30d5", "not an age"),
     ("9" * 400 + "d", "more than 100 years"), ("36501d", "more than 100 years"),
+    # m is minutes only: a month or a year is refused, never guessed (issue 45 item 7)
+    ("1mo", "months and years have no fixed length"), ("3 months", "no fixed length"),
+    ("1y", "no fixed length"), ("2 years", "no fixed length"), ("1M", "'M' reads as minutes"),
 ])
 def test_an_age_without_a_unit_is_refused_naming_the_forms(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=says) as refused:

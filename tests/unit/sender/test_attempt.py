@@ -340,6 +340,33 @@ def test_an_attempt_our_configuration_kept_back_waits_with_its_number_and_is_not
     assert w.count("attachments_waiting_total") == 1
 
 
+def test_a_wait_is_no_attempt_in_the_result_the_metrics_or_the_retry_budget(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 45 item 1: an email that waits for POSTROOM_ATTACHMENTS_ROOT before its first
+    attempt goes to tier 1 still attempt 1, its result counts 0 attempts, no attempt or outcome
+    is counted, and the transient failure of its real first attempt takes tier 1, not tier 2."""
+    waiting = SmtpReply(Stage.LOCAL, None, "POSTROOM_ATTACHMENTS_ROOT is not set", Failure.CONFIG)
+    w = world([waiting, waiting, TRANSIENT])
+    first = event(attachments=("/srv/q3.xlsx",))
+    with caplog.at_level(logging.DEBUG, logger="postroom.sender.attempt"):
+        w.deliver(Admitted(first))
+        [(_, waited)] = w.outcomes.forwards
+        w.deliver(Admitted(waited.event), Origin(retry_topic(PREFIX, 1), 0, 1))
+    assert [(f.topic, f.event.attempt) for _, f in w.outcomes.forwards] == [
+        (retry_topic(PREFIX, 1), 1)] * 2
+    assert [(r.status.value, r.attempt) for r in w.outcomes.results] == [("retrying", 0)] * 2
+    assert w.count("attachments_waiting_total") == 2
+    assert w.count("attempts_total", verdict="transient") == 0
+    assert w.count("outcomes_total", status="retrying") == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO
+                and "waits" in r.getMessage()]  # said once at ERROR by the delivery
+    w.deliver(Admitted(w.outcomes.forwards[-1][1].event), Origin(retry_topic(PREFIX, 1), 0, 2))
+    assert (w.outcomes.forwards[-1][1].topic, w.outcomes.forwards[-1][1].event.attempt) == (
+        retry_topic(PREFIX, 1), 2)
+    assert w.count("attempts_total", verdict="transient") == 1
+    assert w.count("outcomes_total", status="retrying") == 1
+
+
 def test_a_redriven_email_counts_its_tiers_from_the_redrive() -> None:
     w = world([TRANSIENT])
     w.deliver(Admitted(event(attempt=4), attempt_base=3))  # the redrive's first attempt

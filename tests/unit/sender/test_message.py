@@ -382,9 +382,9 @@ def test_without_a_root_any_readable_path_is_allowed(root: Path) -> None:
     ((), None, None),
     ((), Path("/srv/reports"), None),
     (("q3.xlsx",), Path("/srv/reports"), None),
-    (("q3.xlsx",), None, "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"),
+    (("q3.xlsx",), None, "POSTROOM_ATTACHMENTS_ROOT is not set: attachments are off"),
     (("/srv/reports/q3.xlsx", "b.pdf"), None,
-     "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set"),
+     "POSTROOM_ATTACHMENTS_ROOT is not set: attachments are off"),
 ])
 def test_attachments_policy(attachments: tuple[str, ...], root: Path | None,
                             refusal: str | None) -> None:

@@ -86,7 +86,7 @@ def test_inline_images_obey_the_attachments_root(root: Path, tmp_path_factory: A
     with pytest.raises(AttachmentError, match="outside the attachments root"):
         build_message(event(inline=(str(outside),)), attachments_root=root, now=NOW)
     assert attachments_refusal(event(inline=("chart.png",)), None) == (
-        "attachments are off: POSTROOM_ATTACHMENTS_ROOT is not set")
+        "POSTROOM_ATTACHMENTS_ROOT is not set: attachments are off")
     assert attachments_refusal(event(inline=("chart.png",)), root) is None
 
 
