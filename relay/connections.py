@@ -85,6 +85,7 @@ class Listener:
         # The relay's stop event: a wait returns as soon as it is set.
         self._stop = stop
         self._listener: psycopg.Connection[Any] | None = None
+        self._schema: str | None = None
 
     def ensure(self) -> None:
         if self._listener is not None and not self._listener.closed:
@@ -92,6 +93,14 @@ class Listener:
         self._listener = psycopg.connect(libpq_conninfo(self._engine), autocommit=True,
                                          connect_timeout=10)
         self._listener.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+        # Every schema's inserts notify the one channel, naming their schema: a relay wakes for
+        # its own (it woke for every schema's in the database). The engine's connections have
+        # its search path (the LISTEN connection's conninfo does not); None: it wakes for any.
+        with self._engine.connect() as conn:
+            self._schema = conn.execute(sa.text("SELECT current_schema()")).scalar()
+
+    def _ours(self, notify: psycopg.Notify) -> bool:
+        return self._schema is None or notify.payload == self._schema
 
     def close(self) -> None:
         if self._listener is not None:
@@ -102,7 +111,8 @@ class Listener:
             self._listener = None
 
     def wait_for_rows(self, timeout_s: float) -> None:
-        """Return on the first insert notification, after ``timeout_s``, or on stop()."""
+        """Return on the first notification of an insert into this relay's schema, after
+        ``timeout_s``, or on stop()."""
         listener = self._listener
         if listener is None:
             self._stop.wait(timeout_s)
@@ -112,7 +122,7 @@ class Listener:
             # Short slices so stop() is honoured promptly.
             while not self._stop.is_set() and time.monotonic() < deadline:
                 slice_s = min(0.25, max(0.0, deadline - time.monotonic()))
-                if any(True for _ in listener.notifies(timeout=slice_s, stop_after=1)):
+                if any(self._ours(n) for n in listener.notifies(timeout=slice_s, stop_after=1)):
                     for _ in listener.notifies(timeout=0):  # drain what piled up meanwhile
                         pass
                     return

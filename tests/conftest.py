@@ -179,11 +179,22 @@ def consume() -> Callable[..., list[Consumed]]:
 def pytest_runtest_makereport(
         item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed test that used the registry reports what the registry process was doing."""
+    """A failed test that used the registry reports what the registry process was doing; the
+    output a test captured is made valid UTF-8."""
     report = yield
     if report.failed and "registry_url" in getattr(item, "fixturenames", ()):
         import support.registry
 
         report.sections.append(("the schema registry when the test failed",
                                 support.registry.diagnosis()))
+    # A pytest-xdist worker sends its reports as UTF-8: a lone surrogate in captured output (a
+    # hostile reply, logged as read) crashed the worker and ended the run.
+    report.sections = [(title, utf8_safe(text)) for title, text in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = utf8_safe(report.longrepr)
     return report
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) written as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

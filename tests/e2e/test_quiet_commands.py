@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from postroom.devkit.processes import run_postroom
-from postroom.devkit.scratch import scratch_env
-from postroom.relay.db import make_engine
+from postroom.devkit.scratch import scratch, scratch_env
+from postroom.relay.db import make_engine, upgrade
 from postroom.settings import Settings
 
 pytestmark = pytest.mark.e2e
@@ -47,10 +47,22 @@ COMMANDS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def shared_settings(stack_settings: Settings) -> Iterator[Settings]:
+    """One schema, topic prefix and groups for every command of COMMANDS (per xdist worker): each
+    asserts only that its command is quiet, whatever the commands before it left there, so they
+    need not pay for a schema and topics each."""
+    with scratch(stack_settings, "t") as settings:
+        engine = make_engine(settings)
+        upgrade(engine, settings.database_schema)
+        engine.dispose()
+        yield settings
+
+
 @pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: " ".join(argv)[:60])
 def test_a_command_prints_no_library_log_line_and_no_traceback(
-        settings: Settings, argv: list[str]) -> None:
-    proc = run_postroom(*argv, env={**os.environ, **scratch_env(settings)}, timeout_s=90)
+        shared_settings: Settings, argv: list[str]) -> None:
+    proc = run_postroom(*argv, env={**os.environ, **scratch_env(shared_settings)}, timeout_s=90)
     assert_quiet(proc)
 
 

@@ -22,8 +22,13 @@ from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-# The broker wait, and the start of a Python process with its imports on a busy machine.
+# The broker wait, and what a command does beyond a refusal before any connection: a command
+# that waited longer (or for ever) would take far more. The start of a Python process, which
+# took 40 s on a loaded machine, is the refusal's too.
 BOUNDED_S = BROKER_WAIT_S + 15.0
+# How long run_all waits for a command before it kills it: far beyond BOUNDED_S on any machine.
+GIVE_UP_S = 180.0
+REFUSAL = "a refusal before any connection"
 ROLES = ("relay", "sender", "recorder")
 COMMANDS = {"check": ["check"], "relay": ["relay"], "sender": ["sender"],
             "recorder": ["recorder"], "topics create": ["topics", "create"],
@@ -53,23 +58,29 @@ def kafka_client_made(pid: int) -> bool:
 
 
 def run_all(commands: Mapping[str, list[str]], env: Mapping[str, str],
-            ) -> dict[str, tuple[subprocess.CompletedProcess[str], float]]:
-    """Run every command at once (each mostly waits); each one's result and its seconds."""
+            ) -> tuple[dict[str, tuple[subprocess.CompletedProcess[str], float]], float]:
+    """Run every command at once (each mostly waits), and beside them `postroom status` refused
+    for a bad setting before it connects to anything; each command's result and its seconds
+    (at most: they are read in turn), and the refusal's seconds."""
     started = time.monotonic()
-    running = {name: subprocess.Popen(postroom_command(*argv), env=dict(env), text=True,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE)
-               for name, argv in commands.items()}
+    argvs = {REFUSAL: ["status"], **commands}  # the refusal read first, so its time is its own
+    running = {name: subprocess.Popen(
+        postroom_command(*argv), text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**env, **({"POSTROOM_SMTP_PORT": "abc"} if name == REFUSAL else {})})
+        for name, argv in argvs.items()}
     done = {}
     for name, process in running.items():
         try:
-            out, err = process.communicate(timeout=BOUNDED_S * 2)
+            out, err = process.communicate(timeout=GIVE_UP_S)
         except subprocess.TimeoutExpired:
             process.kill()
             out, err = process.communicate()
         done[name] = (subprocess.CompletedProcess(process.args, process.returncode, out, err),
                       time.monotonic() - started)
-    return done
+    refusal, refusal_s = done.pop(REFUSAL)
+    assert refusal.returncode == 2, refusal.stderr
+    return done, refusal_s
 
 
 def said(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -90,10 +101,11 @@ def test_a_closed_kafka_port_is_one_line_naming_the_setting_and_the_addresses_tr
         closed_port_env: dict[str, str]) -> None:
     servers = closed_port_env["POSTROOM_KAFKA_BOOTSTRAP_SERVERS"]
     first, second = servers.split(",")
-    for name, (proc, seconds) in run_all(COMMANDS, closed_port_env).items():
+    done, refusal_s = run_all(COMMANDS, closed_port_env)
+    for name, (proc, seconds) in done.items():
         shown = f"postroom {name} (exit {proc.returncode}, {seconds:.1f}s):\n{proc.stderr}"
         assert proc.returncode == 1, shown
-        assert seconds < BOUNDED_S, shown
+        assert seconds < refusal_s + BOUNDED_S, shown
         assert "Traceback" not in proc.stderr and "%3|" not in proc.stderr, shown
         if name == "check":
             assert said(proc) == [], shown
@@ -119,7 +131,7 @@ def test_ctrl_c_while_waiting_for_the_broker_stops_at_once_without_a_traceback(
     assert process.poll() is None, process.communicate()[1]
     process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
-    _, err = process.communicate(timeout=BOUNDED_S)
+    _, err = process.communicate(timeout=GIVE_UP_S)
     # Before the broker wait would have ended by itself (and said so, exit 1, not 130): 3 s was
     # short for a Python process's shutdown on a loaded machine.
     assert time.monotonic() - interrupted < BROKER_WAIT_S, err
@@ -132,10 +144,11 @@ def test_a_role_started_before_topics_create_stops_naming_it(
         db_settings: Settings, stack_settings: Settings) -> None:
     prefix = f"{unique_name('b_notopics')}."  # no topic of it exists
     env = {**os.environ, **scratch_env(db_settings), "POSTROOM_TOPIC_PREFIX": prefix}
-    for name, (proc, seconds) in run_all({role: [role] for role in ROLES}, env).items():
+    done, refusal_s = run_all({role: [role] for role in ROLES}, env)
+    for name, (proc, seconds) in done.items():
         shown = f"postroom {name} (exit {proc.returncode}, {seconds:.1f}s):\n{proc.stderr}"
         assert proc.returncode == 1, shown
-        assert seconds < BOUNDED_S, shown
+        assert seconds < refusal_s + BOUNDED_S, shown
         [line] = said(proc)
         assert line == (
             f"postroom {name}: error: 9 of 9 topics missing on "

@@ -31,7 +31,7 @@ from postroom.errors import KafkaClientError, KafkaFatalError
 from postroom.headers import ROW_ID_HEADER
 from postroom.kafka import KafkaError, fatal, make_producer
 from postroom.relay import sql
-from postroom.relay.connections import Connections
+from postroom.relay.connections import Connections, Listener
 from postroom.relay.db import make_engine
 from postroom.relay.publisher import Relay
 from postroom.schemas.codec import EmailRequested, load_schema
@@ -429,6 +429,35 @@ def test_broker_outage_loses_nothing_and_releases_the_claims(
     assert (unpublished(engine), claimed) == (2, 0)
     assert publish_round(Relay(settings, engine)) == 2
     assert len(consume(settings, topics(settings), expected=2)) == 2
+
+
+# Long enough to tell a wait that ran out from one a notification ended, on any machine.
+WAKE_TIMEOUT_S = 30.0
+
+
+def notify(engine: sa.Engine, payload: str) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("SELECT pg_notify(:channel, :payload)"),
+                     {"channel": sql.NOTIFY_CHANNEL, "payload": payload})
+
+
+def test_a_relay_wakes_for_inserts_into_its_own_schema_only(
+        db_settings: Settings, engine: sa.Engine) -> None:
+    # Every schema's inserts notify the one channel: a relay woke (and claimed) for each insert
+    # of any schema in the database, another deployment's or another test's.
+    listener = Listener(engine, threading.Event())
+    listener.ensure()
+    try:
+        notify(engine, "someone_elses_schema")
+        started = time.monotonic()
+        listener.wait_for_rows(1.0)
+        assert time.monotonic() - started >= 1.0  # waited its time out
+        notify(engine, db_settings.database_schema or "")
+        started = time.monotonic()
+        listener.wait_for_rows(WAKE_TIMEOUT_S)
+        assert time.monotonic() - started < WAKE_TIMEOUT_S  # woken
+    finally:
+        listener.close()
 
 
 def test_run_wakes_on_notify_and_stops_on_request(
