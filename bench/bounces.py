@@ -7,7 +7,6 @@ refused 421, time per message)."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
 import multiprocessing
@@ -25,6 +24,7 @@ from bench.latency import quantile
 from bench.report import BenchError, Options, Section, Target, progress, table
 from bench.scratch import scratch
 from postroom import enqueue
+from postroom.devkit.bouncemail import junk_parts, junk_text, postfix_dsn
 from postroom.devkit.ports import free_port
 from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
@@ -45,53 +45,6 @@ RECORDED_TIMEOUT_S = 120.0
 SMTP_TIMEOUT_S = 600.0  # what a relay waits for the reply to a message (Postfix: 600 s)
 FLOOD_FIRST_S = 10.0  # the flood's start before the first genuine report
 RETRY_S = 1.0  # a genuine DSN refused 421 is sent again after this (an MTA waits longer)
-
-
-def junk_text() -> bytes:
-    """4 MiB of text lines (random base64 characters) in one text part: kept to its cap, read
-    by the heuristics."""
-    lines = base64.encodebytes(os.urandom(JUNK_BYTES * 3 // 4)).replace(b"\n", b"\r\n")
-    return b"From: spam@junk.example\r\nSubject: junk\r\n\r\n" + lines
-
-
-def junk_parts() -> bytes:
-    """4 MiB of empty parts (about 100,000): flufl.bounce's worst, 7 s of CPU a MB whole."""
-    part = b"--b\r\nContent-Type: text/plain\r\n\r\n\r\n"
-    return (b"From: spam@junk.example\r\nSubject: parts\r\nMIME-Version: 1.0\r\n"
-            b"Content-Type: multipart/mixed; boundary=b\r\n\r\n"
-            + part * (JUNK_BYTES // len(part)) + b"--b--\r\n")
-
-
-def genuine_dsn(token: str, recipient: str) -> bytes:
-    """A DSN as Postfix writes it, for the email of ``token`` to ``recipient``."""
-    return f"""From: Mail Delivery System <MAILER-DAEMON@relay.example.com>
-Subject: Undelivered Mail Returned to Sender
-To: {return_path(BOUNCE, token)}
-Auto-Submitted: auto-replied
-MIME-Version: 1.0
-Content-Type: multipart/report; report-type=delivery-status; boundary="B.{token}"
-
---B.{token}
-Content-Description: Notification
-Content-Type: text/plain; charset=utf-8
-
-<{recipient}>: host mx.example.com said: 550 5.1.1 User unknown
-
---B.{token}
-Content-Description: Delivery report
-Content-Type: message/delivery-status
-
-Reporting-MTA: dns; relay.example.com
-Original-Envelope-Id: {token}
-
-Final-Recipient: rfc822; {recipient}
-Original-Recipient: rfc822;{recipient}
-Action: failed
-Status: 5.1.1
-Diagnostic-Code: smtp; 550 5.1.1 User unknown
-
---B.{token}--
-""".replace("\n", "\r\n").encode()
 
 
 @dataclasses.dataclass
@@ -265,7 +218,7 @@ def run(base: Settings, options: Options) -> Section:
 def _junk_process(port: int, stop: Any, out: Any) -> None:
     """The junk senders, in a process of their own (spawned): in the benchmark's, their threads
     would hold the GIL the genuine sender and the watcher need, and time them, not the intake."""
-    messages = (junk_text(), junk_parts())
+    messages = (junk_text(JUNK_BYTES), junk_parts(JUNK_BYTES))
     tally, stopping = JunkTally(), threading.Event()
     senders = [threading.Thread(target=_junk_sender, args=(port, messages, tally, stopping),
                                 daemon=True) for _ in range(JUNK_SENDERS)]
@@ -297,7 +250,7 @@ def _flood(port: int, engine: sa.Engine,
             time.sleep(max(0.0, started + FLOOD_FIRST_S + i - time.monotonic()))
             token = make_token(outbox_id, SECRET.encode(), dt.datetime.now(dt.UTC))
             threading.Thread(target=_send_genuine, daemon=True, args=(
-                port, reports[outbox_id], genuine_dsn(token, recipient),
+                port, reports[outbox_id], postfix_dsn(BOUNCE, token, recipient),
                 return_path(BOUNCE, token))).start()
         watcher.join(RECORDED_TIMEOUT_S)
     finally:

@@ -9,7 +9,6 @@ checked as in every scenario (nothing else lost or delayed past the drain).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
 import os
@@ -25,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.harness import BOUNCE_ADDRESS, BOUNCE_SECRET
 from postroom import enqueue
+from postroom.devkit.bouncemail import junk_parts, junk_text, postfix_dsn
 from postroom.devkit.histograms import scrape
 from postroom.verp import make_token, return_path
 
@@ -36,45 +36,6 @@ PEAK_RSS_MIB = 256.0
 RECORDED_TIMEOUT_S = 120.0
 SMTP_TIMEOUT_S = 120.0
 HELD_PAUSE_S = 0.5  # before a report answered 451 is sent again, on the same connection
-
-
-def junk_messages() -> tuple[bytes, bytes]:
-    text = base64.encodebytes(os.urandom(JUNK_BYTES * 3 // 4)).replace(b"\n", b"\r\n")
-    part = b"--b\r\nContent-Type: text/plain\r\n\r\n\r\n"
-    return (b"From: spam@junk.example\r\nSubject: junk\r\n\r\n" + text,
-            b"From: spam@junk.example\r\nSubject: parts\r\nMIME-Version: 1.0\r\n"
-            b"Content-Type: multipart/mixed; boundary=b\r\n\r\n"
-            + part * (JUNK_BYTES // len(part)) + b"--b--\r\n")
-
-
-def dsn(token: str, recipient: str) -> bytes:
-    """A DSN as Postfix writes it, about the email of ``token`` to ``recipient``."""
-    return f"""From: Mail Delivery System <MAILER-DAEMON@relay.example.com>
-Subject: Undelivered Mail Returned to Sender
-To: {return_path(BOUNCE_ADDRESS, token)}
-Auto-Submitted: auto-replied
-MIME-Version: 1.0
-Content-Type: multipart/report; report-type=delivery-status; boundary="B"
-
---B
-Content-Type: text/plain; charset=utf-8
-
-<{recipient}>: host mx.example.com said: 550 5.1.1 User unknown
-
---B
-Content-Type: message/delivery-status
-
-Reporting-MTA: dns; relay.example.com
-Original-Envelope-Id: {token}
-
-Final-Recipient: rfc822; {recipient}
-Original-Recipient: rfc822;{recipient}
-Action: failed
-Status: 5.1.1
-Diagnostic-Code: smtp; 550 5.1.1 User unknown
-
---B--
-""".replace("\n", "\r\n").encode()
 
 
 @dataclasses.dataclass
@@ -198,7 +159,7 @@ def inject(run: Any, rng: random.Random) -> None:
     run.bounce_storm = storm
     storm.rows = _own_rows(run)
     stop = threading.Event()
-    messages = junk_messages()
+    messages = (junk_text(JUNK_BYTES), junk_parts(JUNK_BYTES))
     junk = [threading.Thread(target=_junk, args=(port, storm, stop, messages, n), daemon=True)
             for n in range(JUNK_SENDERS)]
     for thread in junk:
@@ -216,7 +177,7 @@ def inject(run: Any, rng: random.Random) -> None:
             ready = [i for i, s in statuses.items() if s == "sent" and i not in storm.arrived]
             for outbox_id in ready:
                 token = make_token(outbox_id, secret, dt.datetime.now(dt.UTC))
-                raw = dsn(token, storm.rows[outbox_id])
+                raw = postfix_dsn(BOUNCE_ADDRESS, token, storm.rows[outbox_id])
                 storm.arrived[outbox_id] = time.monotonic()
                 relay.send(return_path(BOUNCE_ADDRESS, token), raw)
                 if rng.random() < 0.3:  # the relay sends it again (a lost 250, say)
@@ -226,11 +187,11 @@ def inject(run: Any, rng: random.Random) -> None:
                 forged += 1
                 fake = make_token(rng.randrange(1, 1 << 30), os.urandom(24),
                                   dt.datetime.now(dt.UTC))
-                if relay.send(return_path(BOUNCE_ADDRESS, fake), dsn(fake, "x@example.com")) \
-                        == 550:
+                forged = postfix_dsn(BOUNCE_ADDRESS, fake, "x@example.com")
+                if relay.send(return_path(BOUNCE_ADDRESS, fake), forged) == 550:
                     storm.forged_refused += 1
                 # the forged token inside a report to the bare address: taken, changes nothing
-                relay.send(BOUNCE_ADDRESS, dsn(fake, "x@example.com"))
+                relay.send(BOUNCE_ADDRESS, postfix_dsn(BOUNCE_ADDRESS, fake, "x@example.com"))
             time.sleep(0.05)
     finally:
         stop.set()

@@ -15,31 +15,7 @@ from postroom.errors import ConfigError
 from postroom.settings import Settings
 from postroom.web.app import CONTENT_SECURITY_POLICY, Console, make_app
 from support.console import NOW, MemoryStore, outbox_row
-
-OPERATOR_TOKEN = "operator-token-0123456789"  # noqa: S105 - the test's own
-READER_TOKEN = "reader-token-0123456789ab"  # noqa: S105 - the test's own
-PROXY = "10.0.0.5"
-
-
-def settings(**env: str) -> Settings:
-    return Settings.from_env({"POSTROOM_WEB_OPERATOR_TOKEN": OPERATOR_TOKEN,
-                              "POSTROOM_WEB_READER_TOKEN": READER_TOKEN, **env})
-
-
-def client(store: MemoryStore, peer: str = "127.0.0.1", **env: str) -> TestClient:
-    return TestClient(make_app(settings(**env), store), client=(peer, 50000),
-                      follow_redirects=False)
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', page)
-    assert found, "the page carries no CSRF field"
-    return found.group(1)
-
-
-def sign_in(web: TestClient, token: str) -> Any:
-    form = web.get("/signin")
-    return web.post("/signin", data={"csrf": csrf_of(form.text), "token": token, "next": ""})
+from support.webclient import OPERATOR_TOKEN, PROXY, READER_TOKEN, client, csrf_of, settings, sign_in
 
 
 @pytest.fixture
