@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 
 from postroom.errors import ConfigError
 from postroom.settings import Settings
-from postroom.web.app import CONTENT_SECURITY_POLICY, Console, make_app
+from postroom.web.app import Console, make_app
+from postroom.web.middleware import CONTENT_SECURITY_POLICY
 from support.console import NOW, MemoryStore, outbox_row
 
 OPERATOR_TOKEN = "operator-token-0123456789"  # noqa: S105 - the test's own
