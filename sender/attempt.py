@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TypeVar
 
 from postroom.errors import first_line
 from postroom.metrics import (
@@ -23,7 +22,6 @@ from postroom.metrics import (
     ERRORS_AFTER_ACCEPTED_TOTAL,
     LEDGER_MARK_SECONDS,
     OUTCOMES_TOTAL,
-    POISON_REPEATED_TOTAL,
     REPEATED_ATTEMPTS_SUPPRESSED_TOTAL,
     SENT_MARK_WINDOW_SECONDS,
     SERVER_FAULTS_TOTAL,
@@ -33,9 +31,11 @@ from postroom.metrics import (
 )
 from postroom.schemas.codec import DeliveryStatus, EmailRequested
 from postroom.sender.admission import Admitted
-from postroom.sender.claims import Claim, ClaimResult, busy_wait_s, needs_renewal
-from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
-from postroom.sender.outcome import SmtpReply, Verdict, classify_reply, waits_for_configuration
+from postroom.sender.attempt_state import DONE, InHand, Known, KnownDone, KnownSent, Sent, Turn
+from postroom.sender.claims import Claim, ClaimResult, needs_renewal
+from postroom.sender.errors import AcceptedUnrecordedError
+from postroom.sender.ledger_calls import LedgerCalls
+from postroom.sender.outcome import Verdict, classify_reply, waits_for_configuration
 from postroom.sender.ports import ClaimsLedger, Clock, DestinationLine, MailSlot, MailTransport, Outcomes
 from postroom.sender.retry import Action, RetryPolicy
 from postroom.sender.routing import Origin, Routing, already_sent, outcome_line, route
@@ -43,32 +43,6 @@ from postroom.sender.throttle import is_throttling
 from postroom.tracing import OFF, Span, TraceContext, Tracing, from_headers, kafka_attributes
 
 log = logging.getLogger(__name__)
-
-# A ledger call that fails is tried again after LEDGER_RETRY_FIRST_S, then after twice the wait
-# before, up to LEDGER_RETRY_S: 0.25, 0.75, 1.75, 3.75, 5.75 ... s after its first failure. A
-# sent mark keeps the duplicate window open until it commits (a sender killed meanwhile leaves
-# its key in doubt, and the key is mailed again); with a flat 2 s wait, a database back after a
-# restart of half a second waited 1.5 s more for the marks, now a quarter of a second. A longer
-# outage is asked every LEDGER_RETRY_S, as before (a try that connects to a host that does not
-# answer at all waits out the connection's timeout first, sender/ledger_session.py). A sender logs
-# at most one warning about the ledger every LEDGER_RETRY_S, whichever of its calls failed; the
-# rest log at DEBUG (a database restart under full load made each call in flight warn within the
-# same second: 57 and 54 lines from the two senders of one chaos run). The first call to get
-# through after a warning logs that the ledger answers again, and the next failure warns at once.
-# Each call (each batch of calls that failed together) connects once a try, one at a time per
-# connection.
-LEDGER_RETRY_FIRST_S = 0.25
-LEDGER_RETRY_S = 2.0
-
-
-def ledger_retry_waits() -> Iterator[float]:
-    """The waits between the tries of one ledger call: 0.25, 0.5, 1, 2, 2, ... seconds."""
-    wait_s = LEDGER_RETRY_FIRST_S
-    while True:
-        yield wait_s
-        wait_s = min(wait_s * 2, LEDGER_RETRY_S)
-
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,80 +54,6 @@ class AttemptRules:
     destination_of: Callable[[str], str]  # a recipient's destination (sender/throttle.py)
     throttle_max_wait_s: float  # POSTROOM_THROTTLE_MAX_WAIT
     group: str | None = None  # the consumer group, for the spans' attributes
-
-
-class _Turn:
-    """A send's turn at its destination, given back once: when the server has accepted the
-    message, from the read of its 250, or after the send whatever came of it."""
-
-    __slots__ = ("_destination", "_given_back", "_line")
-
-    def __init__(self, line: DestinationLine, destination: str) -> None:
-        self._line = line
-        self._destination = destination
-        self._given_back = False
-
-    def give_back_now(self) -> None:
-        """The server accepted the message (a 250 is never throttling): the turn goes back from
-        the read of the 250. The connection's reply woke the send's coroutine first, so at the
-        loop's next turn it gives its connection back before the send given this turn looks:
-        that send writes its MAIL in the turn after the 250, not in the one after that."""
-        if not self._given_back:
-            self._given_back = True
-            self._line.release_now(self._destination)
-
-    async def give_back(self, *, throttled: bool) -> None:
-        """After the send, unless the 250 gave it back already."""
-        if not self._given_back:
-            self._given_back = True
-            await self._line.release(self._destination, throttled=throttled)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Sent:
-    """One send: the reply, the Message-ID, when the reply was read, for a 250 its ledger mark
-    (started as the reply was read), and whether the reply defers the send as throttling."""
-
-    reply: SmtpReply
-    message_id: str
-    read_at: float
-    mark: asyncio.Future[float] | None
-    throttled: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _KnownSent:
-    """A server accepted the key (its Message-ID, when the ledger kept one)."""
-
-    message_id: str | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _KnownDone:
-    """The attempt was made and its outcome is out: the ledger holds it as done."""
-
-
-# What a delivery that ended knows of its attempt, for a copy of it: sent, done, or nothing
-# (the attempt was not made, as a wait for our configuration: a copy must ask the ledger).
-_Known = _KnownSent | _KnownDone | None
-_DONE = _KnownDone()
-
-
-class _InHand:
-    """A delivery under way in this process: its attempt, set when it ends, and what it then
-    knows of its attempt (sent, done), if it ended as it should (not cancelled, not failed).
-    Once a server accepted its message: the Message-ID, and whether its ``sent`` mark has
-    committed and its ``sent`` result is out."""
-
-    __slots__ = ("accepted", "attempt", "ended", "known", "marked", "result_out")
-
-    def __init__(self, attempt: int) -> None:
-        self.attempt = attempt
-        self.known: _Known = None
-        self.ended = asyncio.Event()
-        self.accepted: str | None = None
-        self.marked = False
-        self.result_out = False
 
 
 class Attempts:
@@ -172,7 +72,7 @@ class Attempts:
         self._outcomes = outcomes
         self._metrics = metrics
         self._clock = clock
-        self._ledger_warned_at: float | None = None  # monotonic; see LEDGER_RETRY_S
+        self._calls = LedgerCalls(ledger, metrics, clock)
         # The keys this process is delivering, each set once its delivery ends. The ledger
         # tells senders apart by their owner, not one task of a sender from another: a copy of
         # a record (a relay's publish again, a partition read again) whose first delivery waited
@@ -183,7 +83,7 @@ class Attempts:
         # after a sender's kill a partition read again holds many copies of each key). Any
         # other copy asks the ledger: an attempt that only waited for our configuration went
         # back to its tier unmade, and its next read may come before its claim is released.
-        self._in_hand: dict[str, _InHand] = {}
+        self._in_hand: dict[str, InHand] = {}
 
     async def deliver(self, origin: Origin, admitted: Admitted) -> None:
         """Claim, send and record one event; then publish where its outcome routes it. Its
@@ -196,7 +96,7 @@ class Attempts:
             if first.known is not None and first.attempt == event.attempt:
                 await self._copy_done(origin, event, first.known)
                 return
-        mine = self._in_hand[key] = _InHand(event.attempt)
+        mine = self._in_hand[key] = InHand(event.attempt)
         try:
             try:
                 mine.known = await self._deliver(origin, admitted, mine)
@@ -212,12 +112,12 @@ class Attempts:
             mine.ended.set()
 
     async def _copy_done(self, origin: Origin, event: EmailRequested,
-                         sent: _KnownSent | _KnownDone) -> None:
+                         sent: KnownSent | KnownDone) -> None:
         """A copy of the attempt this sender has just made: what the ledger would answer it,
         without asking (a key sent: its result again, as for any copy; an attempt done:
         nothing)."""
         key = event.idempotency_key
-        if isinstance(sent, _KnownDone):
+        if isinstance(sent, KnownDone):
             self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
             log.info("key=%s attempt=%d made by this sender just now; not making it again",
                      key, event.attempt)
@@ -230,31 +130,11 @@ class Attempts:
             () if context is None else context.headers())
 
     async def dead_letter_once(self, key: str, dead_letter: Callable[[], Awaitable[None]]) -> None:
-        """``await dead_letter()`` once per record, whoever reads it: ``key``, the record's
-        origin (claims.dead_letter_key), is claimed as attempt 1 and released done once the dead
-        letter and its result are out; a copy read again (a rebalance, a restart before its
-        offset's commit) finds it done and publishes nothing; one read while the first is under
-        way waits for its answer. A dead letter that raises gives the claim back undone."""
-        busy_waits = 0
-        while True:
-            claim = await self._ledger_call("claim", partial(self._ledger.claim, key, 1))
-            if claim.claim is Claim.MINE:
-                break
-            if claim.claim is not Claim.BUSY:
-                self._metrics.inc(POISON_REPEATED_TOTAL)
-                log.info("%s: dead-lettered already; not again", key)
-                return
-            await self._wait_busy(key, claim, first=busy_waits == 0)
-            busy_waits += 1
-        try:
-            await dead_letter()
-        except Exception:
-            await self._ledger_call("release", partial(self._ledger.release, key))
-            raise
-        await self._ledger_call("release", partial(self._ledger.release, key, 1))
+        """``await dead_letter()`` once per record, whoever reads it (LedgerCalls.dead_letter_once)."""
+        await self._calls.dead_letter_once(key, dead_letter)
 
-    async def _accepted_anyway(self, origin: Origin, event: EmailRequested, hand: _InHand,
-                               message_id: str) -> _KnownSent:
+    async def _accepted_anyway(self, origin: Origin, event: EmailRequested, hand: InHand,
+                               message_id: str) -> KnownSent:
         """A server accepted the message (``message_id``) and an error of ours came after:
         counted, the ``sent`` mark written if it had not committed, and the ``sent`` result
         published if it was not out. AcceptedUnrecordedError when that result cannot be
@@ -264,7 +144,7 @@ class Attempts:
         self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
         if not hand.marked:
             try:
-                await self._ledger_call("mark sent", partial(self._ledger.mark_sent, key,
+                await self._calls.call("mark sent", partial(self._ledger.mark_sent, key,
                                                              message_id))
             except Exception:
                 self._metrics.inc(ERRORS_AFTER_ACCEPTED_TOTAL)
@@ -280,9 +160,9 @@ class Attempts:
                 raise AcceptedUnrecordedError(
                     f"key={key} was accepted by the server but its result cannot be published: "
                     f"{first_line(exc)}") from exc
-        return _KnownSent(message_id)
+        return KnownSent(message_id)
 
-    async def _deliver(self, origin: Origin, admitted: Admitted, hand: _InHand) -> _Known:
+    async def _deliver(self, origin: Origin, admitted: Admitted, hand: InHand) -> Known:
         """The delivery; what it knows of its attempt now: its key sent (and its Message-ID),
         the attempt done, or neither. ``hand`` learns of the server's acceptance, the mark and
         the result as they happen."""
@@ -303,12 +183,12 @@ class Attempts:
             hand.result_out = True
         done = None
         if routing.status is not DeliveryStatus.SENT:
-            done = await self._release_after(event, routing)
+            done = await self._calls.release_after(event, routing)
         if not routing.waited:
             self._metrics.inc(OUTCOMES_TOTAL, status=routing.status.value)
         if routing.status is DeliveryStatus.SENT:
-            return _KnownSent(routing.result.message_id)
-        return _DONE if done is not None else None
+            return KnownSent(routing.result.message_id)
+        return DONE if done is not None else None
 
     async def _publish(self, origin: Origin, event: EmailRequested, routing: Routing,
                        span: Span) -> None:
@@ -331,26 +211,9 @@ class Attempts:
                 self._outcomes.forward(origin, event, forward, self._clock.utcnow(),
                                        scheduled.headers()))
 
-    async def _release_after(self, event: EmailRequested, routing: Routing) -> int | None:
-        """Give the claim up only now that the outcome is out: a copy of this record read again
-        (we die before its offset is committed, or its partition moves) finds the attempt done.
-        An attempt that waited (forwarded with its number kept) was not made: its copies must
-        find it not done, or the next read of the wait would be taken for a repeat. The attempt
-        released as done, or None."""
-        started = self._clock.monotonic()
-        waited = routing.waited or (
-            routing.status is DeliveryStatus.RETRYING and routing.forward is not None
-            and routing.forward.event.attempt == event.attempt)
-        done = None if waited else event.attempt
-        await self._ledger_call("release", partial(self._ledger.release, event.idempotency_key,
-                                                   done))
-        self._metrics.observe(LEDGER_MARK_SECONDS, self._clock.monotonic() - started,
-                              operation="release")
-        return done
-
     async def _claim_and_send(self, origin: Origin, admitted: Admitted,
                               trace: TraceContext | None,
-                              hand: _InHand) -> Routing | _KnownSent | _KnownDone:
+                              hand: InHand) -> Routing | KnownSent | KnownDone:
         """Send the event once its destination lets it and its claim is ours, and route the
         outcome; what is known when nothing more is to be done (a server accepted its key
         before: its result is published here; or this attempt was made already). A throttling
@@ -386,14 +249,14 @@ class Attempts:
                 await self._outcomes.result(
                     key, already_sent(event, claim.message_id, self._clock.utcnow()),
                     () if trace is None else trace.headers())
-                return _KnownSent(claim.message_id)
+                return KnownSent(claim.message_id)
             if claim.claim is Claim.DONE:
                 # Its result and its retry or dead letter went out with the attempt.
                 self._metrics.inc(REPEATED_ATTEMPTS_SUPPRESSED_TOTAL)
                 log.info("key=%s attempt=%d already made and its outcome published; not "
                          "making it again", key, event.attempt)
-                return _DONE
-            await self._wait_busy(key, claim, first=busy_waits == 0)
+                return DONE
+            await self._calls.wait_busy(key, claim, first=busy_waits == 0)
             busy_waits += 1
 
     async def _claim_in_line(self, destination: str, key: str,
@@ -403,7 +266,7 @@ class Attempts:
         destination has let its send start (release it after the send)."""
         await self._line.queue(destination)
         try:
-            claim = await self._ledger_call("claim", partial(self._ledger.claim, key, attempt))
+            claim = await self._calls.call("claim", partial(self._ledger.claim, key, attempt))
             claimed_at = self._clock.monotonic()
             if claim.claim is Claim.MINE:
                 await self._line.acquire(destination)
@@ -413,11 +276,11 @@ class Attempts:
 
     async def _send_in_turn(self, destination: str, event: EmailRequested, claim: ClaimResult,
                             claimed_at: float, may_defer: bool, trace: TraceContext | None,
-                            hand: _InHand) -> Sent | None:
+                            hand: InHand) -> Sent | None:
         """Send through a held connection, the destination's turn given back after it; None
         when the claim was lost while the send waited."""
         throttled = False
-        turn = _Turn(self._line, destination)
+        turn = Turn(self._line, destination)
         try:
             async with self._transport.slot() as slot:
                 if not await self._still_ours(event.idempotency_key, claim, claimed_at):
@@ -445,12 +308,12 @@ class Attempts:
         if not needs_renewal(self._clock.monotonic() - claimed_at,
                              claim.session == self._ledger.session):
             return True
-        kept = await self._ledger_call("renew", partial(self._ledger.renew, key))
+        kept = await self._calls.call("renew", partial(self._ledger.renew, key))
         self._metrics.inc(CLAIMS_RENEWED_TOTAL, result="kept" if kept else "lost")
         return kept
 
     async def _send(self, event: EmailRequested, slot: MailSlot, may_defer: bool,
-                    on_accepted: Callable[[], None], hand: _InHand) -> Sent:
+                    on_accepted: Callable[[], None], hand: InHand) -> Sent:
         key = event.idempotency_key
         started = self._clock.monotonic()
         marks: list[tuple[asyncio.Future[float], float]] = []
@@ -483,14 +346,14 @@ class Attempts:
         """A throttling reply: the claim is released without an attempt, nothing is published,
         and the send waits for its destination's pause."""
         key = event.idempotency_key
-        await self._ledger_call("release", partial(self._ledger.release, key))
+        await self._calls.call("release", partial(self._ledger.release, key))
         self._metrics.inc(THROTTLED_TOTAL)
         self._metrics.set(DESTINATIONS_PAUSED, self._line.paused())
         log.info("key=%s domain=%s attempt=%d throttled by the server: deferred, not counted as "
                  "an attempt", key, event.recipient.rpartition("@")[2], event.attempt)
 
     async def _conclude(self, origin: Origin, admitted: Admitted, sent: Sent,
-                        hand: _InHand) -> Routing:
+                        hand: InHand) -> Routing:
         """Classify the reply, decide what comes next, mark a delivery sent in the ledger, and
         route the outcome. A failed attempt keeps its claim until its outcome is published."""
         reply, message_id = sent.reply, sent.message_id
@@ -511,7 +374,7 @@ class Attempts:
         if decision.action is Action.DONE_SENT:
             # The duplicate window, from the reply read to the mark's commit: a crash before the
             # mark commits sends the key again.
-            committed_at = await self._ledger_call(
+            committed_at = await self._calls.call(
                 "mark sent", partial(self._ledger.mark_sent, event.idempotency_key, message_id),
                 sent.mark)
             hand.marked = True
@@ -520,45 +383,3 @@ class Attempts:
             self._metrics.observe(LEDGER_MARK_SECONDS, window_s, operation="sent")
         log.log(*outcome_line(event, decision, outcome.reason))
         return route(self._rules.topic_prefix, origin, event, outcome, decision, message_id, now)
-
-    async def _wait_busy(self, key: str, claim: ClaimResult, *, first: bool) -> None:
-        """Another sender holds the key: ask again just past its lease, or sooner."""
-        wait_s = busy_wait_s(claim.lease_until, self._clock.utcnow())
-        log.log(logging.INFO if first else logging.DEBUG,
-                "key=%s is being sent elsewhere (lease until %s); asking again in %.1fs",
-                key, claim.lease_until, wait_s)
-        await self._clock.sleep(wait_s)
-
-    async def _ledger_call(self, what: str, call: Callable[[], Awaitable[T]],
-                           started: Awaitable[T] | None = None) -> T:
-        """``call()`` until the ledger answers (a shutdown cancels the wait); ``started``: the
-        first such call, already under way."""
-        waits = ledger_retry_waits()
-        tries = 0
-        while True:
-            try:
-                if started is not None:
-                    first, started = started, None
-                    answer = await first
-                else:
-                    answer = await call()
-            except LedgerUnavailableError as exc:
-                tries += 1
-                wait_s = next(waits)
-                now = self._clock.monotonic()
-                warned = self._ledger_warned_at
-                loud = warned is None or now - warned >= LEDGER_RETRY_S
-                if loud:
-                    self._ledger_warned_at = now
-                log.log(logging.WARNING if loud else logging.DEBUG,
-                        "ledger %s failed on try %d (%s); retrying in %gs", what, tries, exc,
-                        wait_s)
-                await self._clock.sleep(wait_s)
-                continue
-            if tries and self._ledger_warned_at is not None:
-                # The first call to get through after a warning says so, and the next failure
-                # warns at once: a new outage is not hidden in the last one's 2 s.
-                self._ledger_warned_at = None
-                log.info("ledger %s answered on try %d: the ledger answers again", what,
-                         tries + 1)
-            return answer

@@ -20,9 +20,10 @@ from pathlib import Path
 from postroom.errors import ConfigError, PostroomError
 from postroom.rules import SizeLimits
 from postroom.schemas.codec import EmailRequested
+from postroom.sender.attachments import attachments_refusal
 from postroom.sender.claims import send_deadline_s
 from postroom.sender.errors import AttachmentError
-from postroom.sender.message import attachments_refusal, build_message, check_header_values
+from postroom.sender.message import build_message, check_header_values
 from postroom.sender.outcome import Failure, SmtpReply, Stage
 from postroom.sender.render import Built, Payload, TemplateCache, Templated, plain_lines
 from postroom.sender.smtp import SmtpSlot

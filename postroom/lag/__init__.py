@@ -1,6 +1,6 @@
-"""The lag of postroom's consumer groups: read from the broker (reader), held as values (report),
-rendered for `postroom lag` (render) and set as metrics under kafka-lag-exporter's names
-(exporter). The arithmetic and the verdicts are in postroom/lagrules.py.
+"""The lag of postroom's consumer groups: read from the broker (reader; when a retry record is due
+in due), held as values (report), rendered for `postroom lag` (render) and set as metrics under
+kafka-lag-exporter's names (exporter). The arithmetic and the verdicts are in postroom/lagrules.py.
 """
 
 from __future__ import annotations

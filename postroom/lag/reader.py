@@ -29,6 +29,7 @@ from postroom.kafka import (
     topic_replicas,
     translate,
 )
+from postroom.lag.due import QuietLookup, not_before_s
 from postroom.lag.report import GroupReport, LagReport, Member, OutboxBacklog, PartitionReport
 from postroom.lagrules import (
     CommitWindows,
@@ -39,9 +40,6 @@ from postroom.lagrules import (
     partition_verdict,
 )
 from postroom.replication import TopicHealth, topic_health
-from postroom.schemas.codec import EmailRequested, Schema
-from postroom.schemas.decoding import decode
-from postroom.schemas.errors import SchemaError, SchemaUnavailableError
 from postroom.schemas.framing import SchemaById
 from postroom.schemas.registry import schema_lookup
 from postroom.settings import Settings
@@ -53,8 +51,6 @@ log = logging.getLogger(__name__)
 # has as long of its own): a broker that does not answer (killed, its leaderships not moved yet)
 # makes a partial sample, not a wait of minutes, and one group's wait does not eat the next's.
 READ_TIMEOUT_S = 10.0
-# A writer schema the registry could not give is not asked for again for this long.
-REGISTRY_QUIET_S = 60.0
 MIN_REQUEST_S = 0.5  # a request still made once the sample's time is up gets this long
 # Errors of a request no broker answered: the message names the bootstrap servers.
 _NO_ANSWER = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
@@ -80,31 +76,6 @@ def postroom_groups(settings: Settings, only: str | None = None) -> dict[str, li
                                      f"({', '.join(groups)}; set by POSTROOM_SENDER_GROUP and "
                                      "POSTROOM_RECORDER_GROUP)")
     return {only: groups[only]}
-
-
-class QuietLookup:
-    """A registry lookup that does not ask again, for REGISTRY_QUIET_S, for an id it could not
-    give: a registry that does not answer takes its timeout and retries for each ask, and a
-    sample may read many framed records (the head of each retry partition, and the search for
-    the first one not due)."""
-
-    def __init__(self, lookup: SchemaById, clock: Callable[[], float] = time.monotonic) -> None:
-        self._lookup = lookup
-        self._clock = clock
-        self._failed: dict[int, float] = {}  # schema id -> when the registry could not give it
-
-    def __call__(self, schema_id: int) -> Schema:
-        failed_at = self._failed.get(schema_id)
-        if failed_at is not None and self._clock() - failed_at < REGISTRY_QUIET_S:
-            raise SchemaUnavailableError(f"the registry could not give schema id {schema_id} "
-                                         "a moment ago")
-        try:
-            schema = self._lookup(schema_id)
-        except SchemaUnavailableError:
-            self._failed[schema_id] = self._clock()
-            raise
-        self._failed.pop(schema_id, None)
-        return schema
 
 
 class LagReader:
@@ -391,7 +362,7 @@ class LagReader:
             return 0, 0.0
         if head is None:
             return None, None
-        head_due = _not_before_s(head[1], head[2], self._schema_by_id)
+        head_due = not_before_s(head[1], head[2], self._schema_by_id)
         if head_due is not None and head_due > now_s:
             return 0, 0.0  # the head waits: so does everything behind it
         late = max(0.0, now_s - head_due) if head_due is not None else 0.0
@@ -400,23 +371,10 @@ class LagReader:
             if offset == start:
                 return True
             record = self._first_records([(tp, offset)]).get((tp.topic, tp.partition))
-            due = _not_before_s(record[1], record[2], self._schema_by_id) if record else None
+            due = not_before_s(record[1], record[2], self._schema_by_id) if record else None
             return due is None or due <= now_s
 
         return first_not_due(start, end, is_due) - start, late
-
-
-def _not_before_s(value: bytes | None, headers: list[Any],
-                  schema_by_id: SchemaById | None) -> float | None:
-    """A retry record's not_before (epoch s), its writer schema from ``schema_by_id`` when it is
-    in the Confluent wire format; None when it has none or cannot be read (an unreadable record
-    is dead-lettered at once: it is due; so is, for this count, one the registry cannot give
-    the schema of now)."""
-    try:
-        event = decode(EmailRequested, value, headers, schema_by_id=schema_by_id)
-    except SchemaError:
-        return None
-    return event.not_before.timestamp() if event.not_before else None
 
 
 def read_report(reader: LagReader, outbox: Callable[[], OutboxBacklog] | None,

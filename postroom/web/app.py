@@ -9,7 +9,7 @@ import logging
 import secrets
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,9 @@ from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import (
-    HTMLResponse,
-    JSONResponse,
-    RedirectResponse,
-    Response,
-    StreamingResponse,
-)
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from postroom.errors import (
     InvalidContentError,
@@ -41,11 +34,12 @@ from postroom.errors import (
     first_line,
     printable,
 )
-from postroom.relay.report import Failure, csv_lines
 from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
-from postroom.web import auth, forms, timeline
+from postroom.web import auth, forms, pages
 from postroom.web.auth import CSRF_FIELD, Identity, Role
+from postroom.web.middleware import LimitedBody, Refused, SecurityHeaders
+from postroom.web.pages import as_days, as_utc, redrive_fields, redrive_plan
 from postroom.web.store import Action, ConsoleStore
 
 log = logging.getLogger(__name__)
@@ -53,83 +47,6 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SESSION_COOKIE = "postroom_console"
 SESSION_MAX_AGE_S = 8 * 3600
-DLQ_PAGE_LETTERS = 50
-AUDIT_PAGE_ENTRIES = 100
-SUPPRESSION_SHOWN_MAX = 500
-REPORT_FAILURES_SHOWN = 500
-# The largest form any page posts is a few hundred bytes: a body beyond this is refused before
-# it is read (an outsider's sign-in POST would otherwise be held in memory whole).
-FORM_MAX_BYTES = 64 * 1024
-# No inline script or style anywhere: the pages load /static/console.js and console.css only.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-SECURITY_HEADERS = (
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-store"),
-)
-
-
-class SecurityHeaders:
-    """Adds SECURITY_HEADERS to every response (pages, JSON, static files, errors)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                names = {name for name, _ in SECURITY_HEADERS}
-                message["headers"] = [(n, v) for n, v in message.get("headers", [])
-                                      if n.lower() not in names] + list(SECURITY_HEADERS)
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-class Refused(Exception):
-    """A request the console answers with a page saying why (status, one line)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class LimitedBody:
-    """Refuses a request body over FORM_MAX_BYTES (Refused 413 from the handler's first read),
-    by its Content-Length or, chunked, as it arrives: nothing past the limit is read."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
-        too_large = Refused(413, f"refused: a request body larger than {FORM_MAX_BYTES} bytes")
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            if not declared.isdigit() or int(declared) > FORM_MAX_BYTES:
-                raise too_large
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > FORM_MAX_BYTES:
-                raise too_large
-            return message
-
-        await self.app(scope, limited, send)
-
-
 Handler = Callable[["Console", Request, Identity], Awaitable[Response]]
 OpenHandler = Callable[["Console", Request], Awaitable[Response]]
 
@@ -201,7 +118,7 @@ class Console:
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # every value a job, a server or a person wrote is escaped
             undefined=jinja2.StrictUndefined)
-        self.templates.filters["utc"] = _utc
+        self.templates.filters["utc"] = as_utc
         # The sessions signed in by this process and not signed out, by id, with when each was
         # last seen: a cookie is signed, so without this a copy of it would outlive a sign-out.
         self.sessions: dict[str, float] = {}
@@ -327,121 +244,18 @@ class Console:
         request.session.clear()
         return RedirectResponse("/signin", status_code=303)
 
-    # --- reading -------------------------------------------------------------------------
-    @page()
-    async def search(self, request: Request, who: Identity) -> Response:
-        wanted = forms.search_filter(request.query_params)
-        rows = await run_in_threadpool(self.store.search, wanted, forms.PAGE_ROWS + 1)
-        more = len(rows) > forms.PAGE_ROWS
-        rows = rows[:forms.PAGE_ROWS]
-        next_page = None
-        if more:
-            last = rows[-1]
-            next_page = "/search?" + urllib.parse.urlencode(
-                {**wanted.as_params(), "after": forms.cursor(last["keyset_at"], last["id"])})
-        return self.render(request, "search.html", who=who, rows=rows, wanted=wanted,
-                           states=forms.STATES, next_page=next_page,
-                           first_page="/search?" + urllib.parse.urlencode(wanted.as_params())
-                           if wanted.after else None)
-
-    @page()
-    async def email(self, request: Request, who: Identity) -> Response:
-        row_id = int(request.path_params["row_id"])
-        found = (await run_in_threadpool(self.store.email, row_id)
-                 if row_id <= forms.ROW_ID_MAX else None)
-        if found is None:
-            raise Refused(404, f"no outbox row {row_id}")
-        events = timeline.events(found.row, found.ledger, found.suppression,
-                                 self.settings.retry_delays_s)
-        return self.render(request, "email.html", who=who, row=found.row, events=events,
-                           trace=timeline.trace_link(found.row.get("traceparent"),
-                                                     self.settings.web_trace_url),
-                           redrivable=found.row["status"] in ("failed", "dead"))
-
-    @page()
-    async def report(self, request: Request, who: Identity) -> Response:
-        key = forms.text_field(request.query_params, "key", forms.KEY_MAX_CHARS, "message key")
-        # The page shows the first failures (a run of a million would be a page of 100 MB); the
-        # CSV has every one.
-        run = (await run_in_threadpool(self.store.report_run, key, REPORT_FAILURES_SHOWN)
-               if key else None)
-        return self.render(request, "report.html", who=who, key=key, run=run,
-                           failed=sum(n for s, n in run.counts if s in timeline.FINAL_BAD)
-                           if run else 0,
-                           csv_link="/report.csv?" + urllib.parse.urlencode({"key": key})
-                           if key else None,
-                           total=sum(n for _, n in run.counts) if run else 0)
-
-    @page()
-    async def report_csv(self, request: Request, who: Identity) -> Response:
-        key = forms.required_key(request.query_params)
-        batches = self.store.failure_batches(key)
-        # The first batch runs the query: a database that does not answer is still a 503 page,
-        # not a download cut short.
-        first = await run_in_threadpool(next, batches, None)
-        name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)[:80]
-        return StreamingResponse(_csv_pieces(first, batches),
-                                 media_type="text/csv; charset=utf-8",
-                                 headers={"content-disposition":
-                                          f'attachment; filename="failures-{name}.csv"'})
-
-    @page()
-    async def suppression(self, request: Request, who: Identity) -> Response:
-        wanted = forms.text_field(request.query_params, "q", 320, "search")
-        # One page of the list, searched by the database: it may hold a million addresses.
-        entries = await run_in_threadpool(self.store.suppressed, wanted,
-                                          SUPPRESSION_SHOWN_MAX + 1)
-        return self.render(request, "suppression.html", who=who, q=wanted or "",
-                           entries=entries[:SUPPRESSION_SHOWN_MAX],
-                           more=len(entries) > SUPPRESSION_SHOWN_MAX,
-                           default_expiry=_days(self.settings.suppression_expiry_s))
-
-    @page()
-    async def dead_letters(self, request: Request, who: Identity) -> Response:
-        before = forms.dlq_cursor(request.query_params.get("before"))
-        found = await run_in_threadpool(self.store.dead_letter_page, before, DLQ_PAGE_LETTERS)
-        return self.render(request, "dlq.html", who=who, letters=found.letters,
-                           first=before is not None, next_page=None if found.before is None
-                           else "/dlq?" + urllib.parse.urlencode(
-                               {"before": forms.dlq_cursor_text(found.before)}))
-
-    @page()
-    async def dead_letter(self, request: Request, who: Identity) -> Response:
-        partition, offset = forms.letter_at(request.query_params.get("at"))
-        found = await run_in_threadpool(self.store.dead_letter_at, partition, offset)
-        if found is None:
-            raise Refused(404, f"no dead letter at partition {partition}, offset {offset}")
-        return self.render(request, "letter.html", who=who, found=found,
-                           at=f"{partition}@{offset}")
-
-    @page()
-    async def confirm_redrive(self, request: Request, who: Identity) -> Response:
-        kind, key, recipient = _redrive_fields(request.query_params)
-        plan = await run_in_threadpool(self._plan, kind, key, recipient)
-        return self.render(request, "redrive.html", who=who, kind=kind, key=key,
-                           recipient=recipient or "", plan=plan)
-
-    def _plan(self, kind: str, key: str, recipient: str | None) -> Any:
-        if kind == "replay":  # the key is the dead letter's place, partition@offset
-            return self.store.plan_replay(*forms.letter_at(key))
-        return self.store.plan_requeue(key, recipient)
-
-    @page()
-    async def glance(self, request: Request, who: Identity) -> Response:
-        return self.render(request, "glance.html", who=who)
-
-    @page(signed_in=False)
-    async def glance_json(self, request: Request, who: Identity) -> Response:
-        return JSONResponse(await run_in_threadpool(self.store.glance))
-
-    @page()
-    async def audit(self, request: Request, who: Identity) -> Response:
-        before_id = forms.audit_cursor(request.query_params.get("before"))
-        entries = await run_in_threadpool(self.store.audit, before_id, AUDIT_PAGE_ENTRIES + 1)
-        more = len(entries) > AUDIT_PAGE_ENTRIES
-        entries = entries[:AUDIT_PAGE_ENTRIES]
-        return self.render(request, "audit.html", who=who, entries=entries,
-                           next_page=f"/audit?before={entries[-1].id}" if more else None)
+    # --- reading (postroom/web/pages.py) ----------------------------------------------------
+    search = page()(pages.search)
+    email = page()(pages.email)
+    report = page()(pages.report)
+    report_csv = page()(pages.report_csv)
+    suppression = page()(pages.suppression)
+    dead_letters = page()(pages.dead_letters)
+    dead_letter = page()(pages.dead_letter)
+    confirm_redrive = page()(pages.confirm_redrive)
+    glance = page()(pages.glance)
+    glance_json = page(signed_in=False)(pages.glance_json)
+    audit = page()(pages.audit)
 
     # --- acting (operator) -----------------------------------------------------------------
     @page(Role.OPERATOR)
@@ -451,9 +265,9 @@ class Console:
         entry = await run_in_threadpool(
             self.store.suppress, wanted.address, wanted.reason, expiry_s,
             Action(who, "suppression add", wanted.address,
-                   detail=f"for {_days(expiry_s)}: {wanted.reason or ''}".rstrip(": ")))
+                   detail=f"for {as_days(expiry_s)}: {wanted.reason or ''}".rstrip(": ")))
         return self._done(request, who, f"suppressed {entry.address} until "
-                                        f"{_utc(entry.expires_at)}", "/suppression")
+                                        f"{as_utc(entry.expires_at)}", "/suppression")
 
     @page(Role.OPERATOR)
     async def suppression_remove(self, request: Request, who: Identity) -> Response:
@@ -468,10 +282,10 @@ class Console:
     @page(Role.OPERATOR)
     async def redrive(self, request: Request, who: Identity) -> Response:
         form = await request.form()
-        kind, key, recipient = _redrive_fields(form)
+        kind, key, recipient = redrive_fields(form)
         if form.get("confirm") != "yes":
             raise forms.FormError("confirm: the redrive was not confirmed")
-        plan = await run_in_threadpool(self._plan, kind, key, recipient)
+        plan = await run_in_threadpool(redrive_plan, self.store, kind, key, recipient)
         if plan.unknown is not None:
             raise Refused(404, f"unknown key {plan.unknown!r}: {dict(plan.skipped)[plan.unknown]}")
         target = (f"dead letter {key}" if kind == "replay"
@@ -527,38 +341,9 @@ def make_app(settings: Settings, store: ConsoleStore, session_secret: str | None
     ])
 
 
-def _redrive_fields(source: Any) -> tuple[str, str, str | None]:
-    kind = forms.text_field(source, "kind", 10, "kind")
-    if kind not in ("replay", "requeue"):
-        raise forms.FormError("kind: replay or requeue")
-    recipient = forms.text_field(source, "recipient", 320, "recipient")
-    return kind, forms.required_key(source), recipient if kind == "requeue" else None
-
-
-def _csv_pieces(first: list[Failure] | None, rest: Iterator[list[Failure]]) -> Iterator[str]:
-    """The CSV render_csv writes, a batch of failures a piece (the header row first)."""
-    yield csv_lines((), header=True)
-    if first is not None:
-        yield csv_lines(first)
-        yield from (csv_lines(batch) for batch in rest)
-
-
 def _local(target: object) -> str | None:
     """A sign-in's next page, only when it is a path of this site (no open redirect)."""
     if isinstance(target, str) and target.startswith("/") and not target.startswith("//") \
             and "\\" not in target and target.isprintable():
         return target
     return None
-
-
-def _days(seconds: float) -> str:
-    return f"{seconds / 86400:g}d" if seconds >= 86400 else f"{seconds / 3600:g}h"
-
-
-def _utc(moment: Any) -> str:
-    import datetime as dt
-
-    if isinstance(moment, dt.datetime):
-        return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return "-"
-

@@ -14,6 +14,7 @@ PURE_MODULES = [
     "postroom.sender.claims", "postroom.topics", "postroom.lagrules", "postroom.headers",
     "postroom.acls", "postroom.rules", "postroom.mime", "postroom.sender.admission",
     "postroom.sender.throttle", "postroom.sender.attempt", "postroom.sender.ports",
+    "postroom.sender.attempt_state", "postroom.sender.ledger_calls",
     "postroom.replication",
 ]
 FORBIDDEN = ["confluent_kafka", "aiosmtplib", "smtplib", "sqlalchemy", "psycopg"]

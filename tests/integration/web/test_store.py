@@ -150,7 +150,7 @@ def test_the_suppression_page_is_searched_and_cut_by_the_database(store: Databas
 def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseStore,
                                                        engine: sa.Engine) -> None:
     from postroom.relay.report import render_csv
-    from postroom.web.app import _csv_pieces
+    from postroom.web.pages import csv_pieces
     from postroom.web.store import CSV_BATCH_ROWS
 
     with engine.begin() as conn:
@@ -163,6 +163,6 @@ def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseS
     batches = list(store.failure_batches("big"))
     assert [len(b) for b in batches] == [CSV_BATCH_ROWS, CSV_BATCH_ROWS, 5]
     assert [f for b in batches for f in b] == list(store.report_run("big").failures)
-    assert "".join(_csv_pieces(batches[0], iter(batches[1:]))) == render_csv(
+    assert "".join(csv_pieces(batches[0], iter(batches[1:]))) == render_csv(
         store.report_run("big").failures)
 

@@ -283,7 +283,7 @@ def test_each_group_of_a_sample_has_its_own_time(reader: LagReader,
 
 def test_a_registry_that_could_not_answer_is_not_asked_again_for_a_while() -> None:
     """`lag` with a registry that hangs: one ask per schema id a minute, not one per record."""
-    from postroom.lag.reader import REGISTRY_QUIET_S, QuietLookup
+    from postroom.lag.due import REGISTRY_QUIET_S, QuietLookup
     from postroom.schemas.codec import load_schema
     from postroom.schemas.errors import SchemaUnavailableError
 

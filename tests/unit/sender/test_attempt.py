@@ -31,10 +31,11 @@ from postroom.metrics import (
 )
 from postroom.schemas.codec import EmailRequested
 from postroom.sender.admission import Admitted
-from postroom.sender.attempt import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S, AttemptRules, Attempts
+from postroom.sender.attempt import AttemptRules, Attempts
 from postroom.sender.claims import RENEW_AFTER_S, Claim, dead_letter_key
 from postroom.sender.destinations import DestinationGate
 from postroom.sender.errors import AcceptedUnrecordedError, LedgerUnavailableError
+from postroom.sender.ledger_calls import LEDGER_RETRY_FIRST_S, LEDGER_RETRY_S
 from postroom.sender.outcome import Failure, SmtpReply, Stage
 from postroom.sender.retry import RetryPolicy
 from postroom.sender.routing import Origin
@@ -281,8 +282,8 @@ def test_different_calls_failing_in_one_outage_share_the_senders_warning(
         return call
 
     async def both() -> list[str]:
-        return list(await asyncio.gather(w.attempts._ledger_call("claim", failing("claim")),
-                                         w.attempts._ledger_call("mark", failing("mark"))))
+        return list(await asyncio.gather(w.attempts._calls.call("claim", failing("claim")),
+                                         w.attempts._calls.call("mark", failing("mark"))))
 
     with caplog.at_level(logging.DEBUG, logger="postroom.sender.attempt"):
         assert asyncio.run(both()) == ["claim", "mark"]

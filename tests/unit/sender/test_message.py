@@ -16,15 +16,13 @@ from typing import Any
 import pytest
 
 from postroom.schemas.codec import EmailRequested
+from postroom.sender.attachments import attachments_refusal, mime_type_for, read_attachment
 from postroom.sender.errors import AttachmentError
 from postroom.sender.message import (
     UnsafeHeaderError,
-    attachments_refusal,
     build_message,
     check_header_values,
     message_id_for,
-    mime_type_for,
-    read_attachment,
 )
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
@@ -423,7 +421,7 @@ def test_a_file_past_the_total_is_refused_by_its_size_before_it_is_read(
 def test_a_file_is_read_no_further_than_the_total_leaves(root: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from postroom.rules import SizeLimits
-    from postroom.sender.message import FilesBudget
+    from postroom.sender.attachments import FilesBudget
 
     (root / "a.csv").write_bytes(b"a" * 90)
     budget = FilesBudget(100)

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from postroom.schemas.codec import EmailRequested
+from postroom.sender.attachments import attachments_refusal
 from postroom.sender.errors import AttachmentError
-from postroom.sender.message import attachments_refusal, build_message
+from postroom.sender.message import build_message
 
 NOW = dt.datetime(2026, 10, 2, 7, 0, tzinfo=dt.UTC)
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))

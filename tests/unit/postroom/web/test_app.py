@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 
 from postroom.errors import ConfigError
 from postroom.settings import Settings
-from postroom.web.app import CONTENT_SECURITY_POLICY, Console, make_app
+from postroom.web.app import Console, make_app
+from postroom.web.middleware import CONTENT_SECURITY_POLICY
 from support.console import NOW, MemoryStore, outbox_row
 from support.webclient import OPERATOR_TOKEN, PROXY, READER_TOKEN, client, csrf_of, settings, sign_in
 

@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 from postroom.errors import ConfigError
 from postroom.relay.report import render_csv
 from postroom.settings import Settings
-from postroom.web.app import CONTENT_SECURITY_POLICY, FORM_MAX_BYTES, SESSION_COOKIE, make_app
+from postroom.web.app import SESSION_COOKIE, make_app
+from postroom.web.middleware import CONTENT_SECURITY_POLICY, FORM_MAX_BYTES
 from support.console import MemoryStore, outbox_row
 from support.webclient import OPERATOR_TOKEN, PROXY, READER_TOKEN, client, csrf_of, settings, sign_in
 
@@ -174,7 +175,7 @@ def test_a_malformed_field_is_a_400_or_404_with_one_line(store: MemoryStore, pat
 
 # --- a report run's page is bounded; its CSV has every failure -----------------------------------
 def test_a_report_page_shows_its_first_failures_and_counts_the_rest() -> None:
-    from postroom.web.app import REPORT_FAILURES_SHOWN
+    from postroom.web.pages import REPORT_FAILURES_SHOWN
 
     many = REPORT_FAILURES_SHOWN + 7
     store = MemoryStore(rows=[outbox_row(n, status="failed", last_error="550 no")
@@ -202,7 +203,7 @@ def test_the_suppression_page_reads_one_page_of_the_list() -> None:
     import datetime as dt
 
     from postroom.relay.suppression import Entry, Source
-    from postroom.web.app import SUPPRESSION_SHOWN_MAX
+    from postroom.web.pages import SUPPRESSION_SHOWN_MAX
     from support.console import NOW
 
     many = SUPPRESSION_SHOWN_MAX + 100
