@@ -137,6 +137,8 @@ def test_a_connection_that_sends_nothing_is_closed_and_connections_are_capped() 
             assert conn.recv(100) == b""  # closed by the server's socket timeout
             assert time.monotonic() - started < 2.0 + PROMPT_S
             conn.close()
+        # A slot is free once its thread has ended, a moment after the client saw the close.
+        wait_until(lambda: serving_threads() == 0, 30, "the server to free both slots")
         status, _, seconds = get(f"{base}/metrics")
         assert status == 200 and seconds < PROMPT_S
     finally:

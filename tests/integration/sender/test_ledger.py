@@ -26,7 +26,10 @@ from postroom.sender.marker import MARK_IN_FLIGHT, refused
 from postroom.settings import Settings
 from support.fuzz import examples
 
-pytestmark = pytest.mark.integration
+# The owner lock is keyed by the owner's name across the database, and these tests name their
+# ledgers "a", "b": on two pytest-xdist workers at once, one test's "a" waited for the other's
+# (make test's --dist loadgroup keeps them on one worker).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ledger-owners")]
 
 
 def ledger(engine: sa.Engine, settings: Settings, owner: str, lease_s: float = 30) -> Ledger:
