@@ -14,7 +14,7 @@ from typing import Any
 import postroom
 from postroom.bounces.service import _Handler as BounceHandler
 from postroom.bounces.session import BounceSession
-from postroom.devkit import devsmtp, devsmtp_handler, histograms, otlp, processes, story
+from postroom.devkit import bouncemail, devsmtp, devsmtp_handler, histograms, otlp, processes, story
 from postroom.health import _BoundedHTTPServer
 from postroom.relay.suppression import Source
 from postroom.schemas import framing
@@ -95,6 +95,9 @@ DestinationBy.DOMAIN
 
 # Dev tooling (postroom/devkit) that tests, bench and the chaos suite use.
 devsmtp.DevSmtpServer.message_ids  # tests/integration/test_devsmtp.py, test_smtp.py
+bouncemail.junk_text  # bench/bounces.py, tests/chaos/bouncestorm.py
+bouncemail.junk_parts  # bench/bounces.py, tests/chaos/bouncestorm.py
+bouncemail.postfix_dsn  # bench/bounces.py, tests/chaos/bouncestorm.py
 histograms.SENT_MARK_WINDOW  # bench/delivery.py, tests/chaos/harness.py
 histograms.Buckets.quantile_bound  # bench/delivery.py, tests/chaos/test_chaos.py
 histograms.scrape_histogram  # bench/delivery.py, tests/chaos/harness.py
