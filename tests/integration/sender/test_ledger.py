@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -372,10 +373,13 @@ def test_a_reopened_session_waits_for_an_older_session_holding_the_owner_lock(
     async def scenario() -> None:
         conninfo = libpq_conninfo(engine)
         older = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-        a = ledger(engine, db_settings, "a")
+        # An owner of this test's own: the lock is the database's, and an earlier test's session
+        # named "a" may not have ended yet on the server when this one starts.
+        owner = f"a-{uuid.uuid4().hex[:8]}"
+        a = ledger(engine, db_settings, owner)
         try:
             row = await (await older.execute(TAKE_OWNER_LOCK, {
-                "namespace": LOCK_NAMESPACE, "owner": "a"})).fetchone()
+                "namespace": LOCK_NAMESPACE, "owner": owner})).fetchone()
             assert row == (True,)
             claim = asyncio.ensure_future(a.claim("k", 1))
             await asyncio.sleep(1.5)
