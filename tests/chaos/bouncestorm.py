@@ -187,11 +187,11 @@ def inject(run: Any, rng: random.Random) -> None:
                 forged += 1
                 fake = make_token(rng.randrange(1, 1 << 30), os.urandom(24),
                                   dt.datetime.now(dt.UTC))
-                forged = postfix_dsn(BOUNCE_ADDRESS, fake, "x@example.com")
-                if relay.send(return_path(BOUNCE_ADDRESS, fake), forged) == 550:
+                forged_dsn = postfix_dsn(BOUNCE_ADDRESS, fake, "x@example.com")
+                if relay.send(return_path(BOUNCE_ADDRESS, fake), forged_dsn) == 550:
                     storm.forged_refused += 1
                 # the forged token inside a report to the bare address: taken, changes nothing
-                relay.send(BOUNCE_ADDRESS, postfix_dsn(BOUNCE_ADDRESS, fake, "x@example.com"))
+                relay.send(BOUNCE_ADDRESS, forged_dsn)
             time.sleep(0.05)
     finally:
         stop.set()
