@@ -118,6 +118,11 @@ def test_xturn_tells_the_clients_turn_around_and_starts_again() -> None:
     first, second = asyncio.run(_with_server(measured))  # type: ignore[misc]
     after_250, after_354 = first["after_250"], first["after_354"]
     assert after_250["count"] == 2 and after_354["count"] == 3
-    assert after_250["mean_ms"] >= pause_s * 1000 / 2  # one of the two waited pause_s
-    assert after_250["p50_ms"] < pause_s * 1000  # the median of two: their mean
+    # Of two turns the p90 is the longer and the median their mean, so the shorter is known:
+    # the waiting client's turn is at least its pause (however late the loaded machine woke it),
+    # and the one written behind the message is read with it, at once.
+    longer = after_250["p90_ms"]
+    shorter = 2 * after_250["p50_ms"] - longer
+    assert longer >= pause_s * 1000
+    assert shorter < pause_s * 1000 / 2
     assert second == {"after_250": {"count": 0}, "after_354": {"count": 0}}
