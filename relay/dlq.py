@@ -19,7 +19,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from postroom.errors import KafkaClientError
-from postroom.kafka import KafkaError, KafkaException, TopicPartition, check_reachable, make_reader
+from postroom.kafka import (
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+    check_reachable,
+    make_reader,
+    watermarks,
+)
 from postroom.kafka import translate as translate_kafka_error
 from postroom.relay import sql
 from postroom.relay.redrive import DeadLetter, letter_of
@@ -144,8 +151,7 @@ def _watermarks(consumer: Any, topic: str) -> dict[int, tuple[int, int]]:
     if topic not in metadata.topics or metadata.topics[topic].error is not None:
         raise KafkaClientError(f"cannot read the dead letters: no topic {topic} "
                                "(run `postroom topics create`)")
-    return {partition: consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                      timeout=METADATA_TIMEOUT_S)
+    return {partition: watermarks(consumer, TopicPartition(topic, partition), METADATA_TIMEOUT_S)
             for partition in metadata.topics[topic].partitions}
 
 

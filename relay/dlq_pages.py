@@ -13,7 +13,14 @@ import sqlalchemy as sa
 
 from postroom.errors import KafkaClientError
 from postroom.headers import ERROR_HEADER
-from postroom.kafka import KafkaException, TopicPartition, check_reachable, make_reader, message_headers
+from postroom.kafka import (
+    KafkaException,
+    TopicPartition,
+    check_reachable,
+    make_reader,
+    message_headers,
+    watermarks,
+)
 from postroom.kafka import translate as translate_kafka_error
 from postroom.relay import sql
 from postroom.relay.redrive import DeadLetter, _one_line, letter_of
@@ -107,8 +114,7 @@ def _read_windows(settings: Settings, window_of: Any
         ends: dict[int, int] = {}
         assignment = []
         for partition in sorted(metadata.topics[topic].partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout=READ_TIMEOUT_S)
+            low, high = watermarks(consumer, TopicPartition(topic, partition), READ_TIMEOUT_S)
             start, end = window_of(low, high, partition)
             bounds[partition] = (low, end)
             if end > start:

@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterator
 import sqlalchemy as sa
 
 from postroom.devkit.wait import wait_until
-from postroom.kafka import KafkaError, KafkaException, create_topics, make_admin
+from postroom.kafka import (
+    KafkaError,
+    KafkaException,
+    OffsetSpec,
+    TopicPartition,
+    create_topics,
+    make_admin,
+)
 from postroom.settings import ENV_PREFIX, Settings
 
 ADMIN_TIMEOUT_S = 15.0
@@ -73,15 +80,29 @@ def wait_for_topics(settings: Settings, names: list[str],
                     timeout_s: float = TOPIC_METADATA_TIMEOUT_S) -> None:
     """Return once the broker's metadata has each of ``names`` with a leader for every partition:
     the controller accepts a creation before the broker serves the topic, and a DescribeConfigs
-    or a produce meanwhile is refused with UNKNOWN_TOPIC_OR_PART."""
+    or a produce meanwhile is refused with UNKNOWN_TOPIC_OR_PART, and a leader named in the
+    metadata refuses with NOT_LEADER_FOR_PARTITION until it has taken the partition over."""
     admin = make_admin(settings)
 
     def ready() -> bool:
         # All topics, never the named ones: a metadata request naming a topic may create it.
         topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
-        return all(name in topics and topics[name].error is None and topics[name].partitions
+        if not all(name in topics and topics[name].error is None and topics[name].partitions
                    and all(p.leader >= 0 for p in topics[name].partitions.values())
-                   for name in names)
+                   for name in names):
+            return False
+        # A leader in the metadata may not serve its partition yet (NOT_LEADER_FOR_PARTITION):
+        # each partition's end offset is asked of its leader, in one request per broker.
+        latest = OffsetSpec.latest()
+        futures = admin.list_offsets({TopicPartition(name, number): latest for name in names
+                                      for number in topics[name].partitions},
+                                     request_timeout=ADMIN_TIMEOUT_S)
+        try:
+            for future in futures.values():
+                future.result()
+        except KafkaException:
+            return False
+        return True
 
     wait_until(ready, timeout_s, f"the broker to serve {len(names)} new topics")
 

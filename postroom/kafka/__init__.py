@@ -24,7 +24,13 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from postroom.kafka.acls import acl_binding, apply_acls
 from postroom.kafka.checks import KafkaDegraded, check_groups, check_kafka, check_topics
-from postroom.kafka.clients import make_admin, make_consumer, make_producer, make_reader
+from postroom.kafka.clients import (
+    make_admin,
+    make_consumer,
+    make_producer,
+    make_reader,
+    watermarks,
+)
 from postroom.kafka.config import (
     BROKER_WAIT_S,
     CONSUMER_FETCH_WAIT_MS,
@@ -110,4 +116,5 @@ __all__ = [
     "topic_replicas",
     "topic_retention",
     "translate",
+    "watermarks",
 ]

@@ -5,9 +5,10 @@ at creation translated to ours; a role's producer and group member watch for the
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from postroom.kafka.config import (
@@ -67,3 +68,34 @@ def make_admin(settings: Settings) -> AdminClient:
         return AdminClient(client_config(settings))
     except KafkaException as exc:
         raise creation_error(exc, settings, "admin", "cannot create Kafka admin client") from exc
+
+
+# Refusals that pass once the partition has its leader (librdkafka raises them from a watermark
+# query without marking them retriable).
+_LEADERSHIP_MOVING = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+})
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """The (low, high) watermarks of ``tp``, asked again while the broker's refusal is
+    retriable (NOT_LEADER_FOR_PARTITION while a new topic's leader takes over, or a leader moves
+    after a broker restart) until ``timeout_s`` has passed; the last refusal is raised."""
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.05
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                tp, timeout=max(deadline - time.monotonic(), 0.1))
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING) \
+                    or time.monotonic() + pause_s >= deadline:
+                raise
+            log.debug("watermarks of %s[%d] refused, asking again: %s", tp.topic, tp.partition,
+                      error)
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 1.0)
