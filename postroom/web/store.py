@@ -27,6 +27,9 @@ from postroom.web.forms import SearchFilter
 # How long one reading of the lag serves the glance page's polls (every viewer's).
 GLANCE_CACHE_S = 5.0
 CSV_BATCH_ROWS = 1000
+# The rows a search by state walks for one page at most (no index holds the state): a state few
+# rows are in is found a page of this many rows at a time, each page saying how far it looked.
+SEARCH_SCAN_ROWS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +63,23 @@ class Email:
 
 
 @dataclasses.dataclass(frozen=True)
+class SearchPage:
+    """A search's rows, newest first; ``scanned_to``, when the search stopped at its bound
+    (SEARCH_SCAN_ROWS) before it found a page: the keyset of the last row it looked at, which
+    the next page goes on from (older rows were not looked at)."""
+
+    rows: list[dict[str, Any]]
+    scanned_to: tuple[dt.datetime, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportRun:
     counts: tuple[tuple[str, int], ...]
     failures: tuple[Failure, ...]
 
 
 class ConsoleStore(Protocol):
-    def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]: ...
+    def search(self, wanted: SearchFilter, limit: int) -> SearchPage: ...
     def email(self, row_id: int) -> Email | None: ...
     def report_run(self, message_key: str, limit: int | None = None) -> ReportRun: ...
     def failure_batches(self, message_key: str) -> Iterator[list[Failure]]: ...
@@ -104,20 +117,28 @@ def _audit_params(action: Action, row_ids: Sequence[int] | None = None) -> dict[
 class DatabaseStore:
     """ConsoleStore over the database (and the topics, for dead letters and lag)."""
 
-    def __init__(self, settings: Settings, engine: sa.Engine) -> None:
+    def __init__(self, settings: Settings, engine: sa.Engine,
+                 scan_rows: int = SEARCH_SCAN_ROWS) -> None:
         self._settings = settings
         self._engine = engine
+        self._scan_rows = scan_rows
         self._glance_lock = threading.Lock()
         self._glance: tuple[float, dict[str, Any]] | None = None
         self._lag_reader: Any = None
 
-    def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]:
+    def search(self, wanted: SearchFilter, limit: int) -> SearchPage:
+        """The first ``limit`` rows the filters find, or fewer and where the search stopped."""
         query = sql.search_query(
             message_key=wanted.message_key, recipient=wanted.recipient, status=wanted.status,
             created_from=wanted.created_from, created_until=wanted.created_until,
-            after=wanted.after, limit=limit)
+            after=wanted.after, limit=limit, scan_rows=self._scan_rows)
         with self._engine.connect() as conn:
-            return [dict(row) for row in conn.execute(query).mappings()]
+            found = [dict(row) for row in conn.execute(query).mappings()]
+        edge = next((row for row in found if row["scan_edge"]), None)
+        rows = [{name: value for name, value in row.items()
+                 if name not in ("matched", "scan_edge")} for row in found if row["matched"]]
+        return SearchPage(rows, None if edge is None or len(rows) >= limit
+                          else (edge["keyset_at"], edge["id"]))
 
     def email(self, row_id: int) -> Email | None:
         with self._engine.connect() as conn:

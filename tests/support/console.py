@@ -12,7 +12,14 @@ from postroom.relay.redrive import RedrivePlan, RedriveRow, skip_reason
 from postroom.relay.report import Failure
 from postroom.relay.suppression import Entry, NotSuppressedError, Source, checked, reason_of
 from postroom.web.forms import SearchFilter
-from postroom.web.store import Action, AuditEntry, Email, ReportRun
+from postroom.web.store import (
+    SEARCH_SCAN_ROWS,
+    Action,
+    AuditEntry,
+    Email,
+    ReportRun,
+    SearchPage,
+)
 
 NOW = dt.datetime(2026, 9, 30, 12, 0, tzinfo=dt.UTC)
 
@@ -38,15 +45,24 @@ class MemoryStore:
     letters: list[LetterHistory] = dataclasses.field(default_factory=list)
     audited: list[Action] = dataclasses.field(default_factory=list)
     redriven: list[int] = dataclasses.field(default_factory=list)
+    scan_rows: int = SEARCH_SCAN_ROWS
 
-    def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]:
-        found = [r for r in self.rows
-                 if (wanted.message_key is None or r["message_key"] == wanted.message_key)
-                 and (wanted.recipient is None or r["recipient"].lower() == wanted.recipient)
-                 and (wanted.status is None or r["status"] == wanted.status)
-                 and (wanted.after is None or (r["created_at"], r["id"]) < wanted.after)]
-        found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
-        return found[:limit]
+    def search(self, wanted: SearchFilter, limit: int) -> SearchPage:
+        """As DatabaseStore's: a search by state looks through ``scan_rows`` rows at most."""
+        walked = sorted((r for r in self.rows
+                         if (wanted.message_key is None or r["message_key"] == wanted.message_key)
+                         and (wanted.recipient is None
+                              or r["recipient"].lower() == wanted.recipient.lower())
+                         and (wanted.after is None
+                              or (r["created_at"], r["id"]) < wanted.after)),
+                        key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        if wanted.status is None:
+            return SearchPage(walked[:limit])
+        walked = walked[:self.scan_rows]
+        found = [r for r in walked if r["status"] == wanted.status]
+        if len(found) >= limit or len(walked) < self.scan_rows:
+            return SearchPage(found[:limit])
+        return SearchPage(found, (walked[-1]["created_at"], walked[-1]["id"]))
 
     def email(self, row_id: int) -> Email | None:
         for row in self.rows:

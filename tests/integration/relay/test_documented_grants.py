@@ -233,8 +233,8 @@ def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine
     who = Identity("ops@example.com", Role.OPERATOR, "proxy")
     with engine_as(settings, "`postroom web`") as as_web:
         store = DatabaseStore(settings, as_web)
-        assert [r["id"] for r in store.search(SearchFilter(recipient="A@example.com"), 10)] == [
-            row.id]
+        assert [r["id"] for r in store.search(SearchFilter(recipient="A@example.com"),
+                                              10).rows] == [row.id]
         found = store.email(row.id)
         assert found is not None and found.row["status"] == "dead"
         assert dict(store.report_run("run").counts) == {"dead": 1}
