@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,7 +22,7 @@ from postroom.relay.sql import console as sql
 from postroom.relay.sql import operators, outbox_backlog
 from postroom.relay.suppression import Entry
 from postroom.settings import Settings
-from postroom.web.auth import Identity
+from postroom.web.auth import Identity, Role
 from postroom.web.forms import SearchFilter
 
 # How long one reading of the lag serves the glance page's polls (every viewer's).
@@ -30,6 +31,9 @@ CSV_BATCH_ROWS = 1000
 # The rows a search by state walks for one page at most (no index holds the state): a state few
 # rows are in is found a page of this many rows at a time, each page saying how far it looked.
 SEARCH_SCAN_ROWS = 100_000
+# A session's last use is written again when it is older than this: a page view writes the
+# database once a minute at most, and the idle limit is kept to within a minute.
+SESSION_SEEN_EVERY_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +99,9 @@ class ConsoleStore(Protocol):
     def record(self, action: Action) -> None: ...
     def audit(self, before_id: int | None, limit: int) -> list[AuditEntry]: ...
     def glance(self) -> dict[str, Any]: ...
+    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None: ...
+    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None: ...
+    def close_session(self, session_id: str) -> None: ...
 
 
 def replay_plan(engine: sa.Engine, found: LetterHistory | None, partition: int,
@@ -105,6 +112,12 @@ def replay_plan(engine: sa.Engine, found: LetterHistory | None, partition: int,
         place = f"{partition}@{offset}"
         return RedrivePlan((), ((place, "not on the dead-letter topic"),), unknown=place)
     return redrive.plan_replay([found.letter], engine, None)
+
+
+def _session_key(session_id: str) -> str:
+    """How the database holds a session's id: its SHA-256, so that a reader of the table cannot
+    sign in with what it reads."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 def _audit_params(action: Action, row_ids: Sequence[int] | None = None) -> dict[str, Any]:
@@ -232,6 +245,30 @@ class DatabaseStore:
                      **self._lag()}
             self._glance = (now, value)
             return value
+
+    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None:
+        """Record a session signed in (and forget those idle for ``idle_s``)."""
+        with self._engine.begin() as conn:
+            conn.execute(sql.SESSIONS_IDLE_DELETE, {"idle_s": idle_s})
+            conn.execute(sql.SESSION_OPEN, {"id": _session_key(session_id), "who": who.who,
+                                            "role": who.role.value})
+
+    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None:
+        """Who the session is, while it was used in the last ``idle_s``; a request that is
+        ``active`` (not a page's background refresh) counts as its use."""
+        key = _session_key(session_id)
+        with self._engine.begin() as conn:
+            found = conn.execute(sql.SESSION_OF, {"id": key, "idle_s": idle_s,
+                                                  "touch_s": SESSION_SEEN_EVERY_S}).first()
+            if found is None:
+                return None
+            if active and found.stale:
+                conn.execute(sql.SESSION_SEEN, {"id": key})
+        return Identity(found.who, Role(found.role), "token")
+
+    def close_session(self, session_id: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(sql.SESSION_CLOSE, {"id": _session_key(session_id)})
 
     def _throughput(self) -> dict[str, Any]:
         with self._engine.connect() as conn:

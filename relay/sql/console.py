@@ -166,3 +166,21 @@ THROUGHPUT_LAST_HOUR = sa.text("""
           AND sent_at >= date_trunc('minute', now()) - interval '59 minutes'
     ) AS counted GROUP BY minute ORDER BY minute
 """)
+
+
+# The console's sessions (migration 0017), by the SHA-256 of the id their cookie carries. A session
+# is live while it was seen in the last :idle_s seconds; ``stale`` says it was not seen in the
+# last :touch_s, when a request that counts as activity writes the time again (not each request).
+SESSION_OPEN = sa.text("""
+    INSERT INTO console_session (id_sha256, who, role) VALUES (:id, :who, :role)
+""")
+SESSIONS_IDLE_DELETE = sa.text("""
+    DELETE FROM console_session WHERE seen_at <= now() - make_interval(secs => :idle_s)
+""")
+SESSION_OF = sa.text("""
+    SELECT who, role, seen_at <= now() - make_interval(secs => :touch_s) AS stale
+    FROM console_session
+    WHERE id_sha256 = :id AND seen_at > now() - make_interval(secs => :idle_s)
+""")
+SESSION_SEEN = sa.text("UPDATE console_session SET seen_at = now() WHERE id_sha256 = :id")
+SESSION_CLOSE = sa.text("DELETE FROM console_session WHERE id_sha256 = :id")

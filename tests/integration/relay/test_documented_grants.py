@@ -245,3 +245,7 @@ def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine
         assert [e.action for e in store.audit(None, 10)] == [
             "requeue", "suppression remove", "suppression add"]
         assert store._throughput()["outbox_backlog"] == 1
+        store.open_session("sid", who, 3600)
+        assert store.session("sid", 3600, active=True) is not None
+        store.close_session("sid")
+        assert store.session("sid", 3600, active=True) is None

@@ -202,3 +202,36 @@ def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseS
     assert "".join(csv_pieces(batches[0], iter(batches[1:]))) == render_csv(
         store.report_run("big").failures)
 
+
+
+def test_sessions_are_kept_by_their_ids_hash_and_end_idle_or_signed_out(
+        store: DatabaseStore, engine: sa.Engine) -> None:
+    reader = Identity("reader token", Role.READER, "token")
+    store.open_session("sid-1", reader, 3600)
+    with engine.connect() as conn:
+        held = conn.execute(sa.text("SELECT id_sha256, who, role FROM console_session")).all()
+    assert [(h.who, h.role) for h in held] == [("reader token", "reader")]
+    assert "sid-1" not in held[0].id_sha256  # the id itself is not in the table
+
+    def seen_ago(seconds: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE console_session SET seen_at = now() - make_interval("
+                                 "secs => :s)"), {"s": seconds})
+
+    def last_seen_s() -> float:
+        with engine.connect() as conn:
+            return float(conn.scalar(sa.text(
+                "SELECT extract(epoch FROM now() - seen_at) FROM console_session")))
+
+    seen_ago(1800)
+    assert store.session("sid-1", 3600, active=False) == reader  # a background refresh ...
+    assert last_seen_s() >= 1800  # ... is not a use
+    assert store.session("sid-1", 3600, active=True) == reader
+    assert last_seen_s() < 60
+    assert store.session("sid-2", 3600, active=True) is None
+    seen_ago(3601)
+    assert store.session("sid-1", 3600, active=True) is None  # idle past the limit
+    store.open_session("sid-3", reader, 3600)  # forgets the idle ones
+    store.close_session("sid-3")
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT count(*) FROM console_session")) == 0
