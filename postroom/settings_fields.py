@@ -303,6 +303,12 @@ class ConsoleSettings:
         meaning="a token that signs in read-only (search, timelines, reports, lists), or a file "
                 "holding it",
         file=FileVariant("WEB_READER_TOKEN_FILE", v.web_token, "wins"))
+    web_session_key: Secret | None = setting(  # noqa: RUF009 - as above
+        "WEB_SESSION_KEY", v.web_session_key, shown="(none: one made at each start)",
+        meaning=f"the key (at least {v.WEB_SESSION_KEY_MIN_CHARS} characters) that signs the "
+                "console's session cookies, or a file holding it; give every replica the same, "
+                "so that each takes the others' sessions and a restart signs no one out",
+        file=FileVariant("WEB_SESSION_KEY_FILE", v.web_session_key, "wins"))
     web_trusted_proxies: tuple[str, ...] = setting(
         "WEB_TRUSTED_PROXIES", v.proxy_networks, (), shown="(none)",
         meaning="addresses or networks (`10.0.0.5,10.1.0.0/16`) of single-sign-on proxies "

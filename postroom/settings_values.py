@@ -318,6 +318,19 @@ def web_token(text: str) -> Secret:
     return Secret(token)
 
 
+WEB_SESSION_KEY_MIN_CHARS = 32
+
+
+def web_session_key(text: str) -> Secret:
+    """The key that signs the console's session cookies (a file's one line): at least
+    WEB_SESSION_KEY_MIN_CHARS characters, no blank inside."""
+    key = text.rstrip("\r\n")
+    if len(key) < WEB_SESSION_KEY_MIN_CHARS or any(ch.isspace() for ch in key):
+        raise ValueError(f"a session key needs at least {WEB_SESSION_KEY_MIN_CHARS} characters "
+                         "and no blank (e.g. `openssl rand -hex 32`)")
+    return Secret(key)
+
+
 def proxy_networks(text: str) -> tuple[str, ...]:
     """Comma-separated addresses or networks (``10.0.0.5,10.1.0.0/16,::1``), as written by
     ipaddress."""

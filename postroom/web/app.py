@@ -1,13 +1,13 @@
 """The console's web application: Starlette routes over a ConsoleStore, pages rendered by Jinja2
-with every value escaped, a session cookie signed per process, a CSRF token on every POST, a
-strict Content-Security-Policy on every response, and an audit entry for every action."""
+with every value escaped, a signed session cookie naming a session the store keeps, a CSRF token
+on every POST, a strict Content-Security-Policy on every response, and an audit entry for every
+action."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import secrets
-import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "postroom_console"
-SESSION_MAX_AGE_S = 8 * 3600
+SESSION_MAX_AGE_S = 8 * 3600  # a session not used for this long is signed out
+SESSION_ID_BYTES = 16
+_UNKNOWN = object()  # request.state's identity before it is asked
 Handler = Callable[["Console", Request, Identity], Awaitable[Response]]
 OpenHandler = Callable[["Console", Request], Awaitable[Response]]
 
@@ -60,38 +62,40 @@ def answered(handler: OpenHandler) -> Any:
         try:
             return await handler(self, request)
         except Refused as exc:
-            return self.refusal(request, exc.status, str(exc))
+            return await self.refusal(request, exc.status, str(exc))
         except HTTPException as exc:  # Starlette's own refusal of a form (too many fields)
-            return self.refusal(request, exc.status_code,
-                                printable((str(exc.detail).splitlines() or [""])[0]))
+            return await self.refusal(request, exc.status_code,
+                                      printable((str(exc.detail).splitlines() or [""])[0]))
         except forms.FormError as exc:
-            return self.refusal(request, 400, str(exc))
+            return await self.refusal(request, 400, str(exc))
         except (InvalidContentError, NotSuppressedError) as exc:
-            return self.refusal(request, 400, printable(str(exc)))
+            return await self.refusal(request, 400, printable(str(exc)))
         except KafkaClientError as exc:
-            return self.refusal(request, 502, printable(str(exc)))
+            return await self.refusal(request, 502, printable(str(exc)))
         except PostroomError as exc:
-            return self.refusal(request, 500, printable(str(exc)))
+            return await self.refusal(request, 500, printable(str(exc)))
         except sa_errors.DBAPIError as exc:
             log.warning("the database refused a console request: %s", first_line(exc))
-            return self.refusal(request, 503, "the database does not answer: "
-                                f"{printable(first_line(exc))}")
+            return await self.refusal(request, 503, "the database does not answer: "
+                                      f"{printable(first_line(exc))}")
         except Exception:
             log.exception("console request %s %s failed", request.method, request.url.path)
-            return self.refusal(request, 500, "internal error (postroom web logged it)")
+            return await self.refusal(request, 500, "internal error (postroom web logged it)")
 
     return route
 
 
-def page(needed: Role = Role.READER, *, signed_in: bool = True) -> Callable[[Handler], Any]:
+def page(needed: Role = Role.READER, *, signed_in: bool = True,
+         active: bool = True) -> Callable[[Handler], Any]:
     """A route handler that needs a signed-in identity with ``needed``; a POST also needs the
     session's CSRF token in its form, checked before anything else is read or done, and one
-    refused (a field, a row that is not there) is audited with why."""
+    refused (a field, a row that is not there) is audited with why. A request to a route not
+    ``active`` (a page's background refresh) does not keep its session from going idle."""
 
     def wrap(handler: Handler) -> Any:
         @functools.wraps(handler)
         async def admitted(self: Console, request: Request) -> Response:
-            who = await self.admit(request, needed, redirect=signed_in)
+            who = await self.admit(request, needed, redirect=signed_in, active=active)
             if isinstance(who, Response):
                 return who
             if request.method != "POST":
@@ -119,45 +123,39 @@ class Console:
             autoescape=True,  # every value a job, a server or a person wrote is escaped
             undefined=jinja2.StrictUndefined)
         self.templates.filters["utc"] = as_utc
-        # The sessions signed in by this process and not signed out, by id, with when each was
-        # last seen: a cookie is signed, so without this a copy of it would outlive a sign-out.
-        self.sessions: dict[str, float] = {}
         self.throttle = auth.SignInThrottle()
 
     # --- who is asking -------------------------------------------------------------------
-    def identity(self, request: Request) -> Identity | None:
-        """The trusted proxy's header first (it signs every request), then the session."""
+    async def identity(self, request: Request, *, active: bool = True) -> Identity | None:
+        """The trusted proxy's header first (it signs every request), then the session: one the
+        store knows, signed in and not signed out, used within SESSION_MAX_AGE_S (a cookie is
+        signed, so without the store a copy of it would outlive a sign-out). Asked once a
+        request; an ``active`` one counts as the session's use."""
+        known = getattr(request.state, "identity", _UNKNOWN)
+        if known is None or isinstance(known, Identity):
+            return known
         peer = request.client.host if request.client else None
-        proxied = auth.by_proxy(peer, request.headers.getlist(auth.PROXY_EMAIL_HEADER),
-                                self.settings)
-        if proxied is not None:
-            return proxied
-        session = request.session
-        if (session.get("who") and session.get("role") in {r.value for r in Role}
-                and self._live(session.get("sid"))):
-            return Identity(str(session["who"]), Role(session["role"]), "token")
-        return None
+        who = auth.by_proxy(peer, request.headers.getlist(auth.PROXY_EMAIL_HEADER), self.settings)
+        sid = request.session.get("sid")
+        if who is None and isinstance(sid, str) and sid:
+            who = await run_in_threadpool(self.store.session, sid, SESSION_MAX_AGE_S,
+                                          active=active)
+        request.state.identity = who
+        return who
 
-    def _live(self, sid: object) -> bool:
-        now = time.monotonic()
-        for stale in [s for s, seen in self.sessions.items() if now - seen > SESSION_MAX_AGE_S]:
-            del self.sessions[stale]
-        if not isinstance(sid, str) or sid not in self.sessions:
-            return False
-        self.sessions[sid] = now
-        return True
-
-    async def admit(self, request: Request, needed: Role, *, redirect: bool) -> Identity | Response:
+    async def admit(self, request: Request, needed: Role, *, redirect: bool,
+                    active: bool = True) -> Identity | Response:
         """Who may go on (Refused otherwise): a POST's CSRF token first, then the identity and
         its role; a GET page without one is sent to sign in."""
         if request.method == "POST":
             try:
                 await self.check_csrf(request)
             except Refused as exc:
-                if exc.status == 403 and (forger := self.identity(request)) is not None:
+                forger = await self.identity(request, active=False) if exc.status == 403 else None
+                if forger is not None:
                     await self.audit_refusal(request, forger, "CSRF token missing or wrong")
                 raise
-        who = self.identity(request)
+        who = await self.identity(request, active=active)
         if who is None:
             if request.method == "GET" and redirect:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query
@@ -195,18 +193,27 @@ class Console:
     # --- rendering -----------------------------------------------------------------------
     def render(self, request: Request, template: str, status: int = 200,
                who: Identity | None = None, **values: Any) -> HTMLResponse:
+        """``template`` with ``values``; the header names ``who``, or whoever the request was
+        found to be."""
+        if who is None:
+            who = getattr(request.state, "identity", None)
         body = self.templates.get_template(template).render(
-            who=who if who is not None else self.identity(request),
-            csrf=self.csrf_token(request), path=request.url.path, **values)
+            who=who, csrf=self.csrf_token(request), path=request.url.path, **values)
         return HTMLResponse(body, status_code=status)
 
-    def refusal(self, request: Request, status: int, message: str) -> HTMLResponse:
+    async def refusal(self, request: Request, status: int, message: str) -> HTMLResponse:
+        """The page saying why, with the header of whoever asked when that can be known (not
+        when the database that keeps the sessions does not answer)."""
+        try:
+            await self.identity(request, active=False)
+        except (sa_errors.DBAPIError, PostroomError):
+            request.state.identity = None
         return self.render(request, "refused.html", status, message=message)
 
     # --- signing in ----------------------------------------------------------------------
     @answered
     async def signin_form(self, request: Request) -> Response:
-        if self.identity(request) is not None:
+        if await self.identity(request) is not None:
             return RedirectResponse("/search", status_code=303)
         return self.render(request, "signin.html", next=_local(request.query_params.get("next")),
                            tokens=self.settings.web_operator_token is not None
@@ -230,17 +237,21 @@ class Console:
                                tokens=True, error="sign-in refused: that token is not valid")
         # Audited first: a sign-in the audit cannot record does not happen.
         await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
+        before = request.session.get("sid")
+        if isinstance(before, str) and before:  # signed in again: the session before ends
+            await run_in_threadpool(self.store.close_session, before)
+        sid = secrets.token_urlsafe(SESSION_ID_BYTES)
+        await run_in_threadpool(self.store.open_session, sid, who, SESSION_MAX_AGE_S)
         request.session.clear()  # a fresh session: nothing from before the sign-in carries over
-        sid = secrets.token_urlsafe(16)
-        self.sessions[sid] = time.monotonic()
-        request.session.update({"who": who.who, "role": who.role.value, "sid": sid,
-                                "csrf": auth.new_csrf_token()})
+        request.session.update({"sid": sid, "csrf": auth.new_csrf_token()})
         return RedirectResponse(_local(form.get("next")) or "/search", status_code=303)
 
     @answered
     async def signout(self, request: Request) -> Response:
         await self.check_csrf(request)
-        self.sessions.pop(str(request.session.get("sid")), None)
+        sid = request.session.get("sid")
+        if isinstance(sid, str) and sid:
+            await run_in_threadpool(self.store.close_session, sid)
         request.session.clear()
         return RedirectResponse("/signin", status_code=303)
 
@@ -254,7 +265,8 @@ class Console:
     dead_letter = page()(pages.dead_letter)
     confirm_redrive = page()(pages.confirm_redrive)
     glance = page()(pages.glance)
-    glance_json = page(signed_in=False)(pages.glance_json)
+    # The glance page's script asks every few seconds: an open tab is not someone using it.
+    glance_json = page(signed_in=False, active=False)(pages.glance_json)
     audit = page()(pages.audit)
 
     # --- acting (operator) -----------------------------------------------------------------
@@ -326,16 +338,24 @@ class Console:
         ]
 
 
-def make_app(settings: Settings, store: ConsoleStore, session_secret: str | None = None) -> Starlette:
-    """The console as an ASGI application. Sessions are signed with ``session_secret``, by
-    default one made for this process: a restart signs everyone out."""
+def make_app(settings: Settings, store: ConsoleStore) -> Starlette:
+    """The console as an ASGI application. Session cookies are signed with
+    POSTROOM_WEB_SESSION_KEY(_FILE), or without it a key made here: a restart then signs everyone
+    out, and no other replica takes this one's cookies (said once, in the log)."""
     console = Console(settings, store)
+    if settings.web_session_key is not None:
+        session_key = settings.web_session_key.reveal()
+    else:
+        session_key = secrets.token_urlsafe(32)
+        log.info("POSTROOM_WEB_SESSION_KEY_FILE is not set: sessions are signed with a key made "
+                 "at this start, so a restart signs everyone out and another replica refuses "
+                 "this one's sessions")
     return Starlette(routes=console.routes(), middleware=[
         Middleware(SecurityHeaders),
         Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.web_hosts or ["*"]),
                    www_redirect=False),
         Middleware(LimitedBody),
-        Middleware(SessionMiddleware, secret_key=session_secret or secrets.token_urlsafe(32),
+        Middleware(SessionMiddleware, secret_key=session_key,
                    session_cookie=SESSION_COOKIE, max_age=SESSION_MAX_AGE_S, same_site="strict",
                    https_only=settings.web_secure_cookie),
     ])

@@ -4,6 +4,7 @@ values they show."""
 
 from __future__ import annotations
 
+import datetime as dt
 import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -29,18 +30,25 @@ REPORT_FAILURES_SHOWN = 500
 
 async def search(console: Console, request: Request, who: Identity) -> Response:
     wanted = forms.search_filter(request.query_params)
-    rows = await run_in_threadpool(console.store.search, wanted, forms.PAGE_ROWS + 1)
-    more = len(rows) > forms.PAGE_ROWS
-    rows = rows[:forms.PAGE_ROWS]
-    next_page = None
-    if more:
-        last = rows[-1]
-        next_page = "/search?" + urllib.parse.urlencode(
-            {**wanted.as_params(), "after": forms.cursor(last["keyset_at"], last["id"])})
+    found = await run_in_threadpool(console.store.search, wanted, forms.PAGE_ROWS + 1)
+    rows = found.rows[:forms.PAGE_ROWS]
+    next_page = older = scanned_to = None
+    if len(found.rows) > forms.PAGE_ROWS:
+        next_page = _search_after(wanted, rows[-1]["keyset_at"], rows[-1]["id"])
+    elif found.scanned_to is not None:  # a search by state stopped at its bound: go on from there
+        older = _search_after(wanted, *found.scanned_to)
+        scanned_to = found.scanned_to[0]
     return console.render(request, "search.html", who=who, rows=rows, wanted=wanted,
-                       states=forms.STATES, next_page=next_page,
-                       first_page="/search?" + urllib.parse.urlencode(wanted.as_params())
-                       if wanted.after else None)
+                          states=forms.STATES, next_page=next_page, older=older,
+                          scanned_to=scanned_to,
+                          first_page="/search?" + urllib.parse.urlencode(wanted.as_params())
+                          if wanted.after else None)
+
+
+def _search_after(wanted: forms.SearchFilter, keyset_at: dt.datetime, row_id: int) -> str:
+    """The search's link to the rows older than (keyset_at, row_id)."""
+    return "/search?" + urllib.parse.urlencode(
+        {**wanted.as_params(), "after": forms.cursor(keyset_at, row_id)})
 
 
 async def email(console: Console, request: Request, who: Identity) -> Response:
@@ -165,8 +173,6 @@ def as_days(seconds: float) -> str:
 
 
 def as_utc(moment: Any) -> str:
-    import datetime as dt
-
     if isinstance(moment, dt.datetime):
         return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return "-"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,12 +22,18 @@ from postroom.relay.sql import console as sql
 from postroom.relay.sql import operators, outbox_backlog
 from postroom.relay.suppression import Entry
 from postroom.settings import Settings
-from postroom.web.auth import Identity
+from postroom.web.auth import Identity, Role
 from postroom.web.forms import SearchFilter
 
 # How long one reading of the lag serves the glance page's polls (every viewer's).
 GLANCE_CACHE_S = 5.0
 CSV_BATCH_ROWS = 1000
+# The rows a search by state walks for one page at most (no index holds the state): a state few
+# rows are in is found a page of this many rows at a time, each page saying how far it looked.
+SEARCH_SCAN_ROWS = 100_000
+# A session's last use is written again when it is older than this: a page view writes the
+# database once a minute at most, and the idle limit is kept to within a minute.
+SESSION_SEEN_EVERY_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +67,23 @@ class Email:
 
 
 @dataclasses.dataclass(frozen=True)
+class SearchPage:
+    """A search's rows, newest first; ``scanned_to``, when the search stopped at its bound
+    (SEARCH_SCAN_ROWS) before it found a page: the keyset of the last row it looked at, which
+    the next page goes on from (older rows were not looked at)."""
+
+    rows: list[dict[str, Any]]
+    scanned_to: tuple[dt.datetime, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportRun:
     counts: tuple[tuple[str, int], ...]
     failures: tuple[Failure, ...]
 
 
 class ConsoleStore(Protocol):
-    def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]: ...
+    def search(self, wanted: SearchFilter, limit: int) -> SearchPage: ...
     def email(self, row_id: int) -> Email | None: ...
     def report_run(self, message_key: str, limit: int | None = None) -> ReportRun: ...
     def failure_batches(self, message_key: str) -> Iterator[list[Failure]]: ...
@@ -82,6 +99,9 @@ class ConsoleStore(Protocol):
     def record(self, action: Action) -> None: ...
     def audit(self, before_id: int | None, limit: int) -> list[AuditEntry]: ...
     def glance(self) -> dict[str, Any]: ...
+    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None: ...
+    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None: ...
+    def close_session(self, session_id: str) -> None: ...
 
 
 def replay_plan(engine: sa.Engine, found: LetterHistory | None, partition: int,
@@ -94,6 +114,12 @@ def replay_plan(engine: sa.Engine, found: LetterHistory | None, partition: int,
     return redrive.plan_replay([found.letter], engine, None)
 
 
+def _session_key(session_id: str) -> str:
+    """How the database holds a session's id: its SHA-256, so that a reader of the table cannot
+    sign in with what it reads."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
 def _audit_params(action: Action, row_ids: Sequence[int] | None = None) -> dict[str, Any]:
     return {"who": action.who.who, "role": action.who.role.value, "action": action.action,
             "target": action.target, "row_ids": list(action.row_ids if row_ids is None
@@ -104,20 +130,28 @@ def _audit_params(action: Action, row_ids: Sequence[int] | None = None) -> dict[
 class DatabaseStore:
     """ConsoleStore over the database (and the topics, for dead letters and lag)."""
 
-    def __init__(self, settings: Settings, engine: sa.Engine) -> None:
+    def __init__(self, settings: Settings, engine: sa.Engine,
+                 scan_rows: int = SEARCH_SCAN_ROWS) -> None:
         self._settings = settings
         self._engine = engine
+        self._scan_rows = scan_rows
         self._glance_lock = threading.Lock()
         self._glance: tuple[float, dict[str, Any]] | None = None
         self._lag_reader: Any = None
 
-    def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]:
+    def search(self, wanted: SearchFilter, limit: int) -> SearchPage:
+        """The first ``limit`` rows the filters find, or fewer and where the search stopped."""
         query = sql.search_query(
             message_key=wanted.message_key, recipient=wanted.recipient, status=wanted.status,
             created_from=wanted.created_from, created_until=wanted.created_until,
-            after=wanted.after, limit=limit)
+            after=wanted.after, limit=limit, scan_rows=self._scan_rows)
         with self._engine.connect() as conn:
-            return [dict(row) for row in conn.execute(query).mappings()]
+            found = [dict(row) for row in conn.execute(query).mappings()]
+        edge = next((row for row in found if row["scan_edge"]), None)
+        rows = [{name: value for name, value in row.items()
+                 if name not in ("matched", "scan_edge")} for row in found if row["matched"]]
+        return SearchPage(rows, None if edge is None or len(rows) >= limit
+                          else (edge["keyset_at"], edge["id"]))
 
     def email(self, row_id: int) -> Email | None:
         with self._engine.connect() as conn:
@@ -211,6 +245,30 @@ class DatabaseStore:
                      **self._lag()}
             self._glance = (now, value)
             return value
+
+    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None:
+        """Record a session signed in (and forget those idle for ``idle_s``)."""
+        with self._engine.begin() as conn:
+            conn.execute(sql.SESSIONS_IDLE_DELETE, {"idle_s": idle_s})
+            conn.execute(sql.SESSION_OPEN, {"id": _session_key(session_id), "who": who.who,
+                                            "role": who.role.value})
+
+    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None:
+        """Who the session is, while it was used in the last ``idle_s``; a request that is
+        ``active`` (not a page's background refresh) counts as its use."""
+        key = _session_key(session_id)
+        with self._engine.begin() as conn:
+            found = conn.execute(sql.SESSION_OF, {"id": key, "idle_s": idle_s,
+                                                  "touch_s": SESSION_SEEN_EVERY_S}).first()
+            if found is None:
+                return None
+            if active and found.stale:
+                conn.execute(sql.SESSION_SEEN, {"id": key})
+        return Identity(found.who, Role(found.role), "token")
+
+    def close_session(self, session_id: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(sql.SESSION_CLOSE, {"id": _session_key(session_id)})
 
     def _throughput(self) -> dict[str, Any]:
         with self._engine.connect() as conn:

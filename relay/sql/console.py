@@ -32,28 +32,51 @@ SEARCH_COLUMNS = ("id", "message_key", "recipient", "subject", "status", "attemp
 
 def search_query(*, message_key: str | None, recipient: str | None, status: str | None,
                  created_from: dt.datetime | None, created_until: dt.datetime | None,
-                 after: tuple[dt.datetime, int] | None, limit: int) -> sa.Select[Any]:
+                 after: tuple[dt.datetime, int] | None, limit: int,
+                 scan_rows: int) -> sa.Select[Any]:
     """Rows newest first by (created_at, id), those after the keyset ``after`` (the last row of
-    the page before). Each filter is a plain predicate, so the planner picks the index that fits
-    (migration 0016: created_at; lower(recipient), created_at; message_key)."""
-    query = sa.select(*(readable_time(outbox.c[n]).label(n) if n.endswith("_at") else outbox.c[n]
-                        for n in SEARCH_COLUMNS),
-                      outbox.c.created_at.label("keyset_at"))
+    the page before), each with ``keyset_at`` (its created_at as stored), ``matched`` and
+    ``scan_edge``. Each filter but the state is a plain predicate, so the planner picks the index
+    that fits (migration 0016: created_at; lower(recipient), created_at; message_key).
+
+    No index holds the state (see 0016), so a search by state walks at most ``scan_rows`` rows
+    of the others' order and keeps those in the state (``matched``); when it stops there before
+    ``limit`` of them, the last row it walked comes too, ``scan_edge`` (and ``matched`` only if
+    it is in the state): the search goes on after it. A state no row is in costs a walk of
+    ``scan_rows`` rows, not of the outbox."""
+    order = (outbox.c.created_at.desc(), outbox.c.id.desc())
+    where = []
     if message_key is not None:
-        query = query.where(outbox.c.message_key == message_key)
+        where.append(outbox.c.message_key == message_key)
     if recipient is not None:
         # Any spelling of the address: postroom compares recipients in lower case everywhere.
-        query = query.where(sa.func.lower(outbox.c.recipient) == sa.func.lower(recipient))
-    if status is not None:
-        query = query.where(outbox.c.status == status)
+        where.append(sa.func.lower(outbox.c.recipient) == sa.func.lower(recipient))
     if created_from is not None:
-        query = query.where(outbox.c.created_at >= created_from)
+        where.append(outbox.c.created_at >= created_from)
     if created_until is not None:
-        query = query.where(outbox.c.created_at < created_until)
+        where.append(outbox.c.created_at < created_until)
     if after is not None:
-        query = query.where(sa.tuple_(outbox.c.created_at, outbox.c.id) < sa.tuple_(
+        where.append(sa.tuple_(outbox.c.created_at, outbox.c.id) < sa.tuple_(
             sa.literal(after[0], sa.DateTime(timezone=True)), sa.literal(after[1], sa.BigInteger)))
-    return query.order_by(outbox.c.created_at.desc(), outbox.c.id.desc()).limit(limit)
+    columns = [readable_time(outbox.c[n]).label(n) if n.endswith("_at") else outbox.c[n]
+               for n in SEARCH_COLUMNS]
+    if status is None:
+        return sa.select(*columns, outbox.c.created_at.label("keyset_at"),
+                         sa.true().label("matched"), sa.false().label("scan_edge")).where(
+            *where).order_by(*order).limit(limit)
+    # The bound is written into the statement, not bound: a prepared statement's generic plan
+    # does not know a parameter's LIMIT, and may sort every row the filters leave.
+    bound = sa.literal_column(str(int(scan_rows)), sa.BigInteger)
+    walked = sa.select(outbox.c.id, outbox.c.created_at, outbox.c.status).where(
+        *where).order_by(*order).limit(bound).subquery("walked")
+    numbered = sa.select(walked, sa.func.row_number().over(
+        order_by=(walked.c.created_at.desc(), walked.c.id.desc())).label("n")).subquery("numbered")
+    matched = numbered.c.status == status
+    edge = numbered.c.n == bound
+    return sa.select(*columns, numbered.c.created_at.label("keyset_at"), matched.label("matched"),
+                     edge.label("scan_edge")).select_from(
+        numbered.join(outbox, outbox.c.id == numbered.c.id)).where(sa.or_(matched, edge)).order_by(
+        numbered.c.created_at.desc(), numbered.c.id.desc()).limit(limit)
 
 
 _ROW_TIMES = ("created_at", "available_at", "published_at", "sent_at", "next_attempt_at",
@@ -143,3 +166,21 @@ THROUGHPUT_LAST_HOUR = sa.text("""
           AND sent_at >= date_trunc('minute', now()) - interval '59 minutes'
     ) AS counted GROUP BY minute ORDER BY minute
 """)
+
+
+# The console's sessions (migration 0017), by the SHA-256 of the id their cookie carries. A session
+# is live while it was seen in the last :idle_s seconds; ``stale`` says it was not seen in the
+# last :touch_s, when a request that counts as activity writes the time again (not each request).
+SESSION_OPEN = sa.text("""
+    INSERT INTO console_session (id_sha256, who, role) VALUES (:id, :who, :role)
+""")
+SESSIONS_IDLE_DELETE = sa.text("""
+    DELETE FROM console_session WHERE seen_at <= now() - make_interval(secs => :idle_s)
+""")
+SESSION_OF = sa.text("""
+    SELECT who, role, seen_at <= now() - make_interval(secs => :touch_s) AS stale
+    FROM console_session
+    WHERE id_sha256 = :id AND seen_at > now() - make_interval(secs => :idle_s)
+""")
+SESSION_SEEN = sa.text("UPDATE console_session SET seen_at = now() WHERE id_sha256 = :id")
+SESSION_CLOSE = sa.text("DELETE FROM console_session WHERE id_sha256 = :id")

@@ -1,18 +1,28 @@
 """An in-memory ConsoleStore for the console's unit tests: rows, suppression entries, dead
-letters and the audit entries its actions write, in lists."""
+letters, sessions and the audit entries its actions write, in lists and dicts."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
+from collections.abc import Callable
 from typing import Any
 
 from postroom.relay.dlq_pages import DeadLetterPage, LetterHistory, merge_newest
 from postroom.relay.redrive import RedrivePlan, RedriveRow, skip_reason
 from postroom.relay.report import Failure
 from postroom.relay.suppression import Entry, NotSuppressedError, Source, checked, reason_of
+from postroom.web.auth import Identity
 from postroom.web.forms import SearchFilter
-from postroom.web.store import Action, AuditEntry, Email, ReportRun
+from postroom.web.store import (
+    SEARCH_SCAN_ROWS,
+    Action,
+    AuditEntry,
+    Email,
+    ReportRun,
+    SearchPage,
+)
 
 NOW = dt.datetime(2026, 9, 30, 12, 0, tzinfo=dt.UTC)
 
@@ -38,15 +48,27 @@ class MemoryStore:
     letters: list[LetterHistory] = dataclasses.field(default_factory=list)
     audited: list[Action] = dataclasses.field(default_factory=list)
     redriven: list[int] = dataclasses.field(default_factory=list)
+    scan_rows: int = SEARCH_SCAN_ROWS
+    # The sessions signed in, by id: who, and when last used (by ``clock``, as SESSION_OF's).
+    sessions: dict[str, tuple[Identity, float]] = dataclasses.field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
 
-    def search(self, wanted: SearchFilter, limit: int) -> list[dict[str, Any]]:
-        found = [r for r in self.rows
-                 if (wanted.message_key is None or r["message_key"] == wanted.message_key)
-                 and (wanted.recipient is None or r["recipient"].lower() == wanted.recipient)
-                 and (wanted.status is None or r["status"] == wanted.status)
-                 and (wanted.after is None or (r["created_at"], r["id"]) < wanted.after)]
-        found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
-        return found[:limit]
+    def search(self, wanted: SearchFilter, limit: int) -> SearchPage:
+        """As DatabaseStore's: a search by state looks through ``scan_rows`` rows at most."""
+        walked = sorted((r for r in self.rows
+                         if (wanted.message_key is None or r["message_key"] == wanted.message_key)
+                         and (wanted.recipient is None
+                              or r["recipient"].lower() == wanted.recipient.lower())
+                         and (wanted.after is None
+                              or (r["created_at"], r["id"]) < wanted.after)),
+                        key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        if wanted.status is None:
+            return SearchPage(walked[:limit])
+        walked = walked[:self.scan_rows]
+        found = [r for r in walked if r["status"] == wanted.status]
+        if len(found) >= limit or len(walked) < self.scan_rows:
+            return SearchPage(found[:limit])
+        return SearchPage(found, (walked[-1]["created_at"], walked[-1]["id"]))
 
     def email(self, row_id: int) -> Email | None:
         for row in self.rows:
@@ -150,3 +172,20 @@ class MemoryStore:
                 "outbox_backlog": 0, "outbox_oldest_s": None,
                 "groups": [{"group": "postroom.sender", "state": "STABLE", "members": 1,
                             "lag": 0, "lag_seconds": 0.0, "unavailable": 0}]}
+
+    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None:
+        now = self.clock()
+        self.sessions = {sid: (held, seen) for sid, (held, seen) in self.sessions.items()
+                         if now - seen < idle_s}
+        self.sessions[session_id] = (who, now)
+
+    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None:
+        found = self.sessions.get(session_id)
+        if found is None or self.clock() - found[1] >= idle_s:
+            return None
+        if active:
+            self.sessions[session_id] = (found[0], self.clock())
+        return found[0]
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)

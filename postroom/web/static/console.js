@@ -54,15 +54,24 @@
     chart(document.getElementById("chart-sent"), data.minutes, data.sent);
   }
 
+  // A refresh is not the user's activity (the console does not count it against the session's
+  // idle limit): once the session has ended, the page says so and stops asking.
   function refresh(status) {
+    var signedOut = false;
     fetch(status.getAttribute("data-source"), {credentials: "same-origin", headers: {"Accept": "application/json"}})
       .then(function (response) {
+        if (response.status === 401) {
+          signedOut = true;
+          throw new Error("signed out: reload the page to sign in again");
+        }
         if (!response.ok) { throw new Error("HTTP " + response.status); }
         return response.json();
       })
       .then(show)
-      .catch(function (error) { text(status, "could not refresh: " + error.message); })
-      .finally(function () { window.setTimeout(function () { refresh(status); }, REFRESH_MS); });
+      .catch(function (error) { text(status, (signedOut ? "" : "could not refresh: ") + error.message); })
+      .finally(function () {
+        if (!signedOut) { window.setTimeout(function () { refresh(status); }, REFRESH_MS); }
+      });
   }
 
   document.addEventListener("DOMContentLoaded", function () {

@@ -233,8 +233,8 @@ def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine
     who = Identity("ops@example.com", Role.OPERATOR, "proxy")
     with engine_as(settings, "`postroom web`") as as_web:
         store = DatabaseStore(settings, as_web)
-        assert [r["id"] for r in store.search(SearchFilter(recipient="A@example.com"), 10)] == [
-            row.id]
+        assert [r["id"] for r in store.search(SearchFilter(recipient="A@example.com"),
+                                              10).rows] == [row.id]
         found = store.email(row.id)
         assert found is not None and found.row["status"] == "dead"
         assert dict(store.report_run("run").counts) == {"dead": 1}
@@ -245,3 +245,7 @@ def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine
         assert [e.action for e in store.audit(None, 10)] == [
             "requeue", "suppression remove", "suppression add"]
         assert store._throughput()["outbox_backlog"] == 1
+        store.open_session("sid", who, 3600)
+        assert store.session("sid", 3600, active=True) is not None
+        store.close_session("sid")
+        assert store.session("sid", 3600, active=True) is None

@@ -30,7 +30,7 @@ from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0016"  # the newest revision
+HEAD = "0017"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
@@ -340,6 +340,7 @@ QUEUE_FUNCTIONS["0014"] = (
     f"'bounced', 'suppressed'); {_NOTIFY}")
 QUEUE_FUNCTIONS["0015"] = QUEUE_FUNCTIONS["0014"]  # 0015 rewrites addresses only
 QUEUE_FUNCTIONS["0016"] = QUEUE_FUNCTIONS["0015"]  # 0016 adds the console's table and indexes
+QUEUE_FUNCTIONS["0017"] = QUEUE_FUNCTIONS["0016"]  # 0017 adds the console's sessions
 
 
 def _queue_function(conn: sa.Connection, schema: str) -> str:
@@ -499,3 +500,15 @@ def test_0016_adds_the_consoles_audit_table_and_search_indexes_and_goes_back(
         assert list(conn.scalars(CONSOLE_OBJECTS, {"schema": schema})) == []
     assert upgrade(engine) == HEAD
 
+
+def test_0017_adds_the_consoles_sessions_and_goes_back(engine: sa.Engine,
+                                                      db_settings: Settings) -> None:
+    schema = db_settings.database_schema or ""
+    named = sa.text("SELECT to_regclass(:name) IS NOT NULL")
+    with engine.connect() as conn:
+        assert conn.scalar(named, {"name": f'"{schema}".console_session'})
+    assert downgrade(engine, "0016") == "0016"
+    with engine.connect() as conn:
+        assert not conn.scalar(named, {"name": f'"{schema}".console_session'})
+        assert conn.scalar(named, {"name": f'"{schema}".console_audit'})
+    assert upgrade(engine) == HEAD

@@ -374,6 +374,21 @@ def test_the_glance_page_refreshes_without_a_reload(web: WebDriver, console: Con
     assert errors == []
 
 
+def test_the_glance_page_says_when_its_session_has_gone_idle(web: WebDriver,
+                                                             console: Console) -> None:
+    """Its refreshes do not keep the session alive: once the session is idle past the limit
+    (eight hours ago, as the database has it), the page says so instead of its figures."""
+    sign_in(web, console, READER_TOKEN, "glance")
+    WebDriverWait(web, WAIT_S).until(
+        lambda d: d.find_element(By.ID, "glance-at").text.startswith("as of "))
+    with console.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE console_session SET seen_at = now() - interval '9 hours'"))
+    WebDriverWait(web, WAIT_S).until(lambda d: d.find_element(By.ID, "glance-at").text
+                                     == "signed out: reload the page to sign in again")
+    web.refresh()
+    WebDriverWait(web, WAIT_S).until(lambda d: "/signin" in d.current_url)
+
+
 def _console_log(driver: WebDriver) -> list[str]:
     try:
         return [str(entry.get("message", "")) for entry in driver.get_log("browser")]

@@ -15,7 +15,7 @@ from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
 from postroom.web.auth import Identity, Role
 from postroom.web.forms import SearchFilter
-from postroom.web.store import Action, DatabaseStore
+from postroom.web.store import Action, DatabaseStore, SearchPage
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def test_search_pages_by_keyset_newest_first(store: DatabaseStore, engine: sa.En
     seen: list[int] = []
     wanted = SearchFilter(message_key="m")
     while True:
-        page = store.search(wanted, 10)
+        page = store.search(wanted, 10).rows
         seen += [row["id"] for row in page]
         if len(page) < 10:
             break
@@ -57,15 +57,51 @@ def test_search_pages_by_keyset_newest_first(store: DatabaseStore, engine: sa.En
 
 def test_search_filters(store: DatabaseStore, engine: sa.Engine) -> None:
     ids = seed(engine, 9)
-    by_recipient = store.search(SearchFilter(recipient="user4@example.com"), 50)
+    by_recipient = store.search(SearchFilter(recipient="user4@example.com"), 50).rows
     assert [r["recipient"] for r in by_recipient] == ["User4@Example.com"]
-    dead = store.search(SearchFilter(status="dead"), 50)
+    dead = store.search(SearchFilter(status="dead"), 50).rows
     assert sorted(r["id"] for r in dead) == [i for i in ids if i % 3 == 0]
     start = dt.datetime(2026, 9, 30, 12, 2, tzinfo=dt.UTC)
     window = store.search(SearchFilter(created_from=start,
-                                       created_until=start + dt.timedelta(minutes=3)), 50)
+                                       created_until=start + dt.timedelta(minutes=3)), 50).rows
     assert [r["id"] for r in window] == ids[2:5][::-1]
-    assert store.search(SearchFilter(message_key="other"), 50) == []
+    assert store.search(SearchFilter(message_key="other"), 50) == SearchPage([])
+
+
+def searched_by_state(store: DatabaseStore, wanted: SearchFilter,
+                      limit: int) -> list[tuple[list[int], bool]]:
+    """Each page of a search by state, followed to its end: its ids, and whether it stopped at
+    the bound (then the next page goes on from where it stopped)."""
+    pages = []
+    while True:
+        page = store.search(wanted, limit)
+        pages.append(([row["id"] for row in page.rows], page.scanned_to is not None))
+        if len(page.rows) >= limit:
+            wanted = dataclasses.replace(wanted, after=(page.rows[limit - 2]["keyset_at"],
+                                                        page.rows[limit - 2]["id"]))
+        elif page.scanned_to is not None:
+            wanted = dataclasses.replace(wanted, after=page.scanned_to)
+        else:
+            return pages
+
+
+def test_a_search_by_state_looks_at_a_bounded_number_of_rows_a_page(
+        db_settings: Settings, engine: sa.Engine) -> None:
+    ids = seed(engine, 25)  # ids[2], ids[5], ... dead: 8 of them (as id % 3 == 0 gives)
+    dead = [i for i in ids if i % 3 == 0][::-1]
+    store = DatabaseStore(db_settings, engine, scan_rows=7)
+    pages = searched_by_state(store, SearchFilter(status="dead"), 3)
+    # Each page holds the dead rows among 7 rows at most, or fills up first; in all, each once.
+    assert [i for page, _ in pages for i in page[:2]] == dead
+    assert all(bounded for page, bounded in pages[:-1] if len(page) < 3)
+    assert not pages[-1][1]
+    # A state no row is in: four pages of 7, 7, 7 and 4 rows walked, each saying so but the last.
+    assert searched_by_state(store, SearchFilter(status="retrying"), 3) == [
+        ([], True), ([], True), ([], True), ([], False)]
+    # Another filter bounds the walk too: the run's rows only.
+    assert searched_by_state(store, SearchFilter(status="retrying", message_key="m",
+                                                 recipient="user3@example.com"), 3) == [
+        ([], False)]
 
 
 def test_one_row_whole_and_a_runs_counts_and_failures(store: DatabaseStore,
@@ -166,3 +202,36 @@ def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseS
     assert "".join(csv_pieces(batches[0], iter(batches[1:]))) == render_csv(
         store.report_run("big").failures)
 
+
+
+def test_sessions_are_kept_by_their_ids_hash_and_end_idle_or_signed_out(
+        store: DatabaseStore, engine: sa.Engine) -> None:
+    reader = Identity("reader token", Role.READER, "token")
+    store.open_session("sid-1", reader, 3600)
+    with engine.connect() as conn:
+        held = conn.execute(sa.text("SELECT id_sha256, who, role FROM console_session")).all()
+    assert [(h.who, h.role) for h in held] == [("reader token", "reader")]
+    assert "sid-1" not in held[0].id_sha256  # the id itself is not in the table
+
+    def seen_ago(seconds: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE console_session SET seen_at = now() - make_interval("
+                                 "secs => :s)"), {"s": seconds})
+
+    def last_seen_s() -> float:
+        with engine.connect() as conn:
+            return float(conn.scalar(sa.text(
+                "SELECT extract(epoch FROM now() - seen_at) FROM console_session")))
+
+    seen_ago(1800)
+    assert store.session("sid-1", 3600, active=False) == reader  # a background refresh ...
+    assert last_seen_s() >= 1800  # ... is not a use
+    assert store.session("sid-1", 3600, active=True) == reader
+    assert last_seen_s() < 60
+    assert store.session("sid-2", 3600, active=True) is None
+    seen_ago(3601)
+    assert store.session("sid-1", 3600, active=True) is None  # idle past the limit
+    store.open_session("sid-3", reader, 3600)  # forgets the idle ones
+    store.close_session("sid-3")
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT count(*) FROM console_session")) == 0

@@ -274,6 +274,30 @@ def test_search_pages_by_keyset(store: MemoryStore) -> None:
     assert [int(n) for n in seen] == list(range(1, 121))  # newest first, each row once
 
 
+def test_a_search_by_state_goes_on_where_its_bounded_walk_stopped(store: MemoryStore) -> None:
+    """A state few rows are in: each page looks through scan_rows rows at most, says so, and
+    links to the older ones; followed, the pages show every match once, newest first."""
+    store.rows[:] = [outbox_row(n, status="dead" if n % 7 == 0 else "sent")
+                     for n in range(1, 301)]
+    store.scan_rows = 40
+    web = client(store)
+    sign_in(web, READER_TOKEN)
+    seen: list[str] = []
+    said: list[bool] = []
+    page = web.get("/search?state=dead")
+    while True:
+        seen += re.findall(r'href="/email/(\d+)"', page.text)
+        said.append('id="searched"' in page.text)
+        found = re.search(r'href="([^"]+)" id="search-older"', page.text)
+        if not found:
+            break
+        assert "among the emails enqueued from " in page.text
+        page = web.get(found.group(1).replace("&amp;", "&"))
+    assert [int(n) for n in seen] == list(range(7, 301, 7))
+    assert said == [True] * 7 + [False]  # 300 rows, 40 a page; the last page walks to the end
+    assert "Nothing matches among" in web.get("/search?state=retrying").text
+
+
 def test_a_bad_filter_says_why(store: MemoryStore) -> None:
     web = client(store)
     sign_in(web, READER_TOKEN)
@@ -283,7 +307,7 @@ def test_a_bad_filter_says_why(store: MemoryStore) -> None:
 
 
 class FailingStore(MemoryStore):
-    def search(self, wanted: Any, limit: int) -> list[dict[str, Any]]:
+    def search(self, wanted: Any, limit: int) -> Any:
         raise RuntimeError("a bug with a <tag> in it")
 
     def report_run(self, message_key: str, limit: int | None = None) -> Any:

@@ -1,0 +1,159 @@
+"""The console's sessions: the key that signs their cookies (POSTROOM_WEB_SESSION_KEY_FILE, shared
+by replicas and kept over a restart, or one made at each start), the store that knows which are
+signed in, and the idle limit, which the glance page's background refreshes do not hold off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from postroom.errors import ConfigError
+from postroom.settings import Settings
+from postroom.web.app import SESSION_COOKIE, SESSION_MAX_AGE_S, make_app
+from support.console import MemoryStore
+from support.webclient import READER_TOKEN, csrf_of, settings, sign_in
+
+KEY = "k" * 40
+OTHER_KEY = "q" * 40
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def key_file(tmp_path: Path, key: str, name: str = "session-key") -> str:
+    path = tmp_path / name
+    path.write_text(key + "\n")
+    return str(path)
+
+
+def console(store: MemoryStore, **env: str) -> TestClient:
+    """One instance of the console (a replica, or the one after a restart) over ``store``: the
+    database every instance shares."""
+    return TestClient(make_app(settings(**env), store), client=("127.0.0.1", 1),
+                      follow_redirects=False)
+
+
+# --- the key -------------------------------------------------------------------------------------
+def test_the_key_file_is_read_without_its_line_break_and_never_shown(tmp_path: Path) -> None:
+    given = Settings.from_env({"POSTROOM_WEB_SESSION_KEY_FILE": key_file(tmp_path, KEY)})
+    assert given.web_session_key is not None and given.web_session_key.reveal() == KEY
+    assert KEY not in repr(given)
+
+
+@pytest.mark.parametrize("content, problem", [
+    (None, "No such file or directory"),
+    ("", "a session key needs at least 32 characters"),
+    ("\n", "a session key needs at least 32 characters"),
+    ("short-key\n", "a session key needs at least 32 characters"),
+    ("a key with blanks in it, long enough to pass", "and no blank"),
+    (b"\xff" * 40, "can't decode byte"),
+    ("directory", "Is a directory"),
+])
+def test_a_missing_empty_or_unreadable_key_file_is_one_line_naming_it(
+        tmp_path: Path, content: str | bytes | None, problem: str) -> None:
+    path = tmp_path / "session-key"
+    if content == "directory":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=problem) as caught:
+        Settings.from_env({"POSTROOM_WEB_SESSION_KEY_FILE": str(path)})
+    assert caught.value.setting == "POSTROOM_WEB_SESSION_KEY_FILE"
+    assert str(caught.value).startswith("POSTROOM_WEB_SESSION_KEY_FILE: ")
+    assert "\n" not in str(caught.value)
+
+
+# --- replicas and restarts -----------------------------------------------------------------------
+def test_a_session_signed_in_on_one_replica_is_signed_in_on_another_with_the_same_key(
+        tmp_path: Path) -> None:
+    store = MemoryStore()
+    first = console(store, POSTROOM_WEB_SESSION_KEY_FILE=key_file(tmp_path, KEY))
+    sign_in(first, READER_TOKEN)
+    # Another replica, or this one restarted: its own copy of the same key.
+    second = console(store, POSTROOM_WEB_SESSION_KEY_FILE=key_file(tmp_path, KEY, "copy"))
+    second.cookies[SESSION_COOKIE] = first.cookies[SESSION_COOKIE]
+    page = second.get("/search")
+    assert page.status_code == 200 and "reader token (reader)" in page.text
+    # Signed out on the second, the session ends on the first too.
+    assert second.post("/signout", data={"csrf": csrf_of(page.text)}).status_code == 303
+    assert first.get("/search").status_code == 303
+
+
+def test_a_cookie_signed_with_another_key_is_not_signed_in(tmp_path: Path) -> None:
+    store = MemoryStore()
+    first = console(store, POSTROOM_WEB_SESSION_KEY_FILE=key_file(tmp_path, KEY))
+    sign_in(first, READER_TOKEN)
+    assert first.get("/search").status_code == 200
+    other = console(store, POSTROOM_WEB_SESSION_KEY_FILE=key_file(tmp_path, OTHER_KEY, "other"))
+    other.cookies[SESSION_COOKIE] = first.cookies[SESSION_COOKIE]
+    assert other.get("/search").status_code == 303
+
+
+def test_without_a_key_each_start_makes_its_own_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    with caplog.at_level("INFO", logger="postroom.web.app"):
+        first = console(store)
+    said = [r.getMessage() for r in caplog.records if "SESSION_KEY_FILE" in r.getMessage()]
+    assert len(said) == 1 and "a restart signs everyone out" in said[0]
+    sign_in(first, READER_TOKEN)
+    restarted = console(store)
+    restarted.cookies[SESSION_COOKIE] = first.cookies[SESSION_COOKIE]
+    assert restarted.get("/search").status_code == 303
+    assert first.get("/search").status_code == 200
+
+
+def test_signing_in_again_ends_the_session_before() -> None:
+    store = MemoryStore()
+    app = make_app(settings(), store)
+    web = TestClient(app, client=("127.0.0.1", 1), follow_redirects=False)
+    copy = TestClient(app, client=("127.0.0.1", 1), follow_redirects=False)
+    sign_in(web, READER_TOKEN)
+    copy.cookies[SESSION_COOKIE] = web.cookies[SESSION_COOKIE]
+    page = copy.get("/search")
+    assert page.status_code == 200  # the copy works while its session lives
+    again = web.post("/signin", data={"csrf": csrf_of(page.text), "token": READER_TOKEN})
+    assert again.status_code == 303 and web.get("/search").status_code == 200
+    assert len(store.sessions) == 1
+    assert copy.get("/search").status_code == 303
+
+
+# --- the idle limit ------------------------------------------------------------------------------
+def test_a_session_not_used_for_eight_hours_is_signed_out() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    web = console(store)
+    sign_in(web, READER_TOKEN)
+    clock.now_s += SESSION_MAX_AGE_S - 1
+    assert web.get("/search").status_code == 200  # used: the eight hours start again
+    clock.now_s += SESSION_MAX_AGE_S - 1
+    assert web.get("/search").status_code == 200
+    clock.now_s += SESSION_MAX_AGE_S
+    assert web.get("/search").status_code == 303
+
+
+def test_the_glance_pages_refreshes_do_not_keep_an_idle_session_signed_in() -> None:
+    """A tab left open on the glance page asks /glance.json every few seconds: that is not
+    someone using the console, so the session still ends eight hours after the last page."""
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    web = console(store)
+    sign_in(web, READER_TOKEN)
+    assert web.get("/glance").status_code == 200
+    refreshes_s = range(300, int(SESSION_MAX_AGE_S), 300)  # one every 5 minutes (fewer calls)
+    start = clock.now_s
+    for at in refreshes_s:
+        clock.now_s = start + at
+        assert web.get("/glance.json").status_code == 200, at
+    clock.now_s = start + SESSION_MAX_AGE_S
+    assert web.get("/glance.json").status_code == 401
+    assert web.get("/glance").status_code == 303
