@@ -19,7 +19,7 @@ UNIT_WORKERS ?= 2
 # export POSTROOM_SMTP_PORT, say) is unset first; the stack's own (POSTROOM_DEV_*) stay.
 UNSET_USER_SETTINGS := unset $$(compgen -e | grep '^POSTROOM_' | grep -v '^POSTROOM_DEV_') ;
 
-.PHONY: help venv services services-down services-status services-clean test test-unit test-under-load chaos fuzz demo lint bench \
+.PHONY: help venv services services-down services-status services-clean test test-unit test-under-load chaos chaos-short fuzz demo lint bench \
 	check-alerts compose-test \
 	services-cluster services-cluster-down chaos-cluster cluster-test
 
@@ -62,7 +62,11 @@ test-under-load: services ## the suite LOAD_RUNS times while stress-ng --cpu 1 k
 	@scripts/test-under-load.sh $(MAKE) --no-print-directory test
 
 chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays a random mix)
-	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m 'chaos and not failover' -s $(PYTEST_ARGS)
+	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m 'chaos and not failover' -k 'not short' -s \
+		$(PYTEST_ARGS)
+
+chaos-short: services ## the two short fault-injection runs (~2 min): a quick check before make chaos
+	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m chaos -k short -s $(PYTEST_ARGS)
 
 # The three-node cluster of the failover suite: a stack of its own (state dir and ports), so its
 # faults never touch the default stack's single broker. Its ports are its own variables, not

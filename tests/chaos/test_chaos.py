@@ -1,9 +1,11 @@
 """The fault-injection suite: the real pipeline as processes, faults injected while it runs, the
 output compared with the input from three sources (see tests/chaos/checks.py).
 
-`make test` runs the short version (SHORT); `make chaos` runs every scenario and a random mix whose
-seed is printed (CHAOS_SEED replays one), and prints the table docs/reliability.md shows;
-CHAOS_ONLY=text runs only the scenarios whose name holds that text.
+`make chaos-short` runs the short version (SHORT and the short poison storm, about two minutes);
+`make chaos` runs every scenario and a random mix whose seed is printed (CHAOS_SEED replays one),
+and prints the table docs/reliability.md shows; CHAOS_ONLY=text runs only the scenarios whose
+name holds that text. `make test` runs none of them: the tests of the harness's own parts
+(tests/chaos/test_storm_inputs.py, ...) run there.
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ from chaos.scenarios import FULL, POISON_STORM_SHORT, SHORT, Scenario, random_mi
 from postroom.settings import Settings
 from support.stack import dev_dir
 
-# The short scenarios share one pytest-xdist worker (make test's --dist loadgroup): each runs four
-# roles and a feed, and two at once on two cores would measure the machine, not postroom.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("chaos")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
 
 
 def log_dir() -> Path:
@@ -75,7 +75,6 @@ def test_short_poison_storm(stack_settings: Settings) -> None:
     assert_clean(run_all(stack_settings, [POISON_STORM_SHORT], seed=23))
 
 
-@pytest.mark.chaos
 @pytest.mark.timeout(1500)
 def test_full_chaos(stack_settings: Settings) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1 << 31))
