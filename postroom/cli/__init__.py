@@ -8,8 +8,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sqlalchemy import exc as sa_errors
-
 from postroom import __version__, logs
 from postroom.cli import (
     admin,
@@ -93,11 +91,22 @@ def _main(argv: Sequence[str] | None) -> int:
     except PostroomError as exc:
         print(f"postroom {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    except sa_errors.DBAPIError as exc:  # unreachable, read-only, a grant missing, ...
-        print(f"postroom {args.command}: error: cannot use the database "
-              f"(POSTROOM_DATABASE_URL): {first_line(exc)}", file=sys.stderr)
-        return EXIT_FAILURE
     except KeyboardInterrupt:
         # Ctrl-C while a one-shot command waits (on a broker, say): stop, no traceback.
         print(f"postroom {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not _database_error(exc):
+            raise
+        # unreachable, read-only, a grant missing, ...
+        print(f"postroom {args.command}: error: cannot use the database "
+              f"(POSTROOM_DATABASE_URL): {first_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _database_error(exc: Exception) -> bool:
+    """Whether ``exc`` is SQLAlchemy's DBAPIError. SQLAlchemy is imported by the commands that
+    use the database (one that does not, `lag` or an argument refused, starts without it), so an
+    error raised before it was imported cannot be one."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return errors is not None and isinstance(exc, errors.DBAPIError)

@@ -6,11 +6,12 @@ import argparse
 import contextlib
 import datetime as dt
 from collections.abc import Iterator
-from typing import TypeAlias
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING, TypeAlias
 
 from postroom.settings import Settings
+
+if TYPE_CHECKING:  # imported by the commands that use the database, not by every start
+    import sqlalchemy as sa
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it

@@ -8,9 +8,7 @@ import contextlib
 import datetime as dt
 import sys
 from collections.abc import Callable
-
-import sqlalchemy as sa
-from sqlalchemy import exc as sa_errors
+from typing import TYPE_CHECKING
 
 from postroom.acls import Role
 from postroom.cli.common import EXIT_FAILURE, EXIT_OK, Commands, migrated_engine
@@ -18,9 +16,14 @@ from postroom.cli.services import ShutdownSignals, service_metrics
 from postroom.errors import PostroomError, first_line
 from postroom.settings import Settings
 
+if TYPE_CHECKING:  # imported where a command uses the database, not at every start
+    import sqlalchemy as sa
+
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     """Each dependency in turn; the exit code is 0 only when every one is ready."""
+    from sqlalchemy import exc as sa_errors
+
     from postroom.kafka import KafkaDegraded, check_groups, check_kafka
     from postroom.relay.db import check_database
     from postroom.schemas.registry import check_registry

@@ -8,13 +8,14 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING, Any
 
 from postroom.cli.common import EXIT_OK, Commands, migrated_engine
 from postroom.errors import PostroomError
 from postroom.settings import Settings
+
+if TYPE_CHECKING:  # imported where a command uses the database, not at every start
+    import sqlalchemy as sa
 
 
 @contextlib.contextmanager

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Protocol
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING, Protocol
 
 from postroom import logs
 from postroom.cli.common import EXIT_OK, Commands
@@ -16,6 +14,9 @@ from postroom.cli.services import ShutdownSignals, service_start
 from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.tracing import Tracing
+
+if TYPE_CHECKING:  # imported where a command uses the database, not at every start
+    import sqlalchemy as sa
 
 
 class _Service(Protocol):

@@ -10,13 +10,15 @@ import logging
 import signal
 from collections.abc import Callable, Iterator
 from types import FrameType
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING
 
 from postroom import logs
 from postroom.errors import ConfigError
 from postroom.metrics import Metrics
 from postroom.settings import Settings
+
+if TYPE_CHECKING:  # imported where a command uses the database, not at every start
+    import sqlalchemy as sa
 
 log = logging.getLogger("postroom")
 

@@ -59,3 +59,20 @@ def test_another_missing_module_is_not_blamed_on_the_extra() -> None:
                           check=False, timeout=60)
     assert proc.returncode == 1
     assert "ModuleNotFoundError" in proc.stderr and "roles extra" not in proc.stderr
+
+
+def test_a_command_that_never_reaches_the_database_starts_without_sqlalchemy() -> None:
+    """Help and a refused argument cost a start of Python and the parser, not SQLAlchemy's
+    import (about half of every `postroom` start); the commands that use the database import
+    it themselves."""
+    probe = ("import sys\n"
+             "from postroom.cli import main\n"
+             "try:\n"
+             "    main(['lag', '--watch', 'soon'])\n"
+             "except SystemExit as exc:\n"
+             "    assert exc.code == 2, exc.code\n"
+             "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'sqlalchemy'))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert "postroom lag: error: argument --watch" in done.stderr
+    assert done.stdout == "[]\n"
