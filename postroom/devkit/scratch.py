@@ -93,7 +93,7 @@ def wait_for_topics(settings: Settings, names: list[str],
             return False
         # A leader in the metadata may not serve its partition yet (NOT_LEADER_FOR_PARTITION):
         # each partition's end offset is asked of its leader, in one request per broker.
-        latest = OffsetSpec.latest()
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         futures = admin.list_offsets({TopicPartition(name, number): latest for name in names
                                       for number in topics[name].partitions},
                                      request_timeout=ADMIN_TIMEOUT_S)
