@@ -9,17 +9,22 @@ import functools
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import pq
 from psycopg.rows import tuple_row
-from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from postroom.relay.connectors import schema_ready
 from postroom.relay.errors import InvalidConnectionError
 from postroom.relay.pgdriver import binary_names, driver_sql, query_of, savepoint
+
+# SQLAlchemy's ORM is imported when a job passes something other than a Connection (a Session
+# it has imported itself): enqueue on a Connection, and the `postroom enqueue` command, start
+# without it.
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 # The key of a psycopg connection's cursor for one-row inserts (with the thread it serves), in the
 # info of the pooled connection that holds it (which lives and goes with the psycopg connection).
@@ -32,12 +37,10 @@ text_of = functools.cache(sa.text)  # a statement as SQLAlchemy runs it
 _ASYNC_ADVICE = ("enqueue is synchronous; call it on the sync side of an AsyncConnection or "
                  "AsyncSession in the job's transaction: "
                  "await conn.run_sync(lambda sync_conn: enqueue(sync_conn, ...))")
-_INSTEAD = (
-    (sa.Engine, "pass a Connection in the job's transaction "
-                "(with engine.begin() as conn: enqueue(conn, ...))"),
-    (sessionmaker, "pass a Session in the job's transaction "
-                   "(with Session() as session, session.begin(): enqueue(session, ...))"),
-)
+_ENGINE_ADVICE = ("pass a Connection in the job's transaction "
+                  "(with engine.begin() as conn: enqueue(conn, ...))")
+_SESSIONMAKER_ADVICE = ("pass a Session in the job's transaction "
+                        "(with Session() as session, session.begin(): enqueue(session, ...))")
 
 
 def job_connection(conn: object) -> sa.Connection | Session:
@@ -45,10 +48,12 @@ def job_connection(conn: object) -> sa.Connection | Session:
     Flask-SQLAlchemy's ``db.session`` is); InvalidConnectionError, saying what to pass, for
     another SQLAlchemy object (an Engine, an async object, ...) or a Session bound to no one
     engine."""
-    if isinstance(conn, scoped_session):
-        conn = conn()
     if isinstance(conn, sa.Connection):
         return conn
+    from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+    if isinstance(conn, scoped_session):
+        conn = conn()
     if isinstance(conn, Session):
         try:
             conn.get_bind()
@@ -62,8 +67,9 @@ def job_connection(conn: object) -> sa.Connection | Session:
     if cls.__module__.startswith("sqlalchemy.ext.asyncio"):
         advice = _ASYNC_ADVICE
     else:
-        advice = next((text for kind, text in _INSTEAD if isinstance(conn, kind)),
-                      "enqueue takes a SQLAlchemy Connection or Session")
+        advice = (_ENGINE_ADVICE if isinstance(conn, sa.Engine)
+                  else _SESSIONMAKER_ADVICE if isinstance(conn, sessionmaker)
+                  else "enqueue takes a SQLAlchemy Connection or Session")
     raise InvalidConnectionError(f"conn is a SQLAlchemy {cls.__name__}: {advice}")
 
 
@@ -112,7 +118,7 @@ def own_transaction(driver: psycopg.Connection[Any], dialect: sa.Dialect) -> Ite
 
 
 def sa_connection(conn: sa.Connection | Session) -> sa.Connection:
-    return conn.connection() if isinstance(conn, Session) else conn
+    return conn if isinstance(conn, sa.Connection) else conn.connection()
 
 
 def psycopg_connection(conn: sa.Connection | Session) -> psycopg.Connection[Any] | None:
