@@ -4,6 +4,7 @@ postroom.cli's ``main``; ``--version`` answered without them."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -13,6 +14,7 @@ ROLES_EXTRA = "pip install 'postroom[roles]'"
 # import and a job's install lacks.
 ROLES_MODULES = frozenset({"confluent_kafka", "fastavro", "aiosmtplib", "alembic",
                            "prometheus_client", "aiosmtpd", "flufl", "uvloop"})
+_OPTIONAL = frozenset({"uvloop"})  # installed with the extra on CPython outside Windows only
 
 
 def missing_extra(exc: ModuleNotFoundError, argv: Sequence[str]) -> str | None:
@@ -31,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"postroom {__version__}")
         return 0
+    # Asked before the command runs: its modules import the libraries when they need them, so a
+    # command could otherwise get part of the way (`--help`, an argument refused) first.
+    absent = next((name for name in sorted(ROLES_MODULES - _OPTIONAL)
+                   if importlib.util.find_spec(name) is None), None)
+    if absent is not None:
+        print(missing_extra(ModuleNotFoundError(name=absent), args), file=sys.stderr)
+        return EXIT_FAILURE
     try:
         from postroom.cli import main as cli_main
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from postroom.errors import PostroomError
 from postroom.schemas.codec import Schema, load_schema, parse_schema_text
+from postroom.schemas.compatibility import COMPATIBILITY_LEVELS, DEFAULT_COMPATIBILITY
 from postroom.schemas.errors import SchemaError, SchemaUnavailableError
 from postroom.schemas.framing import SCHEMALESS, Framing, SchemaById
 from postroom.settings import Settings, mask_registry_config, mask_url, mask_urls
@@ -22,9 +23,6 @@ from postroom.topics import topic_schemas, value_subject
 
 log = logging.getLogger(__name__)
 
-COMPATIBILITY_LEVELS = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE",
-                        "FULL", "FULL_TRANSITIVE", "NONE")
-DEFAULT_COMPATIBILITY = "BACKWARD"
 CONTRACT = ("email_requested", "email_result")  # schemas/<name>.avsc
 # Confluent's error codes for "subject not found" and "schema/version not found".
 _NOT_FOUND_CODES = (40401, 40402, 40403)

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from postroom import __version__, logs
+from postroom import logs
 from postroom.cli import (
     admin,
     enqueue,
@@ -32,6 +32,18 @@ def configure_logging(level: str) -> None:
     logs.configure_logging(logs.command_level(level))
 
 
+class _Version(argparse.Action):
+    """argparse's version action, the version read from the package's metadata only when asked
+    (importlib.metadata is a tenth of a start of the command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from postroom import __version__
+
+        print(f"postroom {__version__}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     files = [declared.file.env for _, declared in declarations(Settings) if declared.file]
     env_help = "\n".join(f"  {name}" for name in [*FIELDS, *files])
@@ -40,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable email delivery: PostgreSQL outbox -> Kafka -> SMTP.",
         epilog=f"Settings are read from these environment variables (see README.md):\n{env_help}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"postroom {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show program's version number and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # In the order `postroom --help` lists them.
     for group in (admin, enqueue, roles, monitor, redrive, report, purge):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from postroom.acls import DEFAULT_PRINCIPAL_PREFIX, Acl, parse_principal_prefix
 from postroom.cli.common import EXIT_OK, Commands
-from postroom.schemas.registry import COMPATIBILITY_LEVELS
+from postroom.schemas.compatibility import COMPATIBILITY_LEVELS
 from postroom.settings import Settings, mask_url
 
 

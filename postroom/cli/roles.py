@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Protocol
 from postroom import logs
 from postroom.cli.common import EXIT_OK, Commands
 from postroom.cli.services import ShutdownSignals, service_start
-from postroom.metrics import Metrics
 from postroom.settings import Settings
 from postroom.tracing import Tracing
 
-if TYPE_CHECKING:  # imported where a command uses the database, not at every start
+if TYPE_CHECKING:  # imported where a command uses them, not at every start
     import sqlalchemy as sa
+
+    from postroom.metrics import Metrics
 
 
 class _Service(Protocol):

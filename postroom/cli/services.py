@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 from postroom import logs
 from postroom.errors import ConfigError
-from postroom.metrics import Metrics
 from postroom.settings import Settings
 
-if TYPE_CHECKING:  # imported where a command uses the database, not at every start
+if TYPE_CHECKING:  # imported where a command uses them, not at every start
     import sqlalchemy as sa
+
+    from postroom.metrics import Metrics
 
 log = logging.getLogger("postroom")
 
@@ -106,6 +107,7 @@ def service_metrics(settings: Settings, *, smtp: bool = False) -> Iterator[Metri
     the sender (``smtp``) the SMTP server."""
     from postroom.health import Check, Readiness, serve
     from postroom.kafka import check_topics, fatal_check
+    from postroom.metrics import Metrics  # prometheus_client: the roles', not every command's
 
     metrics = Metrics(process=True)
     if settings.metrics_port is None:
