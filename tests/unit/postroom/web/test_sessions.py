@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from postroom.errors import ConfigError
 from postroom.settings import Settings
+from postroom.settings_declare import SETTING_FILE_MAX_BYTES
 from postroom.web.app import SESSION_COOKIE, SESSION_MAX_AGE_S, make_app
 from support.console import MemoryStore
 from support.webclient import READER_TOKEN, csrf_of, settings, sign_in
@@ -53,7 +54,7 @@ def test_the_key_file_is_read_without_its_line_break_and_never_shown(tmp_path: P
     ("\n", "a session key needs at least 32 characters"),
     ("short-key\n", "a session key needs at least 32 characters"),
     ("a key with blanks in it, long enough to pass", "and no blank"),
-    (b"\xff" * 40, "can't decode byte"),
+    (b"\xff" * 40, "not UTF-8 text"),
     ("directory", "Is a directory"),
 ])
 def test_a_missing_empty_or_unreadable_key_file_is_one_line_naming_it(
@@ -157,3 +158,44 @@ def test_the_glance_pages_refreshes_do_not_keep_an_idle_session_signed_in() -> N
     clock.now_s = start + SESSION_MAX_AGE_S
     assert web.get("/glance.json").status_code == 401
     assert web.get("/glance").status_code == 303
+
+
+# --- holes a hostile review of the sessions found --------------------------------------------------
+@pytest.mark.parametrize("key", [
+    "k" * 40 + "\udcff",  # a byte not in UTF-8 in the variable (os.environ's surrogateescape)
+    "k" * 20 + "\u200b" + "k" * 20,  # a zero-width space pasted with it
+    "k" * 40 + "\x7f",
+], ids=["not UTF-8", "zero-width space", "DEL"])
+def test_a_key_with_a_character_that_is_not_printable_is_refused_at_start(key: str) -> None:
+    """Such a key was taken, and every page then failed with 500 (the cookie signer encodes the
+    key as UTF-8 at the first request)."""
+    with pytest.raises(ConfigError, match=r"POSTROOM_WEB_SESSION_KEY: .*printable") as caught:
+        Settings.from_env({"POSTROOM_WEB_SESSION_KEY": key})
+    assert key not in str(caught.value)
+
+
+def test_a_key_file_not_in_utf8_is_refused_without_showing_any_of_its_bytes(
+        tmp_path: Path) -> None:
+    """UnicodeDecodeError's text names the byte it stopped at (\\xe9 here): a byte of the key."""
+    path = tmp_path / "session-key"
+    path.write_bytes(b"k" * 20 + b"\xe9" + b"k" * 20)
+    with pytest.raises(ConfigError, match="not UTF-8 text") as caught:
+        Settings.from_env({"POSTROOM_WEB_SESSION_KEY_FILE": str(path)})
+    assert "e9" not in str(caught.value).lower()
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "large"])
+def test_a_key_file_larger_than_a_setting_is_refused_without_reading_it_whole(
+        tmp_path: Path, name: str) -> None:
+    """/dev/zero named by mistake was read until memory ran out; a file of a megabyte of key
+    characters was taken as the key."""
+    path = tmp_path / name if name == "large" else Path(name)
+    if name == "large":
+        path.write_text("k" * (SETTING_FILE_MAX_BYTES + 1))
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        Settings.from_env({"POSTROOM_WEB_SESSION_KEY_FILE": str(path)})
+
+
+def test_a_token_with_a_character_that_is_not_printable_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match=r"POSTROOM_WEB_READER_TOKEN: .*printable"):
+        Settings.from_env({"POSTROOM_WEB_READER_TOKEN": "r" * 20 + "\udcff"})
