@@ -14,6 +14,8 @@ from postroom.errors import ConfigError
 from postroom.logs import escape_unprintable
 
 ENV_PREFIX = "POSTROOM_"
+# The largest file a setting is read from: a secret or a client's configuration is a few lines.
+SETTING_FILE_MAX_BYTES = 1024 * 1024
 # A meaning of SAME_ROW puts a setting in the README row of the one declared before it.
 SAME_ROW = ""
 
@@ -72,10 +74,26 @@ def from_file(declared: Declaration, path: str, given: Any) -> Any:
     if variant.merge == "alone" and given is not None:
         raise ConfigError(variant.env, f"set this or {declared.env}, not both")
     # ValueError from reading: a NUL in the path, a file not in UTF-8.
-    value = parsed(variant.env, lambda p: variant.parse(Path(p).read_text()), path)
+    value = parsed(variant.env, lambda p: variant.parse(_text_of(Path(p))), path)
     if variant.merge == "under" and given is not None:
         return {**value, **given}
     return value
+
+
+def _text_of(path: Path) -> str:
+    """A setting's file as UTF-8 text, SETTING_FILE_MAX_BYTES at most (a device such as
+    /dev/zero named by mistake is refused, not read for ever). Not UTF-8: a ValueError that names
+    where, never the byte (UnicodeDecodeError's text does: a byte of the secret the file holds)."""
+    with path.open("rb") as file:
+        data = file.read(SETTING_FILE_MAX_BYTES + 1)
+    if len(data) > SETTING_FILE_MAX_BYTES:
+        raise ValueError(f"{path}: larger than {SETTING_FILE_MAX_BYTES // 1024} KiB: not a "
+                         "setting's file")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (at byte {exc.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
 
 
 def declarations(cls: type[Any]) -> list[tuple[str, Declaration]]:

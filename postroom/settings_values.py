@@ -308,27 +308,33 @@ def limit_or_off(text: str) -> int:
 WEB_TOKEN_MIN_CHARS = 16
 
 
+def _one_line_secret(text: str, min_chars: int, what: str, example: str) -> Secret:
+    """A file's one line (its line break dropped) of at least ``min_chars`` printable characters
+    and no blank: a blank pasted with it, or a character a browser cannot send or UTF-8 cannot
+    encode (a byte not in UTF-8 in the variable), would never match or sign."""
+    value = text.rstrip("\r\n")
+    if len(value) < min_chars or any(ch.isspace() for ch in value):
+        raise ValueError(f"{what} needs at least {min_chars} characters and no blank "
+                         f"(e.g. `{example}`)")
+    if not value.isprintable():
+        raise ValueError(f"{what} holds a character that is not printable (a control, a "
+                         f"zero-width space, a byte not in UTF-8): use `{example}`")
+    return Secret(value)
+
+
 def web_token(text: str) -> Secret:
-    """A console access token (a file's one line): at least WEB_TOKEN_MIN_CHARS characters, no
-    blank inside (a token pasted with a space would never match)."""
-    token = text.rstrip("\r\n")
-    if len(token) < WEB_TOKEN_MIN_CHARS or any(ch.isspace() for ch in token):
-        raise ValueError(f"a token needs at least {WEB_TOKEN_MIN_CHARS} characters and no blank "
-                         "(e.g. `openssl rand -hex 24`)")
-    return Secret(token)
+    """A console access token: at least WEB_TOKEN_MIN_CHARS printable characters, no blank."""
+    return _one_line_secret(text, WEB_TOKEN_MIN_CHARS, "a token", "openssl rand -hex 24")
 
 
 WEB_SESSION_KEY_MIN_CHARS = 32
 
 
 def web_session_key(text: str) -> Secret:
-    """The key that signs the console's session cookies (a file's one line): at least
-    WEB_SESSION_KEY_MIN_CHARS characters, no blank inside."""
-    key = text.rstrip("\r\n")
-    if len(key) < WEB_SESSION_KEY_MIN_CHARS or any(ch.isspace() for ch in key):
-        raise ValueError(f"a session key needs at least {WEB_SESSION_KEY_MIN_CHARS} characters "
-                         "and no blank (e.g. `openssl rand -hex 32`)")
-    return Secret(key)
+    """The key that signs the console's session cookies: at least WEB_SESSION_KEY_MIN_CHARS
+    printable characters, no blank."""
+    return _one_line_secret(text, WEB_SESSION_KEY_MIN_CHARS, "a session key",
+                            "openssl rand -hex 32")
 
 
 def proxy_networks(text: str) -> tuple[str, ...]:

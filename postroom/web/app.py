@@ -40,15 +40,20 @@ from postroom.web import auth, forms, pages
 from postroom.web.auth import CSRF_FIELD, Identity, Role
 from postroom.web.middleware import LimitedBody, Refused, SecurityHeaders
 from postroom.web.pages import as_days, as_utc, redrive_fields, redrive_plan
-from postroom.web.store import Action, ConsoleStore
+from postroom.web.store import Action, ConsoleStore, SessionLimits
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "postroom_console"
 SESSION_MAX_AGE_S = 8 * 3600  # a session not used for this long is signed out
+SESSION_LIFETIME_S = 12 * 3600  # and any session this long after its sign-in: a working day
+SESSION_LIMITS = SessionLimits(SESSION_MAX_AGE_S, SESSION_LIFETIME_S)
 SESSION_ID_BYTES = 16
 _UNKNOWN = object()  # request.state's identity before it is asked
+# A database that does not answer: the driver's errors, and the pool's wait for a connection
+# that every request holds while the database is slow (SQLAlchemy's own TimeoutError).
+DATABASE_DOWN = (sa_errors.DBAPIError, sa_errors.TimeoutError)
 Handler = Callable[["Console", Request, Identity], Awaitable[Response]]
 OpenHandler = Callable[["Console", Request], Awaitable[Response]]
 
@@ -74,7 +79,7 @@ def answered(handler: OpenHandler) -> Any:
             return await self.refusal(request, 502, printable(str(exc)))
         except PostroomError as exc:
             return await self.refusal(request, 500, printable(str(exc)))
-        except sa_errors.DBAPIError as exc:
+        except DATABASE_DOWN as exc:
             log.warning("the database refused a console request: %s", first_line(exc))
             return await self.refusal(request, 503, "the database does not answer: "
                                       f"{printable(first_line(exc))}")
@@ -128,9 +133,10 @@ class Console:
     # --- who is asking -------------------------------------------------------------------
     async def identity(self, request: Request, *, active: bool = True) -> Identity | None:
         """The trusted proxy's header first (it signs every request), then the session: one the
-        store knows, signed in and not signed out, used within SESSION_MAX_AGE_S (a cookie is
-        signed, so without the store a copy of it would outlive a sign-out). Asked once a
-        request; an ``active`` one counts as the session's use."""
+        store knows, signed in and not signed out, within SESSION_LIMITS (used within 8 hours,
+        signed in within 12), signed in with the token its role has now (a cookie is signed, so
+        without the store a copy of it would outlive a sign-out). Asked once a request; an
+        ``active`` one counts as the session's use."""
         known = getattr(request.state, "identity", _UNKNOWN)
         if known is None or isinstance(known, Identity):
             return known
@@ -138,8 +144,11 @@ class Console:
         who = auth.by_proxy(peer, request.headers.getlist(auth.PROXY_EMAIL_HEADER), self.settings)
         sid = request.session.get("sid")
         if who is None and isinstance(sid, str) and sid:
-            who = await run_in_threadpool(self.store.session, sid, SESSION_MAX_AGE_S,
-                                          active=active)
+            found = await run_in_threadpool(self.store.session, sid, SESSION_LIMITS,
+                                            active=active)
+            if found is not None and auth.session_holds(sid, found.who.role, found.token_mac,
+                                                        self.settings):
+                who = found.who
         request.state.identity = who
         return who
 
@@ -206,7 +215,7 @@ class Console:
         when the database that keeps the sessions does not answer)."""
         try:
             await self.identity(request, active=False)
-        except (sa_errors.DBAPIError, PostroomError):
+        except (*DATABASE_DOWN, PostroomError):
             request.state.identity = None
         return self.render(request, "refused.html", status, message=message)
 
@@ -227,21 +236,23 @@ class Console:
             return self.render(request, "signin.html", 429, next=_local(form.get("next")),
                                tokens=True, error=f"sign-in refused: too many refused sign-ins "
                                f"from {peer}; wait a minute")
-        token = form.get("token")
-        who = auth.by_token(token if isinstance(token, str) else "", self.settings)
+        given = form.get("token")
+        token = given if isinstance(given, str) else ""
+        who = auth.by_token(token, self.settings)
         if who is None:
             self.throttle.refused(peer)
             await run_in_threadpool(self.store.record, Action(
                 Identity(f"anonymous ({peer})", Role.READER, "token"), "sign-in refused", "-"))
             return self.render(request, "signin.html", 401, next=_local(form.get("next")),
                                tokens=True, error="sign-in refused: that token is not valid")
-        # Audited first: a sign-in the audit cannot record does not happen.
-        await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
         before = request.session.get("sid")
         if isinstance(before, str) and before:  # signed in again: the session before ends
-            await run_in_threadpool(self.store.close_session, before)
+            await run_in_threadpool(self.store.close_session, before, peer)
+        # Audited first: a sign-in the audit cannot record does not happen.
+        await run_in_threadpool(self.store.record, Action(who, "sign in", peer))
         sid = secrets.token_urlsafe(SESSION_ID_BYTES)
-        await run_in_threadpool(self.store.open_session, sid, who, SESSION_MAX_AGE_S)
+        await run_in_threadpool(self.store.open_session, sid, who,
+                                auth.session_mac(sid, token), SESSION_LIMITS)
         request.session.clear()  # a fresh session: nothing from before the sign-in carries over
         request.session.update({"sid": sid, "csrf": auth.new_csrf_token()})
         return RedirectResponse(_local(form.get("next")) or "/search", status_code=303)
@@ -250,8 +261,9 @@ class Console:
     async def signout(self, request: Request) -> Response:
         await self.check_csrf(request)
         sid = request.session.get("sid")
-        if isinstance(sid, str) and sid:
-            await run_in_threadpool(self.store.close_session, sid)
+        if isinstance(sid, str) and sid:  # the store audits the sign-out of a session it had
+            await run_in_threadpool(self.store.close_session, sid,
+                                    request.client.host if request.client else "?")
         request.session.clear()
         return RedirectResponse("/signin", status_code=303)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import hmac
 import ipaddress
 import secrets
@@ -78,6 +79,21 @@ def by_token(given: str, settings: Settings) -> Identity | None:
     if settings.web_reader_token is not None and _same(given, settings.web_reader_token.reveal()):
         return Identity("reader token", Role.READER, "token")
     return None
+
+
+def session_mac(session_id: str, token: str) -> str:
+    """What ties a session to the token that signed it in: the HMAC-SHA256 of its id under the
+    token. The store keeps it beside the id's hash; neither gives the token, nor the id."""
+    return hmac.new(token.encode(), session_id.encode(), hashlib.sha256).hexdigest()
+
+
+def session_holds(session_id: str, role: Role, token_mac: str, settings: Settings) -> bool:
+    """Whether a session with ``role`` was signed in with the token that role has now: a token
+    changed or removed (a leaked one replaced, and the console restarted) ends the sessions it
+    signed in, which the database would otherwise keep past the restart."""
+    token = settings.web_operator_token if role is Role.OPERATOR else settings.web_reader_token
+    return token is not None and hmac.compare_digest(
+        session_mac(session_id, token.reveal()).encode(), token_mac.encode())
 
 
 def is_trusted(peer: str | None, networks: Iterable[str]) -> bool:

@@ -77,6 +77,24 @@ class SearchPage:
 
 
 @dataclasses.dataclass(frozen=True)
+class SessionLimits:
+    """How long a session lasts: ``idle_s`` after its last use, ``lifetime_s`` after its sign-in
+    however it is used."""
+
+    idle_s: float
+    lifetime_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredSession:
+    """A live session as the store keeps it: who, and the MAC that ties it to the token that
+    signed it in (auth.session_holds checks it against the token set now)."""
+
+    who: Identity
+    token_mac: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportRun:
     counts: tuple[tuple[str, int], ...]
     failures: tuple[Failure, ...]
@@ -99,9 +117,11 @@ class ConsoleStore(Protocol):
     def record(self, action: Action) -> None: ...
     def audit(self, before_id: int | None, limit: int) -> list[AuditEntry]: ...
     def glance(self) -> dict[str, Any]: ...
-    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None: ...
-    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None: ...
-    def close_session(self, session_id: str) -> None: ...
+    def open_session(self, session_id: str, who: Identity, token_mac: str,
+                     limits: SessionLimits) -> None: ...
+    def session(self, session_id: str, limits: SessionLimits, *,
+                active: bool) -> StoredSession | None: ...
+    def close_session(self, session_id: str, peer: str) -> None: ...
 
 
 def replay_plan(engine: sa.Engine, found: LetterHistory | None, partition: int,
@@ -118,6 +138,10 @@ def _session_key(session_id: str) -> str:
     """How the database holds a session's id: its SHA-256, so that a reader of the table cannot
     sign in with what it reads."""
     return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def _limit_params(limits: SessionLimits) -> dict[str, float]:
+    return {"idle_s": limits.idle_s, "lifetime_s": limits.lifetime_s}
 
 
 def _audit_params(action: Action, row_ids: Sequence[int] | None = None) -> dict[str, Any]:
@@ -246,29 +270,36 @@ class DatabaseStore:
             self._glance = (now, value)
             return value
 
-    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None:
-        """Record a session signed in (and forget those idle for ``idle_s``)."""
+    def open_session(self, session_id: str, who: Identity, token_mac: str,
+                     limits: SessionLimits) -> None:
+        """Record a session signed in (and forget those past ``limits``: each sign-in prunes)."""
         with self._engine.begin() as conn:
-            conn.execute(sql.SESSIONS_IDLE_DELETE, {"idle_s": idle_s})
+            conn.execute(sql.SESSIONS_ENDED_DELETE, _limit_params(limits))
             conn.execute(sql.SESSION_OPEN, {"id": _session_key(session_id), "who": who.who,
-                                            "role": who.role.value})
+                                            "role": who.role.value, "token_mac": token_mac})
 
-    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None:
-        """Who the session is, while it was used in the last ``idle_s``; a request that is
-        ``active`` (not a page's background refresh) counts as its use."""
+    def session(self, session_id: str, limits: SessionLimits, *,
+                active: bool) -> StoredSession | None:
+        """The session while it is within ``limits``; a request that is ``active`` (not a page's
+        background refresh) counts as its use."""
         key = _session_key(session_id)
         with self._engine.begin() as conn:
-            found = conn.execute(sql.SESSION_OF, {"id": key, "idle_s": idle_s,
-                                                  "touch_s": SESSION_SEEN_EVERY_S}).first()
+            found = conn.execute(sql.SESSION_OF, {"id": key, "touch_s": SESSION_SEEN_EVERY_S,
+                                                  **_limit_params(limits)}).first()
             if found is None:
                 return None
             if active and found.stale:
                 conn.execute(sql.SESSION_SEEN, {"id": key})
-        return Identity(found.who, Role(found.role), "token")
+        return StoredSession(Identity(found.who, Role(found.role), "token"), found.token_mac)
 
-    def close_session(self, session_id: str) -> None:
+    def close_session(self, session_id: str, peer: str) -> None:
+        """End the session; when there was one, its sign-out from ``peer`` is audited in the
+        same transaction."""
         with self._engine.begin() as conn:
-            conn.execute(sql.SESSION_CLOSE, {"id": _session_key(session_id)})
+            ended = conn.execute(sql.SESSION_CLOSE, {"id": _session_key(session_id)}).first()
+            if ended is not None:
+                conn.execute(sql.AUDIT_INSERT, _audit_params(Action(
+                    Identity(ended.who, Role(ended.role), "token"), "sign out", peer)))
 
     def _throughput(self) -> dict[str, Any]:
         with self._engine.connect() as conn:

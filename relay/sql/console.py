@@ -168,19 +168,25 @@ THROUGHPUT_LAST_HOUR = sa.text("""
 """)
 
 
-# The console's sessions (migration 0017), by the SHA-256 of the id their cookie carries. A session
-# is live while it was seen in the last :idle_s seconds; ``stale`` says it was not seen in the
-# last :touch_s, when a request that counts as activity writes the time again (not each request).
+# The console's sessions (migrations 0017, 0018), by the SHA-256 of the id their cookie carries. A
+# session is live while it was seen in the last :idle_s seconds and signed in within the last
+# :lifetime_s, both by the database's clock (every replica's the same); ``stale`` says it was not
+# seen in the last :touch_s, when a request that counts as activity writes the time again (not each
+# request). ``token_mac`` ties it to the token that signed it in (the console checks it).
 SESSION_OPEN = sa.text("""
-    INSERT INTO console_session (id_sha256, who, role) VALUES (:id, :who, :role)
+    INSERT INTO console_session (id_sha256, who, role, token_mac)
+    VALUES (:id, :who, :role, :token_mac)
 """)
-SESSIONS_IDLE_DELETE = sa.text("""
-    DELETE FROM console_session WHERE seen_at <= now() - make_interval(secs => :idle_s)
+SESSIONS_ENDED_DELETE = sa.text("""
+    DELETE FROM console_session
+    WHERE seen_at <= now() - make_interval(secs => :idle_s)
+       OR signed_in_at <= now() - make_interval(secs => :lifetime_s)
 """)
 SESSION_OF = sa.text("""
-    SELECT who, role, seen_at <= now() - make_interval(secs => :touch_s) AS stale
+    SELECT who, role, token_mac, seen_at <= now() - make_interval(secs => :touch_s) AS stale
     FROM console_session
     WHERE id_sha256 = :id AND seen_at > now() - make_interval(secs => :idle_s)
+      AND signed_in_at > now() - make_interval(secs => :lifetime_s)
 """)
 SESSION_SEEN = sa.text("UPDATE console_session SET seen_at = now() WHERE id_sha256 = :id")
-SESSION_CLOSE = sa.text("DELETE FROM console_session WHERE id_sha256 = :id")
+SESSION_CLOSE = sa.text("DELETE FROM console_session WHERE id_sha256 = :id RETURNING who, role")

@@ -22,6 +22,8 @@ from postroom.web.store import (
     Email,
     ReportRun,
     SearchPage,
+    SessionLimits,
+    StoredSession,
 )
 
 NOW = dt.datetime(2026, 9, 30, 12, 0, tzinfo=dt.UTC)
@@ -49,8 +51,10 @@ class MemoryStore:
     audited: list[Action] = dataclasses.field(default_factory=list)
     redriven: list[int] = dataclasses.field(default_factory=list)
     scan_rows: int = SEARCH_SCAN_ROWS
-    # The sessions signed in, by id: who, and when last used (by ``clock``, as SESSION_OF's).
-    sessions: dict[str, tuple[Identity, float]] = dataclasses.field(default_factory=dict)
+    # The sessions signed in, by id: who with its token's MAC, when signed in and when last used
+    # (by ``clock``, as SESSION_OF's).
+    sessions: dict[str, tuple[StoredSession, float, float]] = dataclasses.field(
+        default_factory=dict)
     clock: Callable[[], float] = time.monotonic
 
     def search(self, wanted: SearchFilter, limit: int) -> SearchPage:
@@ -173,19 +177,27 @@ class MemoryStore:
                 "groups": [{"group": "postroom.sender", "state": "STABLE", "members": 1,
                             "lag": 0, "lag_seconds": 0.0, "unavailable": 0}]}
 
-    def open_session(self, session_id: str, who: Identity, idle_s: float) -> None:
+    def open_session(self, session_id: str, who: Identity, token_mac: str,
+                     limits: SessionLimits) -> None:
+        self.sessions = {sid: held for sid, held in self.sessions.items()
+                         if self._live(held, limits)}
         now = self.clock()
-        self.sessions = {sid: (held, seen) for sid, (held, seen) in self.sessions.items()
-                         if now - seen < idle_s}
-        self.sessions[session_id] = (who, now)
+        self.sessions[session_id] = (StoredSession(who, token_mac), now, now)
 
-    def session(self, session_id: str, idle_s: float, *, active: bool) -> Identity | None:
+    def _live(self, held: tuple[StoredSession, float, float], limits: SessionLimits) -> bool:
+        now = self.clock()
+        return now - held[2] < limits.idle_s and now - held[1] < limits.lifetime_s
+
+    def session(self, session_id: str, limits: SessionLimits, *,
+                active: bool) -> StoredSession | None:
         found = self.sessions.get(session_id)
-        if found is None or self.clock() - found[1] >= idle_s:
+        if found is None or not self._live(found, limits):
             return None
         if active:
-            self.sessions[session_id] = (found[0], self.clock())
+            self.sessions[session_id] = (found[0], found[1], self.clock())
         return found[0]
 
-    def close_session(self, session_id: str) -> None:
-        self.sessions.pop(session_id, None)
+    def close_session(self, session_id: str, peer: str) -> None:
+        ended = self.sessions.pop(session_id, None)
+        if ended is not None:
+            self.audited.append(Action(ended[0].who, "sign out", peer))

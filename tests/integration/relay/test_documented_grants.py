@@ -223,7 +223,7 @@ def test_a_report_job_enqueues_with_its_grants(settings: Settings, engine: sa.En
 def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine) -> None:
     from postroom.web.auth import Identity, Role
     from postroom.web.forms import SearchFilter
-    from postroom.web.store import Action, DatabaseStore
+    from postroom.web.store import Action, DatabaseStore, SessionLimits
 
     row = row_of(engine, "run", "a@example.com")
     with engine.begin() as conn:
@@ -245,7 +245,9 @@ def test_the_console_works_with_its_grants(settings: Settings, engine: sa.Engine
         assert [e.action for e in store.audit(None, 10)] == [
             "requeue", "suppression remove", "suppression add"]
         assert store._throughput()["outbox_backlog"] == 1
-        store.open_session("sid", who, 3600)
-        assert store.session("sid", 3600, active=True) is not None
-        store.close_session("sid")
-        assert store.session("sid", 3600, active=True) is None
+        limits = SessionLimits(3600, 7200)
+        store.open_session("sid", who, "mac", limits)
+        assert store.session("sid", limits, active=True) is not None
+        store.close_session("sid", "127.0.0.1")  # audits the sign-out
+        assert store.session("sid", limits, active=True) is None
+        assert store.audit(None, 1)[0].action == "sign out"

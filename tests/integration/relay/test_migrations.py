@@ -30,7 +30,7 @@ from postroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-HEAD = "0017"  # the newest revision
+HEAD = "0018"  # the newest revision
 
 ROWS_AT_0003 = sa.text("""
     INSERT INTO outbox (idempotency_key, message_key, recipient, subject, body, priority,
@@ -341,6 +341,7 @@ QUEUE_FUNCTIONS["0014"] = (
 QUEUE_FUNCTIONS["0015"] = QUEUE_FUNCTIONS["0014"]  # 0015 rewrites addresses only
 QUEUE_FUNCTIONS["0016"] = QUEUE_FUNCTIONS["0015"]  # 0016 adds the console's table and indexes
 QUEUE_FUNCTIONS["0017"] = QUEUE_FUNCTIONS["0016"]  # 0017 adds the console's sessions
+QUEUE_FUNCTIONS["0018"] = QUEUE_FUNCTIONS["0017"]  # 0018 ties them to their tokens
 
 
 def _queue_function(conn: sa.Connection, schema: str) -> str:
@@ -512,3 +513,21 @@ def test_0017_adds_the_consoles_sessions_and_goes_back(engine: sa.Engine,
         assert not conn.scalar(named, {"name": f'"{schema}".console_session'})
         assert conn.scalar(named, {"name": f'"{schema}".console_audit'})
     assert upgrade(engine) == HEAD
+
+
+def test_0018_ties_the_consoles_sessions_to_their_tokens_and_goes_back(
+        engine: sa.Engine, db_settings: Settings) -> None:
+    schema = db_settings.database_schema or ""
+    columns = sa.text("SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                      ":schema AND table_name = 'console_session' ORDER BY ordinal_position")
+    with engine.connect() as conn:
+        assert list(conn.scalars(columns, {"schema": schema}))[-1] == "token_mac"
+    assert downgrade(engine, "0017") == "0017"
+    with engine.begin() as conn:
+        assert "token_mac" not in list(conn.scalars(columns, {"schema": schema}))
+        conn.execute(sa.text("INSERT INTO console_session (id_sha256, who, role) "
+                             "VALUES ('h', 'operator token', 'operator')"))
+    assert upgrade(engine) == HEAD
+    with engine.connect() as conn:  # a session from before names no token: it is over
+        assert conn.scalar(sa.text("SELECT count(*) FROM console_session")) == 0
+        assert list(conn.scalars(columns, {"schema": schema}))[-1] == "token_mac"

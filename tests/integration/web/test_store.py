@@ -15,11 +15,12 @@ from postroom.relay.suppression import NotSuppressedError
 from postroom.settings import Settings
 from postroom.web.auth import Identity, Role
 from postroom.web.forms import SearchFilter
-from postroom.web.store import Action, DatabaseStore, SearchPage
+from postroom.web.store import Action, DatabaseStore, SearchPage, SessionLimits, StoredSession
 
 pytestmark = pytest.mark.integration
 
 OPERATOR = Identity("ops@example.com", Role.OPERATOR, "proxy")
+LIMITS = SessionLimits(idle_s=3600, lifetime_s=4 * 3600)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -207,11 +208,13 @@ def test_the_csv_export_reads_in_batches_what_render_csv_writes(store: DatabaseS
 def test_sessions_are_kept_by_their_ids_hash_and_end_idle_or_signed_out(
         store: DatabaseStore, engine: sa.Engine) -> None:
     reader = Identity("reader token", Role.READER, "token")
-    store.open_session("sid-1", reader, 3600)
+    store.open_session("sid-1", reader, "mac-1", LIMITS)
     with engine.connect() as conn:
-        held = conn.execute(sa.text("SELECT id_sha256, who, role FROM console_session")).all()
-    assert [(h.who, h.role) for h in held] == [("reader token", "reader")]
+        held = conn.execute(sa.text(
+            "SELECT id_sha256, who, role, token_mac FROM console_session")).all()
+    assert [(h.who, h.role, h.token_mac) for h in held] == [("reader token", "reader", "mac-1")]
     assert "sid-1" not in held[0].id_sha256  # the id itself is not in the table
+    live = StoredSession(reader, "mac-1")
 
     def seen_ago(seconds: int) -> None:
         with engine.begin() as conn:
@@ -224,14 +227,38 @@ def test_sessions_are_kept_by_their_ids_hash_and_end_idle_or_signed_out(
                 "SELECT extract(epoch FROM now() - seen_at) FROM console_session")))
 
     seen_ago(1800)
-    assert store.session("sid-1", 3600, active=False) == reader  # a background refresh ...
+    assert store.session("sid-1", LIMITS, active=False) == live  # a background refresh ...
     assert last_seen_s() >= 1800  # ... is not a use
-    assert store.session("sid-1", 3600, active=True) == reader
+    assert store.session("sid-1", LIMITS, active=True) == live
     assert last_seen_s() < 60
-    assert store.session("sid-2", 3600, active=True) is None
+    assert store.session("sid-2", LIMITS, active=True) is None
     seen_ago(3601)
-    assert store.session("sid-1", 3600, active=True) is None  # idle past the limit
-    store.open_session("sid-3", reader, 3600)  # forgets the idle ones
-    store.close_session("sid-3")
+    assert store.session("sid-1", LIMITS, active=True) is None  # idle past the limit
+    store.open_session("sid-3", reader, "mac-3", LIMITS)  # forgets the idle ones
+    store.close_session("sid-3", "10.0.0.9")
     with engine.connect() as conn:
         assert conn.scalar(sa.text("SELECT count(*) FROM console_session")) == 0
+    signed_out = store.audit(None, 1)[0]
+    assert (signed_out.who, signed_out.role, signed_out.action, signed_out.target) == (
+        "reader token", "reader", "sign out", "10.0.0.9")
+    store.close_session("sid-3", "10.0.0.9")  # no session: no sign-out to audit
+    assert store.audit(None, 1)[0].id == signed_out.id
+
+
+def test_a_session_ends_its_lifetime_after_its_sign_in_however_much_it_is_used(
+        store: DatabaseStore, engine: sa.Engine) -> None:
+    """By the database's clock, so every replica ends it at the same time; the next sign-in
+    forgets it."""
+    reader = Identity("reader token", Role.READER, "token")
+    store.open_session("sid-1", reader, "mac-1", LIMITS)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE console_session SET signed_in_at = now() - make_interval("
+                             "secs => :s), seen_at = now()"), {"s": LIMITS.lifetime_s - 30})
+    assert store.session("sid-1", LIMITS, active=True) is not None
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE console_session SET signed_in_at = now() - make_interval("
+                             "secs => :s), seen_at = now()"), {"s": LIMITS.lifetime_s})
+    assert store.session("sid-1", LIMITS, active=True) is None
+    store.open_session("sid-2", reader, "mac-2", LIMITS)
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT count(*) FROM console_session")) == 1

@@ -100,3 +100,16 @@ def test_the_sign_in_throttle_refuses_a_peer_after_its_refusals_until_the_window
     now[0] += 2.0
     assert not throttle.blocked("10.0.0.9")
     assert len(throttle) == 0  # nothing kept of a peer whose refusals are all past
+
+
+@pytest.mark.parametrize("role, mac_token, holds", [
+    (Role.OPERATOR, "o" * 20, True), (Role.READER, "r" * 20, True),
+    (Role.OPERATOR, "r" * 20, False),  # a reader's session row rewritten to the operator role
+    (Role.READER, "old-reader-token-0123", False),  # the token changed since
+])
+def test_a_session_holds_only_under_the_token_its_role_has_now(
+        role: Role, mac_token: str, holds: bool) -> None:
+    given = Settings.from_env(TOKENS)
+    assert auth.session_holds("sid", role, auth.session_mac("sid", mac_token), given) is holds
+    assert not auth.session_holds("sid", role, "mac-\u00e9", given)  # never a 500 on a row
+    assert not auth.session_holds("other-sid", role, auth.session_mac("sid", mac_token), given)
