@@ -4,7 +4,7 @@ and a `relay.py` of its own. The job's own imports and its enqueue into the loca
 database both work, and the install is the light client: no role library, and the command says
 which extra the roles need.
 
-One wheel and one venv serve the module (pip's cache makes the install quick after the first).
+One wheel and one venv serve the module, on one pytest-xdist worker (make test's --dist loadgroup).
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import sqlalchemy as sa
 from postroom.relay.db import libpq_conninfo
 from postroom.settings import Settings
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900),
+              # One worker builds the wheel and the venv once for the module (each worker would
+              # build its own module fixtures).
+              pytest.mark.xdist_group("wheel")]
 
 REPO = Path(__file__).resolve().parents[2]
 # PyPI's distributions of the generic names: `sender` ("Python SMTP Client for Humans", a

@@ -45,7 +45,9 @@ from postroom.schemas.framing import SCHEMALESS
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, priority_topic
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One worker runs the module: one console process and one chromium for all its tests (each worker
+# would start its own module fixtures).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 OPERATOR_TOKEN = "operator-browser-token-0123456789"  # noqa: S105 - the test's own
 READER_TOKEN = "reader-browser-token-0123456789"  # noqa: S105 - the test's own
