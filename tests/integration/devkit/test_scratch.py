@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
-from postroom.devkit.scratch import scratch
+from postroom.devkit.scratch import scratch, wait_for_topics
 from postroom.devkit.wait import wait_until
 from postroom.kafka import create_topics, make_admin
 from postroom.relay.db import make_engine, upgrade
@@ -34,7 +34,10 @@ def test_a_scratch_removes_its_schema_topics_and_groups(stack_settings: Settings
         engine = make_engine(settings)
         upgrade(engine, settings.database_schema)
         engine.dispose()
-        create_topics(settings, all_topics(settings.topic_prefix, 6))  # more tiers than settings
+        # More tiers than the settings have; waited for, so that the broker's metadata, which
+        # the deletion lists the prefix's topics from, has them all (else a topic listed late
+        # outlives the scratch, and the check below can pass before it shows).
+        wait_for_topics(settings, list(create_topics(settings, all_topics(settings.topic_prefix, 6))))
         topic = priority_topic(settings.topic_prefix, "high")
         for group in (settings.sender_group, settings.recorder_group):
             member = Consumer({**settings.kafka_client_config(), "group.id": group})
