@@ -58,7 +58,7 @@ test: services browser ## the whole suite against the local stack, TEST_WORKERS 
 	$(UNSET_USER_SETTINGS) . $(ENV_FILE) && $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # No stack, and no stack settings: tests/unit needs no service (one that reaches for one fails).
-test-unit: venv ## the unit tests only, no services, in under a minute (PYTEST_ARGS=...)
+test-unit: venv ## the unit tests only, no services, in about 80 s (PYTEST_ARGS=...)
 	$(COMPILE)
 	$(UNSET_USER_SETTINGS) unset POSTROOM_DEV_REGISTRY_URL ; \
 		$(PYTHON) -m pytest tests/unit -n $(UNIT_WORKERS) -q $(PYTEST_ARGS)
