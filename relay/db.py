@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_MIGRATIONS = resources.files("postroom.relay") / "migrations"
+
 # The server's side of every session postroom opens: an idle peer that stops answering (its host
 # crashed, the network cut) is noticed after 10 s without traffic and 3 unanswered probes 5 s
 # apart, and its session ends, with the advisory locks that keep a relay's claims and a sender's
@@ -85,13 +87,21 @@ def libpq_conninfo(engine: sa.Engine) -> str:
     return make_conninfo("", **given)
 
 
-def _alembic_config(connection: sa.Connection) -> Config:
+def _alembic_config(connection: sa.Connection | None = None) -> Config:
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(resources.files("postroom.relay") / "migrations"))
-    config.attributes["connection"] = connection
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    if connection is not None:
+        config.attributes["connection"] = connection
     return config
+
+
+def migration_scripts() -> ScriptDirectory:
+    """This release's migrations, as Alembic reads them."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config())
 
 
 # The relay's claim has the database compute milliseconds since the epoch; extract() returns an
@@ -220,11 +230,10 @@ def history(engine: sa.Engine) -> tuple[str | None, tuple[str, ...]]:
     """The revision the outbox schema is at (None: not created) and every migration this
     release has, oldest first (see :func:`revision_names`)."""
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
 
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        scripts = ScriptDirectory.from_config(_alembic_config(conn))
+    scripts = migration_scripts()
     _refuse_unknown_revision(current, scripts)
     return current, revision_names(scripts, None)
 
@@ -254,8 +263,7 @@ _HAS_VERSION_TABLE = sa.text(
 @functools.cache
 def head_revision() -> str:
     """The newest revision of this release's migrations, read from their file names."""
-    versions = resources.files("postroom.relay") / "migrations" / "versions"
-    return max(match[1] for entry in versions.iterdir()
+    return max(match[1] for entry in (_MIGRATIONS / "versions").iterdir()
                if (match := _MIGRATION_FILE.fullmatch(entry.name)))
 
 
@@ -273,11 +281,10 @@ def check_schema(engine: sa.Engine) -> None:
 
 def _check_schema_with_alembic(engine: sa.Engine) -> None:
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
 
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        scripts = ScriptDirectory.from_config(_alembic_config(conn))
+    scripts = migration_scripts()
     head = scripts.get_current_head()
     if current is None:
         raise SchemaNotReadyError("the outbox schema is not migrated: run `postroom db upgrade`")
