@@ -23,7 +23,6 @@ from confluent_kafka import Consumer, TopicPartition
 from postroom.devkit.ports import free_port
 from postroom.devkit.processes import (
     postroom_command,
-    run_postroom,
     start_postroom,
     stop_process,
 )
@@ -35,6 +34,7 @@ from postroom.relay.outbox import enqueue
 from postroom.relay.publisher import Relay
 from postroom.settings import Settings
 from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
+from support.commands import run_postroom
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,6 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 
 import support.registry
-from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
 from postroom.relay.db import make_engine
@@ -28,6 +27,7 @@ from postroom.schemas.framing import SCHEMALESS, Framing
 from postroom.schemas.registry import framing_for, register_contract
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, priority_topic
+from support.commands import run_postroom
 from support.foreign import produce_raw
 
 pytestmark = pytest.mark.e2e

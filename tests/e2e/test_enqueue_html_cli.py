@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import sqlalchemy as sa
 
 from postroom.relay.db import make_engine
 from postroom.settings import Settings
+from support.commands import run_postroom
 
 pytestmark = pytest.mark.e2e
 
@@ -19,8 +19,7 @@ pytestmark = pytest.mark.e2e
 def postroom(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     assert settings.database_schema
     env = {**os.environ, "POSTROOM_DATABASE_SCHEMA": settings.database_schema}
-    return subprocess.run([sys.executable, "-m", "postroom.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return run_postroom(*args, env=env, timeout_s=60)
 
 
 def rows(settings: Settings, key: str) -> list[sa.Row[tuple[str | None, list[str]]]]:

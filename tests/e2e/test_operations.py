@@ -24,10 +24,10 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
-from postroom.devkit.processes import run_postroom
 from postroom.devkit.wait import wait_until
 from postroom.relay.report import BODY_MAX_LINES
 from postroom.settings import Settings, TlsMode
+from support.commands import run_postroom
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

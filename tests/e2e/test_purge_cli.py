@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.relay.db import make_engine
 from postroom.relay.outbox import enqueue
 from postroom.settings import Settings
+from support.commands import run_postroom
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import support.registry
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.schemas.codec import load_schema
 from postroom.settings import Settings
+from support.commands import run_postroom
 
 pytestmark = pytest.mark.e2e
 
@@ -31,8 +31,7 @@ def env(settings: Settings) -> Iterator[dict[str, str]]:
 
 
 def postroom(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "postroom.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return run_postroom(*args, env=env, timeout_s=60)
 
 
 def test_register_twice_then_check(env: dict[str, str]) -> None:

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.relay.db import make_engine
 from postroom.relay.outbox import enqueue
 from postroom.relay.publisher import Relay
 from postroom.settings import Settings
+from support.commands import run_postroom
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.e2e

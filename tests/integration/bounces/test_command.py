@@ -15,13 +15,14 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import PostroomProcesses, run_postroom
+from postroom.devkit.processes import PostroomProcesses
 from postroom.devkit.scratch import scratch_env
 from postroom.schemas.codec import DeliveryStatus, EmailResult
 from postroom.schemas.decoding import decode
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import make_token, return_path
+from support.commands import run_postroom
 
 pytestmark = pytest.mark.integration
 

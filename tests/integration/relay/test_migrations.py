@@ -439,7 +439,7 @@ def test_a_schema_a_newer_release_migrated_is_named_so_not_a_traceback(engine: s
     """A release run against a database a newer one migrated: the roles' check and
     `postroom db upgrade` say so in one line (alembic said only "Can't locate revision", and
     `db upgrade` raised it as a traceback)."""
-    from postroom.devkit.processes import run_postroom
+    from support.commands import run_postroom
 
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))

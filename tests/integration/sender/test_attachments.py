@@ -12,11 +12,11 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
-from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.metrics import Metrics
 from postroom.settings import Settings, TlsMode
+from support.commands import run_postroom
 from support.metrics import counter
 from support.pipeline import Pipeline, outbox_rows
 

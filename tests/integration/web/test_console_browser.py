@@ -35,7 +35,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import run_postroom, start_postroom, stop_process
+from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
 from postroom.relay.db import make_engine, upgrade
@@ -44,6 +44,7 @@ from postroom.schemas.codec import EmailRequested
 from postroom.schemas.framing import SCHEMALESS
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, priority_topic
+from support.commands import run_postroom
 
 # One worker runs the module: one console process and one chromium for all its tests (each worker
 # would start its own module fixtures).
