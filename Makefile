@@ -52,15 +52,19 @@ browser: ## install chromium and chromium-driver with apt-get when missing (the 
 # The project's bytecode, written once: the suite starts `postroom` hundreds of times, and with
 # PYTHONDONTWRITEBYTECODE set (as this machine's image sets it) each start compiled every module.
 COMPILE := $(PYTHON) -m compileall -q -j 0 postroom relay sender bounces schemas bench tests > /dev/null
+# pytest keeps the test modules it rewrote for their asserts (about 10 CPU-s per worker) only
+# where bytecode may be written: with PYTHONDONTWRITEBYTECODE set, every worker rewrote every
+# module on every run.
+KEEP_BYTECODE := unset PYTHONDONTWRITEBYTECODE ;
 
 test: services browser ## the whole suite against the local stack, TEST_WORKERS in parallel (PYTEST_ARGS=...)
 	$(COMPILE)
-	$(UNSET_USER_SETTINGS) . $(ENV_FILE) && $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(UNSET_USER_SETTINGS) $(KEEP_BYTECODE) . $(ENV_FILE) && $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # No stack, and no stack settings: tests/unit needs no service (one that reaches for one fails).
 test-unit: venv ## the unit tests only, no services, in about 80 s (PYTEST_ARGS=...)
 	$(COMPILE)
-	$(UNSET_USER_SETTINGS) unset POSTROOM_DEV_REGISTRY_URL ; \
+	$(UNSET_USER_SETTINGS) $(KEEP_BYTECODE) unset POSTROOM_DEV_REGISTRY_URL ; \
 		$(PYTHON) -m pytest tests/unit -n $(UNIT_WORKERS) -q $(PYTEST_ARGS)
 
 # LOAD_RUNS=n runs (3); stress-ng is installed with apt-get when missing and stopped at the end.
