@@ -17,10 +17,10 @@ import sqlalchemy as sa
 
 from postroom import enqueue
 from postroom.devkit.devsmtp import DevSmtpServer
-from postroom.devkit.processes import run_postroom
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
+from support.commands import run_postroom
 from support.pipeline import Pipeline, fast_pipeline, outbox_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

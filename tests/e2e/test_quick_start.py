@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import run_postroom, start_postroom, stop_process
+from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
+from support.commands import run_postroom
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -37,7 +37,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from postroom import enqueue
 from postroom.acls import Acl, Role, role_acls
 from postroom.bounces.adapters import KafkaResults
-from postroom.devkit.processes import postroom_command
 from postroom.devkit.story import make_workbook
 from postroom.devkit.wait import wait_until
 from postroom.errors import KafkaClientError
@@ -62,6 +61,7 @@ from postroom.topics import (
     priority_topic,
     results_topic,
 )
+from support.commands import run_all
 from support.pipeline import Pipeline
 from support.seed import check_september, enqueue_september, seed_server
 from support.stack import dev_dir
@@ -232,15 +232,8 @@ def test_the_bounce_intake_publishes_results_on_its_own_credentials_and_nothing_
 
 
 def postroom(*runs: tuple[dict[str, str], list[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """``python -m postroom.cli ARGS`` once per (env, args), all at once; their results in order."""
-    procs = [(args, subprocess.Popen(postroom_command(*args), env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-             for env, args in runs]
-    done = []
-    for args, proc in procs:
-        out, err = proc.communicate(timeout=90)
-        done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
-    return done
+    """``postroom ARGS`` once per (env, args), all at once; their results in order."""
+    return [done for done, _seconds in run_all([(args, env) for env, args in runs], 90)]
 
 
 def untrusted_ca(folder: Path) -> Path:

@@ -2,15 +2,16 @@
 has imported postroom and its libraries once.
 
 A ``postroom`` start spends most of its CPU importing SQLAlchemy, Alembic, psycopg and
-confluent-kafka (about 0.5 CPU-s of the 0.6 a `postroom status` takes); the suite runs a few
-hundred of them. Here each command is a fork of multiprocessing's fork server (one per pytest
-worker, started at the first command, with those modules preloaded and no thread running), given
-its own argv, environment, working directory and standard streams, and ended with ``os._exit``
-after its atexit handlers have run. What it does not show, and where the tests use a real
-``postroom`` start instead (``run_postroom`` of postroom.devkit.processes):
+confluent-kafka, and the suite runs a few hundred one-shot commands. Here each is a fork of
+multiprocessing's fork server (one per pytest worker, started at the first command, with those
+modules preloaded and no thread running), given its own argv, environment, working directory and
+standard streams, and ended with ``os._exit`` after its atexit handlers have run. What a fork
+does not show, and where the tests start ``postroom`` for real (postroom.devkit.processes):
 
-- what the interpreter does at its start and end: the imports a command makes (a job's light
-  install, the roles extra missing), objects finalized at exit (librdkafka's last log lines);
+- what the interpreter does at its start and its end: the imports a command makes (a job's
+  light install, the roles extra missing), what librdkafka prints as its clients are finalized
+  at exit (test_quiet_output, test_quiet_commands);
+- the long-running roles a test signals and kills (start_postroom, PostroomProcesses);
 - an environment that changes how Python starts (``PYTHON*``, the locale): such a call runs as a
   real process here too.
 
@@ -20,14 +21,17 @@ after its atexit handlers have run. What it does not show, and where the tests u
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from postroom.devkit.processes import postroom_command
@@ -73,6 +77,30 @@ def run_postroom(*args: str, env: Mapping[str, str], timeout_s: float | None = N
                                             streams[2].read_text())
         return subprocess.CompletedProcess(argv, process.exitcode, streams[1].read_text(),
                                            streams[2].read_text())
+
+
+def run_all(runs: Sequence[tuple[Sequence[str], Mapping[str, str]]], timeout_s: float,
+            ) -> list[tuple[subprocess.CompletedProcess[str], float]]:
+    """Each (args, env) as run_postroom runs it, all at once; in order, each one's result and the
+    seconds from the start until it ended (one killed at ``timeout_s`` ends with -SIGKILL and the
+    output it had written)."""
+    started = time.monotonic()
+
+    def one(args: Sequence[str], env: Mapping[str, str],
+            ) -> tuple[subprocess.CompletedProcess[str], float]:
+        try:
+            done = run_postroom(*args, env=env, timeout_s=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            done = subprocess.CompletedProcess(exc.cmd, -signal.SIGKILL, _text(exc.output),
+                                               _text(exc.stderr))
+        return done, time.monotonic() - started
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(runs))) as pool:
+        return list(pool.map(lambda run: one(*run), runs))
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def _forkable(env: Mapping[str, str]) -> bool:

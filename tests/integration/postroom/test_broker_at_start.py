@@ -19,6 +19,7 @@ from postroom.devkit.scratch import scratch_env, unique_name
 from postroom.devkit.wait import wait_until
 from postroom.kafka import BROKER_WAIT_S
 from postroom.settings import Settings
+from support.commands import run_all as commands_run_all
 
 pytestmark = pytest.mark.integration
 
@@ -60,24 +61,13 @@ def kafka_client_made(pid: int) -> bool:
 def run_all(commands: Mapping[str, list[str]], env: Mapping[str, str],
             ) -> tuple[dict[str, tuple[subprocess.CompletedProcess[str], float]], float]:
     """Run every command at once (each mostly waits), and beside them `postroom status` refused
-    for a bad setting before it connects to anything; each command's result and its seconds
-    (at most: they are read in turn), and the refusal's seconds."""
-    started = time.monotonic()
-    argvs = {REFUSAL: ["status"], **commands}  # the refusal read first, so its time is its own
-    running = {name: subprocess.Popen(
-        postroom_command(*argv), text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**env, **({"POSTROOM_SMTP_PORT": "abc"} if name == REFUSAL else {})})
-        for name, argv in argvs.items()}
-    done = {}
-    for name, process in running.items():
-        try:
-            out, err = process.communicate(timeout=GIVE_UP_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
-        done[name] = (subprocess.CompletedProcess(process.args, process.returncode, out, err),
-                      time.monotonic() - started)
+    for a bad setting before it connects to anything; each command's result and its seconds,
+    and the refusal's seconds."""
+    argvs = {REFUSAL: ["status"], **commands}
+    results = commands_run_all(
+        [(argv, {**env, **({"POSTROOM_SMTP_PORT": "abc"} if name == REFUSAL else {})})
+         for name, argv in argvs.items()], GIVE_UP_S)
+    done = dict(zip(argvs, results, strict=True))
     refusal, refusal_s = done.pop(REFUSAL)
     assert refusal.returncode == 2, refusal.stderr
     return done, refusal_s
