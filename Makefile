@@ -19,7 +19,7 @@ UNIT_WORKERS ?= 2
 # export POSTROOM_SMTP_PORT, say) is unset first; the stack's own (POSTROOM_DEV_*) stay.
 UNSET_USER_SETTINGS := unset $$(compgen -e | grep '^POSTROOM_' | grep -v '^POSTROOM_DEV_') ;
 
-.PHONY: help venv services services-down services-status services-clean test test-unit test-under-load chaos chaos-short fuzz demo lint bench \
+.PHONY: help venv services services-down services-status services-clean test test-unit test-stack test-under-load chaos chaos-short fuzz demo lint bench \
 	check-alerts compose-test \
 	services-cluster services-cluster-down chaos-cluster cluster-test
 
@@ -74,6 +74,11 @@ test-under-load: services ## the suite LOAD_RUNS times while stress-ng --cpu 1 k
 chaos: services ## the full fault-injection suite (~15 min; CHAOS_SEED=n replays a random mix)
 	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m 'chaos and not failover' -k 'not short' -s \
 		$(PYTEST_ARGS)
+
+# A second stack of its own (state dir and ports) started and stopped twice: the local stack's
+# own lifecycle, left out of make test for its cost (three JVMs' worth of services, twice).
+test-stack: services ## the local stack's lifecycle on a throwaway stack: up, down leaves no process, up again (~1 min)
+	$(UNSET_USER_SETTINGS) . $(ENV_FILE) && $(PYTHON) -m pytest tests/integration/test_services.py -m lifecycle $(PYTEST_ARGS)
 
 chaos-short: services ## the two short fault-injection runs (~2 min): a quick check before make chaos
 	. $(ENV_FILE) && $(PYTHON) -m pytest tests/chaos -m chaos -k short -s $(PYTEST_ARGS)

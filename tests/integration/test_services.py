@@ -1,7 +1,9 @@
 """The local stack script, scripts/services.sh, run as a developer runs it.
 
-One test checks the stack the suite runs on; the other starts and stops a second, separate
-stack (own state dir and ports) so that stopping it cannot pull the services from other tests.
+Two tests check the stack the suite runs on; the third starts and stops a second, separate stack
+(own state dir and ports) so that stopping it cannot pull the services from other tests. That
+one starts three JVMs' worth of services twice (about 45 s of CPU, a tenth of the suite's):
+`make test-stack` runs it, make test does not.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def test_registry_listens_on_loopback_only() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 @pytest.mark.timeout(300)  # three services started twice on a loaded 2-CPU machine
 def test_down_leaves_no_process(tmp_path: Path) -> None:
     dev_dir = tmp_path / "dev"
