@@ -34,6 +34,12 @@ if FUZZ_EXAMPLES:
     hypothesis.settings.register_profile("fuzz", max_examples=int(FUZZ_EXAMPLES), deadline=None,
                                          database=None)
     hypothesis.settings.load_profile("fuzz")
+# `make test-unit` sets POSTROOM_QUICK_EXAMPLES=<n>: every property test runs at most n examples
+# (their full counts are make test's).
+QUICK_EXAMPLES = os.environ.get("POSTROOM_QUICK_EXAMPLES")
+if QUICK_EXAMPLES:
+    hypothesis.settings.register_profile("quick", max_examples=int(QUICK_EXAMPLES))
+    hypothesis.settings.load_profile("quick")
 
 
 @pytest.fixture(scope="session")

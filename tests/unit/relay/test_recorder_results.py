@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import os
 import threading
 
 import pytest
@@ -30,15 +29,15 @@ from postroom.schemas.codec import DeliveryStatus, EmailResult, Schema, encode, 
 from postroom.schemas.errors import SchemaUnavailableError
 from postroom.schemas.framing import confluent_prefix, headers_for
 from postroom.settings import LONGEST_PERIOD_S, Settings
+from support.fuzz import examples
 from support.metrics import counter
 
 RESULT = EmailResult(idempotency_key="k|a@example.com", outbox_id=1, recipient="a@example.com",
                      status=DeliveryStatus.FAILED, attempt=1,
                      occurred_at=dt.datetime(2026, 10, 1, tzinfo=dt.UTC), smtp_code=550,
                      enhanced_code="5.1.1", error="550 5.1.1 no such user")
-# Bounded in the normal run; POSTROOM_FUZZ_EXAMPLES=<n> runs the boundary properties n times
-# (`make fuzz`).
-EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "300"))
+# Bounded in the normal run (support.fuzz.examples: more in `make fuzz`, fewer in `make test-unit`).
+EXAMPLES = examples(300)
 
 
 @pytest.mark.parametrize(("text", "max_chars", "stored"), [

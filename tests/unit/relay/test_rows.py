@@ -4,7 +4,6 @@ PoisonRowError and nothing else, whatever its columns hold (rows written by SQL 
 from __future__ import annotations
 
 import datetime as dt
-import os
 from typing import Any
 
 import pytest
@@ -25,9 +24,8 @@ GOOD: dict[str, Any] = {
     "attachments": ["/data/r.pdf"], "priority": "normal", "created_at": 1_790_000_000_000,
     "attempt": 1, "not_before": None, "html": None, "inline": [],
 }
-# Bounded in the normal run; POSTROOM_FUZZ_EXAMPLES=<n> runs the boundary properties n times
-# (`make fuzz`).
-EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "400"))
+# Bounded in the normal run (support.fuzz.examples: more in `make fuzz`, fewer in `make test-unit`).
+EXAMPLES = examples(400)
 
 
 def row(**changes: Any) -> tuple[Any, ...]:

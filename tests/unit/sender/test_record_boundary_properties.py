@@ -3,7 +3,7 @@ what the sender may deliver or raises PoisonRecordError, nothing else, and what 
 be acted on (a poison record's result and dead letter can be written; an admitted event can be
 retried and waited for).
 
-Bounded in the normal run; POSTROOM_FUZZ_EXAMPLES=<n> runs each property n times (`make fuzz`).
+Bounded in the normal run (support.fuzz.examples: more in `make fuzz`, fewer in `make test-unit`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import os
 from typing import Any
 
 import fastavro
@@ -38,8 +37,9 @@ from postroom.sender.errors import PoisonRecordError
 from postroom.sender.outcome import Outcome, Verdict
 from postroom.sender.retry import RetryPolicy, due_in_s
 from postroom.sender.routing import Origin, dead_letter_headers, poison_result
+from support.fuzz import examples
 
-EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "150"))
+EXAMPLES = examples(150)
 # A long run takes its time: about 200 examples a second on the shared machine.
 pytestmark = pytest.mark.timeout(60 + EXAMPLES // 25)
 BOUNDED = settings(max_examples=EXAMPLES, deadline=dt.timedelta(seconds=5), database=None,

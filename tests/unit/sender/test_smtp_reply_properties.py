@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
-import os
 import re
 from typing import Any, cast
 
@@ -34,8 +33,9 @@ from postroom.sender.outcome import (
 )
 from postroom.sender.pipelining import MAX_REPLY_BYTES, Pipeline, _take_reply
 from postroom.sender.throttle import is_throttling
+from support.fuzz import examples
 
-EXAMPLES = int(os.environ.get("POSTROOM_FUZZ_EXAMPLES", "150"))
+EXAMPLES = examples(150)
 pytestmark = pytest.mark.timeout(60 + EXAMPLES // 25)
 BOUNDED = settings(max_examples=EXAMPLES, deadline=dt.timedelta(seconds=5), database=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
