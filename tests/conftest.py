@@ -17,6 +17,7 @@ import hypothesis
 import pytest
 import sqlalchemy as sa
 
+import support.schema_replay
 from postroom.devkit.scratch import (
     delete_kafka_state,
     drop_schema,
@@ -86,17 +87,21 @@ def cleaner() -> Iterator[Cleaner]:
         print(f"scratch clean-up: {problem}")
 
 
-@pytest.fixture
-def db_settings(stack_settings: Settings, cleaner: Cleaner) -> Iterator[Settings]:
-    """Settings whose connections use a fresh schema, migrated to head and dropped afterwards."""
-    from postroom.relay.db import make_engine, upgrade
+@pytest.fixture(scope="session")
+def recorded_upgrade(stack_settings: Settings) -> support.schema_replay.Recorded:
+    """The statements of one real upgrade, which db_settings sends again for each schema."""
+    return support.schema_replay.record(stack_settings)
 
+
+@pytest.fixture
+def db_settings(stack_settings: Settings, cleaner: Cleaner,
+                recorded_upgrade: support.schema_replay.Recorded) -> Iterator[Settings]:
+    """Settings whose connections use a fresh schema, migrated to head (the recorded upgrade's
+    statements) and dropped afterwards."""
     settings = scratch_settings(stack_settings, "t")
     schema = settings.database_schema or ""
     try:
-        engine = make_engine(settings)
-        upgrade(engine, settings.database_schema)
-        engine.dispose()
+        support.schema_replay.replay(recorded_upgrade, settings)
         yield settings
     finally:
         cleaner.put(lambda: drop_schema(stack_settings, schema) or [])
