@@ -1,4 +1,5 @@
-"""Free TCP ports on the loopback address, for the servers the tests, the bench and the demo start."""
+"""TCP ports on the loopback address, for the servers the tests, the bench and the demo start: free
+ones to start them on, and whether one accepts connections yet (or still)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def listening(port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection on the loopback ``port`` within ``timeout_s``."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def free_port() -> int:

@@ -15,11 +15,12 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+from postroom.devkit.ports import listening
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +126,6 @@ def ensure_postfix(say: Callable[[str], None] = log.info) -> None:
          "apt-get install postfix", INSTALL_TIMEOUT_S, env)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 class Smarthost:
     """One Postfix instance in ``directory`` listening on 127.0.0.1:``port`` and relaying each
     domain of ``routes`` (domain -> (host, port)) there; anything else it bounces."""
@@ -178,7 +173,7 @@ class Smarthost:
         _run([POSTFIX, "-c", str(self.config_dir), "start"], "postfix start")
         self._started = True
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _listening(self.port):
+        while not listening(self.port, timeout_s=0.2):
             if time.monotonic() > deadline:
                 self.stop()
                 raise SmarthostError(f"postfix did not listen on 127.0.0.1:{self.port} within "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from postroom.devkit.ports import free_port
+from postroom.devkit.ports import free_port, listening
 from postroom.devkit.processes import start_postroom, stop_process
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
@@ -44,14 +43,6 @@ def env(stack_settings: Settings) -> Iterator[dict[str, str]]:
         yield {**os.environ, **scratch_env(settings)}
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def test_readmes_quick_start_by_hand_runs_as_written(env: dict[str, str], tmp_path: Path) -> None:
     lines = quick_start_lines()
     assert lines[0] == "make services && . .dev/env"  # the stack this test runs on
@@ -75,7 +66,7 @@ def test_readmes_quick_start_by_hand_runs_as_written(env: dict[str, str], tmp_pa
                 log = tmp_path / f"{argv[1]}.log"
                 background.append((argv[1], start_postroom(*argv[1:-1], env=env, log=log), log))
                 if argv[1] == "devsmtp":
-                    wait_until(lambda: _listening(int(port)), 15, "devsmtp to listen")
+                    wait_until(lambda: listening(int(port)), 15, "devsmtp to listen")
                 continue
             if argv[1] == "status":
                 status = argv[1:]

@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from postroom.devkit.ports import free_ports
+from postroom.devkit.ports import free_ports, listening
 from support.stack import REPO, dev_dir
 
 SERVICES = REPO / "scripts" / "services.sh"
@@ -37,15 +36,6 @@ def run_services(command: str, env: dict[str, str] | None = None) -> str:
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"services.sh {command} exited {result.returncode}:\n{output}"
     return output
-
-
-def port_answers(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
 
 
 def processes() -> dict[int, tuple[str, str]]:
@@ -110,9 +100,9 @@ def test_up_twice_reports_already_running() -> None:
     assert "kafka: already running" in output, output
     assert "postgres: already running" in output, output
     assert "registry: already running" in output, output
-    assert port_answers(kafka_port), f"Kafka does not answer on {HOST}:{kafka_port}"
-    assert port_answers(pg_port), f"PostgreSQL does not answer on {HOST}:{pg_port}"
-    assert port_answers(registry_port), f"the registry does not answer on {HOST}:{registry_port}"
+    assert listening(kafka_port), f"Kafka does not answer on {HOST}:{kafka_port}"
+    assert listening(pg_port), f"PostgreSQL does not answer on {HOST}:{pg_port}"
+    assert listening(registry_port), f"the registry does not answer on {HOST}:{registry_port}"
 
 
 def test_registry_listens_on_loopback_only() -> None:
@@ -142,9 +132,9 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
     roots: list[int] = []
     try:
         output = run_services("up", env)
-        assert port_answers(kafka_port)
-        assert port_answers(pg_port)
-        assert port_answers(secure_port)
+        assert listening(kafka_port)
+        assert listening(pg_port)
+        assert listening(secure_port)
         assert "the ACLs of postroom-" in output, output
         assert f"{HOST}:{kafka_port}" in (dev_dir / "env").read_text()
         for role in ("relay", "sender", "recorder", "admin"):
@@ -152,7 +142,7 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
             assert f"POSTROOM_KAFKA_BOOTSTRAP_SERVERS={HOST}:{secure_port}" in role_env
             assert "sasl.password" not in role_env  # it is in the file the env file names
             assert (dev_dir / "secure" / f"{role}.properties").stat().st_mode & 0o077 == 0
-        assert port_answers(registry_port)
+        assert listening(registry_port)
         assert f"{HOST}:{registry_port}/apis/ccompat/v7" in (dev_dir / "env").read_text()
 
         # PostgreSQL runs outside the state dir (see services.sh); dev/pg links to it.
@@ -177,7 +167,7 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
         assert after == {}, f"processes of the stopped stack remain: {after}"
         assert survivors == {}, f"processes of the stopped stack remain: {survivors}"
         for port in (kafka_port, controller_port, pg_port, secure_port, registry_port):
-            assert not port_answers(port), f"port {port} still answers after down"
+            assert not listening(port), f"port {port} still answers after down"
 
         # A machine that went down with the stack leaves the broker's pid file behind, naming a
         # dead process: the next up must start a broker, not take the old pid for a failed one.
@@ -190,8 +180,8 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
         # broker was seen to lose, are set again, so the roles' credentials still work
         assert "the ACLs of postroom-" not in output, output
         assert "making a throwaway CA" not in output, output
-        assert port_answers(kafka_port)
-        assert port_answers(secure_port)
+        assert listening(kafka_port)
+        assert listening(secure_port)
         admin = subprocess.run(
             ["bash", "-c", f". {dev_dir / 'env'} && . {dev_dir / 'secure' / 'admin.env'} && "
                            f"{REPO / '.venv' / 'bin' / 'postroom'} check --role admin"],
@@ -202,7 +192,7 @@ def test_down_leaves_no_process(tmp_path: Path) -> None:
         assert kafka and "9 of 9 topics not usable by the admin" in kafka[0], admin.stdout
         assert "refused the credentials" not in admin.stdout, admin.stdout
         run_services("down", env)
-        assert not port_answers(kafka_port)
+        assert not listening(kafka_port)
     finally:
         subprocess.run([str(SERVICES), "clean"], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
                        capture_output=True, timeout=110, check=False)

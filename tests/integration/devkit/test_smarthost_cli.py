@@ -7,25 +7,19 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from postroom.devkit.ports import free_port
+from postroom.devkit.ports import free_port, listening
 from postroom.devkit.wait import wait_until
 from support.postfix import smarthost_dir
 
 pytestmark = [pytest.mark.integration]
 
 COMMAND = [sys.executable, "-m", "postroom.devkit.smarthost"]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_its_help_describes_each_argument() -> None:
@@ -53,12 +47,12 @@ def test_sigterm_stops_postfix_with_it(tmp_path: Path) -> None:
                                  "--route", "example.com=127.0.0.1:1"],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        wait_until(lambda: _listening(port) and "running;" in log.read_text(), 60,
+        wait_until(lambda: listening(port) and "running;" in log.read_text(), 60,
                    "the smarthost to run")
         master = int((directory / "queue" / "pid" / "master.pid").read_text().split()[0])
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
-        wait_until(lambda: not _listening(port), 15, "Postfix to stop listening")
+        wait_until(lambda: not listening(port), 15, "Postfix to stop listening")
         with pytest.raises(ProcessLookupError):
             os.kill(master, 0)
     finally:

@@ -8,7 +8,6 @@ import asyncio
 import datetime as dt
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from postroom.devkit.devsmtp import DevSmtpServer
-from postroom.devkit.ports import free_port
+from postroom.devkit.ports import free_port, listening
 from postroom.devkit.wait import wait_until
 from postroom.schemas.codec import EmailRequested
 from postroom.sender.delivery import Delivery
@@ -91,14 +90,6 @@ def test_without_a_bounce_address_the_dev_server_sees_the_from_address(pipelinin
     assert received.rcpt_options == ()
 
 
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture
 def smtp_sink() -> Iterator[tuple[int, Path]]:
     """Postfix's smtp-sink on a loopback port, appending each message to a dump file. Root must
@@ -112,7 +103,7 @@ def smtp_sink() -> Iterator[tuple[int, Path]]:
     process = subprocess.Popen([SMTP_SINK, *user, "-D", str(dump), f"127.0.0.1:{port}", "10"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: answers(port), 10, "smtp-sink to listen")
+        wait_until(lambda: listening(port), 10, "smtp-sink to listen")
         yield port, dump
     finally:
         process.terminate()
