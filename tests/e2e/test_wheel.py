@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 # PyPI's distributions of the generic names: `sender` ("Python SMTP Client for Humans", a
 # top-level sender.py) and `schemas` (a top-level schemas package).
 NEIGHBOURS = ("sender==0.3", "schemas==0.7.1")
-PIP = ("-m", "pip", "--disable-pip-version-check", "--no-input")
+# uv (the test extra) builds and installs as pip would, from the same build backend and index,
+# in a few seconds where pip's build isolation and install took about 50.
+UV = Path(sys.executable).with_name("uv")
 
 
 def _run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -64,7 +66,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
     _copy_sources(source)
     dist = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, *PIP, "wheel", "--no-deps", "--quiet", "-w", dist, source)
+    _run(UV, "build", "--wheel", "--quiet", "--out-dir", dist, source)
     [built] = dist.glob("postroom-*.whl")
     return built
 
@@ -73,10 +75,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """A fresh venv with the wheel (no extra) and PyPI's sender and schemas."""
     path = tmp_path_factory.mktemp("venv")
-    # This interpreter's pip installs into it (ensurepip's copy of pip took seconds of CPU).
     _run(sys.executable, "-m", "venv", "--without-pip", path)
-    _run(sys.executable, *PIP, "--python", path / "bin" / "python", "install", "--quiet", wheel,
-         *NEIGHBOURS)
+    _run(UV, "pip", "install", "--quiet", "--python", path / "bin" / "python", wheel, *NEIGHBOURS)
     return path
 
 
