@@ -37,6 +37,12 @@
 #   POSTROOM_DEV_PG_BIN                 folder holding pg_ctl/initdb (default: found)
 #   POSTROOM_DEV_REGISTRY_PORT          Schema Registry HTTP (default 18081)
 #   POSTROOM_DEV_REGISTRY_JAVA          a java 21+ for the registry (default: found)
+#   POSTROOM_DEV_KAFKA_JIT              the Kafka JVMs' compilers: quick (C1 only, the registry's
+#                                       choice too) or full (C1 then C2, as in production; make
+#                                       bench and the cluster targets ask for it); kept in the
+#                                       state dir by a start (default: the last start's, else
+#                                       quick). C2 spent about 30 of a fresh broker's 83 CPU-s
+#                                       over 390 of the tests.
 # `up` keeps the ports in $POSTROOM_DEV_DIR/ports: later commands on that state dir (status, down,
 # ...) use them where the variables are not set, so a new shell finds the stack it started.
 set -euo pipefail
@@ -67,6 +73,10 @@ PG_PORT=${PG_PORT:-15432}
 REGISTRY_PORT=${POSTROOM_DEV_REGISTRY_PORT:-$(remembered_port POSTROOM_DEV_REGISTRY_PORT)}
 REGISTRY_PORT=${REGISTRY_PORT:-18081}
 HOST=127.0.0.1
+# The compilers the last Kafka JVM of this state dir started with (a node restarted by a fault
+# test keeps its stack's), else quick; the variable wins.
+JIT_FILE="$DEV_DIR/kafka-jit"
+KAFKA_JIT=${POSTROOM_DEV_KAFKA_JIT:-$(cat "$JIT_FILE" 2>/dev/null || echo quick)}
 
 KAFKA_POM="$REPO/dev/kafka/pom.xml"
 # The pom is the one place the Kafka version is pinned.
@@ -470,6 +480,7 @@ node_start() {
     if pid=$(kafka_pid); then
         if port_answers "$(node_port)"; then
             say "$(node_name): already running (pid $pid, $HOST:$(node_port))"
+            jit_check "$pid"
         else
             say "$(node_name): pid $pid runs but $HOST:$(node_port) does not answer yet; waiting"
         fi
@@ -493,6 +504,7 @@ node_start() {
     # A pid file left by a broker that died with the machine would be read below before
     # the new broker writes its own, and the new broker taken for dead.
     rm -f "$KAFKA_PIDFILE"
+    printf '%s\n' "$KAFKA_JIT" >"$JIT_FILE"
     # Three JVMs share the machine with everything else: smaller heaps than the single node's.
     local heap=(-Xms256m -Xmx512m)
     if [[ $BROKERS -gt 1 && $NODE_ROLE == controller ]]; then
@@ -504,11 +516,28 @@ node_start() {
     # The inner shell writes its own pid, then becomes java with exec.
     # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
     setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
-        java "${heap[@]}" -XX:+UseG1GC -Djava.awt.headless=true \
+        java "${heap[@]}" $(jit_options) -XX:+UseG1GC -Djava.awt.headless=true \
         -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
         </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
     NODE_PID=$(pid_from_file "$(node_name)" "$KAFKA_PIDFILE" "$KAFKA_OUT")
+}
+
+# The Kafka JVMs' compiler options for POSTROOM_DEV_KAFKA_JIT.
+jit_options() {
+    [[ $KAFKA_JIT == quick ]] && echo "-XX:TieredStopAtLevel=1"
+    return 0
+}
+
+# jit_check PID: a running node's compilers are those it started with; say so when they are not
+# the ones asked for (a restart of the stack changes them).
+jit_check() {
+    local running=full
+    tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qx -- "-XX:TieredStopAtLevel=1" && running=quick
+    if [[ $running != "$KAFKA_JIT" ]]; then
+        warn "$(node_name): runs with the $running JIT, not the $KAFKA_JIT one asked for" \
+            "(POSTROOM_DEV_KAFKA_JIT): stop the stack (make services-down) and start it again to change it"
+    fi
 }
 
 # node_wait PID: until the selected node answers, or die saying why not.
@@ -1329,6 +1358,9 @@ main() {
         die "POSTROOM_DEV_BROKERS=$BROKERS is not a node count from 1 to 9"
     fi
     BROKERS=$((10#$BROKERS))
+    if [[ $KAFKA_JIT != quick && $KAFKA_JIT != full ]]; then
+        die "POSTROOM_DEV_KAFKA_JIT=$KAFKA_JIT is not quick (C1 only, the default) or full (C1 and C2)"
+    fi
     local last=$(((BROKERS - 1) * NODE_PORT_STRIDE)) port
     for port in "$KAFKA_PORT" "$CONTROLLER_PORT" "$SECURE_PORT"; do
         check_port "node $BROKERS's port (a POSTROOM_DEV_KAFKA_*_PORT + $last)" "$((10#$port + last))"

@@ -127,3 +127,52 @@ def test_the_cluster_targets_move_to_the_ports_they_are_given(target: str) -> No
     [line] = [line for line in made.stdout.splitlines() if "scripts/services.sh" in line]
     assert "POSTROOM_DEV_KAFKA_PORT=39192 " in line and "POSTROOM_DEV_PG_PORT=35532 " in line
     assert "POSTROOM_DEV_DIR=.dev-cluster " in line
+
+
+def _jit(function: str, asked: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """services.sh's ``function`` with POSTROOM_DEV_KAFKA_JIT=``asked``."""
+    script = f"""
+        set -euo pipefail
+        KAFKA_JIT={asked}
+        node_name() {{ echo kafka; }}
+        warn() {{ printf 'services: %s\\n' "$*" >&2; }}
+        eval "$(sed -n '/^jit_options() {{$/,/^}}$/p; /^jit_check() {{$/,/^}}$/p' "{SERVICES}")"
+        {function} {" ".join(args)}
+        """
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def test_the_quick_jit_stops_at_c1_and_the_full_one_adds_nothing() -> None:
+    assert _jit("jit_options", "quick").stdout.split() == ["-XX:TieredStopAtLevel=1"]
+    assert _jit("jit_options", "full").stdout.split() == []
+
+
+@pytest.mark.parametrize(("running", "asked", "said"), [
+    ("quick", "quick", ""), ("full", "full", ""),
+    ("quick", "full", "runs with the quick JIT, not the full one asked for"),
+    ("full", "quick", "runs with the full JIT, not the quick one asked for"),
+])
+def test_a_running_broker_started_with_other_compilers_is_said_so(
+        running: str, asked: str, said: str) -> None:
+    flags = ["-XX:TieredStopAtLevel=1"] if running == "quick" else ["-XX:+UseG1GC"]
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *flags])
+    try:
+        done = _jit("jit_check", asked, str(stand_in.pid))
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    assert done.returncode == 0, done.stderr
+    if said:
+        assert said in done.stderr
+        assert "make services-down" in done.stderr
+    else:
+        assert done.stderr == ""
+
+
+def test_a_jit_setting_neither_quick_nor_full_is_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "POSTROOM_DEV_DIR": str(tmp_path), "POSTROOM_DEV_KAFKA_JIT": "fast"}
+    done = subprocess.run(["bash", str(SERVICES), "status"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "POSTROOM_DEV_KAFKA_JIT=fast is not quick" in done.stderr
