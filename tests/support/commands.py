@@ -1,21 +1,24 @@
-"""``postroom`` one-shot commands for the tests, each a process of its own forked from a server that
-has imported postroom and its libraries once.
+"""``postroom`` commands for the tests, each a process of its own forked from a server that has
+imported postroom and its libraries once: one-shot commands run to their end (run_postroom,
+run_all), long-running roles started and left running (start_postroom, a PostroomProcesses
+starter).
 
 A ``postroom`` start spends most of its CPU importing SQLAlchemy, Alembic, psycopg and
-confluent-kafka, and the suite runs a few hundred one-shot commands. Here each is a fork of
+confluent-kafka, and the suite runs a few hundred commands. Here each is a fork of
 multiprocessing's fork server (one per pytest worker, started at the first command, with those
 modules preloaded and no thread running), given its own argv, environment, working directory and
-standard streams, and ended with ``os._exit`` after its atexit handlers have run. What a fork
-does not show, and where the tests start ``postroom`` for real (postroom.devkit.processes):
+standard streams (made anew, as a starting interpreter makes them), with the signal dispositions
+a fresh interpreter has, and ended with ``os._exit`` after its atexit handlers have run. What a
+fork does not show, and where the tests start ``postroom`` for real (postroom.devkit.processes):
 
 - what the interpreter does at its start and its end: the imports a command makes (a job's
   light install, the roles extra missing), what librdkafka prints as its clients are finalized
   at exit (test_quiet_output, test_quiet_commands);
-- the long-running roles a test signals and kills (start_postroom, PostroomProcesses);
 - an environment that changes how Python starts (``PYTHON*``, the locale): such a call runs as a
   real process here too.
 
 ``POSTROOM_TEST_REAL_PROCESSES=1`` runs every command as a real process (to compare the two).
+test_forked_commands and test_forked_roles compare forked and real starts.
 """
 
 from __future__ import annotations
