@@ -27,6 +27,7 @@ import atexit
 import concurrent.futures
 import io
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -136,19 +137,31 @@ class ForkedProcess:
         self.pid: int = process.pid
         self.returncode: int | None = None
         self._process = process
+        # The exit status is read once from the fork server's pipe: a second reader would find
+        # it empty (multiprocessing's status 255). Popen locks its waitpid the same way.
+        self._reading = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._process.exitcode
+        """Its exit status, None while it runs (or while another thread reads the status)."""
+        if self.returncode is None and self._reading.acquire(blocking=False):
+            try:
+                self._read_status()
+            finally:
+                self._reading.release()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.poll() is None:
-            self._process.join(timeout)
-        if self.poll() is None:
+        if self.returncode is None:
+            multiprocessing.connection.wait([self._process.sentinel], timeout)
+            with self._reading:
+                self._read_status()
+        if self.returncode is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        assert self.returncode is not None
         return self.returncode
+
+    def _read_status(self) -> None:
+        if self.returncode is None:
+            self.returncode = self._process.exitcode
 
     def send_signal(self, sig: int) -> None:
         """As Popen's: nothing once it has exited."""
