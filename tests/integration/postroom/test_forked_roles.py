@@ -59,6 +59,13 @@ def signal_state(pid: int) -> dict[str, str]:
                 if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
+@pytest.fixture(autouse=True)
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forked here even in a run with POSTROOM_TEST_REAL_PROCESSES=1: the fork is what is
+    compared."""
+    monkeypatch.delenv("POSTROOM_TEST_REAL_PROCESSES", raising=False)
+
+
 @pytest.fixture
 def env(settings: Settings) -> dict[str, str]:
     return {**os.environ, **scratch_env(settings), "POSTROOM_LOG_LEVEL": "INFO"}
