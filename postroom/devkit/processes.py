@@ -9,10 +9,30 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 # A sender finishes its in-flight deliveries before it exits (see docs/operations.md).
 STOP_TIMEOUT_S = 40.0
 KILL_TIMEOUT_S = 5.0
+
+
+class Started(Protocol):
+    """A started command as the callers here use it: the part of subprocess.Popen they call."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, signum: int, /) -> None: ...
+    def kill(self) -> None: ...
+
+
+class Starter(Protocol):
+    """start_postroom's signature: how PostroomProcesses starts each command."""
+
+    def __call__(self, *args: str, env: Mapping[str, str], log: Path) -> Started: ...
 
 
 def postroom_command(*args: str) -> list[str]:
@@ -40,7 +60,7 @@ def start_postroom(*args: str, env: Mapping[str, str], log: Path) -> subprocess.
                                 stdout=sink, stderr=subprocess.STDOUT)
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S, *,
+def stop_process(process: Started, timeout_s: float = STOP_TIMEOUT_S, *,
                  signalled: bool = False) -> int:
     """SIGTERM (a clean stop) unless it has exited or was ``signalled`` already (a second SIGTERM
     would interrupt its clean stop), SIGKILL after ``timeout_s``; its exit status."""
@@ -59,15 +79,18 @@ class PostroomProcesses:
     ``commands`` (name -> subcommand or argv) start on entering the context, in order; start()
     adds one later, or starts a stopped one again. On exit, or stop_all(), every one still
     running is sent SIGTERM in the reverse order, then each is waited for. Stopped processes stay
-    listed, so their logs can still be read.
+    listed, so their logs can still be read. ``starter`` starts each one (start_postroom unless
+    given: the tests give one that forks them).
     """
 
     def __init__(self, env: Mapping[str, str], log_dir: Path,
-                 commands: Mapping[str, str | Sequence[str]] | None = None) -> None:
+                 commands: Mapping[str, str | Sequence[str]] | None = None, *,
+                 starter: Starter = start_postroom) -> None:
         self._env = dict(env)
         self._log_dir = log_dir
         self._commands = dict(commands or {})
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._starter = starter
+        self.processes: dict[str, Started] = {}
 
     def __enter__(self) -> PostroomProcesses:
         for name, command in self._commands.items():
@@ -78,12 +101,12 @@ class PostroomProcesses:
         self.stop_all()
 
     def start(self, name: str, *args: str,
-              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+              env: Mapping[str, str] | None = None) -> Started:
         """Start ``postroom ARGS`` as ``name`` (a name stopped before may start again); ``env``
         adds to or overrides the shared environment for this one (its metrics port, say)."""
         if name in self.processes and self.processes[name].poll() is None:
             raise ValueError(f"postroom {name} is running already")
-        process = start_postroom(*args, env={**self._env, **(env or {})},
+        process = self._starter(*args, env={**self._env, **(env or {})},
                                  log=self.log_path(name))
         self.processes[name] = process
         return process

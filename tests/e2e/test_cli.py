@@ -21,11 +21,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import (
-    postroom_command,
-    start_postroom,
-    stop_process,
-)
+from postroom.devkit.processes import Started, postroom_command, stop_process
 from postroom.devkit.scratch import scratch, scratch_env, unique_name
 from postroom.devkit.wait import wait_until
 from postroom.kafka import make_admin
@@ -34,7 +30,7 @@ from postroom.relay.outbox import enqueue
 from postroom.relay.publisher import Relay
 from postroom.settings import Settings
 from postroom.topics import Priority, all_topics, priority_topic, results_topic, retry_topic
-from support.commands import run_postroom
+from support.commands import run_postroom, start_postroom
 from support.rounds import publish_round
 
 pytestmark = pytest.mark.e2e
@@ -81,7 +77,7 @@ class Cli:
         assert proc.returncode == 0, proc.stderr
         return [json.loads(line) for line in proc.stdout.splitlines()]
 
-    def start(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, log: Path) -> Started:
         return start_postroom(*args, env=self.env, log=log)
 
 
@@ -810,7 +806,7 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _wait_until_served(url: str, proc: subprocess.Popen[bytes], log: Path,
+def _wait_until_served(url: str, proc: Started, log: Path,
                        ready: Callable[[str], bool] = lambda body: True) -> str:
     """The body ``url`` serves once the process listens and ``ready(body)``; fails if the
     process exits or SERVED_WITHIN_S pass first."""

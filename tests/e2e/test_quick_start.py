@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from postroom.devkit.ports import free_port, listening
-from postroom.devkit.processes import start_postroom, stop_process
+from postroom.devkit.processes import Started, stop_process
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.settings import Settings
-from support.commands import run_postroom
+from support.commands import run_postroom, start_postroom
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def test_readmes_quick_start_by_hand_runs_as_written(env: dict[str, str], tmp_pa
                            check=False)
     assert found.stdout.strip() == str(ROOT / ".venv" / "bin" / "postroom"), found
     port = str(free_port())
-    background: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    background: list[tuple[str, Started, Path]] = []
     status: list[str] = []
     try:
         for line in lines[1:]:

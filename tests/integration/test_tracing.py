@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from postroom import Email, enqueue, enqueue_many, tracing
 from postroom.devkit.devsmtp import DevSmtpServer
 from postroom.devkit.otlp import OtlpReceiver
-from postroom.devkit.processes import start_postroom, stop_process
+from postroom.devkit.processes import stop_process
 from postroom.devkit.scratch import scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.relay.db import downgrade, upgrade
@@ -27,6 +27,7 @@ from postroom.relay.publisher import Relay
 from postroom.settings import Settings, TlsMode
 from postroom.topics import priority_topic, results_topic, retry_topic
 from postroom.tracing import TraceContext
+from support.commands import start_postroom
 from support.pipeline import Pipeline, outbox_rows
 from support.rounds import publish_round
 from support.tracing import memory_tracing

@@ -22,7 +22,7 @@ from postroom.schemas.decoding import decode
 from postroom.settings import Settings
 from postroom.topics import results_topic
 from postroom.verp import make_token, return_path
-from support.commands import run_postroom
+from support.commands import run_postroom, start_postroom
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,8 @@ def test_the_command_records_a_dsn_and_stops_cleanly(
         outbox_id = conn.execute(sa.text("SELECT id FROM outbox")).scalar_one()
     token = make_token(outbox_id, SECRET.encode(), dt.datetime.now(dt.UTC))
     raw = (FIXTURES / "postfix_failed.eml").read_bytes().replace(b"1-a-aaaa", token.encode())
-    with PostroomProcesses(env, tmp_path, {"bounces": "bounces"}) as processes:
+    with PostroomProcesses(env, tmp_path, {"bounces": "bounces"},
+                           starter=start_postroom) as processes:
         processes.wait_logged("bounce intake listening", 60)
         with smtplib.SMTP("127.0.0.1", port, timeout=30) as client:
             client.sendmail("", [return_path(BOUNCE, token)], raw)

@@ -13,7 +13,6 @@ import pytest
 import sqlalchemy as sa
 
 from postroom import enqueue
-from postroom.devkit.processes import start_postroom
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.devkit.wait import wait_until
 from postroom.relay import sql
@@ -27,6 +26,7 @@ from postroom.relay.db import (
 )
 from postroom.relay.errors import SchemaNotReadyError
 from postroom.settings import Settings
+from support.commands import run_postroom, start_postroom
 
 pytestmark = pytest.mark.integration
 
@@ -441,8 +441,6 @@ def test_a_schema_a_newer_release_migrated_is_named_so_not_a_traceback(engine: s
     """A release run against a database a newer one migrated: the roles' check and
     `postroom db upgrade` say so in one line (alembic said only "Can't locate revision", and
     `db upgrade` raised it as a traceback)."""
-    from support.commands import run_postroom
-
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
     try:

@@ -39,6 +39,7 @@ from postroom.schemas.decoding import decode
 from postroom.schemas.framing import SCHEMA_HEADER
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
+from support.commands import start_postroom
 from support.foreign import force_fatal
 from support.fuzz import examples
 from support.metrics import counter
@@ -502,7 +503,7 @@ def test_two_relay_processes_publish_every_row_exactly_once(
     total = 10_000
     env = {**os.environ, **scratch_env(settings), "POSTROOM_RELAY_BATCH_SIZE": "500",
            "POSTROOM_LOG_LEVEL": "INFO"}
-    relays = PostroomProcesses(env, tmp_path)
+    relays = PostroomProcesses(env, tmp_path, starter=start_postroom)
     try:
         relays.start("relay0", "relay")
         relays.start("relay1", "relay")

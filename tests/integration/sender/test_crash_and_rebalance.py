@@ -19,6 +19,7 @@ from postroom.devkit.wait import wait_until
 from postroom.lag import LagReader, postroom_groups
 from postroom.relay.publisher import Relay
 from postroom.settings import Settings
+from support.commands import start_postroom
 from support.rounds import publish_round
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -63,7 +64,8 @@ def test_killed_and_added_senders_deliver_everything_once(
     relay = Relay(settings, engine)
     while publish_round(relay):
         pass
-    senders = PostroomProcesses(sender_env(settings, server.port), tmp_path)
+    senders = PostroomProcesses(sender_env(settings, server.port), tmp_path,
+                                starter=start_postroom)
     try:
         first = senders.start("first", "sender")
         started = time.monotonic()

@@ -21,6 +21,7 @@ from postroom.devkit.wait import wait_until
 from postroom.errors import KafkaFatalError
 from postroom.kafka import KafkaError, fatal, make_admin
 from postroom.settings import Settings, TlsMode
+from support.commands import start_postroom
 from support.foreign import force_fatal
 from support.pipeline import SenderThread
 
@@ -42,7 +43,7 @@ def test_two_senders_with_one_group_instance_id_one_exits_with_one_line(
            "POSTROOM_SMTP_TLS": "none", "POSTROOM_MAIL_FROM": "reports@example.com",
            "POSTROOM_LOG_LEVEL": "WARNING", "POSTROOM_RETRY_DELAYS": "1s,2s,4s,8s",
            "POSTROOM_KAFKA_CONSUMER_CONFIG": "group.instance.id=the-one-sender"}
-    senders = PostroomProcesses(env, tmp_path)
+    senders = PostroomProcesses(env, tmp_path, starter=start_postroom)
     admin = make_admin(settings)
     try:
         first = senders.start("first", "sender")

@@ -15,7 +15,6 @@ import dataclasses
 import datetime as dt
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from postroom.devkit.ports import free_port
-from postroom.devkit.processes import start_postroom, stop_process
+from postroom.devkit.processes import Started, stop_process
 from postroom.devkit.scratch import scratch, scratch_env
 from postroom.headers import DLQ_CLASS_HEADER, DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, ERROR_HEADER
 from postroom.relay.db import make_engine, upgrade
@@ -44,7 +43,7 @@ from postroom.schemas.codec import EmailRequested
 from postroom.schemas.framing import SCHEMALESS
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic, priority_topic
-from support.commands import run_postroom
+from support.commands import run_postroom, start_postroom
 
 # One worker runs the module: one console process and one chromium for all its tests (each worker
 # would start its own module fixtures).
@@ -110,7 +109,7 @@ def _dead_letter(settings: Settings, outbox_id: int) -> None:
     assert producer.flush(10) == 0
 
 
-def _wait_until_serving(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+def _wait_until_serving(url: str, process: Started, log: Path) -> None:
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,37 @@ def test_a_process_started_with_its_own_env_gets_it_on_top_of_the_shared_one(
             processes.processes[name].wait(60)
     assert "POSTROOM_DATABASE_URL: is not set" in processes.log("plain")
     assert "POSTROOM_METRICS_PORT: expected a whole number" in processes.log("own")
+
+
+class _Exited:
+    """A started command that has exited 0."""
+
+    pid = 1
+    returncode = 0
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def send_signal(self, signum: int, /) -> None:
+        raise AssertionError("an exited process is not signalled")
+
+    def kill(self) -> None:
+        raise AssertionError("an exited process is not killed")
+
+
+def test_the_processes_are_started_by_the_starter_given(tmp_path: Path) -> None:
+    calls: list[tuple[tuple[str, ...], str, str | None, Path]] = []
+
+    def starter(*args: str, env: Mapping[str, str], log: Path) -> _Exited:
+        calls.append((args, env["SHARED"], env.get("OWN"), log))
+        return _Exited()
+
+    with PostroomProcesses({"SHARED": "s"}, tmp_path, {"first": "relay"},
+                           starter=starter) as processes:
+        processes.start("second", "sender", "--x", env={"OWN": "o"})
+    assert calls == [(("relay",), "s", None, tmp_path / "first.log"),
+                     (("sender", "--x"), "s", "o", tmp_path / "second.log")]
+    assert processes.stop_all() == {"first": 0, "second": 0}
