@@ -186,6 +186,21 @@ def consume() -> Callable[..., list[Consumed]]:
     return consume_records
 
 
+# A parameter's text or bytes longer than this is named by its start and its length: a few tests
+# take megabytes (a 4 MiB bounce), whose whole escaped text made test ids of 22 MB in all, escaped
+# (2.3 CPU-s) and sent to the controller by every worker at each start.
+ID_TEXT_LIMIT = 80
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    if not isinstance(val, str | bytes) or len(val) <= ID_TEXT_LIMIT:
+        return None  # pytest's own id
+    start = val[:ID_TEXT_LIMIT // 2]
+    text = start if isinstance(start, str) else start.decode("latin-1")  # each byte as \xNN
+    shown = text.encode("unicode_escape").decode("ascii")
+    return f"{shown}...({len(val):,} {'characters' if isinstance(val, str) else 'bytes'})"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
         item: pytest.Item, call: pytest.CallInfo[None]

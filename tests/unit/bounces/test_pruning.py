@@ -85,7 +85,7 @@ def test_a_leading_dot_is_undone_in_what_is_kept() -> None:
 
 
 @pytest.mark.parametrize(("name", "raw"), [
-    ("one text part of 4 MiB", b"Subject: junk\r\n\r\n" + b"x" * 70 + b"\r\n" * (4 * MiB // 72)),
+    ("one text part of 4 MiB", b"Subject: junk\r\n\r\n" + (b"x" * 70 + b"\r\n") * (4 * MiB // 72)),
     ("lines of 4 MiB", b"Subject: junk\r\n\r\n" + b"y" * (4 * MiB) + b"\r\n"),
     ("an attachment of 4 MiB", b"Content-Type: application/octet-stream\r\n\r\n"
      + (b"A" * 76 + b"\r\n") * (4 * MiB // 78)),
