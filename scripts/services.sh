@@ -40,9 +40,9 @@
 #   POSTROOM_DEV_KAFKA_JIT              the Kafka JVMs' compilers: quick (C1 only, the registry's
 #                                       choice too) or full (C1 then C2, as in production; make
 #                                       bench and the cluster targets ask for it); kept in the
-#                                       state dir by a start (default: the last start's, else
-#                                       quick). C2 spent about 30 of a fresh broker's 83 CPU-s
-#                                       over 390 of the tests.
+#                                       state dir while the stack runs (default: the running
+#                                       stack's, else quick). C2 spent about 30 of a fresh
+#                                       broker's 83 CPU-s over 390 of the tests.
 # `up` keeps the ports in $POSTROOM_DEV_DIR/ports: later commands on that state dir (status, down,
 # ...) use them where the variables are not set, so a new shell finds the stack it started.
 set -euo pipefail
@@ -73,10 +73,16 @@ PG_PORT=${PG_PORT:-15432}
 REGISTRY_PORT=${POSTROOM_DEV_REGISTRY_PORT:-$(remembered_port POSTROOM_DEV_REGISTRY_PORT)}
 REGISTRY_PORT=${REGISTRY_PORT:-18081}
 HOST=127.0.0.1
-# The compilers the last Kafka JVM of this state dir started with (a node restarted by a fault
-# test keeps its stack's), else quick; the variable wins.
+# The compilers the running stack's Kafka JVMs started with (a node restarted by a fault test
+# keeps its stack's; `down` forgets them), else quick; the variable wins. A damaged file reads
+# as quick: it must never keep `down` from stopping the stack.
 JIT_FILE="$DEV_DIR/kafka-jit"
-KAFKA_JIT=${POSTROOM_DEV_KAFKA_JIT:-$(cat "$JIT_FILE" 2>/dev/null || echo quick)}
+remembered_jit() {
+    local jit=
+    { read -r jit _ <"$JIT_FILE"; } 2>/dev/null || true
+    [[ ${jit%$'\r'} == full ]] && echo full || echo quick
+}
+KAFKA_JIT=${POSTROOM_DEV_KAFKA_JIT:-$(remembered_jit)}
 
 KAFKA_POM="$REPO/dev/kafka/pom.xml"
 # The pom is the one place the Kafka version is pinned.
@@ -500,11 +506,11 @@ node_start() {
     write_kafka_config
     write_secure_kafka_config
     format_kafka_storage
-    say "$(node_name): starting Kafka $KAFKA_VERSION on $HOST:$(node_port) (log: $KAFKA_LOG)"
+    say "$(node_name): starting Kafka $KAFKA_VERSION on $HOST:$(node_port), $KAFKA_JIT JIT (log: $KAFKA_LOG)"
     # A pid file left by a broker that died with the machine would be read below before
     # the new broker writes its own, and the new broker taken for dead.
     rm -f "$KAFKA_PIDFILE"
-    printf '%s\n' "$KAFKA_JIT" >"$JIT_FILE"
+    printf '%s\n' "$KAFKA_JIT" >"$JIT_FILE.new" && mv -f "$JIT_FILE.new" "$JIT_FILE"
     # Three JVMs share the machine with everything else: smaller heaps than the single node's.
     local heap=(-Xms256m -Xmx512m)
     if [[ $BROKERS -gt 1 && $NODE_ROLE == controller ]]; then
@@ -532,8 +538,10 @@ jit_options() {
 # jit_check PID: a running node's compilers are those it started with; say so when they are not
 # the ones asked for (a restart of the stack changes them).
 jit_check() {
-    local running=full
-    tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qx -- "-XX:TieredStopAtLevel=1" && running=quick
+    local running=full cmdline
+    cmdline=$({ tr '\0' '\n' <"/proc/$1/cmdline"; } 2>/dev/null) || return 0
+    [[ -n $cmdline ]] || return 0 # it has exited (or is a zombie): nothing to compare
+    grep -qx -- "-XX:TieredStopAtLevel=1" <<<"$cmdline" && running=quick
     if [[ $running != "$KAFKA_JIT" ]]; then
         warn "$(node_name): runs with the $running JIT, not the $KAFKA_JIT one asked for" \
             "(POSTROOM_DEV_KAFKA_JIT): stop the stack (make services-down) and start it again to change it"
@@ -1217,6 +1225,7 @@ cmd_down() {
     registry_down
     kafka_down
     pg_down
+    rm -f "$JIT_FILE"
 }
 
 cmd_status() {
@@ -1344,7 +1353,7 @@ cmd_clean() {
     # Only what this script made: POSTROOM_DEV_DIR may point at a folder that holds more.
     rm -rf "$PG_ROOT" "${kafka_dirs[@]}" "$SECURE_DIR" "$REGISTRY_DIR"
     rm -f "$ENV_FILE" "$DEV_DIR/pg" "$DEV_DIR/services.lock" "$BROKERS_FILE" "$CLUSTER_ID_FILE" \
-        "$PORTS_FILE"
+        "$PORTS_FILE" "$JIT_FILE"
     rmdir "$DEV_DIR" 2>/dev/null || true
 }
 
@@ -1359,7 +1368,7 @@ main() {
     fi
     BROKERS=$((10#$BROKERS))
     if [[ $KAFKA_JIT != quick && $KAFKA_JIT != full ]]; then
-        die "POSTROOM_DEV_KAFKA_JIT=$KAFKA_JIT is not quick (C1 only, the default) or full (C1 and C2)"
+        die "POSTROOM_DEV_KAFKA_JIT=$(printf %q "$KAFKA_JIT") is not quick (C1 only, the default) or full (C1 and C2)"
     fi
     local last=$(((BROKERS - 1) * NODE_PORT_STRIDE)) port
     for port in "$KAFKA_PORT" "$CONTROLLER_PORT" "$SECURE_PORT"; do

@@ -129,14 +129,17 @@ def test_the_cluster_targets_move_to_the_ports_they_are_given(target: str) -> No
     assert "POSTROOM_DEV_DIR=.dev-cluster " in line
 
 
-def _jit(function: str, asked: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _jit(function: str, asked: str, *args: str,
+         jit_file: Path = Path("/nonexistent")) -> subprocess.CompletedProcess[str]:
     """services.sh's ``function`` with POSTROOM_DEV_KAFKA_JIT=``asked``."""
     script = f"""
         set -euo pipefail
         KAFKA_JIT={asked}
         node_name() {{ echo kafka; }}
         warn() {{ printf 'services: %s\\n' "$*" >&2; }}
-        eval "$(sed -n '/^jit_options() {{$/,/^}}$/p; /^jit_check() {{$/,/^}}$/p' "{SERVICES}")"
+        JIT_FILE={jit_file}
+        eval "$(sed -n '/^jit_options() {{$/,/^}}$/p; /^jit_check() {{$/,/^}}$/p;
+                        /^remembered_jit() {{$/,/^}}$/p' "{SERVICES}")"
         {function} {" ".join(args)}
         """
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
@@ -176,3 +179,23 @@ def test_a_jit_setting_neither_quick_nor_full_is_refused(tmp_path: Path) -> None
                           text=True, timeout=60, check=False)
     assert done.returncode != 0
     assert "POSTROOM_DEV_KAFKA_JIT=fast is not quick" in done.stderr
+
+
+def test_a_broker_gone_before_its_command_line_is_read_is_not_compared() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    done = _jit("jit_check", "quick", str(gone.pid))
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("full\n", "full"), ("quick\n", "quick"), ("full\r\n", "full"), ("", "quick"),
+    ("full quick\n", "full"), ("fast\n", "quick"), ("\n\nfull\n", "quick"), (None, "quick"),
+])
+def test_a_damaged_jit_file_reads_as_quick(tmp_path: Path, text: str | None, read: str) -> None:
+    """Never a refusal: a `down` must stop the stack whatever the file holds."""
+    jit_file = tmp_path / "kafka-jit"
+    if text is not None:
+        jit_file.write_text(text, newline="")
+    done = _jit("remembered_jit", "unused", jit_file=jit_file)
+    assert (done.returncode, done.stdout, done.stderr) == (0, read + "\n", "")
