@@ -42,34 +42,26 @@ ensure_venv() {
     "$python" -m venv "$VENV"
 }
 
-pip_setting() {
-    "$VENV/bin/python" -m pip config get "global.$1" 2>/dev/null || true
-}
-
-# pip's settings that say where packages come from, given to uv as arguments, one a line: the
-# index and extra indexes (environment, else pip.conf's [global]) and find-links directories.
-uv_args() {
-    local index=${PIP_INDEX_URL:-$(pip_setting index-url)}
-    local extra=${PIP_EXTRA_INDEX_URL:-$(pip_setting extra-index-url)}
-    [[ -n $index ]] && printf -- '--index-url\n%s\n' "$index"
-    for url in $extra; do printf -- '--extra-index-url\n%s\n' "$url"; done
-    for dir in ${PIP_FIND_LINKS:-}; do printf -- '--find-links\n%s\n' "$dir"; done
-    return 0
-}
-
 # uv resolves, downloads and compiles in parallel: about 20 s for what pip 23 does in about 65 s
 # (58 CPU-s, a third of it compiling bytecode one file at a time). It is fetched with pip into the
-# venv; when that or its install fails (an index without uv, a setting it reads otherwise), pip
-# installs as before. pip's CA bundle (PIP_CERT) is uv's too (uv reads SSL_CERT_FILE).
+# venv and told where pip installs from (scripts/uv_settings.py: pip's index, extra indexes,
+# find-links, no-index and CA bundle, from every config file and PIP_* variable); when pip is set
+# to anything uv would not be told, or uv fails, pip installs as before.
 install_with_uv() {
-    local -a args
-    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet uv || return 1
-    mapfile -t args < <(uv_args)
-    if [[ -z ${SSL_CERT_FILE:-} && -n ${PIP_CERT:-} ]]; then
-        export SSL_CERT_FILE=$PIP_CERT
-    fi
-    (cd "$REPO" && "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode \
-        "${args[@]}" -e ".[$EXTRAS]")
+    local told line
+    local -a args=() env=()
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
+        'uv>=0.13,<0.14' || return 1
+    told=$("$VENV/bin/python" "$REPO/scripts/uv_settings.py") || return 1
+    while IFS= read -r line; do
+        case $line in
+            "") ;;
+            -*) args+=("$line") ;;
+            *) env+=("$line") ;; # NAME=value, for uv's environment: index URLs stay out of ps
+        esac
+    done <<<"$told"
+    (cd "$REPO" && env "${env[@]}" "$VENV/bin/uv" pip install --python "$VENV/bin/python" \
+        --compile-bytecode "${args[@]}" -e ".[$EXTRAS]")
 }
 
 install_with_pip() {
