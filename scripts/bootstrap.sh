@@ -81,7 +81,8 @@ install_project() {
     local log="$VENV/pip-install.log"
     say "installing postroom '.[$EXTRAS]' into $VENV with uv (log: $log)"
     if ! install_with_uv >"$log" 2>&1; then
-        say "uv did not install (its output is in $log); pip install -e '.[$EXTRAS]' instead"
+        say "uv did not install (last line of $log: $(tail -n 1 "$log"))"
+        say "pip install -e '.[$EXTRAS]' instead"
         if ! install_with_pip >>"$log" 2>&1; then
             echo "bootstrap: ERROR: pip install failed; last lines of $log:" >&2
             tail -n 40 "$log" >&2
