@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from support.fuzz import examples
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "uv_settings.py"
 _spec = importlib.util.spec_from_file_location("uv_settings", SCRIPT)
@@ -78,3 +83,36 @@ def test_the_script_reads_pips_files_and_variables(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 1
     assert "pip is set to constraint" in refused.stderr
+
+
+KEYS = sorted(uv.TOLD | uv.HARMLESS | {"constraint", "trusted-host", "require-hashes"})
+
+
+@given(settings=st.dictionaries(st.sampled_from(KEYS), st.text(max_size=40), max_size=6),
+       ssl_cert_file=st.sampled_from(["", "/etc/ca.pem"]))
+@hypothesis.settings(max_examples=examples(300))
+def test_any_settings_are_refused_or_told_with_no_index_url_among_the_arguments(
+        settings: dict[str, str], ssl_cert_file: str) -> None:
+    """Refused exactly when pip is set to more than uv is told or a value breaks a line; else
+    every item is one line, an argument uv takes or a variable of its environment, and an index
+    URL (which may hold a password) is never an argument."""
+    refused = (set(settings) - uv.HARMLESS - uv.TOLD
+               or any("\n" in value or "\r" in value for value in settings.values()))
+    if refused:
+        with pytest.raises(ValueError):
+            uv.uv_settings(settings, {"SSL_CERT_FILE": ssl_cert_file})
+    else:
+        assert_told(uv.uv_settings(settings, {"SSL_CERT_FILE": ssl_cert_file}), settings)
+
+
+def assert_told(told: list[str], settings: dict[str, str]) -> None:
+    for item in told:
+        assert "\n" not in item and "\r" not in item
+        name, _, value = item.partition("=")
+        assert name in {"--no-index", "--find-links", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+                        "SSL_CERT_FILE"}
+        assert value.strip() == value and (name == "--no-index") == (value == "")
+    arguments = " ".join(item for item in told if item.startswith("-"))
+    for key in ("index-url", "extra-index-url"):
+        for url in settings.get(key, "").split():
+            assert url not in arguments or url in settings.get("find-links", "").split()
