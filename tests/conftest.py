@@ -116,11 +116,32 @@ def engine(db_settings: Settings) -> Iterator[sa.Engine]:
     eng.dispose()
 
 
+# The topics of a test's own prefix have one partition each, unless the test asks for more with
+# @pytest.mark.partitions(n): the broker creates, loads and deletes every partition, and the
+# suite's 9 topics of 3 partitions per test were most of the broker's CPU in a `make test`.
+# A test whose check needs several partitions (members of one group sharing a topic, records
+# spread over partitions) asks for them.
+SUITE_PARTITIONS = 1
+
+
 @pytest.fixture
-def kafka_settings(stack_settings: Settings, cleaner: Cleaner) -> Iterator[Settings]:
+def topic_partitions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The partitions of each topic this test makes; POSTROOM_TOPIC_PARTITIONS says the same to
+    the settings and the `postroom` processes the test reads or starts."""
+    marker = request.node.get_closest_marker("partitions")
+    count = int(marker.args[0]) if marker else SUITE_PARTITIONS
+    monkeypatch.setenv("POSTROOM_TOPIC_PARTITIONS", str(count))
+    return count
+
+
+@pytest.fixture
+def kafka_settings(stack_settings: Settings, cleaner: Cleaner,
+                   topic_partitions: int) -> Iterator[Settings]:
     """Settings with a topic prefix and consumer groups of this test's own, every topic created
-    (and served by the broker); topics and groups deleted afterwards."""
-    base = dataclasses.replace(stack_settings, retry_delays_s=(1.0, 2.0, 4.0, 8.0))
+    with ``topic_partitions`` partitions (and served by the broker); topics and groups deleted
+    afterwards."""
+    base = dataclasses.replace(stack_settings, retry_delays_s=(1.0, 2.0, 4.0, 8.0),
+                               topic_partitions=topic_partitions)
     settings = scratch_settings(base, "t")
     try:
         wait_for_topics(settings, list(create_topics(settings)))
@@ -133,6 +154,7 @@ def kafka_settings(stack_settings: Settings, cleaner: Cleaner) -> Iterator[Setti
 def settings(db_settings: Settings, kafka_settings: Settings) -> Settings:
     """Both: an own schema, an own topic prefix and own consumer groups."""
     return dataclasses.replace(db_settings, topic_prefix=kafka_settings.topic_prefix,
+                               topic_partitions=kafka_settings.topic_partitions,
                                retry_delays_s=kafka_settings.retry_delays_s,
                                sender_group=kafka_settings.sender_group,
                                recorder_group=kafka_settings.recorder_group)

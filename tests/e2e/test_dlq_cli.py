@@ -30,7 +30,8 @@ from postroom.topics import dead_letter_topic, priority_topic
 from support.commands import run_postroom
 from support.foreign import produce_raw
 
-pytestmark = pytest.mark.e2e
+# Letters on two partitions, listed and paged across them.
+pytestmark = [pytest.mark.e2e, pytest.mark.partitions(3)]
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 # recipient -> the state its row is in now

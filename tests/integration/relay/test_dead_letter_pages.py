@@ -15,7 +15,8 @@ from postroom.relay import dlq_pages
 from postroom.settings import Settings
 from postroom.topics import dead_letter_topic
 
-pytestmark = pytest.mark.integration
+# Letters on partitions 0 and 1, and 2 empty: pages merge partitions.
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(3)]
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 

@@ -13,7 +13,7 @@ from postroom.sender.consumer import SenderConsumer
 from postroom.settings import Settings
 from postroom.topics import Priority, priority_topic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(3)]
 
 
 def test_a_sender_that_joins_gets_half_of_every_topic(kafka_settings: Settings) -> None:

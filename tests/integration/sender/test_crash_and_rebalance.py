@@ -22,7 +22,8 @@ from postroom.settings import Settings
 from support.commands import start_postroom
 from support.rounds import publish_round
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# A sender that joins mid-stream takes a share of the one topic all the mail is on.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.partitions(3)]
 
 TOTAL = 400
 CONCURRENCY = 4
