@@ -129,8 +129,11 @@ def topic_partitions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     """The partitions of each topic this test makes; POSTROOM_TOPIC_PARTITIONS says the same to
     the settings and the `postroom` processes the test reads or starts."""
     marker = request.node.get_closest_marker("partitions")
-    count = marker.args[0] if marker and marker.args else SUITE_PARTITIONS
-    if marker and not (marker.args and isinstance(count, int) and count >= 1):
+    if marker is None:
+        count = SUITE_PARTITIONS
+    elif len(marker.args) == 1 and isinstance(marker.args[0], int) and marker.args[0] >= 1:
+        count = marker.args[0]
+    else:
         pytest.fail(f"@pytest.mark.partitions takes one whole number above 0, not {marker.args}")
     monkeypatch.setenv("POSTROOM_TOPIC_PARTITIONS", str(count))
     return count
